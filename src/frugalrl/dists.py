@@ -1,0 +1,90 @@
+"""Action distributions as plain functions of their parameters, with closed-form KL.
+
+A policy's output is a flat parameter tensor ``params`` of shape ``(..., P)``:
+
+- ``"categorical"``: ``P = n`` logits;
+- ``"gaussian"``: ``P = 2 * d``, the mean then the log standard deviation (diagonal).
+
+These parameters are what travels with each transition as the *behaviour distribution*, so
+that the learner can compute log-probabilities, importance ratios and KL divergences without
+the worker's weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+KINDS = ("categorical", "gaussian")
+
+
+def _split(params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    d = params.shape[-1] // 2
+    return params[..., :d], params[..., d:]
+
+
+def sample(kind: str, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one action per row of ``params`` (categorical: int64 indices; gaussian: float32)."""
+    if kind == "categorical":
+        probs = torch.softmax(params, dim=-1)
+        return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).reshape(
+            params.shape[:-1]
+        )
+    if kind == "gaussian":
+        mean, log_std = _split(params)
+        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        return mean + noise * log_std.exp()
+    raise ValueError(f"unknown distribution kind {kind!r}; expected one of {KINDS}")
+
+
+def mode(kind: str, params: torch.Tensor) -> torch.Tensor:
+    """The most likely action (for deterministic evaluation)."""
+    if kind == "categorical":
+        return params.argmax(dim=-1)
+    return _split(params)[0]
+
+
+def log_prob(kind: str, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """log π(a | params), summed over action dimensions for the Gaussian."""
+    if kind == "categorical":
+        logp = F.log_softmax(params, dim=-1)
+        return logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    mean, log_std = _split(params)
+    z = (actions - mean) / log_std.exp()
+    return (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def entropy(kind: str, params: torch.Tensor) -> torch.Tensor:
+    """Entropy of each distribution."""
+    if kind == "categorical":
+        logp = F.log_softmax(params, dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+    _, log_std = _split(params)
+    return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+
+def kl(kind: str, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Closed-form KL(p ‖ q) per row, for parameters of the same kind and shape."""
+    if p.shape != q.shape:
+        raise ValueError(f"KL between parameters of different shapes {tuple(p.shape)} and {tuple(q.shape)}")
+    if kind == "categorical":
+        logp = F.log_softmax(p, dim=-1)
+        logq = F.log_softmax(q, dim=-1)
+        return (logp.exp() * (logp - logq)).sum(-1)
+    if kind == "gaussian":
+        mp, lsp = _split(p)
+        mq, lsq = _split(q)
+        var_p, var_q = (2 * lsp).exp(), (2 * lsq).exp()
+        return (lsq - lsp + (var_p + (mp - mq).pow(2)) / (2 * var_q) - 0.5).sum(-1)
+    raise ValueError(f"unknown distribution kind {kind!r}; expected one of {KINDS}")
+
+
+def kl_monte_carlo(
+    kind: str, p: torch.Tensor, q: torch.Tensor, n: int = 10_000, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Monte-Carlo estimate of KL(p ‖ q): mean of log p(a) - log q(a) over ``n`` samples a ~ p."""
+    expanded = p.unsqueeze(0).expand(n, *p.shape)
+    a = sample(kind, expanded, generator)
+    return (log_prob(kind, expanded, a) - log_prob(kind, q.unsqueeze(0).expand(n, *q.shape), a)).mean(0)

@@ -1,0 +1,594 @@
+"""ClusterEnv: a Gymnasium vector env whose environments (and, in DETACH mode, policy) run on workers.
+
+Three ways to use it:
+
+1. As a drop-in ``gymnasium.vector.VectorEnv``: ``reset()``, ``step(actions)``, ``close()``; the
+   head chooses the actions (head-side inference), workers only step their environments.
+2. ``step(agent)``: one step with worker-side inference (the paper's DETACH mode). The agent's
+   weights are sent to the workers that the sync rule picks; actions and behaviour-distribution
+   parameters come back in ``infos``.
+3. ``rollout(agent, num_steps)``: every worker runs ``num_steps`` steps of its envs with its cached
+   policy and returns one batch (a :class:`~frugalrl.rollout.Rollout`).
+
+Env ``j`` always sits at index ``j`` (worker ``j // envs_per_worker``), whatever order the
+replies arrive in. Weights move only when the sync rule says so (see :mod:`frugalrl.sync`).
+A worker that dies is replaced and its envs reset; the learner is told through
+``infos["worker_restarted"]`` (step) or ``Rollout.restarted_workers`` (rollout, which is
+re-collected from the fresh worker so that no partial fragment is ever mixed in).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from frugalrl import dists
+from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure
+from frugalrl.envs.spec import EnvSpec, to_env_spec
+from frugalrl.nets import check_agent
+from frugalrl.rollout import Rollout
+from frugalrl.sync import EveryUpdate, SyncContext, SyncRule
+from frugalrl.wire.codecs import FLOAT_CODECS
+from frugalrl.wire.message import Message, encode_state_dict
+from frugalrl.wire.meter import ByteMeter
+
+log = logging.getLogger("frugalrl")
+
+BACKENDS = ("serial", "local")
+
+
+def make_backend(name: str, configs: list[WorkerConfig], meter: ByteMeter, timeout: float) -> Backend:
+    """Build the backend called ``name``."""
+    if name == "serial":
+        from frugalrl.envs.backends.serial import SerialBackend
+
+        return SerialBackend(configs, meter, timeout)
+    if name == "local":
+        from frugalrl.envs.backends.local import LocalBackend
+
+        return LocalBackend(configs, meter, timeout)
+    raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class ClusterEnv(gym.vector.VectorEnv):
+    """A distributed Gymnasium vector env with worker-side inference and adaptive policy sync.
+
+    Args:
+        env: a Gymnasium id (``"CartPole-v1"``), a ``"module:function"`` factory path, a callable
+            returning a ``gymnasium.Env``, or an :class:`~frugalrl.envs.spec.EnvSpec`.
+        num_workers: worker processes (or in-process workers for ``backend="serial"``).
+        envs_per_worker: environments stepped by each worker.
+        backend: ``"local"`` (processes, the default), ``"serial"`` (in-process reference).
+        sync: the weight-sync rule for worker-side inference (default :class:`EveryUpdate`).
+        seed: base seed; env ``j`` is reset with ``seed + j``.
+        env_kwargs: keyword arguments for ``gym.make`` or the factory.
+        autoreset_mode: ``"NextStep"`` (Gymnasium's default) or ``"SameStep"`` for :meth:`step`.
+        weights_codec: how weights travel: ``fp32``, ``bf16``, ``fp16`` or ``int8``.
+        worker_timeout: seconds without a reply after which a worker is declared dead.
+        check_finite: raise on NaN/inf observations or rewards.
+        max_restarts: worker replacements allowed over the env's life before giving up.
+        kl_states: states per worker kept for the AAPS KL estimate.
+    """
+
+    def __init__(
+        self,
+        env: str | Callable[..., gym.Env] | EnvSpec,
+        num_workers: int = 2,
+        envs_per_worker: int = 1,
+        backend: str = "local",
+        sync: SyncRule | None = None,
+        seed: int | None = None,
+        *,
+        env_kwargs: dict[str, Any] | None = None,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        weights_codec: str = "fp32",
+        worker_timeout: float = 300.0,
+        check_finite: bool = True,
+        meter: ByteMeter | None = None,
+        max_restarts: int = 20,
+        kl_states: int = 256,
+    ) -> None:
+        self.closed = True  # until started, so that close() in __del__ is safe
+        self.num_workers = _positive_int("num_workers", num_workers)
+        self.envs_per_worker = _positive_int("envs_per_worker", envs_per_worker)
+        self.kl_states = _positive_int("kl_states", kl_states)
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+        if weights_codec not in FLOAT_CODECS:
+            raise ValueError(f"unknown weights_codec {weights_codec!r}; expected one of {FLOAT_CODECS}")
+        if not worker_timeout > 0:
+            raise ValueError(f"worker_timeout must be > 0 seconds, got {worker_timeout!r}")
+        if sync is not None and not isinstance(sync, SyncRule):
+            raise TypeError(f"sync must be a SyncRule (EveryUpdate(), Interval(n), AdaptiveKL(delta)), got {sync!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+            raise ValueError(f"seed must be an integer or None, got {seed!r}")
+        try:
+            mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            raise ValueError(
+                f"autoreset_mode must be 'NextStep' or 'SameStep', got {autoreset_mode!r}"
+            ) from None
+        if mode == AutoresetMode.DISABLED:
+            raise ValueError("autoreset_mode 'Disabled' is not supported; use 'NextStep' or 'SameStep'")
+
+        self.env_spec = to_env_spec(env, env_kwargs)
+        try:
+            probe = self.env_spec.make()
+        except Exception as e:
+            raise ValueError(f"could not build environment {self.env_spec.describe()!r}: {type(e).__name__}: {e}") from e
+        self.single_observation_space = probe.observation_space
+        self.single_action_space = probe.action_space
+        self.spec = probe.spec
+        probe.close()
+        if not isinstance(self.single_observation_space, gym.spaces.Box):
+            raise TypeError(f"ClusterEnv supports Box observation spaces, got {self.single_observation_space}")
+        if not isinstance(self.single_action_space, gym.spaces.Discrete | gym.spaces.Box):
+            raise TypeError(f"ClusterEnv supports Discrete and Box action spaces, got {self.single_action_space}")
+
+        self.num_envs = self.num_workers * self.envs_per_worker
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.autoreset_mode = mode
+        self.metadata = {"autoreset_mode": mode, "render_modes": []}
+        self.render_mode = None
+        self.meter = meter if meter is not None else ByteMeter()
+        self.sync_rule = sync if sync is not None else EveryUpdate()
+        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2**31))
+        self.weights_codec = weights_codec
+        self.max_restarts = int(max_restarts)
+        self.backend_name = backend
+
+        k = self.envs_per_worker
+        configs = [
+            WorkerConfig(w, self.env_spec, k, w * k, mode.value, check_finite, self.seed)
+            for w in range(self.num_workers)
+        ]
+        self.backend = make_backend(backend, configs, self.meter, float(worker_timeout))
+        self.backend.start()
+        self.closed = False
+        _register_close(self)
+
+        self.learner_version = 0
+        self.worker_versions: list[int | None] = [None] * self.num_workers
+        self.sync_counts = np.zeros(self.num_workers, dtype=np.int64)
+        self.last_kl: list[float | None] = [None] * self.num_workers
+        self.restart_events: list[dict[str, Any]] = []
+        self._fingerprint: tuple | None = None
+        self._weights_msg: Message | None = None
+        self._recent: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_workers
+        self._obs: np.ndarray | None = None
+        self._dist_kind: str | None = None
+
+    # ------------------------------------------------------------------ Gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """Reset every env (env ``j`` with ``seed + j`` if a seed is given)."""
+        self._check_open()
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+            raise ValueError(f"reset(seed=...) takes an integer or None, got {seed!r}")
+        meta = {"seed": None if seed is None else int(seed), "options": options}
+        msg = Message("reset", meta)
+
+        def recover(w: int, reason: str) -> Message:
+            self._restart(w, reason)
+            return msg
+
+        replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
+        obs = np.concatenate([replies[w].arrays["obs"] for w in range(self.num_workers)])
+        infos = self._merge_infos(replies)
+        self._obs = obs
+        return obs.copy(), infos
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Step every env with ``actions`` (head-side inference), or with an agent's own actions.
+
+        ``step(agent)`` (an ``nn.Module`` with ``dist_params``) runs inference on the workers with their
+        cached copy of the agent (DETACH); ``infos`` then holds ``actions``, ``dist_params`` and
+        ``policy_version`` for the step.
+        """
+        self._check_open()
+        if self._obs is None:
+            raise RuntimeError("call reset() before step()")
+        if isinstance(actions, torch.nn.Module):
+            return self._step_agent(actions)
+        actions = self._check_actions(actions)
+        k = self.envs_per_worker
+        requests = {
+            w: Message("step", {}, {"actions": actions[w * k : (w + 1) * k]}) for w in range(self.num_workers)
+        }
+        return self._finish_step(self._request_step(requests))
+
+    def rollout(self, agent: torch.nn.Module, num_steps: int) -> Rollout:
+        """Every worker runs ``num_steps`` steps of its envs with its cached policy; returns one batch.
+
+        Weights are first sent to the workers the sync rule picks. Steps use same-step autoreset.
+        """
+        self._check_open()
+        num_steps = _positive_int("num_steps", num_steps)
+        check_agent(agent)
+        if self._obs is None:
+            self.reset(seed=self.seed)
+        self.sync(agent)
+        self.backend.reserve(self._rollout_bound(agent, num_steps), 0)
+        msg = Message("rollout", {"num_steps": num_steps})
+        restarted: list[int] = []
+
+        def recover(w: int, reason: str) -> Message:
+            restarted.append(w)
+            self._restart(w, reason)
+            self._reset_worker(w, seed=None)
+            self._send_weights(agent, [w])
+            return msg
+
+        replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
+        return self._assemble_rollout(replies, agent, restarted)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Stop every worker (no orphan processes)."""
+        self.backend.close()
+
+    def render(self) -> None:
+        """Rendering happens on the workers; not supported through the head."""
+        raise NotImplementedError("ClusterEnv does not render; render inside your env factory if needed")
+
+    # ------------------------------------------------------------------ policy sync
+    def sync(self, agent: torch.nn.Module, force: bool = False) -> list[int]:
+        """Send the agent's weights to the workers the sync rule picks (all of them if ``force``)."""
+        self._check_open()
+        check_agent(agent)
+        self._track_version(agent)
+        if force:
+            chosen = [w for w, v in enumerate(self.worker_versions) if v != self.learner_version]
+        else:
+            ctx = SyncContext(self.learner_version, list(self.worker_versions), self._kl_estimator(agent))
+            chosen = self.sync_rule.select(ctx)
+        if chosen:
+            self._send_weights(agent, chosen)
+        return chosen
+
+    def _track_version(self, agent: torch.nn.Module) -> None:
+        # Every in-place change of a tensor bumps its _version: an optimizer step, load_state_dict, ...
+        fingerprint = (id(agent), *(t._version for t in itertools.chain(agent.parameters(), agent.buffers())))
+        if fingerprint != self._fingerprint:
+            self._fingerprint = fingerprint
+            self.learner_version += 1
+            self._weights_msg = None
+        self._dist_kind = agent.dist_kind
+
+    def _kl_estimator(self, agent: torch.nn.Module) -> Callable[[int], float | None]:
+        def kl(w: int) -> float | None:
+            recent = self._recent[w]
+            if recent is None:
+                return None
+            states, behaviour = recent
+            with torch.no_grad():
+                learner = agent.dist_params(states).float()
+                value = float(dists.kl(agent.dist_kind, behaviour, learner).mean())
+            self.last_kl[w] = value
+            return value
+
+        return kl
+
+    def _send_weights(self, agent: torch.nn.Module, workers: list[int]) -> None:
+        if self._weights_msg is None:
+            msg = encode_state_dict(agent.state_dict(), self.weights_codec)
+            msg.meta = {"version": self.learner_version, "spec": agent.spec.to_json()}
+            self._weights_msg = msg
+        msg = self._weights_msg
+
+        def recover(w: int, reason: str) -> Message:
+            self._restart(w, reason)
+            self._reset_worker(w, seed=None)
+            return msg
+
+        self._request({w: msg for w in workers}, on_failure=recover)
+        for w in workers:
+            self.worker_versions[w] = self.learner_version
+            self.sync_counts[w] += 1
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict[str, Any]:
+        """Bytes by kind, weight syncs (total and per worker), restarts and versions."""
+        return {
+            "bytes": self.meter.summary(),
+            "weight_syncs": {"total": int(self.sync_counts.sum()), "per_worker": self.sync_counts.tolist()},
+            "restarts": len(self.restart_events),
+            "restart_events": list(self.restart_events),
+            "learner_version": self.learner_version,
+            "worker_versions": list(self.worker_versions),
+            "last_kl": list(self.last_kl),
+            "sync_rule": self.sync_rule.describe(),
+            "backend": self.backend_name,
+        }
+
+    # ------------------------------------------------------------------ internals
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this ClusterEnv is closed")
+
+    def _check_actions(self, actions: Any) -> np.ndarray:
+        space = self.single_action_space
+        try:
+            arr = np.asarray(actions)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"actions could not be read as an array: {e}") from e
+        if isinstance(space, gym.spaces.Discrete):
+            if arr.shape != (self.num_envs,):
+                raise ValueError(
+                    f"actions must have shape ({self.num_envs},) for {self.num_envs} envs with a Discrete "
+                    f"action space, got shape {arr.shape}"
+                )
+            if arr.dtype.kind not in "iu":
+                raise ValueError(f"actions for a Discrete action space must be integers, got dtype {arr.dtype}")
+            if (arr < space.start).any() or (arr >= space.start + space.n).any():
+                raise ValueError(f"actions out of range [{space.start}, {space.start + space.n}): {arr}")
+            return arr.astype(np.int64)
+        expected = (self.num_envs, *space.shape)
+        if arr.shape != expected:
+            raise ValueError(f"actions must have shape {expected} for this Box action space, got shape {arr.shape}")
+        if arr.dtype.kind not in "fiu":
+            raise ValueError(f"actions for a Box action space must be numeric, got dtype {arr.dtype}")
+        arr = arr.astype(space.dtype)
+        if not np.isfinite(arr).all():
+            raise ValueError("actions contain NaN or inf")
+        return arr
+
+    def _request(
+        self, requests: dict[int, Message], on_failure: Callable[[int, str], Message | None]
+    ) -> dict[int, Message]:
+        """Send requests; a failed worker is handed to ``on_failure``, which may return a request to retry."""
+        replies: dict[int, Message] = {}
+        while requests:
+            results = self.backend.request(requests)
+            retry: dict[int, Message] = {}
+            for w, result in results.items():
+                if isinstance(result, WorkerFailure):
+                    again = on_failure(w, result.reason)
+                    if again is not None:
+                        retry[w] = again
+                elif result.op == "error":
+                    raise RuntimeError(f"worker {w}: {result.meta.get('error')}")
+                else:
+                    replies[w] = result
+            requests = retry
+        return replies
+
+    def _restart(self, w: int, reason: str) -> None:
+        if len(self.restart_events) >= self.max_restarts:
+            self.close()
+            raise RuntimeError(
+                f"worker {w} failed ({reason}) and the restart budget of {self.max_restarts} is spent"
+            )
+        log.warning("frugalrl: worker %d failed (%s); replacing it and resetting its envs", w, reason)
+        t0 = time.monotonic()
+        self.backend.restart(w)
+        self.worker_versions[w] = None
+        self._recent[w] = None
+        self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
+                                    "seconds": round(time.monotonic() - t0, 3)})
+
+    def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message:
+        def fail(w_: int, reason: str) -> Message:
+            self._restart(w_, reason)
+            return msg
+
+        msg = Message("reset", {"seed": seed, "defer": defer})
+        return self._request({w: msg}, on_failure=fail)[w]
+
+    def _request_step(self, requests: dict[int, Message]) -> tuple[dict[int, Message], list[int]]:
+        restarted: list[int] = []
+
+        def recover(w: int, reason: str) -> None:
+            restarted.append(w)
+            self._restart(w, reason)
+            # NEXT_STEP: report the cut episode as truncated now; the envs reset on the next step.
+            self._reset_worker(w, seed=None, defer=self.autoreset_mode == AutoresetMode.NEXT_STEP)
+            return None
+
+        replies = self._request(requests, on_failure=recover)
+        return replies, restarted
+
+    def _finish_step(
+        self, result: tuple[dict[int, Message], list[int]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        replies, restarted = result
+        n, k = self.num_envs, self.envs_per_worker
+        assert self._obs is not None
+        obs = self._obs.copy()
+        rewards = np.zeros(n, dtype=np.float64)
+        terms = np.zeros(n, dtype=bool)
+        truncs = np.zeros(n, dtype=bool)
+        for w, reply in replies.items():
+            sl = slice(w * k, (w + 1) * k)
+            obs[sl] = reply.arrays["obs"]
+            rewards[sl] = reply.arrays["rewards"]
+            terms[sl] = reply.arrays["terminations"]
+            truncs[sl] = reply.arrays["truncations"]
+        infos = self._merge_infos(replies)
+        if restarted:
+            mask = np.zeros(n, dtype=bool)
+            for w in restarted:
+                sl = slice(w * k, (w + 1) * k)
+                mask[sl] = True
+                truncs[sl] = True
+                if self.autoreset_mode == AutoresetMode.SAME_STEP:
+                    fresh = self._reset_worker(w, seed=None)
+                    infos.setdefault("final_obs", np.full(n, None, dtype=object))
+                    infos.setdefault("_final_obs", np.zeros(n, dtype=bool))
+                    for i in range(k):
+                        infos["final_obs"][w * k + i] = self._obs[w * k + i].copy()
+                        infos["_final_obs"][w * k + i] = True
+                    obs[sl] = fresh.arrays["obs"]
+            infos["worker_restarted"] = mask
+            infos["_worker_restarted"] = mask.copy()
+        self._obs = obs
+        return obs.copy(), rewards, terms, truncs, infos
+
+    def _step_agent(self, agent: torch.nn.Module) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        check_agent(agent)
+        self.sync(agent)
+        msg = Message("act_step")
+        states = self._obs
+        replies, restarted = self._request_step({w: msg for w in range(self.num_workers)})
+        # A replaced worker needs weights again before its next act_step.
+        for w in restarted:
+            self._send_weights(agent, [w])
+        n, k = self.num_envs, self.envs_per_worker
+        params_dim = next(iter(replies.values())).arrays["dist_params"].shape[-1] if replies else 0
+        actions = np.zeros((n, *self.single_action_space.shape), dtype=self._action_dtype())
+        params = np.zeros((n, params_dim), dtype=np.float32)
+        versions = np.full(n, -1, dtype=np.int64)
+        for w, reply in replies.items():
+            sl = slice(w * k, (w + 1) * k)
+            actions[sl] = reply.arrays["actions"]
+            params[sl] = reply.arrays["dist_params"]
+            versions[sl] = reply.meta["version"]
+            self._remember(w, states[sl], reply.arrays["dist_params"], append=True)
+        out = self._finish_step((replies, restarted))
+        infos = out[4]
+        infos["actions"], infos["dist_params"], infos["policy_version"] = actions, params, versions
+        return out
+
+    def _action_dtype(self) -> np.dtype:
+        if isinstance(self.single_action_space, gym.spaces.Discrete):
+            return np.dtype(np.int64)
+        return np.dtype(np.float32)
+
+    def _remember(self, w: int, states: np.ndarray, params: np.ndarray, append: bool = False) -> None:
+        """Keep up to ``kl_states`` of worker ``w``'s recent states and behaviour parameters for AAPS."""
+        s = torch.as_tensor(np.asarray(states)).reshape(-1, *self.single_observation_space.shape)
+        p = torch.as_tensor(np.asarray(params, dtype=np.float32)).reshape(s.shape[0], -1)
+        if append and self._recent[w] is not None:
+            old_s, old_p = self._recent[w]
+            s, p = torch.cat([old_s, s])[-self.kl_states :], torch.cat([old_p, p])[-self.kl_states :]
+        elif s.shape[0] > self.kl_states:
+            idx = torch.linspace(0, s.shape[0] - 1, self.kl_states).long()
+            s, p = s[idx], p[idx]
+        self._recent[w] = (s, p)
+
+    def _merge_infos(self, replies: dict[int, Message]) -> dict[str, Any]:
+        n, k = self.num_envs, self.envs_per_worker
+        infos: dict[str, Any] = {}
+        for w, reply in replies.items():
+            base = w * k
+            a = reply.arrays
+            for name, value in a.items():
+                if name.startswith("info/"):
+                    key = name[5:]
+                    if key not in infos:
+                        infos[key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
+                    infos[key][base : base + k] = value
+            if "ep_mask" in a:
+                if "episode" not in infos:
+                    infos["episode"] = {"r": np.zeros(n), "l": np.zeros(n, np.int64), "t": np.zeros(n)}
+                    infos["_episode"] = np.zeros(n, dtype=bool)
+                infos["episode"]["r"][base : base + k] = a["ep_r"]
+                infos["episode"]["l"][base : base + k] = a["ep_l"]
+                infos["episode"]["t"][base : base + k] = a["ep_t"]
+                infos["_episode"][base : base + k] = a["ep_mask"]
+            if "final_idx" in a and a["final_idx"].ndim == 1:
+                if "final_obs" not in infos:
+                    infos["final_obs"] = np.full(n, None, dtype=object)
+                    infos["_final_obs"] = np.zeros(n, dtype=bool)
+                for j, i in enumerate(a["final_idx"]):
+                    infos["final_obs"][base + int(i)] = a["final_obs"][j]
+                    infos["_final_obs"][base + int(i)] = True
+        return infos
+
+    def _rollout_bound(self, agent: torch.nn.Module, T: int) -> int:
+        obs_bytes = int(np.prod(self.single_observation_space.shape)) * self.single_observation_space.dtype.itemsize
+        act_bytes = 8 * max(1, int(np.prod(self.single_action_space.shape)))
+        params = (
+            self.single_action_space.n
+            if isinstance(self.single_action_space, gym.spaces.Discrete)
+            else 2 * int(np.prod(self.single_action_space.shape))
+        )
+        per_step = self.envs_per_worker * (obs_bytes + act_bytes + 4 * int(params) + 8)
+        return T * per_step + T * self.envs_per_worker * obs_bytes // 4 + (1 << 16)
+
+    def _assemble_rollout(self, replies: dict[int, Message], agent: torch.nn.Module, restarted: list[int]) -> Rollout:
+        W, k = self.num_workers, self.envs_per_worker
+        parts = [replies[w].arrays for w in range(W)]
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([p[name] for p in parts], axis=1)
+
+        T = parts[0]["rewards"].shape[0]
+        versions = np.concatenate(
+            [np.full((T, k), replies[w].meta["version"], dtype=np.int64) for w in range(W)], axis=1
+        )
+        final_idx, final_obs = [], []
+        ep_r: list[float] = []
+        ep_l: list[int] = []
+        for w, p in enumerate(parts):
+            fi = p["final_idx"].astype(np.int64)
+            fi[:, 1] += w * k
+            final_idx.append(fi)
+            final_obs.append(p["final_obs"])
+            ep_r += p["ep_r"].tolist()
+            ep_l += p["ep_l"].tolist()
+            self._remember(w, p["obs"], p["dist_params"])
+        next_obs = np.concatenate([p["next_obs"] for p in parts])
+        self._obs = next_obs
+        return Rollout(
+            obs=cat("obs"),
+            actions=cat("actions"),
+            rewards=cat("rewards"),
+            terminations=cat("terminations"),
+            truncations=cat("truncations"),
+            dist_params=cat("dist_params"),
+            versions=versions,
+            next_obs=next_obs.copy(),
+            final_idx=np.concatenate(final_idx),
+            final_obs=np.concatenate(final_obs),
+            dist_kind=agent.dist_kind,
+            episode_returns=ep_r,
+            episode_lengths=ep_l,
+            restarted_workers=sorted(set(restarted)),
+            learner_version=self.learner_version,
+        )
+
+    def __del__(self) -> None:
+        try:
+            if not self.closed:
+                self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"ClusterEnv({self.env_spec.describe()}, num_workers={self.num_workers}, "
+            f"envs_per_worker={self.envs_per_worker}, backend={self.backend_name!r}, sync={self.sync_rule.describe()})"
+        )
+
+
+_open_envs: weakref.WeakSet[ClusterEnv] = weakref.WeakSet()
+
+
+def _register_close(env: ClusterEnv) -> None:
+    _open_envs.add(env)
+
+
+@atexit.register
+def _close_all() -> None:
+    for env in list(_open_envs):
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001
+            pass

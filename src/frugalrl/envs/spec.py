@@ -1,0 +1,77 @@
+"""Environment specs: how a worker builds its environments, and the checks made before it does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from frugalrl.nets import import_string
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A picklable recipe for one environment.
+
+    Exactly one of ``id`` (a registered Gymnasium id) or ``factory`` (``"module:function"`` or a
+    module-level callable) is set; ``kwargs`` go to ``gym.make`` or to the factory.
+    """
+
+    id: str | None = None
+    factory: str | Callable[..., gym.Env] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def make(self) -> gym.Env:
+        """Build one environment."""
+        if self.id is not None:
+            return gym.make(self.id, **self.kwargs)
+        fn = import_string(self.factory) if isinstance(self.factory, str) else self.factory
+        env = fn(**self.kwargs)
+        if not isinstance(env, gym.Env):
+            raise TypeError(f"env factory {self.factory!r} returned {type(env).__name__}, not a gymnasium.Env")
+        return env
+
+    def describe(self) -> str:
+        """A short human-readable name."""
+        if self.id is not None:
+            return self.id
+        return self.factory if isinstance(self.factory, str) else getattr(self.factory, "__qualname__", "factory")
+
+
+def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
+    """Normalise what a user passed as ``env`` and check it names something that exists.
+
+    A string with a ``:`` is an import path to a factory, any other string a Gymnasium id.
+    Raises ``ValueError`` for an unknown id or a factory that cannot be imported.
+    """
+    kwargs = dict(env_kwargs or {})
+    if isinstance(env, EnvSpec):
+        return env if not kwargs else EnvSpec(env.id, env.factory, {**env.kwargs, **kwargs})
+    if isinstance(env, str):
+        if ":" in env and not _is_registered(env):
+            import_string(env)  # raises a clear ValueError if it does not import
+            return EnvSpec(factory=env, kwargs=kwargs)
+        if not _is_registered(env):
+            raise ValueError(f"unknown Gymnasium environment id {env!r}: {_registry_hint(env)}")
+        return EnvSpec(id=env, kwargs=kwargs)
+    if callable(env):
+        return EnvSpec(factory=env, kwargs=kwargs)
+    raise TypeError(f"env must be a Gymnasium id, a 'module:function' path or a callable, got {type(env).__name__}")
+
+
+def _is_registered(env_id: str) -> bool:
+    try:
+        gym.spec(env_id)
+        return True
+    except gym.error.Error:
+        return False
+
+
+def _registry_hint(env_id: str) -> str:
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as e:
+        return str(e)
+    return ""

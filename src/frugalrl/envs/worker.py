@@ -1,0 +1,317 @@
+"""EnvWorker: the worker side of ClusterEnv (DETACH), independent of any transport.
+
+A worker owns ``k`` environments and, once it has received weights, a cached copy of the
+policy. It answers :class:`~frugalrl.wire.Message` requests:
+
+========== ============================================== ===========================================
+op         request                                        reply
+========== ============================================== ===========================================
+reset      meta ``seed``, ``options``, ``defer``          ``obs`` (+ infos)
+step       ``actions`` (k, ...)                            ``obs``, ``rewards``, ``terminations``,
+                                                          ``truncations`` (+ ``info/*``, ``ep_*``)
+act_step   —  (worker-side inference, one step)            the step reply + ``actions``, ``dist_params``
+rollout    meta ``num_steps``                              a fragment of T steps (see :meth:`rollout`)
+weights    ``w/*`` arrays, meta ``version``, ``spec``      ``ok``
+ping       —                                               ``ok``
+========== ============================================== ===========================================
+
+Errors (a NaN observation, an env that raises) come back as an ``error`` message that the
+head turns into an exception naming the worker and environment.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from frugalrl import dists
+from frugalrl.envs.spec import EnvSpec
+from frugalrl.nets import PolicySpec, build_policy
+from frugalrl.wire.message import Message, decode_state_dict
+
+NEXT_STEP = "NextStep"
+SAME_STEP = "SameStep"
+
+
+class WorkerError(RuntimeError):
+    """An error raised inside a worker, reported back to the head."""
+
+
+def _seed_for(seed: int, index: int) -> int:
+    return (int(seed) * 1_000_003 + int(index) * 7919 + 12345) % (2**63 - 1)
+
+
+class EnvWorker:
+    """Steps ``num_envs`` environments and runs the cached policy on them."""
+
+    def __init__(
+        self,
+        index: int,
+        env_spec: EnvSpec,
+        num_envs: int,
+        first_env: int = 0,
+        autoreset_mode: str = NEXT_STEP,
+        check_finite: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.index = index
+        self.first_env = first_env
+        self.autoreset_mode = autoreset_mode
+        self.check_finite = check_finite
+        self.envs = [env_spec.make() for _ in range(num_envs)]
+        self.env_name = env_spec.describe()
+        first = self.envs[0]
+        self.obs_space = first.observation_space
+        self.act_space = first.action_space
+        self.obs = np.zeros((num_envs, *self.obs_space.shape), dtype=self.obs_space.dtype)
+        self.needs_reset = np.ones(num_envs, dtype=bool)
+        self.ep_return = np.zeros(num_envs, dtype=np.float64)
+        self.ep_length = np.zeros(num_envs, dtype=np.int64)
+        self.ep_start = np.full(num_envs, time.perf_counter())
+        self.policy: torch.nn.Module | None = None
+        self.policy_spec: dict[str, Any] | None = None
+        self.version = -1
+        self.generator = torch.Generator().manual_seed(_seed_for(seed, index))
+        self._box = isinstance(self.act_space, gym.spaces.Box)
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, msg: Message) -> Message:
+        """Answer one request; every exception becomes an ``error`` reply."""
+        try:
+            handler = getattr(self, f"_op_{msg.op}", None)
+            if handler is None:
+                raise WorkerError(f"unknown operation {msg.op!r}")
+            return handler(msg)
+        except Exception as e:  # noqa: BLE001 - reported to the head, which raises
+            return Message("error", {"error": f"{type(e).__name__}: {e}", "worker": self.index})
+
+    def close(self) -> None:
+        """Close every environment."""
+        for env in self.envs:
+            env.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _where(self, i: int) -> str:
+        return f"worker {self.index}, env {self.first_env + i} ({self.env_name})"
+
+    def _check(self, i: int, obs: Any, reward: float | None = None) -> None:
+        if not self.check_finite:
+            return
+        if reward is not None and not np.isfinite(reward):
+            raise WorkerError(f"non-finite reward {reward} from {self._where(i)}")
+        arr = np.asarray(obs)
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise WorkerError(f"non-finite observation (NaN or inf) from {self._where(i)}")
+
+    def _reset_env(self, i: int, seed: int | None = None, options: dict | None = None) -> dict[str, Any]:
+        obs, info = self.envs[i].reset(seed=seed, options=options)
+        self._check(i, obs)
+        self.obs[i] = obs
+        self.needs_reset[i] = False
+        self.ep_return[i] = 0.0
+        self.ep_length[i] = 0
+        self.ep_start[i] = time.perf_counter()
+        return info
+
+    def _apply_pending_resets(self) -> None:
+        for i in np.flatnonzero(self.needs_reset):
+            self._reset_env(int(i))
+
+    def _env_action(self, action: np.ndarray) -> np.ndarray:
+        if self._box:
+            return np.clip(action, self.act_space.low, self.act_space.high)
+        return action
+
+    def _infer(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.policy is None:
+            raise WorkerError(f"worker {self.index} has no policy yet: weights must be sent before acting")
+        with torch.no_grad():
+            params = self.policy.dist_params(torch.from_numpy(obs))
+            action = dists.sample(self.policy.dist_kind, params, self.generator)
+        action = action.numpy()
+        if not self._box:
+            action = action.astype(np.int64)
+        return action, params.float().numpy()
+
+    def _step_envs(self, actions: np.ndarray) -> Message:
+        """One step of every env with NEXT_STEP / SAME_STEP autoreset, as a Gymnasium vector env."""
+        k = len(self.envs)
+        rewards = np.zeros(k, dtype=np.float64)
+        terms = np.zeros(k, dtype=bool)
+        truncs = np.zeros(k, dtype=bool)
+        infos: dict[str, np.ndarray] = {}
+        ep_mask = np.zeros(k, dtype=bool)
+        ep_r = np.zeros(k, dtype=np.float64)
+        ep_l = np.zeros(k, dtype=np.int64)
+        ep_t = np.zeros(k, dtype=np.float64)
+        final_obs: dict[int, np.ndarray] = {}
+        for i, env in enumerate(self.envs):
+            if self.needs_reset[i]:
+                info = self._reset_env(i)
+            else:
+                obs, r, te, tr, info = env.step(self._env_action(actions[i]))
+                self._check(i, obs, r)
+                rewards[i], terms[i], truncs[i] = r, te, tr
+                self.ep_return[i] += r
+                self.ep_length[i] += 1
+                if te or tr:
+                    ep_mask[i] = True
+                    ep_r[i], ep_l[i] = self.ep_return[i], self.ep_length[i]
+                    ep_t[i] = round(time.perf_counter() - self.ep_start[i], 6)
+                    if self.autoreset_mode == NEXT_STEP:
+                        self.needs_reset[i] = True
+                        self.obs[i] = obs
+                    else:
+                        final_obs[i] = np.asarray(obs)
+                        info = self._reset_env(i)
+                else:
+                    self.obs[i] = obs
+            _add_info(infos, info, i, k)
+        arrays: dict[str, np.ndarray] = {
+            "obs": self.obs.copy(),
+            "rewards": rewards,
+            "terminations": terms,
+            "truncations": truncs,
+        }
+        if ep_mask.any():
+            arrays.update(ep_mask=ep_mask, ep_r=ep_r, ep_l=ep_l, ep_t=ep_t)
+        if final_obs:
+            idx = np.array(sorted(final_obs), dtype=np.int32)
+            arrays["final_idx"] = idx
+            arrays["final_obs"] = np.stack([final_obs[int(i)] for i in idx])
+        arrays.update({f"info/{key}": v for key, v in infos.items()})
+        return Message("step", {"version": self.version}, arrays)
+
+    # ------------------------------------------------------------------ operations
+    def _op_ping(self, msg: Message) -> Message:
+        return Message("ok", {"worker": self.index})
+
+    def _op_reset(self, msg: Message) -> Message:
+        seed = msg.meta.get("seed")
+        options = msg.meta.get("options")
+        if seed is not None:
+            self.generator.manual_seed(_seed_for(seed, self.index))
+        if msg.meta.get("defer"):
+            # Used after a restart: envs reset on the next step, as after a truncation.
+            self.needs_reset[:] = True
+            return Message("ok", {"worker": self.index})
+        infos: dict[str, np.ndarray] = {}
+        for i in range(len(self.envs)):
+            env_seed = None if seed is None else int(seed) + self.first_env + i
+            info = self._reset_env(i, seed=env_seed, options=options)
+            _add_info(infos, info, i, len(self.envs))
+        arrays = {"obs": self.obs.copy(), **{f"info/{key}": v for key, v in infos.items()}}
+        return Message("reset", {"worker": self.index}, arrays)
+
+    def _op_step(self, msg: Message) -> Message:
+        return self._step_envs(msg.arrays["actions"])
+
+    def _op_act_step(self, msg: Message) -> Message:
+        actions, params = self._infer(self.obs)
+        reply = self._step_envs(actions)
+        # Envs that were autoresetting (NEXT_STEP) ignored their action; it is still reported.
+        reply.arrays.update(actions=actions, dist_params=params)
+        return reply
+
+    def _op_weights(self, msg: Message) -> Message:
+        spec = msg.meta.get("spec")
+        if self.policy is None or (spec is not None and spec != self.policy_spec):
+            if spec is None:
+                raise WorkerError("first weights message must carry the policy spec")
+            self.policy = build_policy(PolicySpec(**spec))
+            self.policy.eval()
+            self.policy_spec = spec
+        state = decode_state_dict(msg)
+        self.policy.load_state_dict(state)
+        self.version = int(msg.meta["version"])
+        return Message("ok", {"worker": self.index, "version": self.version})
+
+    def _op_rollout(self, msg: Message) -> Message:
+        """Run ``num_steps`` steps of every env with the cached policy (same-step autoreset).
+
+        Reply arrays (T steps, k envs): ``obs`` (T,k,...), ``actions`` (T,k,...), ``rewards`` (T,k) f32,
+        ``terminations`` / ``truncations`` (T,k) bool, ``dist_params`` (T,k,P) f32, ``next_obs`` (k,...),
+        ``final_idx`` (K,2) int32 [step, env] and ``final_obs`` (K,...) for every finished episode, and the
+        finished episodes' ``ep_r``, ``ep_l``, ``ep_env``.
+        """
+        T = int(msg.meta["num_steps"])
+        if T <= 0:
+            raise WorkerError(f"num_steps must be positive, got {T}")
+        k = len(self.envs)
+        self._apply_pending_resets()
+        version = self.version
+        obs_buf = np.empty((T, *self.obs.shape), dtype=self.obs.dtype)
+        act_buf: np.ndarray | None = None
+        params_buf: np.ndarray | None = None
+        rewards = np.zeros((T, k), dtype=np.float32)
+        terms = np.zeros((T, k), dtype=bool)
+        truncs = np.zeros((T, k), dtype=bool)
+        final_idx: list[tuple[int, int]] = []
+        final_obs: list[np.ndarray] = []
+        ep_r: list[float] = []
+        ep_l: list[int] = []
+        ep_env: list[int] = []
+        for t in range(T):
+            obs_buf[t] = self.obs
+            actions, params = self._infer(self.obs)
+            if act_buf is None:
+                act_buf = np.empty((T, *actions.shape), dtype=actions.dtype)
+                params_buf = np.empty((T, *params.shape), dtype=np.float32)
+            act_buf[t] = actions
+            params_buf[t] = params
+            env_actions = self._env_action(actions)
+            for i, env in enumerate(self.envs):
+                obs, r, te, tr, _ = env.step(env_actions[i])
+                self._check(i, obs, r)
+                rewards[t, i] = r
+                terms[t, i] = te
+                truncs[t, i] = tr
+                self.ep_return[i] += r
+                self.ep_length[i] += 1
+                if te or tr:
+                    final_idx.append((t, i))
+                    final_obs.append(np.asarray(obs))
+                    ep_r.append(float(self.ep_return[i]))
+                    ep_l.append(int(self.ep_length[i]))
+                    ep_env.append(self.first_env + i)
+                    self._reset_env(i)
+                else:
+                    self.obs[i] = obs
+        assert act_buf is not None and params_buf is not None
+        arrays: dict[str, np.ndarray] = {
+            "obs": obs_buf,
+            "actions": act_buf,
+            "rewards": rewards,
+            "terminations": terms,
+            "truncations": truncs,
+            "dist_params": params_buf,
+            "next_obs": self.obs.copy(),
+            "final_idx": np.array(final_idx, dtype=np.int32).reshape(-1, 2),
+            "final_obs": (
+                np.stack(final_obs) if final_obs else np.zeros((0, *self.obs.shape[1:]), self.obs.dtype)
+            ),
+            "ep_r": np.array(ep_r, dtype=np.float64),
+            "ep_l": np.array(ep_l, dtype=np.int64),
+            "ep_env": np.array(ep_env, dtype=np.int32),
+        }
+        return Message("rollout", {"version": version, "worker": self.index}, arrays)
+
+
+def _add_info(infos: dict[str, np.ndarray], info: dict[str, Any], i: int, k: int) -> None:
+    """Batch one env's numeric infos into ``infos`` as Gymnasium does (value array + ``_key`` mask)."""
+    for key, value in info.items():
+        if isinstance(value, bool | int | float | np.number | np.ndarray) and not isinstance(value, str):
+            arr = np.asarray(value)
+            if arr.dtype == object:
+                continue
+            if key not in infos:
+                infos[key] = np.zeros((k, *arr.shape), dtype=arr.dtype)
+                infos[f"_{key}"] = np.zeros(k, dtype=bool)
+            if infos[key].shape[1:] != arr.shape:
+                continue
+            infos[key][i] = arr
+            infos[f"_{key}"][i] = True

@@ -1,0 +1,151 @@
+"""Actor-critic networks that can be rebuilt on a worker from a JSON spec.
+
+Agents cross the wire as weights, not code: a worker builds its policy once from a
+:class:`PolicySpec` (an importable ``"module:function"`` and JSON keyword arguments) and from
+then on only receives tensors. Any ``torch.nn.Module`` can be used as an agent if it has
+
+- ``spec``: a :class:`PolicySpec` that rebuilds an identical module,
+- ``dist_kind``: ``"categorical"`` or ``"gaussian"`` (see :mod:`frugalrl.dists`),
+- ``dist_params(obs) -> Tensor`` and ``value(obs) -> Tensor``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """How to build a policy anywhere: ``import_string(factory)(**kwargs)``."""
+
+    factory: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def import_string(path: str) -> Any:
+    """Import ``"package.module:attr"``; raise a clear ``ValueError`` if that fails."""
+    if not isinstance(path, str) or ":" not in path:
+        raise ValueError(f"expected an import path of the form 'module:attribute', got {path!r}")
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"cannot import module {module_name!r} from factory path {path!r}: {e}") from e
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError as e:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (factory path {path!r})") from e
+    return obj
+
+
+def build_policy(spec: PolicySpec | dict[str, Any]) -> nn.Module:
+    """Build the module a spec describes."""
+    if isinstance(spec, dict):
+        spec = PolicySpec(**spec)
+    module = import_string(spec.factory)(**spec.kwargs)
+    check_agent(module)
+    return module
+
+
+def check_agent(agent: Any) -> None:
+    """Raise ``TypeError`` naming what is missing if ``agent`` cannot act on a worker."""
+    missing = [a for a in ("spec", "dist_kind", "dist_params") if not hasattr(agent, a)]
+    if missing or not isinstance(agent, nn.Module):
+        raise TypeError(
+            f"{type(agent).__name__} cannot be used as a worker-side agent: it must be a torch.nn.Module "
+            f"with 'spec' (a frugalrl.nets.PolicySpec), 'dist_kind' and 'dist_params(obs)'; missing {missing}"
+        )
+
+
+def action_desc(space: gym.Space) -> dict[str, Any]:
+    """JSON description of a Discrete or Box action space (what a policy head needs)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "discrete", "n": int(space.n)}
+    if isinstance(space, gym.spaces.Box):
+        return {
+            "type": "box",
+            "shape": list(space.shape),
+            "low": np.asarray(space.low, dtype=np.float64).reshape(-1).tolist(),
+            "high": np.asarray(space.high, dtype=np.float64).reshape(-1).tolist(),
+        }
+    raise TypeError(f"unsupported action space {space}; frugalrl supports Discrete and Box")
+
+
+def layer_init(layer: nn.Linear, std: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Linear:
+    """Orthogonal weights and constant bias, as in CleanRL."""
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+class MLPActorCritic(nn.Module):
+    """Separate actor and critic MLPs (CleanRL's PPO agent) for flat observations.
+
+    Categorical head for Discrete actions; state-independent log-std Gaussian for Box actions.
+    """
+
+    def __init__(self, obs_dim: int, action: dict[str, Any], hidden: list[int] | tuple[int, ...] = (64, 64)):
+        super().__init__()
+        self.obs_dim = int(obs_dim)
+        self.action = dict(action)
+        self.hidden = [int(h) for h in hidden]
+        self.spec = PolicySpec(
+            "frugalrl.nets:MLPActorCritic",
+            {"obs_dim": self.obs_dim, "action": self.action, "hidden": self.hidden},
+        )
+        if action["type"] == "discrete":
+            self.dist_kind = "categorical"
+            out = int(action["n"])
+        elif action["type"] == "box":
+            self.dist_kind = "gaussian"
+            out = int(np.prod(action["shape"]))
+        else:
+            raise ValueError(f"unsupported action description {action!r}")
+
+        def mlp(last: int, last_std: float) -> nn.Sequential:
+            layers: list[nn.Module] = []
+            width = self.obs_dim
+            for h in self.hidden:
+                layers += [layer_init(nn.Linear(width, h)), nn.Tanh()]
+                width = h
+            layers.append(layer_init(nn.Linear(width, last), std=last_std))
+            return nn.Sequential(*layers)
+
+        self.critic = mlp(1, 1.0)
+        self.actor = mlp(out, 0.01)
+        if self.dist_kind == "gaussian":
+            self.log_std = nn.Parameter(torch.zeros(out))
+
+    def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
+        """Logits, or mean and log-std concatenated."""
+        x = obs.reshape(obs.shape[0], -1).float()
+        out = self.actor(x)
+        if self.dist_kind == "gaussian":
+            out = torch.cat([out, self.log_std.expand_as(out)], dim=-1)
+        return out
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """State value, shape ``(batch,)``."""
+        return self.critic(obs.reshape(obs.shape[0], -1).float()).squeeze(-1)
+
+
+def make_agent(
+    observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64)
+) -> MLPActorCritic:
+    """A default actor-critic for the given single-env spaces."""
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise TypeError(f"MLPActorCritic needs a Box observation space, got {observation_space}")
+    return MLPActorCritic(int(np.prod(observation_space.shape)), action_desc(action_space), hidden)

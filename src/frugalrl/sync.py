@@ -1,0 +1,126 @@
+"""When weights move from the learner to the workers: EveryUpdate, Interval(n), AdaptiveKL(delta).
+
+A sync rule sees, for each worker, the policy version it holds and (for AAPS) a way to estimate
+KL(behaviour ‖ learner) on that worker's recent states, and returns the workers to send the
+current weights to. Only those workers receive weights, so a skipped sync saves its bytes.
+
+AAPS (Adaptive Actor Policy Synchronization, seed paper 003) is :class:`AdaptiveKL`. Unlike the
+paper's public code, the KL is measured on the *same* states for both policies: the states a
+worker visited in its last fragment and the behaviour-distribution parameters it recorded there,
+against the learner's distribution on those states. It is a mean per worker, not a sum over envs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class SyncContext:
+    """What a rule may look at when the learner's version is ``learner_version``."""
+
+    learner_version: int
+    worker_versions: list[int | None]  # None: the worker has never received weights
+    kl: Callable[[int], float | None]  # mean KL(behaviour ‖ learner) on a worker's recent states
+
+
+class SyncRule:
+    """Base class: decides which workers receive the learner's current weights."""
+
+    def select(self, ctx: SyncContext) -> list[int]:
+        """Workers to sync now."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Short name for logs."""
+        return type(self).__name__
+
+
+def _stale(ctx: SyncContext) -> list[int]:
+    return [w for w, v in enumerate(ctx.worker_versions) if v != ctx.learner_version]
+
+
+@dataclass
+class EveryUpdate(SyncRule):
+    """Send weights to every worker whenever the learner's weights changed (the baseline)."""
+
+    def select(self, ctx: SyncContext) -> list[int]:
+        """Every worker that does not hold the current version."""
+        return _stale(ctx)
+
+    def describe(self) -> str:
+        """``every``."""
+        return "every"
+
+
+@dataclass
+class Interval(SyncRule):
+    """Send weights to a worker once it is ``n`` or more learner versions behind."""
+
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if int(self.n) < 1:
+            raise ValueError(f"Interval(n) needs n >= 1, got {self.n}")
+
+    def select(self, ctx: SyncContext) -> list[int]:
+        """Workers without weights, or ``n`` versions behind."""
+        return [
+            w
+            for w in _stale(ctx)
+            if ctx.worker_versions[w] is None or ctx.learner_version - ctx.worker_versions[w] >= self.n
+        ]
+
+    def describe(self) -> str:
+        """``interval(n)``."""
+        return f"interval({self.n})"
+
+
+@dataclass
+class AdaptiveKL(SyncRule):
+    """AAPS: sync a worker when mean KL(its behaviour policy ‖ learner) on its recent states exceeds δ.
+
+    ``max_lag`` (optional) also syncs a worker that is that many versions behind, whatever its KL.
+    """
+
+    delta: float = 0.05
+    max_lag: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.delta > 0:
+            raise ValueError(f"AdaptiveKL(delta) needs delta > 0, got {self.delta}")
+        if self.max_lag is not None and self.max_lag < 1:
+            raise ValueError(f"AdaptiveKL max_lag must be >= 1, got {self.max_lag}")
+
+    def select(self, ctx: SyncContext) -> list[int]:
+        """Workers without weights, without recent data, or whose KL exceeds δ."""
+        chosen = []
+        for w in _stale(ctx):
+            held = ctx.worker_versions[w]
+            if held is None:
+                chosen.append(w)
+                continue
+            if self.max_lag is not None and ctx.learner_version - held >= self.max_lag:
+                chosen.append(w)
+                continue
+            kl = ctx.kl(w)
+            if kl is None or kl > self.delta:
+                chosen.append(w)
+        return chosen
+
+    def describe(self) -> str:
+        """``aaps(δ)``."""
+        return f"aaps({self.delta:g})"
+
+
+def make_sync_rule(name: str, kl_threshold: float = 0.05, interval: int = 1) -> SyncRule:
+    """Build a rule from its CLI name: ``every``, ``interval`` or ``aaps``."""
+    name = name.lower()
+    if name in ("every", "everyupdate", "every-update"):
+        return EveryUpdate()
+    if name == "interval":
+        return Interval(interval)
+    if name in ("aaps", "kl", "adaptive", "adaptivekl"):
+        return AdaptiveKL(kl_threshold)
+    raise ValueError(f"unknown sync rule {name!r}; expected 'every', 'interval' or 'aaps'")

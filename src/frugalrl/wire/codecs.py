@@ -1,0 +1,85 @@
+"""Codecs: how a tensor becomes bytes on the wire, and back.
+
+Plain functions over NumPy arrays, no pickle anywhere. A codec is named by a short string
+(``"fp32"``, ``"bf16"``, ``"fp16"``, ``"int8"``) so that it can travel in a JSON header.
+
+- dense ``fp32`` / ``fp16`` / ``bf16`` for any floating tensor (bf16 is stored as the upper
+  16 bits of the fp32 pattern, rounded to nearest even);
+- ``int8`` for weights: symmetric per-tensor scale, ``x ≈ scale * q`` with ``q`` in [-127, 127];
+  4 bytes of scale + 1 byte per element.
+- ``raw`` keeps any array as it is (integers, booleans, float64 ...).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FLOAT_CODECS = ("fp32", "fp16", "bf16", "int8")
+CODECS = ("raw", *FLOAT_CODECS)
+
+
+def _check(codec: str) -> None:
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
+
+
+def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to bfloat16 (nearest even) and return the 16-bit patterns as uint16."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    # Round to nearest even on the 16 dropped bits; NaN stays NaN because the exponent is all ones.
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    return ((bits + rounding) >> 16).astype(np.uint16)
+
+
+def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`fp32_to_bf16_bits`."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def encoded_nbytes(shape: tuple[int, ...], dtype: np.dtype, codec: str) -> int:
+    """Size in bytes of an array of ``shape``/``dtype`` encoded with ``codec``."""
+    _check(codec)
+    n = int(np.prod(shape, dtype=np.int64))
+    if codec == "raw":
+        return n * np.dtype(dtype).itemsize
+    return {"fp32": 4 * n, "fp16": 2 * n, "bf16": 2 * n, "int8": 4 + n}[codec]
+
+
+def encode(x: np.ndarray, codec: str = "raw") -> bytes:
+    """Encode an array with ``codec``; the shape and dtype travel separately (in a header)."""
+    _check(codec)
+    if codec == "raw":
+        return np.ascontiguousarray(x).tobytes()
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    if codec == "fp32":
+        return x32.tobytes()
+    if codec == "fp16":
+        return x32.astype(np.float16).tobytes()
+    if codec == "bf16":
+        return fp32_to_bf16_bits(x32).tobytes()
+    # int8
+    finite = np.isfinite(x32)
+    if not finite.all():
+        raise ValueError("int8 codec cannot encode NaN or infinite values")
+    amax = float(np.abs(x32).max()) if x32.size else 0.0
+    scale = amax / 127.0 if amax > 0 else 1.0
+    q = np.clip(np.rint(x32 / scale), -127, 127).astype(np.int8)
+    return np.float32(scale).tobytes() + q.tobytes()
+
+
+def decode(buf: bytes | memoryview, shape: tuple[int, ...], dtype: str, codec: str = "raw") -> np.ndarray:
+    """Decode bytes produced by :func:`encode` into a fresh array of ``shape`` and ``dtype``."""
+    _check(codec)
+    shape = tuple(int(s) for s in shape)
+    if codec == "raw":
+        return np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape).copy()
+    if codec == "fp32":
+        out = np.frombuffer(buf, dtype=np.float32).reshape(shape)
+    elif codec == "fp16":
+        out = np.frombuffer(buf, dtype=np.float16).reshape(shape)
+    elif codec == "bf16":
+        out = bf16_bits_to_fp32(np.frombuffer(buf, dtype=np.uint16)).reshape(shape)
+    else:
+        scale = np.frombuffer(buf[:4], dtype=np.float32)[0]
+        out = np.frombuffer(buf[4:], dtype=np.int8).reshape(shape).astype(np.float32) * scale
+    return out.astype(np.dtype(dtype), copy=True)

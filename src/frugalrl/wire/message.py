@@ -1,0 +1,157 @@
+"""Messages: the one envelope for everything that crosses a process or machine boundary.
+
+A message is an operation name, a small JSON ``meta`` dict and named NumPy arrays. It is
+encoded as::
+
+    b"FRL1" | u32 header length | JSON header | payload bytes of each array, in order
+
+The header lists each array's name, kind (for the byte meter), dtype, shape and codec.
+Nothing is pickled, so a message from an untrusted peer can at worst fail to decode.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from frugalrl.wire import codecs
+
+MAGIC = b"FRL1"
+_PREFIX = struct.Struct("<4sI")
+
+_KIND_BY_NAME = {
+    "obs": "observations",
+    "next_obs": "observations",
+    "final_obs": "observations",
+    "final_idx": "control",
+    "actions": "actions",
+    "rewards": "rewards",
+    "terminations": "rewards",
+    "truncations": "rewards",
+    "dist_params": "behaviour",
+}
+
+
+class WireError(RuntimeError):
+    """A message could not be decoded (corrupt, truncated, or not a frugalrl message)."""
+
+
+def default_kind(name: str) -> str:
+    """The byte-meter kind of an array named ``name`` (``w/...`` are weights, ``info/...`` infos)."""
+    if name.startswith("w/"):
+        return "weights"
+    if name.startswith("info/") or name.startswith("ep_"):
+        return "info"
+    if name.startswith("act/"):
+        return "activations"
+    if name.startswith("grad/"):
+        return "gradients"
+    return _KIND_BY_NAME.get(name, "control")
+
+
+@dataclass
+class Message:
+    """An operation with JSON metadata and named arrays.
+
+    ``codecs`` maps an array name to a codec of :mod:`frugalrl.wire.codecs` (default ``raw``),
+    ``kinds`` overrides the byte-meter kind inferred from the name.
+    """
+
+    op: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    codecs: dict[str, str] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)
+
+    def kind_of(self, name: str) -> str:
+        """Byte-meter kind of the array ``name``."""
+        return self.kinds.get(name) or default_kind(name)
+
+
+def _specs(msg: Message) -> list[list[Any]]:
+    specs = []
+    for name, arr in msg.arrays.items():
+        arr = np.asarray(arr)
+        codec = msg.codecs.get(name, "raw")
+        nbytes = codecs.encoded_nbytes(arr.shape, arr.dtype, codec)
+        specs.append([name, msg.kind_of(name), arr.dtype.str, list(arr.shape), codec, nbytes])
+    return specs
+
+
+def _header_bytes(msg: Message, specs: list[list[Any]]) -> bytes:
+    return json.dumps({"op": msg.op, "meta": msg.meta, "arrays": specs}, separators=(",", ":")).encode()
+
+
+def _sizes(header: bytes, specs: list[list[Any]]) -> dict[str, int]:
+    sizes: dict[str, int] = {"control": _PREFIX.size + len(header)}
+    for _, kind, _, _, _, nbytes in specs:
+        sizes[kind] = sizes.get(kind, 0) + nbytes
+    return sizes
+
+
+def encode_message(msg: Message) -> tuple[bytes, dict[str, int]]:
+    """Encode ``msg``; return the bytes and their split by kind (the header counts as control)."""
+    specs = _specs(msg)
+    header = _header_bytes(msg, specs)
+    payloads = [codecs.encode(np.asarray(arr), msg.codecs.get(name, "raw")) for name, arr in msg.arrays.items()]
+    blob = b"".join([_PREFIX.pack(MAGIC, len(header)), header, *payloads])
+    return blob, _sizes(header, specs)
+
+
+def message_sizes(msg: Message) -> dict[str, int]:
+    """Bytes by kind that ``msg`` takes on the wire, computed without encoding the payloads."""
+    specs = _specs(msg)
+    return _sizes(_header_bytes(msg, specs), specs)
+
+
+def decode_message(buf: bytes | bytearray | memoryview) -> tuple[Message, dict[str, int]]:
+    """Decode bytes made by :func:`encode_message`; return the message and its sizes by kind."""
+    view = memoryview(buf)
+    if len(view) < _PREFIX.size:
+        raise WireError(f"message too short ({len(view)} bytes)")
+    magic, hlen = _PREFIX.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise WireError(f"not a frugalrl message (magic {bytes(magic)!r})")
+    start = _PREFIX.size
+    try:
+        header = json.loads(bytes(view[start : start + hlen]))
+        op, meta, specs = header["op"], header["meta"], header["arrays"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise WireError(f"corrupt message header: {e}") from e
+    sizes: dict[str, int] = {"control": start + hlen}
+    arrays: dict[str, np.ndarray] = {}
+    msg_codecs: dict[str, str] = {}
+    kinds: dict[str, str] = {}
+    offset = start + hlen
+    for name, kind, dtype, shape, codec, nbytes in specs:
+        if offset + nbytes > len(view):
+            raise WireError(f"message truncated in array {name!r}")
+        arrays[name] = codecs.decode(view[offset : offset + nbytes], tuple(shape), dtype, codec)
+        msg_codecs[name] = codec
+        kinds[name] = kind
+        sizes[kind] = sizes.get(kind, 0) + nbytes
+        offset += nbytes
+    return Message(op, meta, arrays, msg_codecs, kinds), sizes
+
+
+def encode_state_dict(state: dict[str, Any], codec: str = "fp32") -> Message:
+    """A ``weights`` message holding a PyTorch state dict; floating tensors use ``codec``."""
+    arrays: dict[str, np.ndarray] = {}
+    msg_codecs: dict[str, str] = {}
+    for key, tensor in state.items():
+        arr = tensor.detach().cpu().numpy() if hasattr(tensor, "detach") else np.asarray(tensor)
+        name = f"w/{key}"
+        arrays[name] = arr
+        msg_codecs[name] = codec if np.issubdtype(arr.dtype, np.floating) else "raw"
+    return Message("weights", {}, arrays, msg_codecs)
+
+
+def decode_state_dict(msg: Message) -> dict[str, Any]:
+    """The state dict (of torch tensors) carried by a message from :func:`encode_state_dict`."""
+    import torch
+
+    return {name[2:]: torch.from_numpy(arr) for name, arr in msg.arrays.items() if name.startswith("w/")}

@@ -1,0 +1,113 @@
+"""ByteMeter: every byte that crosses a process or machine boundary, counted by kind.
+
+The head of a ClusterEnv (and every later transport) records each message it sends or
+receives here. Counts are *logical* bytes of the encoded message (header + payloads), so
+the serial, local and Ray backends report the same numbers for the same traffic.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any
+
+#: The kinds every run reports, in a stable order. Other kinds may be added by later parts.
+KINDS: tuple[str, ...] = (
+    "observations",
+    "actions",
+    "rewards",  # rewards, terminations and truncations
+    "behaviour",  # behaviour-distribution parameters (logits, or mean and log-std)
+    "weights",
+    "activations",
+    "gradients",
+    "info",  # episode statistics and other per-env infos
+    "control",  # message headers, commands, versions
+)
+
+UP = "up"  # worker -> head
+DOWN = "down"  # head -> worker
+
+
+class ByteMeter:
+    """Thread-safe counters of bytes by kind, by direction and by worker.
+
+    >>> m = ByteMeter()
+    >>> m.add("weights", 1024, worker=0, direction=DOWN)
+    >>> m.total()
+    1024
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_kind: dict[str, int] = defaultdict(int)
+        self._by_dir: dict[tuple[str, str], int] = defaultdict(int)
+        self._by_worker: dict[tuple[int, str], int] = defaultdict(int)
+        self._messages = 0
+
+    def add(self, kind: str, nbytes: int, worker: int | None = None, direction: str = UP) -> None:
+        """Record ``nbytes`` of ``kind`` moving in ``direction`` (to/from ``worker`` if known)."""
+        if nbytes < 0:
+            raise ValueError(f"negative byte count {nbytes} for kind {kind!r}")
+        with self._lock:
+            self._by_kind[kind] += nbytes
+            self._by_dir[(direction, kind)] += nbytes
+            if worker is not None:
+                self._by_worker[(worker, kind)] += nbytes
+
+    def add_message(self, sizes: dict[str, int], worker: int | None, direction: str) -> None:
+        """Record one message whose encoded size split by kind is ``sizes``."""
+        with self._lock:
+            self._messages += 1
+        for kind, n in sizes.items():
+            self.add(kind, n, worker=worker, direction=direction)
+
+    def by_kind(self) -> dict[str, int]:
+        """Bytes per kind (every kind in :data:`KINDS` present, zero if unused)."""
+        with self._lock:
+            out = {k: 0 for k in KINDS}
+            out.update(self._by_kind)
+            return out
+
+    def total(self) -> int:
+        """All bytes counted so far."""
+        with self._lock:
+            return sum(self._by_kind.values())
+
+    def kind_total(self, kind: str) -> int:
+        """Bytes counted for one kind."""
+        with self._lock:
+            return self._by_kind.get(kind, 0)
+
+    def worker_bytes(self, worker: int, kind: str | None = None) -> int:
+        """Bytes to and from ``worker`` (of one ``kind`` if given)."""
+        with self._lock:
+            if kind is not None:
+                return self._by_worker.get((worker, kind), 0)
+            return sum(v for (w, _), v in self._by_worker.items() if w == worker)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready summary: ``{kind: bytes, ..., "total": n, "up": {...}, "down": {...}, "per_worker": {...}}``."""
+        by_kind = self.by_kind()
+        with self._lock:
+            up = {k: v for (d, k), v in self._by_dir.items() if d == UP}
+            down = {k: v for (d, k), v in self._by_dir.items() if d == DOWN}
+            per_worker: dict[str, dict[str, int]] = defaultdict(dict)
+            for (w, k), v in sorted(self._by_worker.items()):
+                per_worker[str(w)][k] = v
+            messages = self._messages
+        return {
+            **by_kind,
+            "total": sum(by_kind.values()),
+            "up": up,
+            "down": down,
+            "per_worker": dict(per_worker),
+            "messages": messages,
+        }
+
+    def reset(self) -> None:
+        """Forget everything counted so far."""
+        with self._lock:
+            self._by_kind.clear()
+            self._by_dir.clear()
+            self._by_worker.clear()
+            self._messages = 0
