@@ -1,0 +1,36 @@
+# frugalrl: the two commands of the README.
+#   make demo   install everything, then train PPO on LunarLander-v3 through ClusterEnv (local backend)
+#   make test   install everything, then run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: install demo test test-all lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, from the CPU build (a bare `torch` would pull gigabytes of CUDA packages)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/frugalrl train ppo --env LunarLander-v3 --workers 2 --envs-per-worker 8 \
+	    --num-steps 512 --num-minibatches 32 --update-epochs 4 --gamma 0.999 --gae-lambda 0.98 \
+	    --learning-rate 5e-4 --sync aaps --kl-threshold 0.05 --total-timesteps 1000000 --eval-every 10
+
+test: install
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,184 @@
+"""The ``frugalrl`` command line.
+
+    frugalrl train ppo --env LunarLander-v3 --workers 2 --sync aaps --kl-threshold 0.05
+    frugalrl eval runs/<name> --episodes 20
+    frugalrl plots runs/<name>
+
+Every ``train`` flag is a field of the algorithm's dataclass config (``PPOConfig``): the CLI and the
+Python API take the same options, and ``config.json`` in the run directory records them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from typing import Any
+
+ALGOS = {"ppo": ("frugalrl.algos.ppo", "PPOConfig", "train")}
+
+
+def _field_parser(tp: Any):
+    """An argparse ``type=`` for a dataclass field annotation (str, int, float, bool, lists, dicts, optionals)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        inner = _field_parser(next(a for a in args if a is not type(None)))
+        return lambda s: None if s.lower() in ("none", "null", "") else inner(s)
+    if tp is bool:
+        return _parse_bool
+    if tp in (int, float, str):
+        return tp
+    if origin is list:
+        item = args[0] if args else str
+        return lambda s: [item(x) for x in s.replace(",", " ").split()]
+    if origin is dict or tp is dict:
+        return _parse_json_dict
+    return str
+
+
+def _parse_bool(s: str) -> bool:
+    if s.lower() in ("1", "true", "yes", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
+
+
+def _parse_json_dict(s: str) -> dict:
+    try:
+        value = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {s!r}: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {s!r}")
+    return value
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One ``--flag`` per field of dataclass ``cls`` (underscores become dashes)."""
+    hints = typing.get_type_hints(cls)
+    docs = _field_docs(cls)
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        flag = "--" + f.name.replace("_", "-")
+        help_text = (docs.get(f.name, "") + f" (default: {default!r})").strip()
+        parser.add_argument(flag, dest=f.name, type=_field_parser(hints[f.name]), default=default,
+                            metavar=f.name.upper(), help=help_text)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal right after a field) from the class source."""
+    import ast
+    import inspect
+
+    try:
+        tree = ast.parse(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = str(nxt.value.value)  # type: ignore[union-attr]
+    return docs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser."""
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="frugalrl", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train an agent")
+    algos = train.add_subparsers(dest="algo", required=True)
+    for algo, (module, cfg_name, _) in ALGOS.items():
+        cls = getattr(importlib.import_module(module), cfg_name)
+        p = algos.add_parser(algo, help=f"{algo} ({cfg_name})", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_dataclass_args(p, cls)
+    ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
+    ev.add_argument("run_dir")
+    ev.add_argument("--episodes", type=int, default=10)
+    ev.add_argument("--seed", type=int, default=20_000)
+    ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    pl = sub.add_parser("plots", help="(re)draw a run's PNG plots")
+    pl.add_argument("run_dir")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``frugalrl`` script."""
+    import importlib
+
+    args = build_parser().parse_args(argv)
+    if args.command == "train":
+        module, cfg_name, fn_name = ALGOS[args.algo]
+        mod = importlib.import_module(module)
+        cls = getattr(mod, cfg_name)
+        cfg = cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        try:
+            summary = getattr(mod, fn_name)(cfg)
+        except (ValueError, TypeError) as e:
+            print(f"frugalrl: error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("frugalrl: interrupted; workers stopped", file=sys.stderr)
+            return 130
+        _print_summary(summary)
+        return 0
+    if args.command == "eval":
+        return _eval(args)
+    if args.command == "plots":
+        from frugalrl.plots import make_plots
+
+        for path in make_plots(args.run_dir):
+            print(path)
+        return 0
+    return 2
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from frugalrl.envs.spec import to_env_spec
+    from frugalrl.evaluation import evaluate
+    from frugalrl.runs import load_checkpoint
+
+    run_dir = Path(args.run_dir)
+    config_path = run_dir / "config.json"
+    if not config_path.exists():
+        print(f"frugalrl: error: {run_dir} is not a run directory (no config.json)", file=sys.stderr)
+        return 2
+    config = json.loads(config_path.read_text())
+    try:
+        agent, payload = load_checkpoint(run_dir)
+    except FileNotFoundError as e:
+        print(f"frugalrl: error: {e}", file=sys.stderr)
+        return 2
+    spec = to_env_spec(config["env"], config.get("env_kwargs") or {})
+    mean, std, returns = evaluate(agent, spec, args.episodes, seed=args.seed, deterministic=not args.stochastic)
+    result = {"run_dir": str(run_dir), "env_id": config["env"], "checkpoint_step": payload.get("step"),
+              "episodes": args.episodes, "return_mean": mean, "return_std": std, "returns": returns}
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    nbytes = summary.get("bytes", {})
+    syncs = summary.get("weight_syncs", {})
+    print(
+        f"\n{summary['algo']} on {summary['env_id']} (seed {summary['seed']}): "
+        f"{summary['env_steps']} steps in {summary['wall_seconds']:.1f} s "
+        f"({summary['steps_per_second']:.0f} steps/s)\n"
+        f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f}\n"
+        f"  weight syncs {syncs.get('total', 0)} (per worker {syncs.get('per_worker', [])}), "
+        f"bytes {nbytes.get('total', 0) / 1e6:.2f} MB (weights {nbytes.get('weights', 0) / 1e6:.2f} MB)\n"
+        f"  run directory: {summary['run_dir']}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

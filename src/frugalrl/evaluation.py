@@ -1,0 +1,52 @@
+"""Evaluate an agent on fresh environments in this process (no workers, no bytes)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from frugalrl import dists
+from frugalrl.envs.spec import EnvSpec
+
+
+def evaluate(
+    agent: torch.nn.Module,
+    env_spec: EnvSpec,
+    episodes: int = 10,
+    seed: int = 10_000,
+    deterministic: bool = True,
+    max_steps: int = 100_000,
+) -> tuple[float, float, list[float]]:
+    """Mean and standard deviation of the undiscounted return over ``episodes`` full episodes.
+
+    Episodes run on one environment seeded ``seed, seed + 1, ...``; ``deterministic`` picks the
+    distribution's mode, else actions are sampled.
+    """
+    env = env_spec.make()
+    box = isinstance(env.action_space, gym.spaces.Box)
+    generator = torch.Generator().manual_seed(seed)
+    returns: list[float] = []
+    try:
+        for ep in range(episodes):
+            obs, _ = env.reset(seed=seed + ep)
+            total, done, steps = 0.0, False, 0
+            while not done and steps < max_steps:
+                with torch.no_grad():
+                    params = agent.dist_params(torch.as_tensor(np.asarray(obs))[None])
+                    if deterministic:
+                        action = dists.mode(agent.dist_kind, params)[0].numpy()
+                    else:
+                        action = dists.sample(agent.dist_kind, params, generator)[0].numpy()
+                if box:
+                    action = np.clip(action, env.action_space.low, env.action_space.high)
+                else:
+                    action = int(action)
+                obs, r, term, trunc, _ = env.step(action)
+                total += float(r)
+                done = term or trunc
+                steps += 1
+            returns.append(total)
+    finally:
+        env.close()
+    return float(np.mean(returns)), float(np.std(returns)), returns

@@ -1,0 +1,110 @@
+"""Tiny real Gymnasium environments used by the tests (importable by worker processes).
+
+They are deliberately small and deterministic; each one exists to drive one failure path of
+ClusterEnv for real (no mocks): NaN observations or rewards, a constructor that raises, a worker
+that hangs, a constructor that only fails inside a worker process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import gymnasium as gym
+import numpy as np
+
+
+class CounterEnv(gym.Env):
+    """Observation ``[t, seed_tag]`` (float32), Discrete(2) actions, reward 1, truncated after ``horizon``.
+
+    The base class of the failure envs below.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, horizon: int = 50) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.horizon = int(horizon)
+        self.t = 0
+        self.tag = 0.0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.t, self.tag], dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.tag = float(self.np_random.integers(0, 1000))
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 1.0, False, self.t >= self.horizon, {}
+
+
+class NaNObsEnv(CounterEnv):
+    """Emits a NaN observation on step ``nan_after``."""
+
+    def __init__(self, nan_after: int = 3, horizon: int = 50) -> None:
+        super().__init__(horizon)
+        self.nan_after = int(nan_after)
+
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        if self.t >= self.nan_after:
+            obs = np.array([np.nan, 0.0], dtype=np.float32)
+        return obs, r, te, tr, info
+
+
+class NaNRewardEnv(CounterEnv):
+    """Emits a NaN reward on step ``nan_after``."""
+
+    def __init__(self, nan_after: int = 3, horizon: int = 50) -> None:
+        super().__init__(horizon)
+        self.nan_after = int(nan_after)
+
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        if self.t >= self.nan_after:
+            r = float("nan")
+        return obs, r, te, tr, info
+
+
+def raising_factory(**kwargs):
+    """An env factory whose construction always fails."""
+    raise RuntimeError("boom: this environment cannot be built")
+
+
+class FailsInWorkerEnv(CounterEnv):
+    """Builds in the process ``head_pid`` (the test) and raises in any other process (a worker)."""
+
+    def __init__(self, head_pid: int) -> None:
+        super().__init__()
+        if os.getpid() != int(head_pid):
+            raise RuntimeError("boom: this environment refuses to start in a worker process")
+
+
+class HangingEnv(CounterEnv):
+    """``step`` number ``hang_after`` sleeps (practically) forever.
+
+    With ``marker`` (a file path) it hangs only once per marker: the first process to hang creates
+    the file, and replacements built later step normally.
+    """
+
+    def __init__(self, hang_after: int = 5, marker: str | None = None, horizon: int = 50) -> None:
+        super().__init__(horizon)
+        self.hang_after = int(hang_after)
+        self.marker = marker
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps >= self.hang_after:
+            if self.marker is None:
+                time.sleep(3600)
+            elif not os.path.exists(self.marker):
+                with open(self.marker, "w") as f:
+                    f.write(str(os.getpid()))
+                time.sleep(3600)
+        return super().step(action)
