@@ -25,8 +25,8 @@ def gae(
     ``done = terminated or truncated``. Returns ``(advantages, returns = advantages + values)``.
     """
     T = rewards.shape[0]
-    not_term = 1.0 - terminations.float()
-    not_done = 1.0 - dones.float()
+    not_term = 1.0 - terminations.to(rewards.dtype)
+    not_done = 1.0 - dones.to(rewards.dtype)
     deltas = rewards + gamma * next_values * not_term - values
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])

@@ -6,10 +6,16 @@ Read top to bottom: :class:`PPOConfig` (shared by the CLI and the Python API), :
 What differs from CleanRL's ``ppo.py``, and why:
 
 - Experience comes from ``ClusterEnv.rollout(agent, num_steps)``: workers act with their cached
-  copy of the policy, which the sync rule (EveryUpdate, Interval, AAPS) refreshes. The importance
-  ratio uses the *behaviour* log-probabilities the workers actually sampled with (recomputed
-  exactly from the behaviour-distribution parameters that travel with each step), not the
-  learner's — so a stale worker's data is clipped correctly.
+  copy of the policy, which the sync rule (EveryUpdate, Interval, AAPS) refreshes, so the data can
+  be off-policy. The behaviour log-probabilities the workers actually sampled with (recomputed
+  exactly from the behaviour-distribution parameters that travel with each step) enter the loss.
+  By default (``ratio="decoupled"``) the clipped ratio is taken against the learner's policy at the
+  start of the update, π_old, and each sample is weighted by the truncated importance weight
+  min(π_old/μ, ``is_clip``) (the decoupled PPO objective of Hilton et al., 2021). Clipping the ratio
+  against the behaviour policy μ itself (``ratio="behaviour"``) confines the learner to a trust
+  region around a stale μ: with AAPS, the learner then cannot drift further than about the clip
+  range allows, the KL never reaches δ, no sync happens, and learning stalls. With fresh data
+  (μ = π_old) both are exactly CleanRL's PPO.
 - Truncation is kept apart from termination: truncated episodes are bootstrapped from their
   final observation.
 - It also runs on a plain ``gymnasium.vector`` env (``backend="gym"``), with head-side inference.
@@ -72,6 +78,10 @@ class PPOConfig:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     target_kl: float | None = None
+    ratio: str = "decoupled"
+    """'decoupled': clip π/π_old, weight by min(π_old/μ, is_clip); 'behaviour': clip π/μ."""
+    is_clip: float = 1.0
+    """Truncation of the importance weight π_old/μ (decoupled ratio)."""
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     eval_episodes: int = 10
     eval_every: int = 0
@@ -105,6 +115,10 @@ class PPOConfig:
                      "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.ratio not in ("decoupled", "behaviour"):
+            raise ValueError(f"ratio must be 'decoupled' or 'behaviour', got {self.ratio!r}")
+        if not self.is_clip > 0:
+            raise ValueError(f"is_clip must be > 0, got {self.is_clip!r}")
         if self.backend not in ("local", "serial", "gym"):
             raise ValueError(f"backend must be 'local', 'serial' or 'gym', got {self.backend!r}")
         make_sync_rule(self.sync, self.kl_threshold, self.sync_interval)
@@ -156,12 +170,21 @@ def ppo_update(
             cfg.gamma, cfg.gae_lambda,
         )
         behaviour_logp = batch.behaviour_log_prob()
+        flat_obs = obs.reshape(T * N, *obs.shape[2:])
+        flat_actions = torch.as_tensor(batch.actions).reshape(T * N, *batch.actions.shape[2:])
+        if cfg.ratio == "decoupled":
+            old_logp = dists.log_prob(agent.dist_kind, agent.dist_params(flat_obs), flat_actions)
+            weights = (old_logp - behaviour_logp.reshape(-1)).exp().clamp(max=cfg.is_clip)
+        else:
+            old_logp = behaviour_logp.reshape(-1)
+            weights = torch.ones_like(old_logp)
 
     # Flatten (T, N) and drop invalid steps (reset steps of a NEXT_STEP plain vector env).
     keep = torch.ones(T * N, dtype=torch.bool) if batch.valid is None else torch.as_tensor(batch.valid).reshape(-1)
-    b_obs = obs.reshape(T * N, *obs.shape[2:])[keep]
-    b_actions = torch.as_tensor(batch.actions).reshape(T * N, *batch.actions.shape[2:])[keep]
-    b_logp = behaviour_logp.reshape(-1)[keep]
+    b_obs = flat_obs[keep]
+    b_actions = flat_actions[keep]
+    b_logp = old_logp[keep]
+    b_weights = weights[keep]
     b_adv = advantages.reshape(-1)[keep]
     b_returns = returns.reshape(-1)[keep]
     b_values = values.reshape(-1)[keep]
@@ -186,7 +209,8 @@ def ppo_update(
             adv = b_adv[mb]
             if cfg.norm_adv and adv.numel() > 1:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+            surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef))
+            pg_loss = (b_weights[mb] * surrogate).mean()
             if cfg.clip_vloss:
                 v_unclipped = (new_value - b_returns[mb]) ** 2
                 v_clipped = b_values[mb] + (new_value - b_values[mb]).clamp(-cfg.clip_coef, cfg.clip_coef)
@@ -212,6 +236,7 @@ def ppo_update(
             "losses/approx_kl": approx_kl.item(),
             "losses/clipfrac": float(np.mean(clipfracs)) if clipfracs else 0.0,
             "losses/explained_variance": float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
+            "losses/is_weight_mean": b_weights.mean().item(),
         }
     )
     return stats

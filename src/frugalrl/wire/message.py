@@ -5,7 +5,8 @@ encoded as::
 
     b"FRL1" | u32 header length | JSON header | payload bytes of each array, in order
 
-The header lists each array's name, kind (for the byte meter), dtype, shape and codec.
+The header lists each array's name, dtype and shape, plus its codec and byte-meter kind where
+they differ from the defaults (``raw``, and the kind implied by the name).
 Nothing is pickled, so a message from an untrusted peer can at worst fail to decode.
 """
 
@@ -73,13 +74,27 @@ class Message:
 
 
 def _specs(msg: Message) -> list[list[Any]]:
+    """Array specs ``[name, dtype, shape, codec?, kind?]``: codec and kind only when not the defaults."""
     specs = []
     for name, arr in msg.arrays.items():
         arr = np.asarray(arr)
+        spec: list[Any] = [name, arr.dtype.str, list(arr.shape)]
         codec = msg.codecs.get(name, "raw")
-        nbytes = codecs.encoded_nbytes(arr.shape, arr.dtype, codec)
-        specs.append([name, msg.kind_of(name), arr.dtype.str, list(arr.shape), codec, nbytes])
+        kind = msg.kind_of(name)
+        if codec != "raw" or kind != default_kind(name):
+            spec.append(codec)
+        if kind != default_kind(name):
+            spec.append(kind)
+        specs.append(spec)
     return specs
+
+
+def _spec_fields(spec: list[Any]) -> tuple[str, str, tuple[int, ...], str, str, int]:
+    """``(name, dtype, shape, codec, kind, nbytes)`` of a header spec."""
+    name, dtype, shape = spec[0], spec[1], tuple(int(s) for s in spec[2])
+    codec = spec[3] if len(spec) > 3 else "raw"
+    kind = spec[4] if len(spec) > 4 else default_kind(name)
+    return name, dtype, shape, codec, kind, codecs.encoded_nbytes(shape, _wire_dtype(dtype), codec)
 
 
 def _header_bytes(msg: Message, specs: list[list[Any]]) -> bytes:
@@ -88,7 +103,8 @@ def _header_bytes(msg: Message, specs: list[list[Any]]) -> bytes:
 
 def _sizes(header: bytes, specs: list[list[Any]]) -> dict[str, int]:
     sizes: dict[str, int] = {"control": _PREFIX.size + len(header)}
-    for _, kind, _, _, _, nbytes in specs:
+    for spec in specs:
+        _, _, _, _, kind, nbytes = _spec_fields(spec)
         sizes[kind] = sizes.get(kind, 0) + nbytes
     return sizes
 
@@ -106,6 +122,20 @@ def message_sizes(msg: Message) -> dict[str, int]:
     """Bytes by kind that ``msg`` takes on the wire, computed without encoding the payloads."""
     specs = _specs(msg)
     return _sizes(_header_bytes(msg, specs), specs)
+
+
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _wire_dtype(name: str) -> np.dtype:
+    """The NumPy dtype a header names; only plain numeric and boolean dtypes may travel."""
+    dt = _DTYPES.get(name) if isinstance(name, str) else None
+    if dt is None:
+        dt = np.dtype(name)
+        if dt.kind not in "biufc" or not isinstance(name, str):
+            raise TypeError(f"dtype {name!r} cannot travel on the wire")
+        _DTYPES[name] = dt
+    return dt
 
 
 def decode_message(buf: bytes | bytearray | memoryview) -> tuple[Message, dict[str, int]]:
@@ -127,10 +157,25 @@ def decode_message(buf: bytes | bytearray | memoryview) -> tuple[Message, dict[s
     msg_codecs: dict[str, str] = {}
     kinds: dict[str, str] = {}
     offset = start + hlen
-    for name, kind, dtype, shape, codec, nbytes in specs:
+    if not isinstance(op, str) or not isinstance(meta, dict) or not isinstance(specs, list):
+        raise WireError("corrupt message header: wrong field types")
+    for spec in specs:
+        # A header that parses but does not describe its payload is as corrupt as one that does not parse.
+        try:
+            if not isinstance(spec, list) or not 3 <= len(spec) <= 5:
+                raise ValueError("expected [name, dtype, shape, codec?, kind?]")
+            name, dtype, shape, codec, kind, nbytes = _spec_fields(spec)
+            _wire_dtype(dtype)
+            if not isinstance(name, str) or not isinstance(kind, str) or min(shape, default=0) < 0:
+                raise ValueError("bad name, kind or shape")
+        except (ValueError, TypeError, IndexError) as e:
+            raise WireError(f"corrupt array spec {spec!r}: {e}") from e
         if offset + nbytes > len(view):
             raise WireError(f"message truncated in array {name!r}")
-        arrays[name] = codecs.decode(view[offset : offset + nbytes], tuple(shape), dtype, codec)
+        try:
+            arrays[name] = codecs.decode(view[offset : offset + nbytes], shape, dtype, codec)
+        except (ValueError, TypeError) as e:
+            raise WireError(f"corrupt array {name!r}: {e}") from e
         msg_codecs[name] = codec
         kinds[name] = kind
         sizes[kind] = sizes.get(kind, 0) + nbytes

@@ -1,0 +1,117 @@
+"""The command line as a user runs it: train, eval, plots; Ctrl-C and a killed head leave no workers behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TINY = ["--env", "CartPole-v1", "--workers", "2", "--envs-per-worker", "2", "--num-steps", "32",
+        "--progress", "false"]
+
+
+def _frugalrl(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "frugalrl.cli", *args], capture_output=True, text=True,
+                          timeout=180, **kw)
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def _wait_gone(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.mark.timeout(200)
+def test_train_eval_plots(tmp_path):
+    done = _frugalrl("train", "ppo", *TINY, "--total-timesteps", "2048", "--sync", "aaps",
+                     "--run-dir", str(tmp_path), "--run-name", "tiny")
+    assert done.returncode == 0, done.stderr
+    assert "weight syncs" in done.stdout
+    summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
+    assert summary["sync_rule"] == "aaps(0.05)"
+    assert summary["env_steps"] == 2048
+    config = json.loads((tmp_path / "tiny" / "config.json").read_text())
+    assert config["workers"] == 2 and config["sync"] == "aaps"
+
+    ev = _frugalrl("eval", str(tmp_path / "tiny"), "--episodes", "2")
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads(ev.stdout)["episodes"] == 2
+
+    pl = _frugalrl("plots", str(tmp_path / "tiny"))
+    assert pl.returncode == 0 and "bytes_by_kind.png" in pl.stdout
+
+
+def test_bad_flags_give_clear_errors(tmp_path):
+    bad_env = _frugalrl("train", "ppo", *TINY, "--env", "NoSuchEnv-v0", "--run-dir", str(tmp_path))
+    assert bad_env.returncode == 2 and "NoSuchEnv-v0" in bad_env.stderr
+    bad_value = _frugalrl("train", "ppo", *TINY, "--num-steps", "0", "--run-dir", str(tmp_path))
+    assert bad_value.returncode == 2 and "num_steps" in bad_value.stderr
+    bad_type = _frugalrl("train", "ppo", "--workers", "two")
+    assert bad_type.returncode == 2 and "workers" in bad_type.stderr
+    not_a_run = _frugalrl("eval", str(tmp_path))
+    assert not_a_run.returncode == 2 and "not a run directory" in not_a_run.stderr
+
+
+def _start_training(tmp_path) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "frugalrl.cli", "train", "ppo", *TINY, "--total-timesteps", "10000000",
+         "--run-dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    workers: list[int] = []
+    while time.monotonic() < deadline and len(workers) < 2:
+        time.sleep(0.2)
+        workers = _children(proc.pid)
+    assert len(workers) >= 2, "workers did not start"
+    # Wait until training is under way (the run directory's metrics file has a row).
+    while time.monotonic() < deadline:
+        metrics = list(Path(tmp_path).glob("*/metrics.jsonl"))
+        if metrics and metrics[0].read_text().strip():
+            break
+        time.sleep(0.2)
+    return proc, workers
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_training_and_its_workers(tmp_path):
+    proc, workers = _start_training(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert "Traceback" not in err
+    assert _wait_gone(workers, 5) == []
+
+
+@pytest.mark.timeout(120)
+def test_killed_head_leaves_no_orphans(tmp_path):
+    proc, workers = _start_training(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    # Workers poll for their parent once a second.
+    assert _wait_gone(workers, 10) == [], "workers outlived a SIGKILLed head"
