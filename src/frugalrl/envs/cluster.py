@@ -20,6 +20,7 @@ re-collected from the fresh worker so that no partial fragment is ever mixed in)
 from __future__ import annotations
 
 import atexit
+import copy
 import itertools
 import logging
 import time
@@ -40,7 +41,7 @@ from frugalrl.nets import check_agent
 from frugalrl.rollout import Rollout
 from frugalrl.sync import EveryUpdate, SyncContext, SyncRule
 from frugalrl.wire.codecs import FLOAT_CODECS
-from frugalrl.wire.message import Message, encode_state_dict
+from frugalrl.wire.message import Message, decode_message, decode_state_dict, encode_message, encode_state_dict
 from frugalrl.wire.meter import ByteMeter
 
 log = logging.getLogger("frugalrl")
@@ -171,7 +172,9 @@ class ClusterEnv(gym.vector.VectorEnv):
         self.last_kl: list[float | None] = [None] * self.num_workers
         self.restart_events: list[dict[str, Any]] = []
         self._fingerprint: tuple | None = None
+        self._tracked_agent: weakref.ref | None = None
         self._weights_msg: Message | None = None
+        self._held: torch.nn.Module | None = None
         self._recent: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_workers
         self._obs: np.ndarray | None = None
         self._dist_kind: str | None = None
@@ -222,21 +225,22 @@ class ClusterEnv(gym.vector.VectorEnv):
         self._check_open()
         num_steps = _positive_int("num_steps", num_steps)
         check_agent(agent)
+        first_event = len(self.restart_events)
         if self._obs is None:
             self.reset(seed=self.seed)
         self.sync(agent)
         self.backend.reserve(self._rollout_bound(agent, num_steps), 0)
         msg = Message("rollout", {"num_steps": num_steps})
-        restarted: list[int] = []
 
         def recover(w: int, reason: str) -> Message:
-            restarted.append(w)
             self._restart(w, reason)
             self._reset_worker(w, seed=None)
             self._send_weights(agent, [w])
             return msg
 
         replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
+        # Every worker replaced during this call (in its sync too: its envs were reset) is reported.
+        restarted = [e["worker"] for e in self.restart_events[first_event:]]
         return self._assemble_rollout(replies, agent, restarted)
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -264,11 +268,15 @@ class ClusterEnv(gym.vector.VectorEnv):
 
     def _track_version(self, agent: torch.nn.Module) -> None:
         # Every in-place change of a tensor bumps its _version: an optimizer step, load_state_dict, ...
-        fingerprint = (id(agent), *(t._version for t in itertools.chain(agent.parameters(), agent.buffers())))
-        if fingerprint != self._fingerprint:
+        # The agent itself is compared by a weak reference, not id(): a new agent can reuse a freed id.
+        fingerprint = tuple(t._version for t in itertools.chain(agent.parameters(), agent.buffers()))
+        tracked = self._tracked_agent() if self._tracked_agent is not None else None
+        if tracked is not agent or fingerprint != self._fingerprint:
             self._fingerprint = fingerprint
+            self._tracked_agent = weakref.ref(agent)
             self.learner_version += 1
             self._weights_msg = None
+            self._held = None
         self._dist_kind = agent.dist_kind
 
     def _kl_estimator(self, agent: torch.nn.Module) -> Callable[[int], float | None]:
@@ -301,6 +309,26 @@ class ClusterEnv(gym.vector.VectorEnv):
         for w in workers:
             self.worker_versions[w] = self.learner_version
             self.sync_counts[w] += 1
+        # AAPS compares the learner with the policy a worker *holds*: after a sync, the behaviour
+        # recorded on its recent states is that of the weights just sent (as decoded by the worker).
+        if any(self._recent[w] is not None for w in workers):
+            held = self._held_policy(agent)
+            for w in workers:
+                if self._recent[w] is not None:
+                    states = self._recent[w][0]
+                    with torch.no_grad():
+                        self._recent[w] = (states, held.dist_params(states).float())
+
+    def _held_policy(self, agent: torch.nn.Module) -> torch.nn.Module:
+        """The policy the workers run after receiving the current weights message."""
+        if self.weights_codec == "fp32":
+            return agent
+        if self._held is None:
+            assert self._weights_msg is not None
+            decoded, _ = decode_message(encode_message(self._weights_msg)[0])
+            self._held = copy.deepcopy(agent)
+            self._held.load_state_dict(decode_state_dict(decoded))
+        return self._held
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
@@ -442,13 +470,22 @@ class ClusterEnv(gym.vector.VectorEnv):
 
     def _step_agent(self, agent: torch.nn.Module) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         check_agent(agent)
+        first_event = len(self.restart_events)
         self.sync(agent)
+        # A worker replaced while syncing lost its episodes: it is reported like one that fails
+        # during the step (truncated; NEXT_STEP: its envs reset on the next step), and skips this one.
+        cut = sorted({e["worker"] for e in self.restart_events[first_event:]})
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            for w in cut:
+                self._reset_worker(w, seed=None, defer=True)
         msg = Message("act_step")
         states = self._obs
-        replies, restarted = self._request_step({w: msg for w in range(self.num_workers)})
+        replies, restarted = self._request_step({w: msg for w in range(self.num_workers) if w not in cut})
+        restarted = sorted(set(restarted) | set(cut))
         # A replaced worker needs weights again before its next act_step.
         for w in restarted:
-            self._send_weights(agent, [w])
+            if self.worker_versions[w] != self.learner_version:
+                self._send_weights(agent, [w])
         n, k = self.num_envs, self.envs_per_worker
         params_dim = next(iter(replies.values())).arrays["dist_params"].shape[-1] if replies else 0
         actions = np.zeros((n, *self.single_action_space.shape), dtype=self._action_dtype())

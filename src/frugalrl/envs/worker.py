@@ -77,6 +77,8 @@ class EnvWorker:
         self.version = -1
         self.generator = torch.Generator().manual_seed(_seed_for(seed, index))
         self._box = isinstance(self.act_space, gym.spaces.Box)
+        # Observations of a float dtype can be checked for NaN/inf once per step, as one block.
+        self._float_obs = self.obs.dtype.kind == "f"
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, msg: Message) -> Message:
@@ -107,6 +109,21 @@ class EnvWorker:
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise WorkerError(f"non-finite observation (NaN or inf) from {self._where(i)}")
 
+    def _check_all(self, stepped: list[tuple[int, Any, Any]]) -> None:
+        """The exact per-env checks, in env order: raises for the first env :meth:`_check` rejects."""
+        for i, obs, reward in stepped:
+            self._check(i, obs, reward)
+
+    def _suspect(self, rewards: np.ndarray | None, extra_obs: list[Any] | None = None) -> bool:
+        """A cheap test over the whole step: False when every reward and observation is surely finite.
+
+        ``self.obs`` holds every env's latest observation (cast to the space's dtype); a True answer
+        only means "run the exact checks", which are the ones that decide (a cast can overflow to inf).
+        """
+        if rewards is None or not self._float_obs or not np.isfinite(self.obs).all():
+            return True
+        return bool(extra_obs) and not all(np.isfinite(np.asarray(o)).all() for o in extra_obs)
+
     def _reset_env(self, i: int, seed: int | None = None, options: dict | None = None) -> dict[str, Any]:
         obs, info = self.envs[i].reset(seed=seed, options=options)
         self._check(i, obs)
@@ -134,50 +151,78 @@ class EnvWorker:
             action = dists.sample(self.policy.dist_kind, params, self.generator)
         action = action.numpy()
         if not self._box:
-            action = action.astype(np.int64)
+            action = action.astype(np.int64, copy=False)  # a categorical sample already is int64
         return action, params.float().numpy()
 
     def _step_envs(self, actions: np.ndarray) -> Message:
-        """One step of every env with NEXT_STEP / SAME_STEP autoreset, as a Gymnasium vector env."""
-        k = len(self.envs)
-        rewards = np.zeros(k, dtype=np.float64)
-        terms = np.zeros(k, dtype=bool)
-        truncs = np.zeros(k, dtype=bool)
+        """One step of every env with NEXT_STEP / SAME_STEP autoreset, as a Gymnasium vector env.
+
+        The hot loop only steps and records; NaN/inf checks run once for the whole step (see
+        :meth:`_suspect`) and, when they fire or anything raises, the exact per-env checks run in env
+        order first, so the error names the same env as checking each env right after its step would.
+        """
+        envs = self.envs
+        k = len(envs)
+        same_step = self.autoreset_mode != NEXT_STEP
+        needs = self.needs_reset.tolist()
+        env_actions = self._env_action(actions)
+        obs_block = self.obs
+        ep_return, ep_length = self.ep_return, self.ep_length
+        r_list: list[Any] = [0.0] * k
+        te_list: list[Any] = [False] * k
+        tr_list: list[Any] = [False] * k
+        stepped: list[tuple[int, Any, Any]] = []
+        ended: dict[int, tuple[float, float, int]] = {}  # env -> (seconds, return, length)
         infos: dict[str, np.ndarray] = {}
-        ep_mask = np.zeros(k, dtype=bool)
-        ep_r = np.zeros(k, dtype=np.float64)
-        ep_l = np.zeros(k, dtype=np.int64)
-        ep_t = np.zeros(k, dtype=np.float64)
         final_obs: dict[int, np.ndarray] = {}
-        for i, env in enumerate(self.envs):
-            if self.needs_reset[i]:
-                info = self._reset_env(i)
-            else:
-                obs, r, te, tr, info = env.step(self._env_action(actions[i]))
-                self._check(i, obs, r)
-                rewards[i], terms[i], truncs[i] = r, te, tr
-                self.ep_return[i] += r
-                self.ep_length[i] += 1
-                if te or tr:
-                    ep_mask[i] = True
-                    ep_r[i], ep_l[i] = self.ep_return[i], self.ep_length[i]
-                    ep_t[i] = round(time.perf_counter() - self.ep_start[i], 6)
-                    if self.autoreset_mode == NEXT_STEP:
-                        self.needs_reset[i] = True
-                        self.obs[i] = obs
-                    else:
-                        final_obs[i] = np.asarray(obs)
-                        info = self._reset_env(i)
+        try:
+            for i in range(k):
+                if needs[i]:
+                    info = self._reset_env(i)
                 else:
-                    self.obs[i] = obs
-            _add_info(infos, info, i, k)
+                    obs, r, te, tr, info = envs[i].step(env_actions[i])
+                    stepped.append((i, obs, r))
+                    r_list[i], te_list[i], tr_list[i] = r, te, tr
+                    ep_return[i] += r
+                    ep_length[i] += 1
+                    if te or tr:
+                        seconds = round(time.perf_counter() - self.ep_start[i], 6)
+                        ended[i] = (seconds, ep_return[i], ep_length[i])
+                        if same_step:
+                            final_obs[i] = np.asarray(obs)
+                            info = self._reset_env(i)
+                        else:
+                            self.needs_reset[i] = True
+                            obs_block[i] = obs
+                    else:
+                        obs_block[i] = obs
+                if info:
+                    _add_info(infos, info, i, k)
+            rewards = _float_row(r_list)
+            if self.check_finite and self._suspect(rewards, list(final_obs.values())):
+                self._check_all(stepped)
+                rewards = None
+        except BaseException:
+            if self.check_finite:
+                self._check_all(stepped)
+            raise
+        if rewards is None:  # not plain finite numbers: assign one by one, exactly as numpy does
+            rewards = np.zeros(k, dtype=np.float64)
+            for i, _, r in stepped:
+                rewards[i] = r
         arrays: dict[str, np.ndarray] = {
-            "obs": self.obs.copy(),
+            "obs": obs_block.copy(),
             "rewards": rewards,
-            "terminations": terms,
-            "truncations": truncs,
+            "terminations": np.array(te_list, dtype=bool),
+            "truncations": np.array(tr_list, dtype=bool),
         }
-        if ep_mask.any():
+        if ended:
+            ep_mask = np.zeros(k, dtype=bool)
+            ep_r = np.zeros(k, dtype=np.float64)
+            ep_l = np.zeros(k, dtype=np.int64)
+            ep_t = np.zeros(k, dtype=np.float64)
+            for i, (seconds, ret, length) in ended.items():
+                ep_mask[i], ep_t[i], ep_r[i], ep_l[i] = True, seconds, ret, length
             arrays.update(ep_mask=ep_mask, ep_r=ep_r, ep_l=ep_l, ep_t=ep_t)
         if final_obs:
             idx = np.array(sorted(final_obs), dtype=np.int32)
@@ -237,50 +282,80 @@ class EnvWorker:
         ``terminations`` / ``truncations`` (T,k) bool, ``dist_params`` (T,k,P) f32, ``next_obs`` (k,...),
         ``final_idx`` (K,2) int32 [step, env] and ``final_obs`` (K,...) for every finished episode, and the
         finished episodes' ``ep_r``, ``ep_l``, ``ep_env``.
+
+        The loop over envs only steps and records; rewards, episode returns and lengths are written
+        one row per step, NaN/inf checks run once per step (exactly per env, in env order, when they
+        fire or when anything raises) and finished envs are reset after the row is complete.
         """
         T = int(msg.meta["num_steps"])
         if T <= 0:
             raise WorkerError(f"num_steps must be positive, got {T}")
-        k = len(self.envs)
+        envs = self.envs
+        k = len(envs)
         self._apply_pending_resets()
         version = self.version
-        obs_buf = np.empty((T, *self.obs.shape), dtype=self.obs.dtype)
+        check = self.check_finite
+        obs_now = self.obs
+        obs_buf = np.empty((T, *obs_now.shape), dtype=obs_now.dtype)
         act_buf: np.ndarray | None = None
         params_buf: np.ndarray | None = None
         rewards = np.zeros((T, k), dtype=np.float32)
         terms = np.zeros((T, k), dtype=bool)
         truncs = np.zeros((T, k), dtype=bool)
+        ep_return, ep_length = self.ep_return, self.ep_length
         final_idx: list[tuple[int, int]] = []
         final_obs: list[np.ndarray] = []
         ep_r: list[float] = []
         ep_l: list[int] = []
         ep_env: list[int] = []
+        steps = [env.step for env in envs]
         for t in range(T):
-            obs_buf[t] = self.obs
-            actions, params = self._infer(self.obs)
+            obs_buf[t] = obs_now
+            actions, params = self._infer(obs_now)
             if act_buf is None:
                 act_buf = np.empty((T, *actions.shape), dtype=actions.dtype)
                 params_buf = np.empty((T, *params.shape), dtype=np.float32)
             act_buf[t] = actions
             params_buf[t] = params
             env_actions = self._env_action(actions)
-            for i, env in enumerate(self.envs):
-                obs, r, te, tr, _ = env.step(env_actions[i])
-                self._check(i, obs, r)
-                rewards[t, i] = r
-                terms[t, i] = te
-                truncs[t, i] = tr
-                self.ep_return[i] += r
-                self.ep_length[i] += 1
-                if te or tr:
-                    final_idx.append((t, i))
-                    final_obs.append(np.asarray(obs))
-                    ep_r.append(float(self.ep_return[i]))
-                    ep_l.append(int(self.ep_length[i]))
-                    ep_env.append(self.first_env + i)
-                    self._reset_env(i)
-                else:
-                    self.obs[i] = obs
+            stepped: list[tuple[int, Any, Any]] = []
+            te_list: list[Any] = []
+            tr_list: list[Any] = []
+            ended: list[int] = []
+            try:
+                for i in range(k):
+                    obs, r, te, tr, _ = steps[i](env_actions[i])
+                    stepped.append((i, obs, r))
+                    te_list.append(te)
+                    tr_list.append(tr)
+                    if te or tr:
+                        ended.append(i)
+                    obs_now[i] = obs
+                r_row = _float_row([s[2] for s in stepped])
+                if check and self._suspect(r_row):
+                    self._check_all(stepped)
+                    r_row = None
+            except BaseException:
+                if check:
+                    self._check_all(stepped)
+                raise
+            if r_row is None:  # not plain finite numbers: assign one by one, exactly as numpy does
+                for i, _, r in stepped:
+                    rewards[t, i] = r
+                    ep_return[i] += r
+            else:
+                rewards[t] = r_row
+                ep_return += r_row
+            terms[t] = te_list
+            truncs[t] = tr_list
+            ep_length += 1
+            for i in ended:
+                final_idx.append((t, i))
+                final_obs.append(np.asarray(stepped[i][1]))
+                ep_r.append(float(ep_return[i]))
+                ep_l.append(int(ep_length[i]))
+                ep_env.append(self.first_env + i)
+                self._reset_env(i)
         assert act_buf is not None and params_buf is not None
         arrays: dict[str, np.ndarray] = {
             "obs": obs_buf,
@@ -289,16 +364,26 @@ class EnvWorker:
             "terminations": terms,
             "truncations": truncs,
             "dist_params": params_buf,
-            "next_obs": self.obs.copy(),
+            "next_obs": obs_now.copy(),
             "final_idx": np.array(final_idx, dtype=np.int32).reshape(-1, 2),
             "final_obs": (
-                np.stack(final_obs) if final_obs else np.zeros((0, *self.obs.shape[1:]), self.obs.dtype)
+                np.stack(final_obs) if final_obs else np.zeros((0, *obs_now.shape[1:]), obs_now.dtype)
             ),
             "ep_r": np.array(ep_r, dtype=np.float64),
             "ep_l": np.array(ep_l, dtype=np.int64),
             "ep_env": np.array(ep_env, dtype=np.int32),
         }
         return Message("rollout", {"version": version, "worker": self.index}, arrays)
+
+
+def _float_row(values: list[Any]) -> np.ndarray | None:
+    """``values`` as a float64 array if they are all finite numbers, else None (the caller then goes
+    element by element, so that odd rewards fail or convert exactly as single assignments do)."""
+    try:
+        row = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return row if row.ndim == 1 and np.isfinite(row).all() else None
 
 
 def _add_info(infos: dict[str, np.ndarray], info: dict[str, Any], i: int, k: int) -> None:

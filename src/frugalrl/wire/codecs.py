@@ -12,6 +12,8 @@ Plain functions over NumPy arrays, no pickle anywhere. A codec is named by a sho
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 FLOAT_CODECS = ("fp32", "fp16", "bf16", "int8")
@@ -26,9 +28,15 @@ def _check(codec: str) -> None:
 def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """Round float32 values to bfloat16 (nearest even) and return the 16-bit patterns as uint16."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    # Round to nearest even on the 16 dropped bits; NaN stays NaN because the exponent is all ones.
+    # Round to nearest even on the 16 dropped bits.
     rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
-    return ((bits + rounding) >> 16).astype(np.uint16)
+    out = ((bits + rounding) >> 16).astype(np.uint16)
+    # A NaN whose payload sits only in the dropped bits would round to inf (or wrap to 0 for
+    # 0xFFFFFFFF): keep the sign and upper payload and set the quiet bit so NaN stays NaN.
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        out[nan] = ((bits[nan] >> 16) | np.uint32(0x0040)).astype(np.uint16)
+    return out
 
 
 def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
@@ -39,7 +47,7 @@ def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
 def encoded_nbytes(shape: tuple[int, ...], dtype: np.dtype, codec: str) -> int:
     """Size in bytes of an array of ``shape``/``dtype`` encoded with ``codec``."""
     _check(codec)
-    n = int(np.prod(shape, dtype=np.int64))
+    n = math.prod(map(int, shape))
     if codec == "raw":
         return n * np.dtype(dtype).itemsize
     return {"fp32": 4 * n, "fp16": 2 * n, "bf16": 2 * n, "int8": 4 + n}[codec]
@@ -62,7 +70,10 @@ def encode(x: np.ndarray, codec: str = "raw") -> bytes:
     if not finite.all():
         raise ValueError("int8 codec cannot encode NaN or infinite values")
     amax = float(np.abs(x32).max()) if x32.size else 0.0
-    scale = amax / 127.0 if amax > 0 else 1.0
+    # The scale travels as float32: if it underflows to 0 (|x| < ~1e-43), every value rounds to 0.
+    scale = np.float32(amax / 127.0)
+    if not scale > 0:
+        scale = np.float32(1.0)
     q = np.clip(np.rint(x32 / scale), -127, 127).astype(np.int8)
     return np.float32(scale).tobytes() + q.tobytes()
 

@@ -7,7 +7,8 @@ lives in it) and nothing is pickled. The worker's config travels as a JSON messa
 Each worker gets two shared-memory arenas (files in ``/dev/shm``, unlinked as soon as both sides
 have mapped them, so nothing can leak): head→worker and worker→head. A message that fits its
 arena is written there and only a 12-byte note travels on the socket; anything else goes through
-the socket itself. A worker that dies is seen at once through a pidfd; one that stops answering
+the socket itself. Frames on the socket are an 8-byte length and the bytes; a small frame is
+written with one system call and usually read with one. A worker that dies is seen at once through a pidfd; one that stops answering
 is declared dead after ``timeout`` seconds. Workers ignore SIGINT (Ctrl-C is the head's to
 handle) and exit by themselves within a second if the head disappears.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import select
 import signal
 import socket
 import struct
@@ -25,11 +27,13 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict
-from multiprocessing.connection import Connection, wait
+
+import numpy as np
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure
 from frugalrl.envs.spec import EnvSpec
-from frugalrl.wire.message import Message, decode_message, encode_message
+from frugalrl.wire import codecs as _codecs
+from frugalrl.wire.message import _PREFIX, Message, decode_message, encode_message
 from frugalrl.wire.meter import DOWN, UP
 
 _SHM_NOTE = struct.Struct("<4sQ")
@@ -71,7 +75,206 @@ class Arena:
         self.buf.close()
 
 
-def _send(conn: Connection, blob: bytes, arena: Arena | None) -> None:
+_FRAME = struct.Struct("<Q")
+_RECV_BUF = 1 << 16
+_POLLIN = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+
+
+class Channel:
+    """One end of a socket pair carrying length-prefixed frames.
+
+    Replaces ``multiprocessing.connection.Connection`` on the hot path: a frame is sent with one
+    ``sendall`` (prefix and bytes together up to 64 KiB) and received into a reusable buffer, so a
+    small message usually costs one ``recv_into`` instead of two reads and two copies.
+    :meth:`recv_bytes` returns a view that stays valid only until the next call.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._new_buffer(_RECV_BUF)
+
+    def _new_buffer(self, size: int, keep: memoryview | None = None) -> None:
+        buf = bytearray(size)
+        n = 0 if keep is None else len(keep)
+        if n:
+            buf[:n] = keep
+        self._buf = buf
+        self._view = memoryview(buf)
+        self._start, self._end = 0, n
+
+    def fileno(self) -> int:
+        """The socket's file descriptor."""
+        return self.sock.fileno()
+
+    def send_bytes(self, data: bytes | bytearray | memoryview) -> None:
+        """Send one frame."""
+        n = len(data)
+        if n <= _RECV_BUF:
+            self.sock.sendall(_FRAME.pack(n) + data)
+        else:
+            self.sock.sendall(_FRAME.pack(n))
+            self.sock.sendall(data)
+
+    def _fill(self, need: int) -> None:
+        """Read until ``need`` bytes past ``_start`` are buffered."""
+        if self._start + need > len(self._buf):
+            pending = self._view[self._start : self._end]
+            self._new_buffer(max(need, _RECV_BUF), pending)
+        while self._end - self._start < need:
+            got = self.sock.recv_into(self._view[self._end :])
+            if not got:
+                raise EOFError
+            self._end += got
+
+    def recv_bytes(self) -> memoryview:
+        """The next frame (valid until the next call)."""
+        if self._start == self._end:
+            if len(self._buf) > _RECV_BUF:  # give back the memory of an unusually big frame
+                self._new_buffer(_RECV_BUF)
+            self._start = self._end = 0
+        self._fill(_FRAME.size)
+        (n,) = _FRAME.unpack_from(self._buf, self._start)
+        self._fill(_FRAME.size + n)
+        begin = self._start + _FRAME.size
+        self._start = begin + n
+        return self._view[begin : begin + n]
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Whether a frame (or EOF) can be read without blocking for longer than ``timeout`` seconds."""
+        if self._end > self._start:
+            return True
+        return bool(select.select([self.sock], [], [], max(0.0, timeout))[0])
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+
+class WireCache:
+    """Encodes and decodes messages byte for byte as :mod:`frugalrl.wire.message` does, doing the header
+    work once per message *shape* instead of once per message.
+
+    Step after step, a worker's requests and replies have the same op, the same small ``meta`` and
+    arrays of the same names, dtypes and shapes, hence the same JSON header: only the payload bytes
+    change. This cache keeps, per shape, the encoded prefix and header (and the byte sizes by kind)
+    for encoding, and, keyed by the received header bytes, the decoded op, meta and array layout for
+    decoding; payloads still go through :func:`frugalrl.wire.codecs.encode` / ``decode``.
+
+    It is checked against the real encoder and decoder on the first uses of every shape and then
+    every ``CHECK_EVERY`` uses; a shape that ever differs (or that the cache cannot describe: nested
+    meta, non-array values, ...) always takes the real path.
+    """
+
+    CHECK_FIRST = 2
+    CHECK_EVERY = 1000
+    MAX_SHAPES = 512
+
+    def __init__(self) -> None:
+        self._enc: dict[tuple, list | None] = {}
+        self._dec: dict[bytes, list | None] = {}
+
+    # ------------------------------------------------------------------ encode
+    def encode(self, msg: Message) -> tuple[bytes, dict[str, int]]:
+        """``encode_message(msg)``."""
+        key = _shape_key(msg)
+        entry = self._enc.get(key) if key is not None else None
+        if entry is None:
+            if key is None or key in self._enc or len(self._enc) >= self.MAX_SHAPES:
+                return encode_message(msg)
+            return self._learn_encoding(key, msg)
+        payloads = [_codecs.encode(arr, msg.codecs.get(name, "raw")) for name, arr in msg.arrays.items()]
+        blob = b"".join([entry[0], *payloads])
+        entry[2] += 1
+        if entry[2] <= self.CHECK_FIRST or entry[2] % self.CHECK_EVERY == 0:
+            real = encode_message(msg)
+            if real[0] != blob or real[1] != entry[1]:
+                self._enc[key] = None
+            return real
+        return blob, dict(entry[1])
+
+    def _learn_encoding(self, key: tuple, msg: Message) -> tuple[bytes, dict[str, int]]:
+        blob, sizes = encode_message(msg)
+        payload = b"".join(_codecs.encode(arr, msg.codecs.get(name, "raw")) for name, arr in msg.arrays.items())
+        head = blob[: len(blob) - len(payload)]
+        self._enc[key] = [head, dict(sizes), 0] if head + payload == blob else None
+        return blob, sizes
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, buf: bytes | bytearray | memoryview) -> tuple[Message, dict[str, int]]:
+        """``decode_message(buf)``."""
+        view = memoryview(buf)
+        try:
+            _, hlen = _PREFIX.unpack_from(view, 0)
+            key = bytes(view[: _PREFIX.size + hlen])
+        except Exception:  # noqa: BLE001 - whatever it is, the real decoder says what is wrong
+            return decode_message(view)
+        entry = self._dec.get(key)
+        if entry is None or len(view) != entry[6]:
+            if key in self._dec or len(self._dec) >= self.MAX_SHAPES:
+                return decode_message(view)
+            return self._learn_decoding(key, view)
+        op, meta, layout, msg_codecs, kinds, sizes, _, uses = entry
+        arrays = {name: _codecs.decode(view[a:b], shape, dtype, codec) for name, a, b, shape, dtype, codec in layout}
+        msg = Message(op, dict(meta), arrays, dict(msg_codecs), dict(kinds))
+        entry[7] = uses = uses + 1
+        if uses <= self.CHECK_FIRST or uses % self.CHECK_EVERY == 0:
+            real = decode_message(view)
+            if not _same_message(real[0], msg) or real[1] != sizes:
+                self._dec[key] = None
+            return real
+        return msg, dict(sizes)
+
+    def _learn_decoding(self, key: bytes, view: memoryview) -> tuple[Message, dict[str, int]]:
+        msg, sizes = decode_message(view)
+        if not all(type(v) in _PLAIN_META for v in msg.meta.values()):
+            self._dec[key] = None
+            return msg, sizes
+        layout = []
+        offset = len(key)
+        for name, arr in msg.arrays.items():
+            codec = msg.codecs.get(name, "raw")
+            n = _codecs.encoded_nbytes(arr.shape, arr.dtype, codec)
+            layout.append((name, offset, offset + n, arr.shape, arr.dtype.str, codec))
+            offset += n
+        if offset == len(view):  # a layout that accounts for every byte; otherwise try again next time
+            self._dec[key] = [msg.op, dict(msg.meta), layout, dict(msg.codecs), dict(msg.kinds), dict(sizes),
+                              len(view), 0]
+        return msg, sizes
+
+
+_PLAIN_META = (str, int, bool, float, type(None))
+_PLAIN_KEY = (str, int, bool, type(None))  # floats are left out: 0.0 == -0.0 but they encode differently
+
+
+def _shape_key(msg: Message) -> tuple | None:
+    """What a message's header is a function of, or None if the cache should not handle it."""
+    if type(msg) is not Message or type(msg.op) is not str or type(msg.meta) is not dict:
+        return None
+    meta = []
+    for k, v in msg.meta.items():
+        t = type(v)
+        if type(k) is not str or t not in _PLAIN_KEY:
+            return None
+        meta.append((k, t, v))
+    arrays = []
+    for name, arr in msg.arrays.items():
+        if type(arr) is not np.ndarray or type(name) is not str:
+            return None
+        arrays.append((name, arr.dtype.str, arr.shape, msg.codecs.get(name, "raw"), msg.kinds.get(name)))
+    return (msg.op, tuple(meta), tuple(arrays))
+
+
+def _same_message(a: Message, b: Message) -> bool:
+    if (a.op, a.meta, a.codecs, a.kinds) != (b.op, b.meta, b.codecs, b.kinds) or list(a.arrays) != list(b.arrays):
+        return False
+    for name, x in a.arrays.items():
+        y = b.arrays[name]
+        if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+            return False
+    return True
+
+
+def _send(conn: Channel, blob: bytes, arena: Arena | None) -> None:
     if arena is not None and 4096 < len(blob) <= arena.size:
         arena.buf[: len(blob)] = blob
         conn.send_bytes(_SHM_NOTE.pack(_SHM_MAGIC, len(blob)))
@@ -79,14 +282,15 @@ def _send(conn: Connection, blob: bytes, arena: Arena | None) -> None:
         conn.send_bytes(blob)
 
 
-def _recv(conn: Connection, arena: Arena | None) -> tuple[Message, dict[str, int]]:
+def _recv(conn: Channel, arena: Arena | None, wire: WireCache | None = None) -> tuple[Message, dict[str, int]]:
+    decode = decode_message if wire is None else wire.decode
     data = conn.recv_bytes()
     if len(data) == _SHM_NOTE.size and data[:4] == _SHM_MAGIC:
         if arena is None:
             raise RuntimeError("shared-memory note received but no arena is attached")
         (_, n) = _SHM_NOTE.unpack(data)
-        return decode_message(memoryview(arena.buf)[:n])
-    return decode_message(data)
+        return decode(memoryview(arena.buf)[:n])
+    return decode(data)
 
 
 def _config_to_json(config: WorkerConfig) -> dict:
@@ -123,8 +327,11 @@ def worker_entry() -> None:
     """Entry point of a worker process: ``python -c '...; worker_entry()' FD PARENT_PID``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
-    conn = Connection(fd)
-    msg, _ = decode_message(conn.recv_bytes())
+    conn = Channel(socket.socket(fileno=fd))
+    try:
+        msg, _ = decode_message(conn.recv_bytes())
+    except (EOFError, OSError):
+        return  # the head went away before sending the config
     cfg = msg.meta
     if cfg.get("main_path"):
         # The factory lives in the user's script: import it the way multiprocessing does (guarded code
@@ -148,18 +355,27 @@ def worker_entry() -> None:
             cfg["autoreset_mode"], cfg["check_finite"], cfg["seed"],
         )
     except Exception as e:  # noqa: BLE001 - reported to the head
-        conn.send_bytes(encode_message(Message("error", {"error": f"{type(e).__name__}: {e}"}))[0])
+        reply = Message("error", {"error": f"{type(e).__name__}: {e}"})
+    else:
+        reply = Message("ready", {"pid": os.getpid()})
+    try:
+        conn.send_bytes(encode_message(reply)[0])
+    except OSError:
+        return  # the head went away while this worker was starting
+    if reply.op == "error":
         return
-    conn.send_bytes(encode_message(Message("ready", {"pid": os.getpid()}))[0])
     arena_in: Arena | None = None
     arena_out: Arena | None = None
+    poller = select.poll()
+    poller.register(conn.fileno(), _POLLIN)
+    wire = WireCache()
     try:
         while True:
-            if not conn.poll(1.0):
+            if not poller.poll(1000):
                 if os.getppid() != parent_pid:
                     return  # the head is gone
                 continue
-            msg, _ = _recv(conn, arena_in)
+            msg, _ = _recv(conn, arena_in, wire)
             if msg.op == "close":
                 return
             if msg.op == "attach":
@@ -171,7 +387,7 @@ def worker_entry() -> None:
                 reply = Message("ok")
             else:
                 reply = worker.handle(msg)
-            _send(conn, encode_message(reply)[0], arena_out)
+            _send(conn, wire.encode(reply)[0], arena_out)
     except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
         return
     finally:
@@ -184,7 +400,7 @@ class _Slot:
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None
         self.pidfd: int | None = None
-        self.conn: Connection | None = None
+        self.conn: Channel | None = None
         self.arena_down: Arena | None = None
         self.arena_up: Arena | None = None
 
@@ -204,6 +420,7 @@ class LocalBackend(Backend):
         self.slots = [_Slot() for _ in configs]
         self._arena_sizes = (_MIN_ARENA, _MIN_ARENA)
         self._closed = False
+        self._wire = WireCache()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -219,28 +436,36 @@ class LocalBackend(Backend):
         env = dict(os.environ)
         # The worker must import whatever the head can (tests, the user's own modules).
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        code = "from frugalrl.envs.backends.local import worker_entry; worker_entry()"
+        # SIGINT is ignored before anything is imported: Ctrl-C is the head's to handle.
+        code = (
+            "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "from frugalrl.envs.backends.local import worker_entry; worker_entry()"
+        )
         child_fd = child_sock.fileno()
         proc = subprocess.Popen(
             [sys.executable, "-c", code, str(child_fd), str(os.getpid())],
             pass_fds=(child_fd,),
             env=env,
             stdin=subprocess.DEVNULL,
+            process_group=0,  # not in the terminal's foreground group: Ctrl-C reaches only the head
         )
         child_sock.close()
         slot = self.slots[w]
         slot.process = proc
         slot.pidfd = os.pidfd_open(proc.pid)
-        slot.conn = Connection(head_sock.detach())
+        slot.conn = Channel(head_sock)
         slot.conn.send_bytes(encode_message(Message("config", self._config_json[w]))[0])
 
     def _await_ready(self, w: int) -> None:
         slot = self.slots[w]
         assert slot.conn is not None and slot.process is not None
         deadline = time.monotonic() + max(self.timeout, 60.0)
+        poller = select.poll()
+        poller.register(slot.conn.fileno(), _POLLIN)
+        poller.register(slot.pidfd, _POLLIN)
         while time.monotonic() < deadline:
-            ready = wait([slot.conn, slot.pidfd], timeout=0.5)
-            if slot.conn in ready:
+            ready = {fd for fd, _ in poller.poll(500)}
+            if slot.conn.fileno() in ready:
                 try:
                     msg, _ = decode_message(slot.conn.recv_bytes())
                 except EOFError:
@@ -338,9 +563,14 @@ class LocalBackend(Backend):
         if self._closed:
             raise RuntimeError("backend is closed")
         results: dict[int, Message | WorkerFailure] = {}
+        # Encode everything first (a message shared by several workers once), then send in a tight loop
+        # so that the workers start together.
         encoded: dict[int, tuple[bytes, dict[str, int]]] = {}
+        for msg in requests.values():
+            if id(msg) not in encoded:
+                encoded[id(msg)] = self._wire.encode(msg)
         for w, msg in requests.items():
-            blob, sizes = encoded.setdefault(id(msg), encode_message(msg))
+            blob, sizes = encoded[id(msg)]
             slot = self.slots[w]
             try:
                 assert slot.conn is not None
@@ -351,22 +581,30 @@ class LocalBackend(Backend):
             if meter:
                 self.meter.add_message(sizes, w, DOWN)
         pending = {w for w in requests if w not in results}
+        if not pending:
+            return results
+        # One poll set for this exchange: each pending worker's socket and pidfd (a worker that dies is
+        # seen at once); a worker leaves the set as soon as it has answered.
+        poller = select.poll()
+        owner: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its socket)
+        for w in pending:
+            slot = self.slots[w]
+            fd = slot.conn.fileno()
+            owner[fd] = (w, True)
+            owner[slot.pidfd] = (w, False)
+            poller.register(fd, _POLLIN)
+            poller.register(slot.pidfd, _POLLIN)
         deadline = time.monotonic() + self.timeout
         while pending:
-            waitables = {}
-            for w in pending:
-                slot = self.slots[w]
-                waitables[slot.conn] = w
-                waitables[slot.pidfd] = w
-            ready = wait(list(waitables), timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-            for obj in ready:
-                w = waitables[obj]
+            timeout = max(0.0, min(1.0, deadline - time.monotonic()))
+            for fd, _ in poller.poll(int(timeout * 1000) + 1):
+                w, is_socket = owner[fd]
                 if w not in pending:
                     continue
                 slot = self.slots[w]
-                if obj is slot.conn or slot.conn.poll():
+                if is_socket or slot.conn.poll():
                     try:
-                        reply, sizes = _recv(slot.conn, slot.arena_up)
+                        reply, sizes = _recv(slot.conn, slot.arena_up, self._wire)
                     except (EOFError, OSError) as e:
                         results[w] = WorkerFailure(w, f"connection lost: {e!r}")
                     else:
@@ -377,13 +615,17 @@ class LocalBackend(Backend):
                     slot.process.wait(timeout=5)
                     results[w] = WorkerFailure(w, f"process died (exit code {slot.exitcode()})")
                 pending.discard(w)
+                poller.unregister(slot.conn.fileno())
+                poller.unregister(slot.pidfd)
             if pending and time.monotonic() >= deadline:
                 for w in pending:
                     results[w] = WorkerFailure(w, f"no reply within {self.timeout:.0f} s")
                     if self.slots[w].process is not None:
                         self.slots[w].process.kill()
                 pending.clear()
-        return results
+        # In request order (as the serial backend answers), whatever order the replies came in: the
+        # first error a caller meets does not depend on which worker happened to answer first.
+        return {w: results[w] for w in requests}
 
 
 def _round(n: int) -> int:
