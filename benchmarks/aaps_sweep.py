@@ -6,6 +6,7 @@ return within 10%.
 
     python benchmarks/aaps_sweep.py                      # 1 seed × 1M steps per setting
     python benchmarks/aaps_sweep.py --steps 300000       # shorter
+    python benchmarks/aaps_sweep.py --deltas 0.05 --seeds 1 2 3 --out aaps_3seeds   # the target, 3 seeds
 
 Writes benchmarks/results/aaps_sweep.json, a Markdown table, and aaps_sweep.png.
 """
@@ -32,6 +33,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
     p.add_argument("--steps", type=int, default=1_000_000)
     p.add_argument("--force", action="store_true")
+    p.add_argument("--out", default="aaps_sweep", help="name of the JSON/PNG files under benchmarks/results")
     args = p.parse_args()
 
     settings = [("every", None)] + [("aaps", d) for d in args.deltas]
@@ -60,17 +62,17 @@ def main() -> None:
         row["weight_bytes_ratio_vs_every"] = base["weight_bytes"] / max(row["weight_bytes"], 1)
         row["return_vs_every"] = row["final_eval_return"] / base["final_eval_return"] if base["final_eval_return"] else None
     out = {"command": "python " + " ".join(sys.argv), "steps": args.steps, "seeds": args.seeds, "rows": table}
-    (RESULTS / "aaps_sweep.json").write_text(json.dumps(out, indent=2))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2))
 
     print("\n| sync | final eval return | train return (last 100) | syncs / worker | weight MB | ×fewer weight bytes | lag |")
     print("|---|---|---|---|---|---|---|")
     for r in table:
         print(f"| {r['sync']} | {r['final_eval_return']:.1f} | {r['final_train_return']:.1f} | {r['syncs_per_worker_mean']:.1f} | "
               f"{r['weight_bytes'] / 1e6:.2f} | {r['weight_bytes_ratio_vs_every']:.1f} | {r['policy_lag_mean']:.2f} |")
-    _plot(table)
+    _plot(table, RESULTS / f"{args.out}.png")
 
 
-def _plot(table: list[dict]) -> None:
+def _plot(table: list[dict], path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,7 +88,7 @@ def _plot(table: list[dict]) -> None:
     axes[1].tick_params(axis="x", rotation=45)
     fig.suptitle("AAPS sweep on LunarLander-v3 (4 workers)")
     fig.tight_layout()
-    fig.savefig(RESULTS / "aaps_sweep.png", dpi=100)
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":
