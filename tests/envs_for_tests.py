@@ -108,3 +108,11 @@ class HangingEnv(CounterEnv):
                     f.write(str(os.getpid()))
                 time.sleep(3600)
         return super().step(action)
+
+
+class MultiDiscreteEnv(CounterEnv):
+    """A CounterEnv with a MultiDiscrete action space (not supported by ClusterEnv)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = gym.spaces.MultiDiscrete([2, 3])

@@ -41,7 +41,13 @@ from frugalrl.nets import check_agent
 from frugalrl.rollout import Rollout
 from frugalrl.sync import EveryUpdate, SyncContext, SyncRule
 from frugalrl.wire.codecs import FLOAT_CODECS
-from frugalrl.wire.message import Message, decode_message, decode_state_dict, encode_message, encode_state_dict
+from frugalrl.wire.message import (
+    Message,
+    decode_message,
+    decode_state_dict,
+    encode_message,
+    encode_state_dict,
+)
 from frugalrl.wire.meter import ByteMeter
 
 log = logging.getLogger("frugalrl")
@@ -271,6 +277,8 @@ class ClusterEnv(gym.vector.VectorEnv):
         # The agent itself is compared by a weak reference, not id(): a new agent can reuse a freed id.
         fingerprint = tuple(t._version for t in itertools.chain(agent.parameters(), agent.buffers()))
         tracked = self._tracked_agent() if self._tracked_agent is not None else None
+        if tracked is not agent:
+            self._check_agent_fits(agent)
         if tracked is not agent or fingerprint != self._fingerprint:
             self._fingerprint = fingerprint
             self._tracked_agent = weakref.ref(agent)
@@ -278,6 +286,27 @@ class ClusterEnv(gym.vector.VectorEnv):
             self._weights_msg = None
             self._held = None
         self._dist_kind = agent.dist_kind
+
+    def _check_agent_fits(self, agent: torch.nn.Module) -> None:
+        """Fail on the head, with a clear message, for an agent built for other spaces."""
+        space = self.single_action_space
+        discrete = isinstance(space, gym.spaces.Discrete)
+        kind, size = ("categorical", int(space.n)) if discrete else ("gaussian", 2 * int(np.prod(space.shape)))
+        if agent.dist_kind != kind:
+            raise ValueError(f"agent.dist_kind is {agent.dist_kind!r} but this env's action space {space} needs {kind!r}")
+        obs = torch.as_tensor(np.stack([self.single_observation_space.sample()]))
+        try:
+            with torch.no_grad():
+                params = agent.dist_params(obs)
+        except Exception as e:
+            raise ValueError(
+                f"agent cannot act on this env's observations {self.single_observation_space}: {type(e).__name__}: {e}"
+            ) from e
+        if tuple(params.shape) != (1, size):
+            raise ValueError(
+                f"agent.dist_params returned shape {tuple(params.shape[1:])} per observation; "
+                f"the action space {space} needs ({size},)"
+            )
 
     def _kl_estimator(self, agent: torch.nn.Module) -> Callable[[int], float | None]:
         def kl(w: int) -> float | None:

@@ -168,7 +168,7 @@ def decode_message(buf: bytes | bytearray | memoryview) -> tuple[Message, dict[s
             _wire_dtype(dtype)
             if not isinstance(name, str) or not isinstance(kind, str) or min(shape, default=0) < 0:
                 raise ValueError("bad name, kind or shape")
-        except (ValueError, TypeError, IndexError) as e:
+        except (ValueError, TypeError, IndexError, AttributeError) as e:
             raise WireError(f"corrupt array spec {spec!r}: {e}") from e
         if offset + nbytes > len(view):
             raise WireError(f"message truncated in array {name!r}")

@@ -8,9 +8,10 @@ Each worker gets two shared-memory arenas (files in ``/dev/shm``, unlinked as so
 have mapped them, so nothing can leak): head→worker and worker→head. A message that fits its
 arena is written there and only a 12-byte note travels on the socket; anything else goes through
 the socket itself. Frames on the socket are an 8-byte length and the bytes; a small frame is
-written with one system call and usually read with one. A worker that dies is seen at once through a pidfd; one that stops answering
-is declared dead after ``timeout`` seconds. Workers ignore SIGINT (Ctrl-C is the head's to
-handle) and exit by themselves within a second if the head disappears.
+written with one system call and usually read with one, and repeated message shapes skip the
+JSON header work (:class:`WireCache`). A worker that dies is seen at once through a pidfd; one
+that stops answering is declared dead after ``timeout`` seconds. Workers ignore SIGINT (Ctrl-C
+is the head's to handle) and exit by themselves within a second if the head disappears.
 """
 
 from __future__ import annotations

@@ -1,0 +1,179 @@
+"""Action distributions: closed-form KL, log-probabilities and entropies against references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Categorical, Independent, Normal, kl_divergence
+
+from frugalrl import dists
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _categorical_params(g: torch.Generator, rows: int, n: int, spread: float) -> torch.Tensor:
+    return torch.randn(rows, n, generator=g, dtype=torch.float64) * spread
+
+
+def _gaussian_params(g: torch.Generator, rows: int, d: int, spread: float) -> torch.Tensor:
+    mean = torch.randn(rows, d, generator=g, dtype=torch.float64) * spread
+    log_std = torch.randn(rows, d, generator=g, dtype=torch.float64) * 0.5 * spread
+    return torch.cat([mean, log_std], -1)
+
+
+def _params(kind: str, g: torch.Generator, rows: int, size: int, spread: float) -> torch.Tensor:
+    if kind == "categorical":
+        return _categorical_params(g, rows, size, spread)
+    return _gaussian_params(g, rows, size, spread)
+
+
+def _reference(kind: str, params: torch.Tensor):
+    if kind == "categorical":
+        return Categorical(logits=params)
+    d = params.shape[-1] // 2
+    return Independent(Normal(params[..., :d], params[..., d:].exp()), 1)
+
+
+@pytest.mark.parametrize("kind, size", [("categorical", 2), ("categorical", 6), ("gaussian", 1), ("gaussian", 3)])
+@pytest.mark.parametrize("set_index", range(3))
+def test_closed_form_kl_matches_monte_carlo(kind, size, set_index):
+    """The MC estimate lies within 5 standard errors of the closed form (error from the sample spread)."""
+    g = torch.Generator().manual_seed(100 + set_index)
+    p = _params(kind, g, 6, size, spread=0.3 + 0.6 * set_index)
+    q = _params(kind, g, 6, size, spread=0.3 + 0.6 * set_index)
+    n = 40_000
+    closed = dists.kl(kind, p, q)
+    mc = dists.kl_monte_carlo(kind, p, q, n=n, generator=torch.Generator().manual_seed(set_index))
+    assert mc.shape == closed.shape == (6,)
+    # Standard error of the mean of log p(a) - log q(a), a ~ p, estimated with torch.distributions.
+    ref_p, ref_q = _reference(kind, p), _reference(kind, q)
+    torch.manual_seed(set_index)
+    a = ref_p.sample((n,))
+    llr = ref_p.log_prob(a) - ref_q.log_prob(a)
+    stderr = llr.std(0) / n**0.5
+    assert torch.all((mc - closed).abs() <= 5 * stderr + 1e-9), (mc, closed, stderr)
+
+
+@pytest.mark.parametrize("kind, size", [("categorical", 5), ("gaussian", 4)])
+def test_kl_of_a_distribution_with_itself_is_zero(kind, size):
+    g = torch.Generator().manual_seed(1)
+    for spread in (0.1, 1.0, 5.0):
+        p = _params(kind, g, 32, size, spread)
+        torch.testing.assert_close(dists.kl(kind, p, p), torch.zeros(32, dtype=p.dtype), atol=1e-12, rtol=0)
+        p32 = p.float()
+        assert dists.kl(kind, p32, p32).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("kind, size", [("categorical", 5), ("gaussian", 4)])
+def test_kl_is_non_negative(kind, size):
+    g = torch.Generator().manual_seed(2)
+    for spread in (0.01, 0.5, 3.0, 20.0):
+        p = _params(kind, g, 256, size, spread)
+        q = _params(kind, g, 256, size, spread)
+        k = dists.kl(kind, p, q)
+        assert torch.isfinite(k).all()
+        assert (k >= -1e-10).all(), k.min()
+
+
+def test_categorical_kl_matches_numpy():
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 10):
+        lp = rng.normal(size=(20, n)) * 2
+        lq = rng.normal(size=(20, n)) * 2
+        p = np.exp(lp - lp.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        q = np.exp(lq - lq.max(-1, keepdims=True))
+        q /= q.sum(-1, keepdims=True)
+        expected = (p * (np.log(p) - np.log(q))).sum(-1)
+        got = dists.kl("categorical", torch.from_numpy(lp), torch.from_numpy(lq)).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_categorical_kl_is_shift_invariant():
+    g = torch.Generator().manual_seed(4)
+    p = _categorical_params(g, 8, 4, 1.0)
+    q = _categorical_params(g, 8, 4, 1.0)
+    torch.testing.assert_close(dists.kl("categorical", p + 3.0, q - 7.0), dists.kl("categorical", p, q))
+
+
+def test_gaussian_kl_matches_torch():
+    g = torch.Generator().manual_seed(5)
+    for d in (1, 2, 6):
+        p = _gaussian_params(g, 16, d, 1.0)
+        q = _gaussian_params(g, 16, d, 1.0)
+        expected = kl_divergence(_reference("gaussian", p), _reference("gaussian", q))
+        torch.testing.assert_close(dists.kl("gaussian", p, q), expected)
+
+
+def test_batched_shapes():
+    g = torch.Generator().manual_seed(6)
+    p = torch.randn(3, 5, 4, generator=g)
+    q = torch.randn(3, 5, 4, generator=g)
+    assert dists.kl("categorical", p, q).shape == (3, 5)
+    assert dists.kl("gaussian", p, q).shape == (3, 5)
+    assert dists.entropy("gaussian", p).shape == (3, 5)
+    a = dists.sample("categorical", p, g)
+    assert a.shape == (3, 5) and a.dtype == torch.int64
+    assert dists.log_prob("categorical", p, a).shape == (3, 5)
+    a = dists.sample("gaussian", p, g)
+    assert a.shape == (3, 5, 2) and a.dtype == torch.float32
+    assert dists.log_prob("gaussian", p, a).shape == (3, 5)
+
+
+@pytest.mark.parametrize("n", [2, 7])
+def test_categorical_log_prob_entropy_mode_vs_torch(n):
+    g = torch.Generator().manual_seed(7)
+    params = _categorical_params(g, 64, n, 2.0)
+    ref = Categorical(logits=params)
+    actions = torch.randint(0, n, (64,), generator=g)
+    torch.testing.assert_close(dists.log_prob("categorical", params, actions), ref.log_prob(actions))
+    torch.testing.assert_close(dists.entropy("categorical", params), ref.entropy())
+    torch.testing.assert_close(dists.mode("categorical", params), params.argmax(-1))
+    # Actions may arrive as floats or int32 from a rollout buffer.
+    torch.testing.assert_close(dists.log_prob("categorical", params, actions.int()), ref.log_prob(actions))
+
+
+@pytest.mark.parametrize("d", [1, 3])
+def test_gaussian_log_prob_entropy_mode_vs_torch(d):
+    g = torch.Generator().manual_seed(8)
+    params = _gaussian_params(g, 64, d, 1.0)
+    ref = _reference("gaussian", params)
+    actions = ref.sample()
+    torch.testing.assert_close(dists.log_prob("gaussian", params, actions), ref.log_prob(actions))
+    torch.testing.assert_close(dists.entropy("gaussian", params), ref.entropy())
+    torch.testing.assert_close(dists.mode("gaussian", params), params[:, :d])
+
+
+def test_categorical_sampling_frequencies():
+    logits = torch.tensor([[0.0, 1.0, -1.0, 2.0]])
+    n = 200_000
+    a = dists.sample("categorical", logits.expand(n, 4), torch.Generator().manual_seed(9))
+    freq = torch.bincount(a, minlength=4).double() / n
+    probs = torch.softmax(logits[0].double(), -1)
+    assert torch.all((freq - probs).abs() < 5 * (probs * (1 - probs) / n).sqrt())
+
+
+def test_gaussian_sampling_moments():
+    params = torch.tensor([[1.5, -2.0, np.log(0.5), np.log(3.0)]], dtype=torch.float32)
+    n = 200_000
+    a = dists.sample("gaussian", params.expand(n, 4), torch.Generator().manual_seed(10))
+    assert torch.allclose(a.mean(0), torch.tensor([1.5, -2.0]), atol=0.03)
+    assert torch.allclose(a.std(0), torch.tensor([0.5, 3.0]), rtol=0.02)
+
+
+def test_sampling_is_reproducible_with_a_generator():
+    p = torch.randn(10, 3)
+    a1 = dists.sample("categorical", p, torch.Generator().manual_seed(11))
+    a2 = dists.sample("categorical", p, torch.Generator().manual_seed(11))
+    torch.testing.assert_close(a1, a2)
+
+
+def test_bad_arguments():
+    p = torch.zeros(3, 4)
+    with pytest.raises(ValueError, match="different shapes"):
+        dists.kl("categorical", p, torch.zeros(3, 5))
+    with pytest.raises(ValueError, match="unknown distribution kind 'beta'"):
+        dists.kl("beta", p, p)
+    with pytest.raises(ValueError, match="unknown distribution kind 'beta'"):
+        dists.sample("beta", p)
