@@ -160,11 +160,6 @@ def test_other_envs_match_sync_vector_env(env_id, steps, closing):
         assert ended >= 1  # crossed at least one autoreset
 
 
-@pytest.mark.xfail(
-    reason="envs/worker.py EnvWorker._step_envs clips head-chosen Box actions (op 'step'); Gymnasium passes "
-    "them through, and MountainCarContinuous's reward uses the unclipped action",
-    strict=False,
-)
 def test_out_of_bounds_box_actions_reach_the_env_unchanged(closing):
     env = closing(ClusterEnv("MountainCarContinuous-v0", 1, 2, backend="serial", seed=SEED))
     ref = make_ref("MountainCarContinuous-v0", 2)
@@ -441,3 +436,25 @@ def test_close_leaves_no_processes():
     assert not set(pids) & set(worker_children())
     env.close()  # idempotent
     assert env.backend.worker_pids() == {}
+
+
+def test_same_step_final_info_matches_gymnasium(closing):
+    """SameStep mode: final_obs and final_info of finished envs, with masks, like SyncVectorEnv."""
+    env = closing(ClusterEnv("CartPole-v1", 2, 2, backend="serial", seed=SEED, autoreset_mode="SameStep"))
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(4)], autoreset_mode="SameStep")
+    env.reset(seed=SEED)
+    ref.reset(seed=SEED)
+    seen = False
+    for _ in range(60):
+        a = np.ones(4, dtype=np.int64)
+        o1, _, te1, tr1, i1 = env.step(a)
+        o2, _, te2, tr2, i2 = ref.step(a)
+        np.testing.assert_allclose(o1, o2)
+        if "_final_obs" in i2:
+            seen = True
+            np.testing.assert_array_equal(i1["_final_obs"], i2["_final_obs"])
+            np.testing.assert_array_equal(i1["_final_info"], i2["_final_info"])
+            for j in np.flatnonzero(i2["_final_obs"]):
+                np.testing.assert_allclose(i1["final_obs"][j], i2["final_obs"][j])
+    ref.close()
+    assert seen

@@ -37,6 +37,7 @@ from gymnasium.vector.utils import batch_space
 from frugalrl import dists
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure
 from frugalrl.envs.spec import EnvSpec, to_env_spec
+from frugalrl.envs.worker import compact_int_dtype
 from frugalrl.nets import check_agent
 from frugalrl.rollout import Rollout
 from frugalrl.sync import EveryUpdate, SyncContext, SyncRule
@@ -149,6 +150,11 @@ class ClusterEnv(gym.vector.VectorEnv):
         if not isinstance(self.single_action_space, gym.spaces.Discrete | gym.spaces.Box):
             raise TypeError(f"ClusterEnv supports Discrete and Box action spaces, got {self.single_action_space}")
 
+        self._action_wire_dtype = (
+            compact_int_dtype(self.single_action_space)
+            if isinstance(self.single_action_space, gym.spaces.Discrete)
+            else None
+        )
         self.num_envs = self.num_workers * self.envs_per_worker
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
@@ -218,6 +224,8 @@ class ClusterEnv(gym.vector.VectorEnv):
             return self._step_agent(actions)
         actions = self._check_actions(actions)
         k = self.envs_per_worker
+        if self._action_wire_dtype is not None:
+            actions = actions.astype(self._action_wire_dtype)  # uint8 for most Discrete spaces
         requests = {
             w: Message("step", {}, {"actions": actions[w * k : (w + 1) * k]}) for w in range(self.num_workers)
         }
@@ -572,9 +580,18 @@ class ClusterEnv(gym.vector.VectorEnv):
                 if "final_obs" not in infos:
                     infos["final_obs"] = np.full(n, None, dtype=object)
                     infos["_final_obs"] = np.zeros(n, dtype=bool)
+                    infos["final_info"] = {}
+                    infos["_final_info"] = np.zeros(n, dtype=bool)
                 for j, i in enumerate(a["final_idx"]):
                     infos["final_obs"][base + int(i)] = a["final_obs"][j]
                     infos["_final_obs"][base + int(i)] = True
+                    infos["_final_info"][base + int(i)] = True
+                for name, value in a.items():
+                    if name.startswith("finfo/"):
+                        key = name[6:]
+                        if key not in infos["final_info"]:
+                            infos["final_info"][key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
+                        infos["final_info"][key][base : base + k] = value
         return infos
 
     def _rollout_bound(self, agent: torch.nn.Module, T: int) -> int:
@@ -614,7 +631,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         self._obs = next_obs
         return Rollout(
             obs=cat("obs"),
-            actions=cat("actions"),
+            actions=cat("actions").astype(self._action_dtype(), copy=False),
             rewards=cat("rewards"),
             terminations=cat("terminations"),
             truncations=cat("truncations"),

@@ -77,6 +77,8 @@ class EnvWorker:
         self.version = -1
         self.generator = torch.Generator().manual_seed(_seed_for(seed, index))
         self._box = isinstance(self.act_space, gym.spaces.Box)
+        # Discrete actions travel in the smallest integer type that holds them (uint8 for most envs).
+        self._action_wire_dtype = None if self._box else compact_int_dtype(self.act_space)
         # Observations of a float dtype can be checked for NaN/inf once per step, as one block.
         self._float_obs = self.obs.dtype.kind == "f"
 
@@ -155,18 +157,23 @@ class EnvWorker:
             action = action.astype(np.int64, copy=False)  # a categorical sample already is int64
         return action, params.float().numpy()
 
-    def _step_envs(self, actions: np.ndarray) -> Message:
+    def _wire_actions(self, actions: np.ndarray) -> np.ndarray:
+        return actions if self._action_wire_dtype is None else actions.astype(self._action_wire_dtype)
+
+    def _step_envs(self, actions: np.ndarray, clip: bool) -> Message:
         """One step of every env with NEXT_STEP / SAME_STEP autoreset, as a Gymnasium vector env.
 
         The hot loop only steps and records; NaN/inf checks run once for the whole step (see
         :meth:`_suspect`) and, when they fire or anything raises, the exact per-env checks run in env
         order first, so the error names the same env as checking each env right after its step would.
+        ``clip`` clips Box actions to the bounds (sampled actions); actions the head chose reach the
+        env unchanged, as in Gymnasium.
         """
         envs = self.envs
         k = len(envs)
         same_step = self.autoreset_mode != NEXT_STEP
         needs = self.needs_reset.tolist()
-        env_actions = self._env_action(actions)
+        env_actions = self._env_action(actions) if clip else actions
         obs_block = self.obs
         ep_return, ep_length = self.ep_return, self.ep_length
         r_list: list[Any] = [0.0] * k
@@ -176,6 +183,7 @@ class EnvWorker:
         ended: dict[int, tuple[float, float, int]] = {}  # env -> (seconds, return, length)
         infos: dict[str, np.ndarray] = {}
         final_obs: dict[int, np.ndarray] = {}
+        final_infos: dict[str, np.ndarray] = {}
         try:
             for i in range(k):
                 if needs[i]:
@@ -191,6 +199,8 @@ class EnvWorker:
                         ended[i] = (seconds, ep_return[i], ep_length[i])
                         if same_step:
                             final_obs[i] = np.asarray(obs)
+                            if info:
+                                _add_info(final_infos, info, i, k)
                             info = self._reset_env(i)
                         else:
                             self.needs_reset[i] = True
@@ -229,6 +239,7 @@ class EnvWorker:
             idx = np.array(sorted(final_obs), dtype=np.int32)
             arrays["final_idx"] = idx
             arrays["final_obs"] = np.stack([final_obs[int(i)] for i in idx])
+            arrays.update({f"finfo/{key}": v for key, v in final_infos.items()})
         arrays.update({f"info/{key}": v for key, v in infos.items()})
         return Message("step", {"version": self.version}, arrays)
 
@@ -254,13 +265,16 @@ class EnvWorker:
         return Message("reset", {"worker": self.index}, arrays)
 
     def _op_step(self, msg: Message) -> Message:
-        return self._step_envs(msg.arrays["actions"])
+        actions = msg.arrays["actions"]
+        if not self._box:
+            actions = actions.astype(np.int64)  # compact on the wire; envs get plain integers
+        return self._step_envs(actions, clip=False)
 
     def _op_act_step(self, msg: Message) -> Message:
         actions, params = self._infer(self.obs)
-        reply = self._step_envs(actions)
+        reply = self._step_envs(actions, clip=True)
         # Envs that were autoresetting (NEXT_STEP) ignored their action; it is still reported.
-        reply.arrays.update(actions=actions, dist_params=params)
+        reply.arrays.update(actions=self._wire_actions(actions), dist_params=params)
         return reply
 
     def _op_weights(self, msg: Message) -> Message:
@@ -360,7 +374,7 @@ class EnvWorker:
         assert act_buf is not None and params_buf is not None
         arrays: dict[str, np.ndarray] = {
             "obs": obs_buf,
-            "actions": act_buf,
+            "actions": self._wire_actions(act_buf),
             "rewards": rewards,
             "terminations": terms,
             "truncations": truncs,
@@ -375,6 +389,16 @@ class EnvWorker:
             "ep_env": np.array(ep_env, dtype=np.int32),
         }
         return Message("rollout", {"version": version, "worker": self.index}, arrays)
+
+
+def compact_int_dtype(space: gym.spaces.Discrete) -> np.dtype:
+    """The smallest integer dtype holding every action of a Discrete space."""
+    lo, hi = int(space.start), int(space.start + space.n - 1)
+    for dtype in (np.uint8, np.int8, np.uint16, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)
 
 
 def _float_row(values: list[Any]) -> np.ndarray | None:

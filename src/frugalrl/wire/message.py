@@ -45,7 +45,7 @@ def default_kind(name: str) -> str:
     """The byte-meter kind of an array named ``name`` (``w/...`` are weights, ``info/...`` infos)."""
     if name.startswith("w/"):
         return "weights"
-    if name.startswith("info/") or name.startswith("ep_"):
+    if name.startswith(("info/", "finfo/", "ep_")):
         return "info"
     if name.startswith("act/"):
         return "activations"

@@ -430,7 +430,9 @@ class LocalBackend(Backend):
             self._spawn(w)
         for w in range(self.num_workers):
             self._await_ready(w)
-            self._attach(w)
+            if not self._attach(w):
+                self.close()
+                raise RuntimeError(f"worker {w} failed while attaching shared memory at start")
 
     def _spawn(self, w: int) -> None:
         head_sock, child_sock = socket.socketpair()
@@ -481,8 +483,8 @@ class LocalBackend(Backend):
         self.close()
         raise RuntimeError(f"worker {w} died or hung while starting (exit code {code})")
 
-    def _attach(self, w: int) -> None:
-        """Give worker ``w`` fresh shared-memory arenas of the current sizes."""
+    def _attach(self, w: int) -> bool:
+        """Give worker ``w`` fresh shared-memory arenas of the current sizes; False if it failed meanwhile."""
         slot = self.slots[w]
         for arena in (slot.arena_down, slot.arena_up):
             if arena is not None:
@@ -493,8 +495,7 @@ class LocalBackend(Backend):
         result = self._exchange({w: msg}, meter=False)[w]
         slot.arena_down.unlink()
         slot.arena_up.unlink()
-        if isinstance(result, WorkerFailure):
-            raise RuntimeError(f"worker {w} failed while attaching shared memory: {result.reason}")
+        return not isinstance(result, WorkerFailure)
 
     def reserve(self, up_bytes: int, down_bytes: int) -> None:
         """Grow the arenas (all workers) so that replies of ``up_bytes`` go through shared memory."""
@@ -503,15 +504,18 @@ class LocalBackend(Backend):
         if new != self._arena_sizes:
             self._arena_sizes = new
             for w in range(self.num_workers):
-                if self._alive(w):
-                    self._attach(w)
+                if self._alive(w) and not self._attach(w):
+                    # Silent or dead while attaching: make sure it is dead, so that the next request
+                    # reports it as a failure and the env replaces it.
+                    self.slots[w].process.kill()
 
     def restart(self, worker: int) -> None:
         """Kill (if needed) and replace one worker process with fresh arenas."""
         self._stop(self.slots[worker], grace=0.0)
         self._spawn(worker)
         self._await_ready(worker)
-        self._attach(worker)
+        if not self._attach(worker):
+            raise RuntimeError(f"worker {worker} failed again right after being restarted")
 
     def close(self) -> None:
         """Ask every worker to exit, kill the ones that do not, free the shared memory."""
