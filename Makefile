@@ -20,8 +20,9 @@ install: $(VENV)/.installed
 
 demo: install
 	$(VENV)/bin/frugalrl train ppo --env LunarLander-v3 --workers 2 --envs-per-worker 8 \
-	    --num-steps 512 --num-minibatches 32 --update-epochs 4 --gamma 0.999 --gae-lambda 0.98 \
-	    --learning-rate 5e-4 --sync aaps --kl-threshold 0.05 --total-timesteps 1000000 --eval-every 10
+	    --num-steps 128 --num-minibatches 32 --update-epochs 4 --learning-rate 5e-4 \
+	    --gamma 0.999 --gae-lambda 0.98 --ent-coef 0.01 --sync aaps --kl-threshold 0.05 \
+	    --total-timesteps 1000000 --eval-every 20
 
 test: install
 	$(PY) -m pytest -q -m "not slow"
