@@ -102,7 +102,7 @@ def test_unsupported_spaces():
         ({"num_workers": True}, r"num_workers must be a positive integer, got True"),
         ({"envs_per_worker": -1}, r"envs_per_worker must be a positive integer, got -1"),
         ({"envs_per_worker": 0}, r"envs_per_worker must be a positive integer, got 0"),
-        ({"backend": "nope"}, r"unknown backend 'nope'; expected one of \('serial', 'local'\)"),
+        ({"backend": "nope"}, r"unknown backend 'nope'; expected one of \('serial', 'local', 'ray'\)"),
         ({"weights_codec": "x"}, r"unknown weights_codec 'x'"),
         ({"weights_codec": "raw"}, r"unknown weights_codec 'raw'"),
         ({"autoreset_mode": "x"}, r"autoreset_mode must be 'NextStep' or 'SameStep', got 'x'"),

@@ -3,6 +3,7 @@
     frugalrl train ppo --env LunarLander-v3 --workers 2 --sync aaps --kl-threshold 0.05
     frugalrl eval runs/<name> --episodes 20
     frugalrl plots runs/<name>
+    frugalrl slurm --nodes 4 --partition cpu --submit -- frugalrl train ppo --env LunarLander-v3
 
 Every ``train`` flag is a field of the algorithm's dataclass config (``PPOConfig``): the CLI and the
 Python API take the same options, and ``config.json`` in the run directory records them all.
@@ -106,6 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     pl = sub.add_parser("plots", help="(re)draw a run's PNG plots")
     pl.add_argument("run_dir")
+    sl = sub.add_parser("slurm", help="write (and --submit) an sbatch script: Ray on the allocation, then a command",
+                        usage="frugalrl slurm --nodes N --partition P [options] -- COMMAND...")
+    sl.add_argument("--nodes", type=int, required=True, help="nodes: one Ray head, the rest Ray workers")
+    sl.add_argument("--partition", required=True)
+    sl.add_argument("--time", default=None, help="wall-time limit, e.g. 02:00:00")
+    sl.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per node (also ray start --num-cpus)")
+    sl.add_argument("--job-name", default="frugalrl")
+    sl.add_argument("--output", default=None, help="Slurm output file (%%j = job id)")
+    sl.add_argument("--ray-auth-token", action="store_true", help="export RAY_AUTH_MODE=token in the script")
+    sl.add_argument("--script-out", default=None, help="where to write the script (default: stdout, "
+                    "or <job-name>.sbatch with --submit)")
+    sl.add_argument("--submit", action="store_true", help="run sbatch on the script and print the job id")
+    sl.add_argument("train_command", nargs=argparse.REMAINDER, help="the command to run, after '--'")
     return parser
 
 
@@ -131,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "eval":
         return _eval(args)
+    if args.command == "slurm":
+        return _slurm(args)
     if args.command == "plots":
         from frugalrl.plots import make_plots
 
@@ -163,6 +179,33 @@ def _eval(args: argparse.Namespace) -> int:
     result = {"run_dir": str(run_dir), "env_id": config["env"], "checkpoint_step": payload.get("step"),
               "episodes": args.episodes, "return_mean": mean, "return_std": std, "returns": returns}
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _slurm(args: argparse.Namespace) -> int:
+    from frugalrl.slurm import SlurmConfig, render_sbatch, submit
+
+    command = args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command
+    cfg = SlurmConfig(nodes=args.nodes, partition=args.partition, time=args.time, cpus_per_task=args.cpus_per_task,
+                      job_name=args.job_name, output=args.output, ray_auth_token=args.ray_auth_token)
+    try:
+        script = render_sbatch(cfg, command)
+    except ValueError as e:
+        print(f"frugalrl: error: {e}", file=sys.stderr)
+        return 2
+    path = args.script_out or (f"{args.job_name}.sbatch" if args.submit else None)
+    if path is None:
+        sys.stdout.write(script)
+        return 0
+    with open(path, "w") as f:
+        f.write(script)
+    print(f"wrote {path}", file=sys.stderr)
+    if args.submit:
+        try:
+            print(submit(path))
+        except (FileNotFoundError, RuntimeError) as e:
+            print(f"frugalrl: error: {e}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -53,7 +53,10 @@ class PPOConfig:
     seed: int = 1
     total_timesteps: int = 500_000
     backend: str = "local"
-    """'local' (processes), 'serial' (in-process ClusterEnv) or 'gym' (plain gymnasium SyncVectorEnv)."""
+    """'local' (processes), 'serial' (in-process ClusterEnv), 'ray' (Ray actors) or 'gym' (plain gymnasium
+    SyncVectorEnv)."""
+    ray_address: str | None = None
+    """backend 'ray': the Ray cluster to join ('auto' or 'host:port'); None starts a local Ray."""
     workers: int = 2
     envs_per_worker: int = 4
     num_steps: int = 128
@@ -119,8 +122,8 @@ class PPOConfig:
             raise ValueError(f"ratio must be 'decoupled' or 'behaviour', got {self.ratio!r}")
         if not self.is_clip > 0:
             raise ValueError(f"is_clip must be > 0, got {self.is_clip!r}")
-        if self.backend not in ("local", "serial", "gym"):
-            raise ValueError(f"backend must be 'local', 'serial' or 'gym', got {self.backend!r}")
+        if self.backend not in ("local", "serial", "ray", "gym"):
+            raise ValueError(f"backend must be 'local', 'serial', 'ray' or 'gym', got {self.backend!r}")
         make_sync_rule(self.sync, self.kl_threshold, self.sync_interval)
         if (self.workers * self.envs_per_worker * self.num_steps) < self.num_minibatches:
             raise ValueError("num_minibatches exceeds the batch size (workers * envs_per_worker * num_steps)")
@@ -150,6 +153,7 @@ def make_envs(cfg: PPOConfig) -> ClusterEnv | gym.vector.VectorEnv:
         seed=cfg.seed,
         env_kwargs=cfg.env_kwargs,
         weights_codec=cfg.weights_codec,
+        ray_address=cfg.ray_address,
     )
 
 

@@ -53,11 +53,13 @@ from frugalrl.wire.meter import ByteMeter
 
 log = logging.getLogger("frugalrl")
 
-BACKENDS = ("serial", "local")
+BACKENDS = ("serial", "local", "ray")
 
 
-def make_backend(name: str, configs: list[WorkerConfig], meter: ByteMeter, timeout: float) -> Backend:
-    """Build the backend called ``name``."""
+def make_backend(
+    name: str, configs: list[WorkerConfig], meter: ByteMeter, timeout: float, **options: Any
+) -> Backend:
+    """Build the backend called ``name`` (``options``: ``ray_address``, ``ray_num_cpus`` for Ray)."""
     if name == "serial":
         from frugalrl.envs.backends.serial import SerialBackend
 
@@ -66,6 +68,15 @@ def make_backend(name: str, configs: list[WorkerConfig], meter: ByteMeter, timeo
         from frugalrl.envs.backends.local import LocalBackend
 
         return LocalBackend(configs, meter, timeout)
+    if name == "ray":
+        try:
+            from frugalrl.envs.backends.ray import RayBackend
+        except ImportError as e:
+            raise ImportError(f"backend='ray' needs Ray: pip install 'frugalrl[ray]' ({e})") from e
+
+        return RayBackend(
+            configs, meter, timeout, address=options.get("ray_address"), num_cpus=options.get("ray_num_cpus", 1.0)
+        )
     raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
 
 
@@ -83,7 +94,8 @@ class ClusterEnv(gym.vector.VectorEnv):
             returning a ``gymnasium.Env``, or an :class:`~frugalrl.envs.spec.EnvSpec`.
         num_workers: worker processes (or in-process workers for ``backend="serial"``).
         envs_per_worker: environments stepped by each worker.
-        backend: ``"local"`` (processes, the default), ``"serial"`` (in-process reference).
+        backend: ``"local"`` (processes, the default), ``"serial"`` (in-process reference) or ``"ray"``
+            (Ray actors, spread across the nodes of a Ray cluster; needs ``pip install 'frugalrl[ray]'``).
         sync: the weight-sync rule for worker-side inference (default :class:`EveryUpdate`).
         seed: base seed; env ``j`` is reset with ``seed + j``.
         env_kwargs: keyword arguments for ``gym.make`` or the factory.
@@ -93,6 +105,10 @@ class ClusterEnv(gym.vector.VectorEnv):
         check_finite: raise on NaN/inf observations or rewards.
         max_restarts: worker replacements allowed over the env's life before giving up.
         kl_states: states per worker kept for the AAPS KL estimate.
+        ray_address: ``backend="ray"`` only: the Ray cluster to join (``"auto"`` or ``"host:port"``);
+            None starts a private single-machine Ray (shut down on close). A Ray already initialised in
+            this process is always used as is.
+        ray_num_cpus: ``backend="ray"`` only: CPUs each worker actor reserves (0 lets actors share CPUs).
     """
 
     def __init__(
@@ -112,6 +128,8 @@ class ClusterEnv(gym.vector.VectorEnv):
         meter: ByteMeter | None = None,
         max_restarts: int = 20,
         kl_states: int = 256,
+        ray_address: str | None = None,
+        ray_num_cpus: float = 1.0,
     ) -> None:
         self.closed = True  # until started, so that close() in __del__ is safe
         self.num_workers = _positive_int("num_workers", num_workers)
@@ -173,7 +191,9 @@ class ClusterEnv(gym.vector.VectorEnv):
             WorkerConfig(w, self.env_spec, k, w * k, mode.value, check_finite, self.seed)
             for w in range(self.num_workers)
         ]
-        self.backend = make_backend(backend, configs, self.meter, float(worker_timeout))
+        self.backend = make_backend(
+            backend, configs, self.meter, float(worker_timeout), ray_address=ray_address, ray_num_cpus=ray_num_cpus
+        )
         self.backend.start()
         self.closed = False
         _register_close(self)

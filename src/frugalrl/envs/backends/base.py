@@ -39,7 +39,7 @@ class WorkerConfig:
 
 
 class Backend(ABC):
-    """Where the workers run. Implementations: serial, local (processes); Ray comes next."""
+    """Where the workers run. Implementations: serial, local (processes), ray (Ray actors)."""
 
     name = "base"
 
@@ -74,4 +74,8 @@ class Backend(ABC):
 
     def worker_pids(self) -> dict[int, int]:
         """Operating-system process ids of the workers, where there are any."""
+        return {}
+
+    def worker_nodes(self) -> dict[int, dict[str, str]]:
+        """Where each worker runs (``node_id``, ``node_ip``), for backends that span machines."""
         return {}

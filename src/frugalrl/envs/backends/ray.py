@@ -1,0 +1,275 @@
+"""The Ray backend: one Ray actor per worker, possibly on other machines of a Ray cluster.
+
+Each actor wraps an :class:`~frugalrl.envs.worker.EnvWorker`. Its one method takes the bytes of an
+encoded :class:`~frugalrl.wire.Message` (:func:`~frugalrl.wire.message.encode_message`) and returns
+the encoded reply, so Ray only ever moves ``bytes``: nothing of ours is pickled and the byte meter
+counts exactly the logical bytes the local backend counts. The worker's config travels as a JSON
+message, as for the local backend (env factories must be importable by the actors: a Gymnasium id, a
+``"module:function"`` path, or a module-level function of a module installed on every node).
+
+A message sent to several workers (weights, mostly) is put in Ray's object store once and the same
+``ObjectRef`` is handed to every actor. Replies are gathered with ``ray.wait`` under the backend's
+timeout: an actor that dies comes back as a :class:`~frugalrl.envs.backends.base.WorkerFailure`, one
+that stays silent too, after ``timeout`` seconds (and is killed), so the head never hangs.
+
+If this process has already initialised Ray, that instance is used (and left running); otherwise
+``ray_address`` joins an existing cluster (``"auto"`` or ``"host:port"``; :meth:`RayBackend.close`
+disconnects), and without it a private single-machine instance is started (and shut down by
+:meth:`RayBackend.close`). Actors are spread across nodes (``scheduling_strategy="SPREAD"``) and
+reserve ``num_cpus`` CPUs each (1 by default).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+
+from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure
+from frugalrl.envs.backends.local import _config_to_json
+from frugalrl.wire.message import Message, decode_message, encode_message
+from frugalrl.wire.meter import DOWN, UP
+
+_ray_users = 0  # live RayBackends using a Ray instance that a RayBackend started or joined
+
+
+class _RayWorker:
+    """The body of a worker actor (wrapped with ``ray.remote`` by :class:`RayBackend`)."""
+
+    def __init__(self, config: bytes, paths: list[str]) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        # Modules the head can import (tests, the user's own) on a node that shares its file system.
+        for p in reversed(paths):
+            if p not in sys.path and os.path.isdir(p):
+                sys.path.insert(0, p)
+        self.worker = None
+        self.error: str | None = None
+        try:
+            cfg = decode_message(config)[0].meta
+            env_spec = cfg["env_spec"]
+            if cfg.get("main_path"):
+                # The factory lives in the user's script: import it under another name (its guarded
+                # `if __name__ == "__main__":` code does not run) and point the factory at it.
+                import importlib.util
+
+                spec = importlib.util.spec_from_file_location("__mp_main__", cfg["main_path"])
+                module = importlib.util.module_from_spec(spec)
+                sys.modules["__mp_main__"] = module
+                spec.loader.exec_module(module)
+                env_spec = dict(env_spec, factory="__mp_main__:" + env_spec["factory"].split(":", 1)[1])
+            from frugalrl.envs.spec import EnvSpec
+            from frugalrl.envs.worker import EnvWorker
+
+            self.worker = EnvWorker(
+                cfg["index"], EnvSpec(**env_spec), cfg["num_envs"], cfg["first_env"],
+                cfg["autoreset_mode"], cfg["check_finite"], cfg["seed"],
+            )
+        except Exception as e:  # noqa: BLE001 - reported to the head by ready()
+            self.error = f"{type(e).__name__}: {e}"
+
+    def ready(self) -> bytes:
+        """``ready`` (pid, node id and IP) or ``error`` if the envs could not be built."""
+        if self.error is not None:
+            return encode_message(Message("error", {"error": self.error}))[0]
+        ctx = ray.get_runtime_context()
+        meta = {"pid": os.getpid(), "node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+        return encode_message(Message("ready", meta))[0]
+
+    def handle(self, blob: bytes) -> bytes:
+        """Decode a request, answer it, encode the reply."""
+        msg, _ = decode_message(blob)
+        return encode_message(self.worker.handle(msg))[0]
+
+    def close(self) -> None:
+        """Close the envs."""
+        if self.worker is not None:
+            self.worker.close()
+
+
+class RayBackend(Backend):
+    """Workers in Ray actors."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        configs: list[WorkerConfig],
+        meter,
+        timeout: float,
+        address: str | None = None,
+        num_cpus: float = 1.0,
+    ) -> None:
+        super().__init__(configs, meter, timeout)
+        if not num_cpus >= 0:
+            raise ValueError(f"ray_num_cpus must be >= 0, got {num_cpus!r}")
+        self.address = address
+        self.num_cpus = float(num_cpus)
+        self._configs = [encode_message(Message("config", _config_to_json(c)))[0] for c in configs]
+        self.actors: list[Any] = [None] * len(configs)
+        self._info: list[dict[str, Any]] = [{} for _ in configs]
+        self._owns_ray = False
+        self._closed = False
+        self._actor_cls = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Connect to (or start) Ray, start every actor and wait until each has built its envs."""
+        global _ray_users
+        if ray.is_initialized():
+            # Ray started or joined by another RayBackend is shared (the last one to close shuts it
+            # down); one the user (or a test) initialised is only used, and left up.
+            if _ray_users > 0:
+                _ray_users += 1
+                self._owns_ray = True
+                if self.address is None:  # the private instance has a fixed size: fail now, not after a timeout
+                    need = self.num_workers * self.num_cpus
+                    free = ray.available_resources().get("CPU", 0.0)
+                    if need > free:
+                        self.close()
+                        raise RuntimeError(
+                            f"the Ray instance started by an earlier backend='ray' ClusterEnv has {free:g} free "
+                            f"CPUs, {need:g} are needed: pass ray_num_cpus=0, close the other env first, or "
+                            "call ray.init(num_cpus=...) yourself before creating the envs"
+                        )
+        elif self.address is not None:
+            ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+            self._owns_ray = True  # this driver's connection; the cluster itself lives on
+            _ray_users = 1
+        else:
+            # A private single-machine instance. Ray replaces a loopback _node_ip_address by the machine's
+            # reachable address (resolve_ip_for_localhost), so its ports are not loopback-only: Ray's token
+            # authentication (on by default in recent Ray) is what guards them. Enough logical CPUs for
+            # every worker, as the local backend starts every worker whatever the core count.
+            need = math.ceil(self.num_workers * self.num_cpus)
+            ray.init(num_cpus=max(os.cpu_count() or 1, need), _node_ip_address="127.0.0.1",
+                     include_dashboard=False, log_to_driver=False, configure_logging=False)
+            self._owns_ray = True
+            _ray_users = 1
+        self._actor_cls = ray.remote(_RayWorker)
+        try:
+            for w in range(self.num_workers):
+                self._spawn(w)
+            for w in range(self.num_workers):
+                self._await_ready(w)
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, w: int) -> None:
+        paths = [p for p in sys.path if p]
+        self.actors[w] = self._actor_cls.options(
+            num_cpus=self.num_cpus, scheduling_strategy="SPREAD", max_restarts=0, max_task_retries=0,
+        ).remote(self._configs[w], paths)
+
+    def _await_ready(self, w: int) -> None:
+        ref = self.actors[w].ready.remote()
+        try:
+            blob = ray.get(ref, timeout=max(self.timeout, 60.0))
+        except GetTimeoutError:
+            raise RuntimeError(f"worker {w} (Ray actor) did not start within {max(self.timeout, 60.0):.0f} s "
+                               "(not enough free CPUs in the cluster? see ray_num_cpus)") from None
+        except RayError as e:
+            raise RuntimeError(f"worker {w} (Ray actor) died while starting: {e}") from e
+        msg, _ = decode_message(blob)
+        if msg.op == "error":
+            raise RuntimeError(f"worker {w} could not start: {msg.meta.get('error')}")
+        self._info[w] = dict(msg.meta)
+
+    def restart(self, worker: int) -> None:
+        """Kill (if needed) and replace one actor."""
+        self._kill(worker)
+        self._spawn(worker)
+        self._await_ready(worker)
+
+    def _kill(self, w: int) -> None:
+        actor, self.actors[w] = self.actors[w], None
+        self._info[w] = {}
+        if actor is not None:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def close(self) -> None:
+        """Kill every actor; shut Ray down (or disconnect) if a RayBackend started it and this is the last."""
+        global _ray_users
+        if self._closed:
+            return
+        self._closed = True
+        if ray.is_initialized():
+            for w in range(self.num_workers):
+                self._kill(w)
+        if self._owns_ray:
+            _ray_users -= 1
+            if _ray_users == 0 and ray.is_initialized():
+                ray.shutdown()
+
+    def worker_pids(self) -> dict[int, int]:
+        """Process id of each live actor (on its own node)."""
+        return {w: info["pid"] for w, info in enumerate(self._info) if "pid" in info}
+
+    def worker_nodes(self) -> dict[int, dict[str, str]]:
+        """Ray node id and IP address of each live actor."""
+        return {w: {"node_id": i["node_id"], "node_ip": i["node_ip"]} for w, i in enumerate(self._info) if "pid" in i}
+
+    # ------------------------------------------------------------------ messaging
+    def request(self, requests: dict[int, Message]) -> dict[int, Message | WorkerFailure]:
+        """Send every request, then gather replies; dead or silent actors become failures."""
+        if self._closed:
+            raise RuntimeError("backend is closed")
+        results: dict[int, Message | WorkerFailure] = {}
+        # Encode each distinct message once; one shared by several workers goes to the object store
+        # once and every actor gets the same reference.
+        encoded: dict[int, tuple[Any, dict[str, int]]] = {}
+        count: dict[int, int] = {}
+        for msg in requests.values():
+            count[id(msg)] = count.get(id(msg), 0) + 1
+        for msg in requests.values():
+            if id(msg) not in encoded:
+                blob, sizes = encode_message(msg)
+                encoded[id(msg)] = (ray.put(blob) if count[id(msg)] > 1 else blob, sizes)
+        pending: dict[Any, int] = {}  # ObjectRef -> worker
+        for w, msg in requests.items():
+            payload, sizes = encoded[id(msg)]
+            actor = self.actors[w]
+            if actor is None:
+                results[w] = WorkerFailure(w, "actor is not running")
+                continue
+            pending[actor.handle.remote(payload)] = w
+            self.meter.add_message(sizes, w, DOWN)
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            left = deadline - time.monotonic()
+            # A dead actor's reply is an error object, ready at once: only a silent actor runs out the clock.
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=max(0.0, left))
+            if not ready and left <= 0:
+                for w in pending.values():
+                    results[w] = WorkerFailure(w, f"no reply within {self.timeout:.0f} s")
+                    self._kill(w)
+                break
+            try:  # one round trip for every ready reply; a failed one sends us reply by reply
+                blobs = dict(zip(ready, ray.get(ready), strict=True))
+            except RayError:
+                blobs = {}
+            for ref in ready:
+                w = pending.pop(ref)
+                try:
+                    blob = blobs[ref] if ref in blobs else ray.get(ref)
+                except RayActorError as e:
+                    results[w] = WorkerFailure(w, f"Ray actor died: {type(e).__name__}")
+                    continue
+                except RayError as e:
+                    results[w] = WorkerFailure(w, f"Ray error: {type(e).__name__}: {e}")
+                    continue
+                reply, sizes = decode_message(blob)
+                self.meter.add_message(sizes, w, UP)
+                results[w] = reply
+        # In request order, as the other backends answer.
+        return {w: results[w] for w in requests}

@@ -1,0 +1,257 @@
+"""Run a ``frugalrl`` command on a Ray cluster started inside one Slurm allocation.
+
+    frugalrl slurm --nodes 4 --partition cpu --time 02:00:00 -- frugalrl train ppo --env LunarLander-v3
+
+writes an sbatch script (``--script-out``, or stdout) and, with ``--submit``, hands it to ``sbatch``.
+The script follows the usual Ray-on-Slurm pattern (one task per node):
+
+1. ``scontrol show hostnames "$SLURM_JOB_NODELIST"``; the first node is the Ray head and its address is
+   ``srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address`` (first IPv4 if it lists several);
+2. ``srun ... -w "$head_node" ray start --head --node-ip-address="$head_ip" --port=6379 --block &``;
+3. once the head answers, ``srun --nodes=N-1 --ntasks=N-1 --exclude="$head_node" ray start
+   --address="$head_ip:6379" --block &`` (skipped when N == 1);
+4. waits (a ``python3`` snippet polling ``ray.nodes()``, bounded by ``--ray-wait``) until N nodes are alive;
+5. runs the command in the batch step (on the head node); a ``frugalrl train`` command gets
+   ``--backend ray --ray-address "$head_ip:6379"`` appended unless it already passes them;
+6. on exit (success, failure or ``scancel``) stops Ray on every node (``srun --overlap ... ray stop``)
+   and ends the background ``srun`` steps. The script exits with the command's status.
+
+Ray token authentication (Ray >= 2.52; without it anyone who can reach port 6379 or the dashboard can run
+code on the allocation):
+
+* once, on a login node: ``ray get-auth-token --generate`` writes a token to the default token file
+  ``~/.ray/auth_token`` (visible to every node if the home directory is shared), or put the token in a file
+  of your own (mode 600) and ``export RAY_AUTH_TOKEN_PATH=/path/to/token``; ``RAY_AUTH_TOKEN`` (the token
+  itself) takes precedence over both but ends up in the job's environment;
+* ``RAY_AUTH_MODE=token`` must be set for every Ray process and every client (head, workers, the training
+  driver): pass ``--ray-auth-token`` to put ``export RAY_AUTH_MODE=token`` in the script, or export it
+  before ``sbatch`` (``sbatch`` forwards the submitting environment by default, and ``srun`` forwards the
+  batch environment to the Ray steps).
+
+The generated script repeats this as a comment block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+RAY_PORT = 6379
+
+_WAIT_SNIPPET = """\
+import sys, time
+addr, want, deadline = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+import ray
+while True:
+    try:
+        ray.init(address=addr, logging_level="ERROR", log_to_driver=False)
+        alive = sum(1 for n in ray.nodes() if n.get("Alive"))
+        ray.shutdown()
+    except Exception:
+        alive = 0
+    if alive >= want:
+        print(f"ray cluster at {addr}: {alive} node(s) alive")
+        sys.exit(0)
+    if time.monotonic() > deadline:
+        sys.exit(f"ray cluster at {addr}: {alive} of {want} node(s) alive after {sys.argv[3]} s")
+    time.sleep(2)
+"""
+
+_AUTH_COMMENT = """\
+# ---- Ray token authentication (Ray >= 2.52) --------------------------------------------------------
+# Without it, anyone who can reach the head's port {port} or its dashboard can run code in this job.
+#  1. Once, on a login node:  ray get-auth-token --generate
+#     (writes the token to ~/.ray/auth_token; the home directory must be shared with the compute
+#     nodes), or keep the token in a file of your own (chmod 600) and
+#     export RAY_AUTH_TOKEN_PATH=/path/to/token   (RAY_AUTH_TOKEN, the token itself, wins over both,
+#     but then it sits in the job's environment).
+#  2. RAY_AUTH_MODE=token must reach every Ray process and client (head, workers, the training driver):
+#     uncomment the export below (frugalrl slurm --ray-auth-token does it), or export it before sbatch
+#     (sbatch forwards the submitting environment by default; srun forwards it to the Ray steps).
+# ------------------------------------------------------------------------------------------------------
+"""
+
+
+@dataclasses.dataclass
+class SlurmConfig:
+    """What ``frugalrl slurm`` puts in the sbatch script."""
+
+    nodes: int
+    """Nodes in the allocation: one Ray head and ``nodes - 1`` Ray workers."""
+    partition: str
+    """Slurm partition (``#SBATCH --partition``)."""
+    time: str | None = None
+    """Wall-time limit, e.g. ``02:00:00`` (``#SBATCH --time``); None leaves the partition default."""
+    cpus_per_task: int | None = None
+    """CPUs per node given to Ray (``#SBATCH --cpus-per-task`` and ``ray start --num-cpus``)."""
+    job_name: str = "frugalrl"
+    """``#SBATCH --job-name``."""
+    output: str | None = None
+    """``#SBATCH --output`` (Slurm patterns such as ``%j`` allowed); None leaves Slurm's default."""
+    port: int = RAY_PORT
+    """Port of the Ray head (GCS)."""
+    ray_wait: float = 300.0
+    """Seconds to wait for the head, then for all nodes, before giving up."""
+    python: str = "python3"
+    """Interpreter (with ``ray`` installed) that runs the wait snippet."""
+    ray_auth_token: bool = False
+    """Export ``RAY_AUTH_MODE=token`` in the script (the token itself must be set up beforehand)."""
+
+    def validate(self) -> None:
+        """Raise ValueError for options Slurm or Ray would reject (or misread)."""
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"nodes must be an integer >= 1, got {self.nodes!r}")
+        if self.cpus_per_task is not None and (
+            isinstance(self.cpus_per_task, bool) or not isinstance(self.cpus_per_task, int) or self.cpus_per_task < 1
+        ):
+            raise ValueError(f"cpus_per_task must be an integer >= 1, got {self.cpus_per_task!r}")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be in 1..65535, got {self.port!r}")
+        if not self.ray_wait > 0:
+            raise ValueError(f"ray_wait must be > 0 seconds, got {self.ray_wait!r}")
+        for name in ("partition", "time", "job_name", "output", "python"):
+            value = getattr(self, name)
+            if value is None and name in ("time", "output"):
+                continue
+            if not isinstance(value, str) or not value or any(c.isspace() for c in value):
+                raise ValueError(f"{name} must be a non-empty string without whitespace, got {value!r}")
+
+
+def is_frugalrl_train(command: list[str]) -> bool:
+    """True for ``frugalrl train ...`` and ``python -m frugalrl[.cli] train ...``."""
+    if len(command) >= 2 and os.path.basename(command[0]) == "frugalrl" and command[1] == "train":
+        return True
+    for i in range(len(command) - 2):
+        if command[i] == "-m" and command[i + 1] in ("frugalrl", "frugalrl.cli") and command[i + 2] == "train":
+            return os.path.basename(command[0]).startswith("python")
+    return False
+
+
+def _passes(command: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in command)
+
+
+def command_line(command: list[str]) -> str:
+    """The shell line that runs ``command``: every argument quoted, plus the Ray flags for ``frugalrl train``."""
+    line = shlex.join(command)
+    if is_frugalrl_train(command):
+        if not _passes(command, "--backend"):
+            line += " --backend ray"
+        if not _passes(command, "--ray-address"):
+            line += ' --ray-address "$ray_address"'
+    return line
+
+
+def render_sbatch(cfg: SlurmConfig, command: list[str]) -> str:
+    """The sbatch script that starts Ray on the allocation, runs ``command`` and stops Ray (pure function)."""
+    cfg.validate()
+    if not command or not command[0]:
+        raise ValueError("empty command: give the command to run after '--', e.g. -- frugalrl train ppo ...")
+    q = shlex.quote
+    n = cfg.nodes
+    cpus = f" --cpus-per-task={cfg.cpus_per_task}" if cfg.cpus_per_task else ""
+    num_cpus = f" --num-cpus={cfg.cpus_per_task}" if cfg.cpus_per_task else ""
+    sbatch = [f"--job-name={cfg.job_name}", f"--partition={cfg.partition}", f"--nodes={n}", "--ntasks-per-node=1"]
+    if cfg.cpus_per_task:
+        sbatch.append(f"--cpus-per-task={cfg.cpus_per_task}")
+    if cfg.time:
+        sbatch.append(f"--time={cfg.time}")
+    if cfg.output:
+        sbatch.append(f"--output={cfg.output}")
+    lines = ["#!/bin/bash", *(f"#SBATCH {opt}" for opt in sbatch)]
+    lines += [
+        "# Generated by `frugalrl slurm`: a Ray head on the first node, Ray workers on the others, then",
+        "#   " + shlex.join(command).replace("\r", "\\r").replace("\n", "\\n"),
+        "",
+        _AUTH_COMMENT.format(port=cfg.port).rstrip("\n"),
+        ("" if cfg.ray_auth_token else "# ") + "export RAY_AUTH_MODE=token",
+        "",
+        "set -euo pipefail",
+        "",
+        f"num_nodes={n}",
+        f"port={cfg.port}",
+        f"ray_wait={q(str(cfg.ray_wait))}",
+        f"ray_python={q(cfg.python)}",
+        "",
+        'mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        'if (( ${#nodes[@]} < num_nodes )); then',
+        '    echo "frugalrl slurm: expected $num_nodes nodes in SLURM_JOB_NODELIST, got ${#nodes[@]}" >&2',
+        "    exit 1",
+        "fi",
+        'head_node=${nodes[0]}',
+        'head_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)',
+        "if [[ $head_ip == *' '* ]]; then  # several addresses: take the first IPv4 one",
+        "    for addr in $head_ip; do",
+        '        if [[ $addr == *.* ]]; then head_ip=$addr; break; fi',
+        "    done",
+        '    head_ip=${head_ip%% *}',
+        "fi",
+        'ray_address="$head_ip:$port"',
+        'export RAY_ADDRESS="$ray_address"',
+        'echo "frugalrl slurm: Ray head $head_node at $ray_address, $num_nodes node(s)"',
+        "",
+        "ray_pids=()",
+        "stop_ray() {",
+        "    local rc=$?",
+        "    trap - EXIT INT TERM",
+        '    srun --overlap --nodes="$num_nodes" --ntasks="$num_nodes" --ntasks-per-node=1 ray stop --force \\',
+        "        >/dev/null 2>&1 || true",
+        '    if (( ${#ray_pids[@]} )); then',
+        '        kill "${ray_pids[@]}" 2>/dev/null || true',
+        '        wait "${ray_pids[@]}" 2>/dev/null || true',
+        "    fi",
+        "    exit $rc",
+        "}",
+        "trap stop_ray EXIT",
+        "trap 'exit 143' INT TERM",
+        "",
+        "wait_for_nodes() {  # wait_for_nodes WANT: until WANT Ray nodes are alive, at most $ray_wait s",
+        f'    "$ray_python" -c {q(_WAIT_SNIPPET)} "$ray_address" "$1" "$ray_wait"',
+        "}",
+        "",
+        f'srun --nodes=1 --ntasks=1{cpus} -w "$head_node" \\',
+        f'    ray start --head --node-ip-address="$head_ip" --port="$port"{num_cpus} --block &',
+        "ray_pids+=($!)",
+        "wait_for_nodes 1",
+        "",
+        "if (( num_nodes > 1 )); then",
+        f'    srun --nodes=$((num_nodes - 1)) --ntasks=$((num_nodes - 1)) --ntasks-per-node=1{cpus} \\',
+        f'        --exclude="$head_node" ray start --address="$ray_address"{num_cpus} --block &',
+        "    ray_pids+=($!)",
+        '    wait_for_nodes "$num_nodes"',
+        "fi",
+        "",
+        command_line(command),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_script(cfg: SlurmConfig, command: list[str], path: str | os.PathLike[str]) -> Path:
+    """Render the script into ``path`` (made executable) and return the path."""
+    text = render_sbatch(cfg, command)
+    out = Path(path)
+    out.write_text(text)
+    out.chmod(0o755)
+    return out
+
+
+def submit(path: str | os.PathLike[str]) -> str:
+    """``sbatch`` the script at ``path`` and return the job id."""
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise FileNotFoundError("sbatch not found on PATH: run this on a Slurm login node, or drop --submit "
+                                "and submit the script yourself")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no sbatch script at {path}")
+    proc = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sbatch {path} failed (exit {proc.returncode}): {proc.stderr.strip()}")
+    job_id = proc.stdout.strip().split(";")[0]
+    if not job_id:
+        raise RuntimeError(f"sbatch {path} printed no job id: {proc.stdout!r}")
+    return job_id

@@ -1,0 +1,245 @@
+"""frugalrl.netem: hosts in network namespaces reach each other, shaping takes effect, cleanup is total.
+
+Skipped unless netns_available() (root, ip, tc, namespaces). The delay test also needs the kernel's
+netem qdisc; loss works without it (BPF fallback). Measured numbers are printed (pytest -s to see).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from frugalrl import netem
+from frugalrl.netem import TestHosts
+
+OK, WHY = netem.netns_available()
+pytestmark = [
+    pytest.mark.skipif(not OK, reason=f"network namespaces unavailable: {WHY}"),
+    pytest.mark.timeout(60),
+]
+PREFIX = "frltest"
+PORT = 47011
+PY = sys.executable
+
+# Host 0 runs a server that prints "ready" once listening; host 1 runs a client that prints a number.
+TCP_SINK = """
+import socket, sys
+n = int(sys.argv[2])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], {port})); s.listen(1); s.settimeout(20)
+print("ready", flush=True)
+c, _ = s.accept(); c.settimeout(20)
+got = 0
+while got < n:
+    b = c.recv(1 << 16)
+    if not b:
+        break
+    got += len(b)
+c.sendall(b"ok"); c.close()
+"""
+TCP_SOURCE = """
+import socket, sys, time
+n = int(sys.argv[2])
+c = socket.create_connection((sys.argv[1], {port}), timeout=20)
+t0 = time.perf_counter()
+c.sendall(b"x" * n)
+assert c.recv(2) == b"ok"
+print(time.perf_counter() - t0)
+"""
+TCP_ECHO = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], {port})); s.listen(1); s.settimeout(20)
+print("ready", flush=True)
+c, _ = s.accept(); c.settimeout(20)
+while b := c.recv(64):
+    c.sendall(b)
+"""
+TCP_PING = """
+import socket, statistics, sys, time
+c = socket.create_connection((sys.argv[1], {port}), timeout=20)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(int(sys.argv[2])):
+    t0 = time.perf_counter(); c.sendall(b"p"); assert c.recv(1) == b"p"
+    rtts.append(time.perf_counter() - t0)
+print(statistics.median(rtts))
+"""
+UDP_COUNT = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], {port})); s.settimeout(20)
+print("ready", flush=True)
+got = 0
+while True:
+    b = s.recv(2048)
+    if b == b"end":
+        break
+    got += 1
+print(got, flush=True)
+"""
+UDP_SEND = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(int(sys.argv[2])):
+    s.sendto(b"d" * 100, (sys.argv[1], {port}))
+    if i % 20 == 19:
+        time.sleep(0.0005)
+time.sleep(0.2)
+for _ in range(50):  # the end marker may be dropped too: send it many times
+    s.sendto(b"end", (sys.argv[1], {port})); time.sleep(0.002)
+"""
+
+
+def _script(src: str) -> str:
+    return src.format(port=PORT)
+
+
+def _serve(hosts: TestHosts, server: str, arg: int) -> subprocess.Popen[str]:
+    """Start ``server`` in host 0 and wait until it says it listens."""
+    p = hosts.popen(
+        0, [PY, "-c", _script(server), hosts.address(0), str(arg)], stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline().strip()
+    assert line == "ready", f"server did not start (exit {p.poll()})"
+    return p
+
+
+def _client(hosts: TestHosts, client: str, arg: int) -> float:
+    """Run ``client`` in host 1 against host 0 and return the number it prints."""
+    r = hosts.run(1, [PY, "-c", _script(client), hosts.address(0), str(arg)],
+                  capture_output=True, text=True, timeout=25)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return float(r.stdout.strip())
+
+
+def _transfer_mbit_s(hosts: TestHosts, nbytes: int) -> tuple[float, float]:
+    srv = _serve(hosts, TCP_SINK, nbytes)
+    secs = _client(hosts, TCP_SOURCE, nbytes)
+    srv.wait(timeout=10)
+    return secs, nbytes * 8 / secs / 1e6
+
+
+def _ours() -> list[str]:
+    return [ns for ns in netem.list_namespaces() if ns.startswith(f"{PREFIX}-{os.getpid()}-")]
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    yield
+    assert _ours() == [], "namespaces left behind"
+
+
+def test_two_hosts_reach_each_other_and_rate_shaping():
+    nbytes = 2_000_000
+    with TestHosts(2, prefix=PREFIX) as hosts:
+        assert hosts.address(0) == "10.213.0.1" and hosts.address(1) == "10.213.0.2"
+        assert set(hosts.namespaces) <= set(netem.list_namespaces())
+        secs, fast = _transfer_mbit_s(hosts, nbytes)
+        print(f"\nunshaped: {nbytes} B in {secs:.4f} s = {fast:.0f} Mbit/s")
+        assert fast > 50
+
+        hosts.shape(rate="10mbit")
+        secs, slow = _transfer_mbit_s(hosts, nbytes)
+        print(f"rate 10mbit: {nbytes} B in {secs:.3f} s = {slow:.2f} Mbit/s")
+        assert secs >= 1.3
+        assert 5 <= slow <= 12
+
+        hosts.shape()  # unshaped again, live
+        secs, again = _transfer_mbit_s(hosts, nbytes)
+        print(f"unshaped again: {again:.0f} Mbit/s")
+        assert again > 50
+
+
+def test_bridge_of_three_hosts():
+    with TestHosts(3, prefix=PREFIX) as hosts:
+        assert hosts.switch is not None
+        for src, dst in [(1, 0), (2, 0), (2, 1)]:
+            code = (
+                "import socket, sys, time\n"
+                "t = time.monotonic() + 5\n"
+                "while True:\n"
+                "    try:\n"
+                "        socket.create_connection((sys.argv[1], 9), timeout=2); break\n"
+                "    except ConnectionRefusedError:\n"
+                "        print('refused'); break\n"  # a RST came back: the host is reachable
+                "    except OSError:\n"
+                "        if time.monotonic() > t: raise\n"
+                "        time.sleep(0.05)\n"
+            )
+            r = hosts.run(
+                src, [PY, "-c", code, hosts.address(dst)], capture_output=True, text=True, timeout=10
+            )
+            assert r.returncode == 0 and "refused" in r.stdout, r.stderr
+
+
+def test_delay_adds_round_trip():
+    ok, why = netem.netem_available()
+    if not ok:
+        pytest.skip(f"delay needs the netem qdisc: {why}")
+    delay = 0.05
+    with TestHosts(2, prefix=PREFIX) as hosts:
+        _serve(hosts, TCP_ECHO, 0)
+        base = _client(hosts, TCP_PING, 5)
+        hosts.shape(delay=f"{delay * 1000:.0f}ms")  # live
+        _serve(hosts, TCP_ECHO, 0)
+        shaped = _client(hosts, TCP_PING, 5)
+    print(
+        f"\nmedian RTT unshaped {base * 1e3:.3f} ms, delay {delay * 1e3:.0f} ms each way: {shaped * 1e3:.1f} ms"
+    )
+    assert base < 0.02
+    assert shaped >= 2 * delay * 0.95
+
+
+def test_delay_unavailable_is_reported_and_cleaned_up():
+    if netem.netem_available()[0]:
+        pytest.skip("this kernel has netem")
+    with pytest.raises(netem.ShapingUnavailable):
+        TestHosts(2, prefix=PREFIX, delay="10ms").setup()
+
+
+def test_loss():
+    n = 2000
+    with TestHosts(2, prefix=PREFIX) as hosts:
+        results = {}
+        for pct in (0, 30):
+            hosts.shape(loss=pct)
+            srv = _serve(hosts, UDP_COUNT, n)
+            r = hosts.run(1, [PY, "-c", _script(UDP_SEND), hosts.address(0), str(n)], timeout=15)
+            assert r.returncode == 0
+            out, _ = srv.communicate(timeout=10)
+            results[pct] = int(out.strip()) / n
+        how = "netem" if netem.netem_available()[0] else "BPF fallback"
+        print(f"\ndelivered: loss 0% -> {results[0]:.3f}, loss 30% ({how}) -> {results[30]:.3f}")
+        assert results[0] >= 0.99
+        assert 0.6 <= results[30] <= 0.8
+
+
+def test_cleanup_on_exception_failed_setup_and_stale():
+    with pytest.raises(RuntimeError, match="boom"), TestHosts(3, prefix=PREFIX) as hosts:
+        names = [*hosts.namespaces, hosts.switch]
+        assert set(names) <= set(netem.list_namespaces())
+        raise RuntimeError("boom")
+    assert not set(names) & set(netem.list_namespaces())
+
+    with pytest.raises(ValueError):
+        TestHosts(2, prefix=PREFIX, rate="fast").setup()  # fails after the namespaces exist
+    assert _ours() == []
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"{PREFIX}-{dead.pid}-0-h0"
+    subprocess.run(["ip", "netns", "add", stale], check=True, timeout=10)
+    try:
+        with TestHosts(2, prefix=PREFIX) as live:
+            deleted = netem.cleanup_stale(PREFIX)
+            assert stale in deleted
+            assert not set(live.namespaces) & set(deleted)  # our own live set survives
+            assert set(live.namespaces) <= set(netem.list_namespaces())
+    finally:
+        subprocess.run(["ip", "netns", "delete", stale], capture_output=True, timeout=10)
+    assert stale not in netem.list_namespaces()
