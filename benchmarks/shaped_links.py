@@ -1,0 +1,120 @@
+"""PPO over a two-node Ray cluster whose link is rate-shaped: wall time per iteration and bytes by kind.
+
+Two network namespaces (:class:`frugalrl.netem.TestHosts`): host 0 runs the Ray head with 0 CPUs and
+the PPO driver (``frugalrl train ppo --backend ray``), host 1 a Ray worker node that gets every env
+worker. For each link rate (``tbf`` on both hosts' egress; this kernel has no netem, so no delay) and
+each sync rule (every update, AAPS δ), one short run; wall time per PPO iteration is the ``time``
+column of the run's ``metrics.jsonl`` (last row / number of updates, and the median step between
+rows), bytes by kind come from ``summary.json``. Needs root, ``ip``/``tc`` and ray. Example::
+
+    python benchmarks/shaped_links.py --env LunarLander-v3 --total-timesteps 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+import torch
+
+from frugalrl import netem
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_multinode import RayCluster  # noqa: E402 - the cluster helper lives with the multinode tests
+
+KINDS = ("observations", "actions", "rewards", "behaviour", "weights", "info", "control")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="LunarLander-v3")
+    parser.add_argument("--rates", default="1gbit,100mbit,10mbit")
+    parser.add_argument("--syncs", default="every,aaps")
+    parser.add_argument("--kl-threshold", type=float, default=0.05)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--envs-per-worker", type=int, default=4)
+    parser.add_argument("--num-steps", type=int, default=128)
+    parser.add_argument("--total-timesteps", type=int, default=16384)
+    parser.add_argument("--eval-episodes", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per run")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "shaped_links.json"))
+    args = parser.parse_args()
+    ok, why = netem.netns_available()
+    if not ok:
+        sys.exit(f"network namespaces unavailable: {why}")
+
+    rows = []
+    t_start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="frl-shaped-") as run_dir, netem.TestHosts(n=2) as hosts, \
+            RayCluster(hosts, worker_cpus=args.workers) as cluster:
+        for rate in args.rates.split(","):
+            hosts.shape(rate=rate)
+            for sync in args.syncs.split(","):
+                name = f"{rate}-{sync}"
+                argv = [sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--env", args.env,
+                        "--backend", "ray", "--ray-address", cluster.address,
+                        "--workers", str(args.workers), "--envs-per-worker", str(args.envs_per_worker),
+                        "--num-steps", str(args.num_steps), "--total-timesteps", str(args.total_timesteps),
+                        "--sync", sync, "--kl-threshold", str(args.kl_threshold), "--seed", str(args.seed),
+                        "--eval-episodes", str(args.eval_episodes), "--progress", "false",
+                        # the LunarLander settings of benchmarks/_ppo_runs.py
+                        "--num-minibatches", "32", "--learning-rate", "5e-4", "--gamma", "0.999",
+                        "--gae-lambda", "0.98",
+                        "--tensorboard", "false", "--plots", "false", "--run-dir", run_dir, "--run-name", name]
+                t0 = time.monotonic()
+                proc = hosts.run(0, argv, capture_output=True, text=True, timeout=args.timeout, env=cluster.env)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"run {name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+                d = Path(run_dir) / name
+                summary = json.loads((d / "summary.json").read_text())
+                metrics = [json.loads(ln) for ln in (d / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+                times = [m["time"] for m in metrics if "losses/policy" in m]
+                steps = [b - a for a, b in zip(times, times[1:], strict=False)]
+                rows.append({
+                    "rate": rate, "sync": sync, "updates": summary["updates"], "env_steps": summary["env_steps"],
+                    "s_per_iter": times[-1] / len(times),
+                    "s_per_iter_median": statistics.median(steps) if steps else times[-1],
+                    "train_wall_s": summary["wall_seconds"], "run_wall_s": time.monotonic() - t0,
+                    "weight_syncs": summary["weight_syncs"]["total"],
+                    "bytes": {k: summary["bytes"][k] for k in (*KINDS, "total", "up", "down")},
+                    "eval_return_mean": summary["eval_return_mean"],
+                    "command": " ".join(shlex.quote(a) for a in [*hosts.exec_prefix(0), *argv]),
+                })
+                r = rows[-1]
+                print(f"{name}: {r['s_per_iter'] * 1e3:.0f} ms/iter, {r['bytes']['total'] / 1e6:.2f} MB, "
+                      f"{r['weight_syncs']} syncs", flush=True)
+        hosts.shape()
+
+    print()
+    print("| link | sync | updates | ms / iteration (mean) | ms / iteration (median) | syncs | "
+          + " | ".join(f"{k} MB" for k in ("observations", "behaviour", "weights", "total")) + " |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        mb = " | ".join(f"{r['bytes'][k] / 1e6:.2f}" for k in ("observations", "behaviour", "weights", "total"))
+        print(f"| {r['rate']} | {r['sync']} | {r['updates']} | {r['s_per_iter'] * 1e3:.0f} | "
+              f"{r['s_per_iter_median'] * 1e3:.0f} | {r['weight_syncs']} | {mb} |")
+    out = {
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "config": vars(args),
+        "cluster": "Ray head (0 CPUs) + driver in netns host 0, Ray worker node in netns host 1; tbf rate on both egresses",
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "torch": torch.__version__, "ray": ray.__version__},
+        "total_seconds": time.monotonic() - t_start,
+        "runs": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"\nwrote {args.out} ({out['total_seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
