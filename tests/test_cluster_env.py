@@ -341,27 +341,31 @@ def test_step_with_agent_detach(cartpole):
     assert [a - b for a, b in zip(after, syncs_before, strict=True)] == [1] * W
 
 
-def test_serial_and_local_give_identical_results(closing):
-    """Same seed, same agent: same observations, actions, behaviour parameters and bytes by kind."""
-    envs = {b: closing(ClusterEnv("CartPole-v1", W, K, backend=b, seed=7)) for b in BACKENDS}
+def check_backend_matches_serial(backend: str, closing, **env_kwargs) -> None:
+    """The backend contract: same seed, same agent → the serial reference's observations, actions,
+    behaviour parameters, versions, syncs and bytes by kind (shared by every backend's tests)."""
+    names = ("serial", backend)
+    envs = {b: closing(ClusterEnv("CartPole-v1", W, K, backend=b, seed=7, **(env_kwargs if b == backend else {})))
+            for b in names}
     agent = fresh_agent(envs["serial"], seed=4)
     opt = torch.optim.SGD(agent.parameters(), lr=0.1)
     rng = np.random.default_rng(5)
-    outs = {b: [] for b in BACKENDS}
-    for b in BACKENDS:
+    outs = {b: [] for b in names}
+    for b in names:
         outs[b].append(envs[b].reset(seed=7)[0])
     for _ in range(30):
         actions = random_actions(envs["serial"].single_action_space, N, rng)
-        for b in BACKENDS:
+        for b in names:
             outs[b].append(envs[b].step(actions)[:4])
     for _ in range(5):
-        for b in BACKENDS:
+        for b in names:
             o, r, te, tr, info = envs[b].step(agent)
             outs[b].append((o, r, te, tr, info["actions"], info["policy_version"]))
             outs[b].append(info["dist_params"])
     for it in range(3):
-        rollouts = {b: envs[b].rollout(agent, 50) for b in BACKENDS}
-        s, loc = rollouts["serial"], rollouts["local"]
+        rollouts = {b: envs[b].rollout(agent, 50) for b in names}
+        s, loc = rollouts["serial"], rollouts[backend]
+        assert loc.restarted_workers == []
         for name in ("obs", "actions", "rewards", "terminations", "truncations", "versions", "final_idx", "final_obs"):
             np.testing.assert_array_equal(getattr(s, name), getattr(loc, name), err_msg=f"rollout {it}: {name}")
         np.testing.assert_allclose(s.dist_params, loc.dist_params, atol=1e-5, rtol=0)
@@ -371,22 +375,27 @@ def test_serial_and_local_give_identical_results(closing):
         opt.zero_grad()
         (-agent.dist_params(torch.from_numpy(s.obs.reshape(-1, 4))).logsumexp(-1).mean()).backward()
         opt.step()
-    for a, b in zip(outs["serial"], outs["local"], strict=True):
+    for a, b in zip(outs["serial"], outs[backend], strict=True):
         if isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 2 and a.shape[1] == 2:
             np.testing.assert_allclose(a, b, atol=1e-5)  # dist_params
         else:
             for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,), strict=True):
                 np.testing.assert_array_equal(x, y)
-    stats = {b: envs[b].stats() for b in BACKENDS}
+    stats = {b: envs[b].stats() for b in names}
     for key in ("weight_syncs", "learner_version", "worker_versions", "restarts"):
-        assert stats["serial"][key] == stats["local"][key], key
-    bs, bl = stats["serial"]["bytes"], stats["local"]["bytes"]
+        assert stats["serial"][key] == stats[backend][key], key
+    bs, bl = stats["serial"]["bytes"], stats[backend]["bytes"]
     assert bs["weights"] > 0 and bs["observations"] > 0 and bs["behaviour"] > 0
     for key in ("observations", "actions", "rewards", "behaviour", "weights", "info", "control", "total"):
         assert bs[key] == bl[key], key
     assert bs["up"] == bl["up"] and bs["down"] == bl["down"]
     assert bs["per_worker"] == bl["per_worker"]
     assert bs["messages"] == bl["messages"]
+
+
+def test_serial_and_local_give_identical_results(closing):
+    """Same seed, same agent: same observations, actions, behaviour parameters and bytes by kind."""
+    check_backend_matches_serial("local", closing)
 
 
 def test_box_actions_in_rollout(pendulum):

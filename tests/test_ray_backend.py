@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import pid_alive, wait_dead
+from test_cluster_env import check_backend_matches_serial
 
 ray = pytest.importorskip("ray", reason="backend='ray' needs Ray (pip install 'frugalrl[ray]')")
 
@@ -48,52 +49,8 @@ def random_actions(space, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def test_serial_and_ray_give_identical_results_and_bytes(closing):
-    """Same seed, same agent: same observations, actions, behaviour parameters and bytes by kind."""
-    envs = {b: closing(ClusterEnv("CartPole-v1", W, K, backend=b, seed=7)) for b in BACKENDS}
-    agent = fresh_agent(envs["serial"], seed=4)
-    opt = torch.optim.SGD(agent.parameters(), lr=0.1)
-    rng = np.random.default_rng(5)
-    outs = {b: [] for b in BACKENDS}
-    for b in BACKENDS:
-        outs[b].append(envs[b].reset(seed=7)[0])
-    for _ in range(30):
-        actions = random_actions(envs["serial"].single_action_space, N, rng)
-        for b in BACKENDS:
-            outs[b].append(envs[b].step(actions)[:4])
-    for _ in range(5):
-        for b in BACKENDS:
-            o, r, te, tr, info = envs[b].step(agent)
-            outs[b].append((o, r, te, tr, info["actions"], info["policy_version"]))
-            outs[b].append(info["dist_params"])
-    for it in range(3):
-        rollouts = {b: envs[b].rollout(agent, 50) for b in BACKENDS}
-        s, r = rollouts["serial"], rollouts["ray"]
-        for name in ("obs", "actions", "rewards", "terminations", "truncations", "versions", "final_idx", "final_obs"):
-            np.testing.assert_array_equal(getattr(s, name), getattr(r, name), err_msg=f"rollout {it}: {name}")
-        np.testing.assert_allclose(s.dist_params, r.dist_params, atol=1e-5, rtol=0)
-        np.testing.assert_array_equal(s.next_obs, r.next_obs)
-        assert s.episode_returns == r.episode_returns
-        assert r.restarted_workers == []
-        opt.zero_grad()
-        (-agent.dist_params(torch.from_numpy(s.obs.reshape(-1, 4))).logsumexp(-1).mean()).backward()
-        opt.step()
-    for a, b in zip(outs["serial"], outs["ray"], strict=True):
-        if isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 2 and a.shape[1] == 2:
-            np.testing.assert_allclose(a, b, atol=1e-5)  # dist_params
-        else:
-            for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,), strict=True):
-                np.testing.assert_array_equal(x, y)
-    stats = {b: envs[b].stats() for b in BACKENDS}
-    for key in ("weight_syncs", "learner_version", "worker_versions", "restarts"):
-        assert stats["serial"][key] == stats["ray"][key], key
-    assert stats["ray"]["backend"] == "ray"
-    bs, br = stats["serial"]["bytes"], stats["ray"]["bytes"]
-    assert bs["weights"] > 0 and bs["observations"] > 0 and bs["behaviour"] > 0
-    for key in ("observations", "actions", "rewards", "behaviour", "weights", "info", "control", "total"):
-        assert bs[key] == br[key], key
-    assert bs["up"] == br["up"] and bs["down"] == br["down"]
-    assert bs["per_worker"] == br["per_worker"]
-    assert bs["messages"] == br["messages"]
+    """The backend contract of tests/test_cluster_env.py, on Ray."""
+    check_backend_matches_serial("ray", closing)
 
 
 def test_killed_actor_is_replaced_and_reported(closing):
