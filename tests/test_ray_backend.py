@@ -23,7 +23,6 @@ from frugalrl.algos.ppo import PPOConfig, train  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
-BACKENDS = ["serial", "ray"]
 W, K = 2, 2
 N = W * K
 
@@ -42,10 +41,6 @@ def ray_instance():
 def fresh_agent(env: ClusterEnv, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return make_agent(env.single_observation_space, env.single_action_space, hidden=(32, 32))
-
-
-def random_actions(space, n: int, rng: np.random.Generator) -> np.ndarray:
-    return rng.integers(space.start, space.start + space.n, size=n)
 
 
 def test_serial_and_ray_give_identical_results_and_bytes(closing):
