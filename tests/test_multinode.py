@@ -24,6 +24,11 @@ import pytest
 
 from frugalrl import netem
 
+# The `ray` command of the interpreter running the tests (a venv's bin/ is not always on PATH).
+RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
+if not os.path.exists(RAY_CLI):
+    RAY_CLI = shutil.which("ray") or "ray"
+
 pytestmark = pytest.mark.multinode
 
 _NS_OK, _NS_WHY = netem.netns_available()
@@ -99,7 +104,7 @@ class RayCluster:
 
     def _ray_start(self, i: int, args: list[str]) -> None:
         common = ["--disable-usage-stats", f"--temp-dir={self.tmp}/h{i}", "--object-store-memory=100000000"]
-        proc = self.hosts.run(i, ["ray", "start", *args, *common], capture_output=True, text=True,
+        proc = self.hosts.run(i, [RAY_CLI, "start", *args, *common], capture_output=True, text=True,
                               timeout=START_TIMEOUT, env=self.env)
         if proc.returncode != 0:
             raise RuntimeError(f"ray start in host {i} failed: {proc.stderr[-2000:]}")
@@ -185,6 +190,7 @@ NODE_LOSS_DRIVER = """
 import json, sys, time
 import torch
 from frugalrl import ClusterEnv, make_agent
+
 envs = ClusterEnv("CartPole-v1", num_workers=2, envs_per_worker=2, backend="ray", ray_address={address!r},
                   seed=0, worker_timeout=20.0)
 torch.manual_seed(0)
