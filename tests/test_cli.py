@@ -115,3 +115,24 @@ def test_killed_head_leaves_no_orphans(tmp_path):
     proc.wait(timeout=10)
     # Workers poll for their parent once a second.
     assert _wait_gone(workers, 10) == [], "workers outlived a SIGKILLed head"
+
+
+@pytest.mark.timeout(120)
+def test_env_factory_defined_in_the_users_script(tmp_path):
+    """A factory from the user's __main__ works on the local backend; the script's guarded code runs once."""
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "import gymnasium as gym\n"
+        "from frugalrl import ClusterEnv\n"
+        "def make():\n"
+        "    return gym.make('CartPole-v1')\n"
+        "if __name__ == '__main__':\n"
+        "    print('main ran')\n"
+        "    env = ClusterEnv(make, num_workers=1, envs_per_worker=2, backend='local', seed=0)\n"
+        "    print('obs', env.reset(seed=0)[0].shape)\n"
+        "    env.close()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("main ran") == 1
+    assert "obs (2, 4)" in done.stdout

@@ -9,12 +9,17 @@ answering comes back as a :class:`WorkerFailure`, and :meth:`Backend.restart` re
 
 from __future__ import annotations
 
+import json
+import sys
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from frugalrl.wire.message import Message
 from frugalrl.wire.meter import ByteMeter
+
+if TYPE_CHECKING:
+    from frugalrl.envs.worker import EnvWorker
 
 
 @dataclass
@@ -36,6 +41,68 @@ class WorkerConfig:
     autoreset_mode: str
     check_finite: bool
     seed: int
+
+
+def build_worker(config: WorkerConfig) -> EnvWorker:
+    """The :class:`~frugalrl.envs.worker.EnvWorker` a config describes, built in this process."""
+    from frugalrl.envs.worker import EnvWorker
+
+    c = config
+    return EnvWorker(c.index, c.env_spec, c.num_envs, c.first_env, c.autoreset_mode, c.check_finite, c.seed)
+
+
+def config_to_json(config: WorkerConfig, backend: str) -> dict[str, Any]:
+    """A worker config as JSON, for workers in other processes or on other machines.
+
+    A callable env factory travels as its import path; one defined in the user's main script also
+    carries ``main_path`` so the worker can import that script. Raises ``ValueError`` for factories
+    that cannot be rebuilt elsewhere and for env kwargs that are not JSON.
+    """
+    spec = config.env_spec
+    factory = spec.factory
+    main_path = None
+    if callable(factory):
+        module = getattr(factory, "__module__", None)
+        qualname = getattr(factory, "__qualname__", "")
+        if module is None or "<" in qualname:
+            raise ValueError(
+                f"env factory {factory!r} cannot be rebuilt in a worker process: pass a module-level "
+                "function, a 'module:function' path or a Gymnasium id"
+            )
+        if module == "__main__":
+            main_path = getattr(sys.modules["__main__"], "__file__", None)
+            if main_path is None:
+                raise ValueError(
+                    f"env factory {qualname!r} is defined in an interactive session; define it in a module "
+                    "(or use backend='serial')"
+                )
+            module = "__frugalrl_main__"  # the name the worker imports the script under
+        factory = f"{module}:{qualname}"
+    out = asdict(config)
+    out["env_spec"] = {"id": spec.id, "factory": factory, "kwargs": spec.kwargs}
+    out["main_path"] = main_path
+    try:
+        json.dumps(out)
+    except TypeError as e:
+        raise ValueError(f"env_kwargs must be JSON-serialisable for backend={backend!r}: {e}") from e
+    return out
+
+
+def worker_from_json(cfg: dict[str, Any]) -> EnvWorker:
+    """Build the worker of a :func:`config_to_json` config (in a worker process or actor)."""
+    from frugalrl.envs.spec import EnvSpec
+
+    if cfg.get("main_path") and "__frugalrl_main__" not in sys.modules:
+        # The factory lives in the user's script: import it under another name, the way multiprocessing
+        # does, so that its guarded `if __name__ == "__main__":` code does not run.
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("__frugalrl_main__", cfg["main_path"])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["__frugalrl_main__"] = module
+        spec.loader.exec_module(module)
+    fields = {k: v for k, v in cfg.items() if k != "main_path"}
+    return build_worker(WorkerConfig(**{**fields, "env_spec": EnvSpec(**cfg["env_spec"])}))
 
 
 class Backend(ABC):

@@ -16,7 +16,6 @@ is the head's to handle) and exit by themselves within a second if the head disa
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import select
@@ -27,12 +26,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 
 import numpy as np
 
-from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure
-from frugalrl.envs.spec import EnvSpec
+from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, config_to_json, worker_from_json
 from frugalrl.wire import codecs as _codecs
 from frugalrl.wire.message import _PREFIX, Message, decode_message, encode_message
 from frugalrl.wire.meter import DOWN, UP
@@ -294,36 +291,6 @@ def _recv(conn: Channel, arena: Arena | None, wire: WireCache | None = None) -> 
     return decode(data)
 
 
-def _config_to_json(config: WorkerConfig) -> dict:
-    spec: EnvSpec = config.env_spec
-    factory = spec.factory
-    main_path = None
-    if callable(factory):
-        module = getattr(factory, "__module__", None)
-        qualname = getattr(factory, "__qualname__", "")
-        if module is None or "<" in qualname:
-            raise ValueError(
-                f"env factory {factory!r} cannot be rebuilt in a worker process: pass a module-level "
-                "function, a 'module:function' path or a Gymnasium id"
-            )
-        if module == "__main__":
-            main_path = getattr(sys.modules["__main__"], "__file__", None)
-            if main_path is None:
-                raise ValueError(
-                    f"env factory {qualname!r} is defined in an interactive session; define it in a module "
-                    "(or use backend='serial')"
-                )
-        factory = f"{module}:{qualname}"
-    out = asdict(config)
-    out["env_spec"] = {"id": spec.id, "factory": factory, "kwargs": spec.kwargs}
-    out["main_path"] = main_path
-    try:
-        json.dumps(out)
-    except TypeError as e:
-        raise ValueError(f"env_kwargs must be JSON-serialisable for backend='local': {e}") from e
-    return out
-
-
 def worker_entry() -> None:
     """Entry point of a worker process: ``python -c '...; worker_entry()' FD PARENT_PID``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -333,28 +300,11 @@ def worker_entry() -> None:
         msg, _ = decode_message(conn.recv_bytes())
     except (EOFError, OSError):
         return  # the head went away before sending the config
-    cfg = msg.meta
-    if cfg.get("main_path"):
-        # The factory lives in the user's script: import it the way multiprocessing does (guarded code
-        # under `if __name__ == "__main__":` does not run).
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("__mp_main__", cfg["main_path"])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["__mp_main__"] = sys.modules["__main__"] = module
-        spec.loader.exec_module(module)
-
     import torch
 
     torch.set_num_threads(1)
-    from frugalrl.envs.worker import EnvWorker
-
     try:
-        env_spec = EnvSpec(**cfg["env_spec"])
-        worker = EnvWorker(
-            cfg["index"], env_spec, cfg["num_envs"], cfg["first_env"],
-            cfg["autoreset_mode"], cfg["check_finite"], cfg["seed"],
-        )
+        worker = worker_from_json(msg.meta)
     except Exception as e:  # noqa: BLE001 - reported to the head
         reply = Message("error", {"error": f"{type(e).__name__}: {e}"})
     else:
@@ -417,7 +367,7 @@ class LocalBackend(Backend):
 
     def __init__(self, configs: list[WorkerConfig], meter, timeout: float) -> None:
         super().__init__(configs, meter, timeout)
-        self._config_json = [_config_to_json(c) for c in configs]  # fails early on unpicklable factories
+        self._config_json = [config_to_json(c, "local") for c in configs]  # fails early on unpicklable factories
         self.slots = [_Slot() for _ in configs]
         self._arena_sizes = (_MIN_ARENA, _MIN_ARENA)
         self._closed = False

@@ -30,8 +30,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
-from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure
-from frugalrl.envs.backends.local import _config_to_json
+from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, config_to_json, worker_from_json
 from frugalrl.wire.message import Message, decode_message, encode_message
 from frugalrl.wire.meter import DOWN, UP
 
@@ -52,25 +51,7 @@ class _RayWorker:
         self.worker = None
         self.error: str | None = None
         try:
-            cfg = decode_message(config)[0].meta
-            env_spec = cfg["env_spec"]
-            if cfg.get("main_path"):
-                # The factory lives in the user's script: import it under another name (its guarded
-                # `if __name__ == "__main__":` code does not run) and point the factory at it.
-                import importlib.util
-
-                spec = importlib.util.spec_from_file_location("__mp_main__", cfg["main_path"])
-                module = importlib.util.module_from_spec(spec)
-                sys.modules["__mp_main__"] = module
-                spec.loader.exec_module(module)
-                env_spec = dict(env_spec, factory="__mp_main__:" + env_spec["factory"].split(":", 1)[1])
-            from frugalrl.envs.spec import EnvSpec
-            from frugalrl.envs.worker import EnvWorker
-
-            self.worker = EnvWorker(
-                cfg["index"], EnvSpec(**env_spec), cfg["num_envs"], cfg["first_env"],
-                cfg["autoreset_mode"], cfg["check_finite"], cfg["seed"],
-            )
+            self.worker = worker_from_json(decode_message(config)[0].meta)
         except Exception as e:  # noqa: BLE001 - reported to the head by ready()
             self.error = f"{type(e).__name__}: {e}"
 
@@ -111,7 +92,7 @@ class RayBackend(Backend):
             raise ValueError(f"ray_num_cpus must be >= 0, got {num_cpus!r}")
         self.address = address
         self.num_cpus = float(num_cpus)
-        self._configs = [encode_message(Message("config", _config_to_json(c)))[0] for c in configs]
+        self._configs = [encode_message(Message("config", config_to_json(c, "ray")))[0] for c in configs]
         self.actors: list[Any] = [None] * len(configs)
         self._info: list[dict[str, Any]] = [{} for _ in configs]
         self._owns_ray = False

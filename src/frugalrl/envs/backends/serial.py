@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from frugalrl.envs.backends.base import Backend, WorkerFailure
-from frugalrl.envs.worker import EnvWorker
+from frugalrl.envs.backends.base import Backend, WorkerFailure, build_worker
 from frugalrl.wire.message import Message, message_sizes
 from frugalrl.wire.meter import DOWN, UP
 
@@ -15,11 +14,7 @@ class SerialBackend(Backend):
 
     def start(self) -> None:
         """Build every worker in this process."""
-        self.workers = [self._build(c) for c in self.configs]
-
-    @staticmethod
-    def _build(c) -> EnvWorker:
-        return EnvWorker(c.index, c.env_spec, c.num_envs, c.first_env, c.autoreset_mode, c.check_finite, c.seed)
+        self.workers = [build_worker(c) for c in self.configs]
 
     def request(self, requests: dict[int, Message]) -> dict[int, Message | WorkerFailure]:
         """Call each worker directly; bytes are metered as if the messages had been encoded."""
@@ -36,7 +31,7 @@ class SerialBackend(Backend):
     def restart(self, worker: int) -> None:
         """Rebuild a worker in place."""
         self.workers[worker].close()
-        self.workers[worker] = self._build(self.configs[worker])
+        self.workers[worker] = build_worker(self.configs[worker])
 
     def close(self) -> None:
         """Close every env."""
