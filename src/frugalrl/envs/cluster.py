@@ -209,7 +209,6 @@ class ClusterEnv(gym.vector.VectorEnv):
         self._held: torch.nn.Module | None = None
         self._recent: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_workers
         self._obs: np.ndarray | None = None
-        self._dist_kind: str | None = None
 
     # ------------------------------------------------------------------ Gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
@@ -263,7 +262,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         if self._obs is None:
             self.reset(seed=self.seed)
         self.sync(agent)
-        self.backend.reserve(self._rollout_bound(agent, num_steps), 0)
+        self.backend.reserve(self._rollout_bound(num_steps), 0)
         msg = Message("rollout", {"num_steps": num_steps})
 
         def recover(w: int, reason: str) -> Message:
@@ -313,7 +312,6 @@ class ClusterEnv(gym.vector.VectorEnv):
             self.learner_version += 1
             self._weights_msg = None
             self._held = None
-        self._dist_kind = agent.dist_kind
 
     def _check_agent_fits(self, agent: torch.nn.Module) -> None:
         """Fail on the head, with a clear message, for an agent built for other spaces."""
@@ -614,7 +612,8 @@ class ClusterEnv(gym.vector.VectorEnv):
                         infos["final_info"][key][base : base + k] = value
         return infos
 
-    def _rollout_bound(self, agent: torch.nn.Module, T: int) -> int:
+    def _rollout_bound(self, T: int) -> int:
+        """Largest rollout reply expected from one worker (sizes its shared-memory arena)."""
         obs_bytes = int(np.prod(self.single_observation_space.shape)) * self.single_observation_space.dtype.itemsize
         act_bytes = 8 * max(1, int(np.prod(self.single_action_space.shape)))
         params = (
