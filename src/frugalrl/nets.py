@@ -142,10 +142,86 @@ class MLPActorCritic(nn.Module):
         return self.critic(obs.reshape(obs.shape[0], -1).float()).squeeze(-1)
 
 
+# (kernel, stride) of the Nature-CNN's convolutions, in order; a network may use the first 1-3.
+NATURE_CONVS = ((8, 4), (4, 2), (3, 1))
+
+
+def conv_out_size(size: int, n_convs: int) -> int:
+    """Side length after the first ``n_convs`` Nature-CNN convolutions (no padding)."""
+    for kernel, stride in NATURE_CONVS[:n_convs]:
+        size = (size - kernel) // stride + 1
+    return size
+
+
+class NatureCNNActorCritic(nn.Module):
+    """Nature-CNN trunk (Mnih et al. 2015) with a categorical actor head and a value head.
+
+    ``channels`` are the output channels of the first ``len(channels)`` convolutions (8x8 s4, 4x4 s2,
+    3x3 s1, each followed by ReLU); ``hidden`` is the width of the fully connected layer. The default is
+    the original network on 4x84x84 frames; smaller ``channels``/``hidden`` give the compressed networks
+    of AcceRL's Table 6 (for example ``(16, 32)``, 256). Observations are uint8 frames scaled by 1/255.
+    """
+
+    def __init__(
+        self,
+        obs_shape: list[int] | tuple[int, ...],
+        action: dict[str, Any],
+        channels: list[int] | tuple[int, ...] = (32, 64, 64),
+        hidden: int = 512,
+    ):
+        super().__init__()
+        self.obs_shape = [int(x) for x in obs_shape]
+        self.action = dict(action)
+        self.channels = [int(c) for c in channels]
+        self.hidden = int(hidden)
+        if len(self.obs_shape) != 3:
+            raise ValueError(f"NatureCNNActorCritic needs (C, H, W) observations, got shape {self.obs_shape}")
+        if not 1 <= len(self.channels) <= 3:
+            raise ValueError(f"channels must list 1 to 3 convolution widths, got {self.channels}")
+        if action.get("type") != "discrete":
+            raise ValueError(f"NatureCNNActorCritic supports Discrete actions only, got {action!r}")
+        self.spec = PolicySpec(
+            "frugalrl.nets:NatureCNNActorCritic",
+            {"obs_shape": self.obs_shape, "action": self.action, "channels": self.channels, "hidden": self.hidden},
+        )
+        self.dist_kind = "categorical"
+        layers: list[nn.Module] = []
+        width = self.obs_shape[0]
+        for c, (kernel, stride) in zip(self.channels, NATURE_CONVS, strict=False):
+            layers += [layer_init(nn.Conv2d(width, c, kernel, stride)), nn.ReLU()]
+            width = c
+        h, w = (conv_out_size(s, len(self.channels)) for s in self.obs_shape[1:])
+        if h <= 0 or w <= 0:
+            raise ValueError(f"observations {self.obs_shape} are too small for {len(self.channels)} convolutions")
+        layers += [nn.Flatten(), layer_init(nn.Linear(width * h * w, self.hidden)), nn.ReLU()]
+        self.trunk = nn.Sequential(*layers)
+        self.actor = layer_init(nn.Linear(self.hidden, int(action["n"])), std=0.01)
+        self.critic = layer_init(nn.Linear(self.hidden, 1), std=1.0)
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """Trunk output, shape ``(batch, hidden)``."""
+        return self.trunk(obs.float() * (1.0 / 255.0))
+
+    def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
+        """Action logits."""
+        return self.actor(self.features(obs))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """State value, shape ``(batch,)``."""
+        return self.critic(self.features(obs)).squeeze(-1)
+
+    def dist_params_and_value(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both heads from one trunk pass."""
+        x = self.features(obs)
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+
 def make_agent(
     observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64)
-) -> MLPActorCritic:
-    """A default actor-critic for the given single-env spaces."""
+) -> nn.Module:
+    """A default actor-critic for the given single-env spaces: Nature-CNN for (C, H, W) uint8 frames, else an MLP."""
     if not isinstance(observation_space, gym.spaces.Box):
         raise TypeError(f"MLPActorCritic needs a Box observation space, got {observation_space}")
+    if len(observation_space.shape) == 3 and observation_space.dtype == np.uint8:
+        return NatureCNNActorCritic(observation_space.shape, action_desc(action_space))
     return MLPActorCritic(int(np.prod(observation_space.shape)), action_desc(action_space), hidden)

@@ -1,0 +1,242 @@
+"""The Compressor chain (AcceRL, seed paper 004, Code 1): stages that turn the learner's policy into an actor.
+
+    chain = CompressorChain().add(Prune(0.5)).add(Distill()).add(Quantize("int8")).add(Export("onnx"))
+    actor = chain.build(learner_agent, recent_obs)      # an agent ClusterEnv workers can run
+    chain.reports                                       # params, wire bytes, latency, KL per stage
+
+A stage (:class:`Compressor`) takes an :class:`Artifact` and returns a new one. An artifact holds a
+torch agent (fp32; pruning and distillation change it) and, once a stage has exported it, the
+serialized ONNX graph the actor runs instead (quantization and export produce it). ``artifact.actor()``
+is the agent sent to workers: the torch module itself, or an
+:class:`~frugalrl.compress.runtime.OnnxPolicy` holding the graph bytes.
+
+Every stage is measured on the same recent observations: parameters, bytes of the weights message
+that would carry the actor to a worker, inference latency at batch 1 and 16, and KL(teacher ‖ actor).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from frugalrl import dists
+from frugalrl.wire.message import encode_state_dict, message_sizes
+
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+@dataclass
+class Artifact:
+    """What one stage hands to the next."""
+
+    module: nn.Module
+    """A torch agent (``spec``, ``dist_kind``, ``dist_params``, ``value``) in fp32."""
+    onnx: bytes | None = None
+    """The serialized ONNX graph the actor runs, once a stage exported one (else the actor is ``module``)."""
+    precision: str = "fp32"
+    """Precision of the exported graph's weights: fp32, fp16 or int8."""
+
+    def actor(self) -> nn.Module:
+        """The agent a worker runs: ``module`` or an ``OnnxPolicy`` over ``onnx``."""
+        if self.onnx is None:
+            return self.module
+        from frugalrl.compress.runtime import OnnxPolicy
+
+        return OnnxPolicy.from_bytes(self.onnx, self.module.dist_kind, precision=self.precision)
+
+
+@dataclass
+class CompressContext:
+    """What every stage may use: the teacher (a frozen snapshot of the learner) and recent states."""
+
+    teacher: nn.Module
+    observations: torch.Tensor
+    """Recent states, shape ``(N, *obs_shape)``: calibration, distillation and KL measurement data."""
+    seed: int = 0
+
+
+class Compressor:
+    """Base class of a chain stage. Subclasses implement :meth:`apply` and :meth:`describe`."""
+
+    def apply(self, art: Artifact, ctx: CompressContext) -> Artifact:
+        """Return the compressed artifact (never modify ``art.module`` in place)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Short name for logs and reports, e.g. ``prune:0.5``."""
+        return type(self).__name__.lower()
+
+
+@dataclass
+class StageReport:
+    """Measurements after one stage."""
+
+    stage: str
+    params: int
+    """Parameters of the torch module (the exported graph has the same number)."""
+    wire_bytes: int
+    """Bytes of the weights message that carries the actor to one worker (payload + header)."""
+    latency_ms: dict[int, float]
+    """Median inference milliseconds per call, by batch size (one thread)."""
+    kl_mean: float
+    kl_max: float
+    """KL(teacher ‖ actor) over the context's observations."""
+    seconds: float
+    """Time the stage took."""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        d = asdict(self)
+        d["latency_ms"] = {str(k): v for k, v in self.latency_ms.items()}
+        return d
+
+
+@dataclass
+class CompressorChain:
+    """A chain of responsibility of compression stages; ``add`` returns the chain for one-line composition."""
+
+    stages: list[Compressor] = field(default_factory=list)
+    measure: bool = True
+    """Measure latency and KL after each stage (turn off for the fastest rebuilds during training)."""
+    batch_sizes: tuple[int, ...] = (1, 16)
+    reports: list[StageReport] = field(default_factory=list)
+    artifact: Artifact | None = None
+
+    def add(self, stage: Compressor) -> CompressorChain:
+        """Append a stage; returns ``self``."""
+        if not isinstance(stage, Compressor):
+            raise TypeError(f"a chain stage must be a frugalrl.compress.Compressor, got {type(stage).__name__}")
+        self.stages.append(stage)
+        return self
+
+    def describe(self) -> str:
+        """The stages, comma-separated (the ``--compress`` syntax)."""
+        return ",".join(s.describe() for s in self.stages) or "none"
+
+    def build(self, teacher: nn.Module, observations: torch.Tensor | np.ndarray, seed: int = 0) -> nn.Module:
+        """Run every stage on a frozen copy of ``teacher``; return the actor (also ``self.policy``).
+
+        ``self.reports`` gets one entry for the original and one per stage.
+        """
+        obs = torch.as_tensor(np.asarray(observations))
+        if obs.ndim < 2 or obs.shape[0] == 0:
+            raise ValueError(f"observations must be a non-empty batch of states, got shape {tuple(obs.shape)}")
+        frozen = copy.deepcopy(teacher).eval()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        ctx = CompressContext(frozen, obs, seed)
+        art = Artifact(frozen)
+        self.reports = [self._report("original", art, ctx, 0.0)] if self.measure else []
+        for stage in self.stages:
+            t0 = time.perf_counter()
+            art = stage.apply(art, ctx)
+            seconds = time.perf_counter() - t0
+            if self.measure:
+                self.reports.append(self._report(stage.describe(), art, ctx, seconds))
+        self.artifact = art
+        return art.actor()
+
+    @property
+    def policy(self) -> nn.Module:
+        """The actor from the last :meth:`build`."""
+        if self.artifact is None:
+            raise RuntimeError("CompressorChain.policy: call build(teacher, observations) first")
+        return self.artifact.actor()
+
+    def _report(self, name: str, art: Artifact, ctx: CompressContext, seconds: float) -> StageReport:
+        actor = art.actor()
+        kl = policy_kl(ctx.teacher, actor, ctx.observations)
+        latency = {b: measure_latency(actor, ctx.observations, b) for b in self.batch_sizes}
+        return StageReport(
+            stage=name,
+            params=count_params(art.module),
+            wire_bytes=wire_bytes(actor),
+            latency_ms=latency,
+            kl_mean=float(kl.mean()),
+            kl_max=float(kl.max()),
+            seconds=round(seconds, 4),
+        )
+
+
+def count_params(module: nn.Module) -> int:
+    """Number of parameters."""
+    return int(sum(p.numel() for p in module.parameters()))
+
+
+def wire_bytes(actor: nn.Module, codec: str = "fp32") -> int:
+    """Bytes of the weights message that sends ``actor`` to one worker (what ClusterEnv would send)."""
+    msg = encode_state_dict(actor.state_dict(), codec)
+    msg.meta = {"version": 0, "spec": actor.spec.to_json()}
+    return sum(message_sizes(msg).values())
+
+
+def policy_kl(teacher: nn.Module, actor: nn.Module, observations: torch.Tensor) -> torch.Tensor:
+    """Per-state KL(teacher ‖ actor) on ``observations``."""
+    with torch.inference_mode():
+        p = teacher.dist_params(observations).float()
+        q = actor.dist_params(observations).float()
+    return dists.kl(teacher.dist_kind, p, q)
+
+
+def measure_latency(actor: nn.Module, observations: torch.Tensor, batch: int, repeats: int = 50) -> float:
+    """Median milliseconds of one ``actor.dist_params`` call on ``batch`` states, on one thread."""
+    idx = torch.arange(batch) % observations.shape[0]
+    x = observations[idx].contiguous()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = []
+        with torch.inference_mode():
+            for _ in range(5):
+                actor.dist_params(x)
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                actor.dist_params(x)
+                times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return float(np.median(times) * 1e3)
+
+
+def parse_chain(text: str, **options: Any) -> CompressorChain:
+    """Build a chain from the CLI syntax ``prune:0.5,distill,int8,onnx`` (``none`` or ``""``: no stage).
+
+    Stage words: ``prune:S`` (sparsity S), ``distill`` or ``distill:STEPS``, ``int8``/``fp16`` (or
+    ``quantize:int8``), ``onnx`` (or ``export:onnx``). ``options`` go to :class:`CompressorChain`.
+    """
+    from frugalrl.compress.distill import Distill
+    from frugalrl.compress.export import Export
+    from frugalrl.compress.prune import Prune
+    from frugalrl.compress.quantize import Quantize
+
+    chain = CompressorChain(**options)
+    for word in [w.strip() for w in (text or "").split(",") if w.strip()]:
+        name, _, arg = word.partition(":")
+        name = name.lower()
+        try:
+            if name == "none":
+                continue
+            if name == "prune":
+                chain.add(Prune(float(arg) if arg else 0.5))
+            elif name == "distill":
+                chain.add(Distill(steps=int(arg)) if arg else Distill())
+            elif name in ("int8", "fp16"):
+                chain.add(Quantize(name))
+            elif name == "quantize":
+                chain.add(Quantize(arg or "int8"))
+            elif name in ("onnx", "export"):
+                chain.add(Export(arg or "onnx") if name == "export" else Export("onnx"))
+            else:
+                raise ValueError(f"unknown stage {name!r}")
+        except ValueError as e:
+            raise ValueError(
+                f"bad --compress stage {word!r} in {text!r}: {e}; expected a comma-separated list of "
+                "prune:S, distill[:STEPS], int8, fp16, onnx"
+            ) from e
+    return chain

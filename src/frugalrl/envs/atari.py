@@ -1,0 +1,40 @@
+"""Atari environments with the standard DQN/IMPALA preprocessing, as a ClusterEnv factory.
+
+``frugalrl.envs.atari:make_atari`` builds ``ALE/<Game>-v5`` (ROMs ship with ale-py) with no frame skip in
+the emulator, then Gymnasium's ``AtariPreprocessing`` (no-op starts, frame skip 4 with max-pooling,
+84x84 grayscale) and a stack of the last 4 frames: observations are ``(4, 84, 84)`` uint8.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+
+def make_atari(
+    env_id: str = "ALE/Pong-v5",
+    frame_stack: int = 4,
+    frame_skip: int = 4,
+    screen_size: int = 84,
+    noop_max: int = 30,
+    terminal_on_life_loss: bool = False,
+    max_episode_steps: int | None = 27_000,
+) -> gym.Env:
+    """One preprocessed Atari env; raises a clear error if ale-py is missing or the game is unknown."""
+    try:
+        import ale_py
+    except ImportError as e:  # pragma: no cover - ale-py is a dependency
+        raise ImportError("Atari environments need ale-py: pip install ale-py") from e
+    gym.register_envs(ale_py)
+    try:
+        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.25, max_episode_steps=max_episode_steps)
+    except gym.error.Error as e:
+        raise ValueError(f"unknown Atari game {env_id!r}: {e}") from e
+    env = gym.wrappers.AtariPreprocessing(
+        env,
+        noop_max=noop_max,
+        frame_skip=frame_skip,
+        screen_size=screen_size,
+        terminal_on_life_loss=terminal_on_life_loss,
+        grayscale_obs=True,
+    )
+    return gym.wrappers.FrameStackObservation(env, frame_stack)
