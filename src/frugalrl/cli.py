@@ -19,7 +19,10 @@ import types
 import typing
 from typing import Any
 
-ALGOS = {"ppo": ("frugalrl.algos.ppo", "PPOConfig", "train")}
+ALGOS = {
+    "ppo": ("frugalrl.algos.ppo", "PPOConfig", "train"),
+    "impala": ("frugalrl.algos.impala", "IMPALAConfig", "train"),
+}
 
 
 def _field_parser(tp: Any):

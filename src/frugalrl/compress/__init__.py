@@ -15,9 +15,24 @@ from frugalrl.compress.chain import (
     policy_kl,
     wire_bytes,
 )
+from frugalrl.compress.distill import Distill, distill
+from frugalrl.compress.export import Export, export_onnx
+from frugalrl.compress.prune import Prune, prune_agent
+from frugalrl.compress.quantize import Quantize, quantize_int8, to_fp16
+from frugalrl.compress.runtime import OnnxPolicy
 
 __all__ = [
     "Artifact",
+    "Distill",
+    "Export",
+    "OnnxPolicy",
+    "Prune",
+    "Quantize",
+    "distill",
+    "export_onnx",
+    "prune_agent",
+    "quantize_int8",
+    "to_fp16",
     "CompressContext",
     "Compressor",
     "CompressorChain",

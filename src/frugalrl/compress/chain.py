@@ -115,6 +115,22 @@ class CompressorChain:
         self.stages.append(stage)
         return self
 
+    def configure(self, precision: str | None = None, sparsity: float | None = None) -> None:
+        """Change the stages for the next :meth:`build` (what the Monitor's strategies do).
+
+        ``precision`` (fp32, fp16, int8) goes to every quantization stage, ``sparsity`` to every
+        pruning stage; None leaves a setting as it is.
+        """
+        if precision is not None and precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        for stage in self.stages:
+            if precision is not None and hasattr(stage, "precision"):
+                stage.precision = precision
+            if sparsity is not None and hasattr(stage, "sparsity"):
+                if not 0 <= sparsity < 1:
+                    raise ValueError(f"sparsity must be in [0, 1), got {sparsity!r}")
+                stage.sparsity = float(sparsity)
+
     def describe(self) -> str:
         """The stages, comma-separated (the ``--compress`` syntax)."""
         return ",".join(s.describe() for s in self.stages) or "none"
@@ -204,7 +220,7 @@ def measure_latency(actor: nn.Module, observations: torch.Tensor, batch: int, re
     return float(np.median(times) * 1e3)
 
 
-def parse_chain(text: str, **options: Any) -> CompressorChain:
+def parse_chain(text: str, distill_steps: int | None = None, **options: Any) -> CompressorChain:
     """Build a chain from the CLI syntax ``prune:0.5,distill,int8,onnx`` (``none`` or ``""``: no stage).
 
     Stage words: ``prune:S`` (sparsity S), ``distill`` or ``distill:STEPS``, ``int8``/``fp16`` (or
@@ -225,7 +241,8 @@ def parse_chain(text: str, **options: Any) -> CompressorChain:
             if name == "prune":
                 chain.add(Prune(float(arg) if arg else 0.5))
             elif name == "distill":
-                chain.add(Distill(steps=int(arg)) if arg else Distill())
+                steps = int(arg) if arg else distill_steps
+                chain.add(Distill(steps=steps) if steps is not None else Distill())
             elif name in ("int8", "fp16"):
                 chain.add(Quantize(name))
             elif name == "quantize":

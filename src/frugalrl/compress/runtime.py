@@ -1,0 +1,209 @@
+"""Worker-side actors that run an exported ONNX graph with ONNX Runtime (AcceRL's static-graph actor).
+
+An :class:`OnnxPolicy` is an ordinary frugalrl agent: a ``torch.nn.Module`` with ``spec``,
+``dist_kind``, ``dist_params(obs)`` and ``value(obs)``. Its only state is the buffer ``model``, a
+uint8 tensor holding the serialized ONNX graph (weights included), so it travels to workers as an
+ordinary weights message (the graph bytes go raw, whatever the float codec) and a worker rebuilds it
+from its spec with :func:`frugalrl.nets.build_policy` and then ``load_state_dict``. Loading a graph
+of another size replaces the buffer and rebuilds the inference session.
+
+The graph is parsed by ONNX Runtime (protobuf, no pickle). Sessions run on the CPU execution
+provider with ``threads`` intra-op threads, one inter-op thread and every graph optimisation
+(ONNX Runtime fuses Conv/MatMul + bias + ReLU and folds constants when the session is created).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from frugalrl.nets import PolicySpec
+
+# ONNX Runtime's input type names -> NumPy dtypes the graph input may expect.
+_ORT_DTYPES: dict[str, np.dtype] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(double)": np.dtype(np.float64),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(bool)": np.dtype(np.bool_),
+}
+
+DIST_OUTPUT = "dist_params"
+"""Name of the graph output holding the distribution parameters."""
+VALUE_OUTPUT = "value"
+"""Name of the graph output holding the state value."""
+
+
+def make_session(data: bytes, threads: int = 1) -> Any:
+    """An ``onnxruntime.InferenceSession`` over the serialized graph ``data``.
+
+    CPU execution provider, ``threads`` intra-op threads, one inter-op thread, sequential execution,
+    ``ORT_ENABLE_ALL`` graph optimisation. Raises ``ValueError`` if ``data`` is not a valid ONNX model.
+    """
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = int(threads)
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(bytes(data), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own pybind exception types
+        raise ValueError(f"not a valid ONNX model ({len(data)} bytes): {type(e).__name__}: {e}") from e
+
+
+class OnnxPolicy(nn.Module):
+    """An agent that runs a serialized ONNX graph (inputs ``obs``; outputs ``dist_params``, ``value``).
+
+    Build it with :meth:`from_bytes` on the learner side; a worker builds an empty one from ``spec``
+    and receives the graph through ``load_state_dict`` (directly or as a submodule of another module).
+    ``precision`` (fp32, fp16, int8) only describes the graph's weights; it is part of the spec.
+    """
+
+    def __init__(self, dist_kind: str, precision: str = "fp32", threads: int = 1):
+        super().__init__()
+        if dist_kind not in ("categorical", "gaussian"):
+            raise ValueError(f"dist_kind must be 'categorical' or 'gaussian', got {dist_kind!r}")
+        if int(threads) < 1:
+            raise ValueError(f"threads must be >= 1, got {threads!r}")
+        self.dist_kind = dist_kind
+        self.precision = str(precision)
+        self.threads = int(threads)
+        self.spec = PolicySpec(
+            "frugalrl.compress.runtime:OnnxPolicy",
+            {"dist_kind": self.dist_kind, "precision": self.precision, "threads": self.threads},
+        )
+        self.register_buffer("model", torch.zeros(0, dtype=torch.uint8))
+        self._session: Any = None
+        self._loaded: bytes | None = None
+        self._input_name = "obs"
+        self._input_dtype = np.dtype(np.float32)
+        self._outputs: tuple[str, ...] = ()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, dist_kind: str, precision: str = "fp32", threads: int = 1) -> OnnxPolicy:
+        """An agent running the serialized ONNX graph ``data`` (``ValueError`` if it is not one)."""
+        policy = cls(dist_kind, precision=precision, threads=threads)
+        policy.set_model(data)
+        return policy
+
+    # ------------------------------------------------------------------ graph
+    @property
+    def onnx_bytes(self) -> bytes:
+        """The serialized graph this agent runs (empty before weights arrive)."""
+        return self.model.detach().cpu().numpy().tobytes()
+
+    def set_model(self, data: bytes) -> None:
+        """Replace the graph with ``data`` and rebuild the session (``ValueError`` if invalid)."""
+        data = bytes(data)
+        self._build(data)
+        self._buffers["model"] = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if data
+            else torch.zeros(0, dtype=torch.uint8)
+        )
+
+    def _build(self, data: bytes) -> None:
+        """Create the session for ``data`` (skipped when it is the graph already loaded)."""
+        if data == self._loaded and self._session is not None:
+            return
+        if not data:
+            raise ValueError("OnnxPolicy: empty model bytes; expected a serialized ONNX graph")
+        session = make_session(data, self.threads)
+        inputs = session.get_inputs()
+        outputs = tuple(o.name for o in session.get_outputs())
+        if len(inputs) != 1 or DIST_OUTPUT not in outputs:
+            raise ValueError(
+                f"OnnxPolicy needs a graph with one input and a {DIST_OUTPUT!r} output; got inputs "
+                f"{[i.name for i in inputs]} and outputs {list(outputs)} (use frugalrl.compress.export.export_onnx)"
+            )
+        dtype = _ORT_DTYPES.get(inputs[0].type)
+        if dtype is None:
+            raise ValueError(f"OnnxPolicy: unsupported graph input type {inputs[0].type}")
+        self._session, self._loaded = session, data
+        self._input_name, self._input_dtype, self._outputs = inputs[0].name, dtype, outputs
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """Accept a ``model`` tensor of any length: resize the buffer, copy, rebuild the session."""
+        key = prefix + "model"
+        incoming = state_dict.get(key)
+        if incoming is not None:
+            if not isinstance(incoming, torch.Tensor) or incoming.dtype != torch.uint8 or incoming.ndim != 1:
+                desc = (
+                    f"{incoming.dtype} tensor of shape {tuple(incoming.shape)}"
+                    if isinstance(incoming, torch.Tensor)
+                    else type(incoming).__name__
+                )
+                raise ValueError(f"OnnxPolicy: {key!r} must be a 1-D uint8 tensor of graph bytes, got {desc}")
+            if incoming.shape != self.model.shape:
+                self._buffers["model"] = torch.zeros(incoming.shape, dtype=torch.uint8)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        if incoming is not None:
+            self._build(self.onnx_bytes)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> OnnxPolicy:
+        """A copy with its own session (an ``InferenceSession`` cannot be copied), built from the bytes."""
+        new = type(self)(self.dist_kind, precision=self.precision, threads=self.threads)
+        memo[id(self)] = new
+        if self.model.numel():
+            new.set_model(self.onnx_bytes)
+        new.train(self.training)
+        for name, module in self._modules.items():  # none by default; subclasses may add some
+            new._modules[name] = copy.deepcopy(module, memo)
+        return new
+
+    # ------------------------------------------------------------------ inference
+    def _run(self, output: str, obs: torch.Tensor | np.ndarray) -> torch.Tensor:
+        if self._session is None:
+            raise ValueError(
+                "OnnxPolicy has no graph yet: weights (the 'model' tensor) must be loaded before acting"
+            )
+        if output not in self._outputs:
+            raise ValueError(
+                f"this OnnxPolicy's graph has no {output!r} output (outputs: {list(self._outputs)})"
+            )
+        arr = obs.detach().cpu().numpy() if isinstance(obs, torch.Tensor) else np.asarray(obs)
+        arr = np.ascontiguousarray(arr, dtype=self._input_dtype)
+        try:
+            (out,) = self._session.run([output], {self._input_name: arr})
+        except Exception as e:  # onnxruntime's pybind exceptions: wrong rank or shape
+            raise ValueError(
+                f"OnnxPolicy cannot run on observations of shape {arr.shape}: {type(e).__name__}: {e}"
+            ) from e
+        return torch.from_numpy(np.asarray(out, dtype=np.float32))
+
+    def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
+        """Distribution parameters (float32), shape ``(batch, P)``, for any batch size."""
+        return self._run(DIST_OUTPUT, obs)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """State value (float32), shape ``(batch,)``."""
+        return self._run(VALUE_OUTPUT, obs).reshape(-1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Same as :meth:`dist_params`."""
+        return self.dist_params(obs)
+
+    def extra_repr(self) -> str:
+        """Kind, precision, threads and graph size."""
+        return f"dist_kind={self.dist_kind}, precision={self.precision}, threads={self.threads}, bytes={self.model.numel()}"

@@ -1,0 +1,589 @@
+"""AcceRL's Monitor: indicators on the compressed actor, and strategies that change the compression.
+
+Actors run a compressed copy of the learner's policy. The Monitor (AcceRL, section 2.4) watches how
+far that copy has drifted and adjusts the compression:
+
+Indicators (plain functions of real policies and states)
+
+- :func:`kl_indicators`: mean, max and variance of the per-state KL(learner ‖ actor) on recent
+  states, and the actor's mean entropy there (equation 5 of the paper);
+- :class:`RewardGap`: reference return of the uncompressed policy minus a moving average of the
+  compressed actors' recent episode returns (the "cumulative reward indicator").
+
+Strategies (small dataclasses with ``update(indicators, step) -> change | None``)
+
+- :class:`PrecisionLadder`: more bits when KL max exceeds ``epsilon`` (Fig. 6: int8 -> fp16 when
+  KL max > 14.0);
+- :class:`AlphaMix`: probability ``alpha`` of acting with the small network, linear in KL mean
+  (Fig. 9, knowledge distillation results);
+- :class:`SparsitySchedule`: conservative pruning sparsity when the reward gap exceeds a threshold
+  (Fig. 7: 0.5 -> 0.2 when the gap > 10), plus an optional step schedule.
+
+:class:`Monitor` computes the indicators, runs the strategies, records history and events and logs
+every change. :class:`MixPolicy` is the alpha-mix actor agent of Fig. 9.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from frugalrl import dists
+from frugalrl.nets import PolicySpec, build_policy, check_agent
+
+logger = logging.getLogger("frugalrl.monitor")
+
+Change = dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------------
+# Indicators
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KLIndicators:
+    """KL(learner ‖ actor) statistics over a batch of states, and the actor's mean entropy there.
+
+    ``kl_var`` is the population variance (no Bessel correction; 0 for a single state).
+    """
+
+    kl_mean: float
+    kl_max: float
+    kl_var: float
+    entropy: float
+    n_states: int
+
+    def to_dict(self) -> dict[str, float]:
+        """The four indicators as a plain dict (``n_states`` left out)."""
+        d = asdict(self)
+        d.pop("n_states")
+        return d
+
+
+def _as_obs(observations: torch.Tensor | np.ndarray | Sequence[Any]) -> torch.Tensor:
+    obs = (
+        torch.as_tensor(np.asarray(observations))
+        if not isinstance(observations, torch.Tensor)
+        else observations
+    )
+    if obs.ndim == 0 or obs.shape[0] == 0:
+        raise ValueError(f"need a non-empty batch of observations, got shape {tuple(obs.shape)}")
+    return obs
+
+
+def per_state_kl(
+    learner: nn.Module, actor: nn.Module, observations: torch.Tensor | np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-state KL(learner ‖ actor) and the actor's per-state entropy, both shape ``(batch,)``."""
+    if learner.dist_kind != actor.dist_kind:
+        raise ValueError(
+            f"learner is {learner.dist_kind!r} but actor is {actor.dist_kind!r}; KL is undefined"
+        )
+    obs = _as_obs(observations)
+    with torch.inference_mode():
+        p = learner.dist_params(obs).float()
+        q = actor.dist_params(obs).float()
+        return dists.kl(learner.dist_kind, p, q), dists.entropy(actor.dist_kind, q)
+
+
+def compute_kl_indicators(
+    learner: nn.Module, actor: nn.Module, observations: torch.Tensor | np.ndarray
+) -> KLIndicators:
+    """:class:`KLIndicators` of ``actor`` against ``learner`` on ``observations``."""
+    kl, ent = per_state_kl(learner, actor, observations)
+    kl64, ent64 = kl.double(), ent.double()
+    return KLIndicators(
+        kl_mean=float(kl64.mean()),
+        kl_max=float(kl64.max()),
+        kl_var=float(kl64.var(correction=0)),
+        entropy=float(ent64.mean()),
+        n_states=int(kl.shape[0]),
+    )
+
+
+def kl_indicators(
+    learner: nn.Module, actor: nn.Module, observations: torch.Tensor | np.ndarray
+) -> dict[str, float]:
+    """``{"kl_mean", "kl_max", "kl_var", "entropy"}`` of ``actor`` against ``learner`` on recent states."""
+    return compute_kl_indicators(learner, actor, observations).to_dict()
+
+
+@dataclass
+class RewardGap:
+    """Reference return minus a moving average of the compressed actors' recent episode returns.
+
+    ``window`` episodes are averaged; :meth:`gap` is None until ``min_episodes`` (default: ``window``)
+    episodes have been added, or while no reference return is known. A positive gap means the
+    compressed actors score worse than the reference (e.g. the evaluated uncompressed learner policy).
+    """
+
+    window: int = 10
+    min_episodes: int | None = None
+    returns: deque[float] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if int(self.window) < 1:
+            raise ValueError(f"RewardGap needs window >= 1, got {self.window}")
+        if self.min_episodes is None:
+            self.min_episodes = int(self.window)
+        if not 1 <= int(self.min_episodes) <= int(self.window):
+            raise ValueError(f"RewardGap needs 1 <= min_episodes <= window, got {self.min_episodes}")
+        self.returns = deque(maxlen=int(self.window))
+
+    def add(self, episode_returns: Iterable[float]) -> None:
+        """Record finished episodes' returns (oldest first)."""
+        for r in episode_returns:
+            self.returns.append(float(r))
+
+    @property
+    def moving_average(self) -> float | None:
+        """Mean of the last ``window`` returns, or None before ``min_episodes`` episodes."""
+        if len(self.returns) < int(self.min_episodes or self.window):
+            return None
+        return float(np.mean(self.returns))
+
+    def gap(self, reference_return: float | None) -> float | None:
+        """``reference_return - moving_average``, or None if either is unknown."""
+        avg = self.moving_average
+        if avg is None or reference_return is None:
+            return None
+        return float(reference_return) - avg
+
+
+# --------------------------------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------------------------------
+
+
+class Strategy:
+    """Base class: reads indicators, keeps its current setting, returns a change or None.
+
+    ``indicators`` names the indicator keys a strategy reads (recorded with each event).
+    """
+
+    indicators: tuple[str, ...] = ()
+
+    def update(self, indicators: dict[str, Any], step: int) -> Change | None:
+        """The change to apply at ``step`` (e.g. ``{"precision": "fp16"}``), or None."""
+        raise NotImplementedError
+
+    def setting(self) -> Change:
+        """The current setting, in the same form as a change."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Short name for logs."""
+        return type(self).__name__
+
+
+def _indicator(indicators: dict[str, Any], key: str) -> float | None:
+    v = indicators.get(key)
+    if v is None:
+        return None
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+@dataclass
+class PrecisionLadder(Strategy):
+    """Move one rung up the ladder (more bits) when KL max > ``epsilon`` for ``patience`` checks in a row.
+
+    AcceRL Fig. 6: with ``epsilon=14.0`` the actor switches from 8 to 16 bits. The ladder only goes
+    up; at the top rung nothing more happens. ``current`` defaults to the bottom rung.
+    """
+
+    epsilon: float
+    ladder: tuple[str, ...] = ("int8", "fp16", "fp32")
+    patience: int = 1
+    current: str | None = None
+    streak: int = field(default=0, init=False)
+    indicators = ("kl_max",)
+
+    def __post_init__(self) -> None:
+        self.ladder = tuple(self.ladder)
+        if not self.ladder:
+            raise ValueError("PrecisionLadder needs a non-empty ladder")
+        if int(self.patience) < 1:
+            raise ValueError(f"PrecisionLadder needs patience >= 1, got {self.patience}")
+        if self.current is None:
+            self.current = self.ladder[0]
+        if self.current not in self.ladder:
+            raise ValueError(f"current precision {self.current!r} is not on the ladder {self.ladder}")
+
+    @property
+    def at_top(self) -> bool:
+        """True when the current rung is the last (most bits)."""
+        return self.ladder.index(self.current) == len(self.ladder) - 1
+
+    def update(self, indicators: dict[str, Any], step: int) -> Change | None:
+        """``{"precision": next_rung}`` after ``patience`` consecutive checks with KL max > epsilon."""
+        kl_max = _indicator(indicators, "kl_max")
+        if kl_max is None:
+            return None
+        self.streak = self.streak + 1 if kl_max > self.epsilon else 0
+        if self.streak < self.patience or self.at_top:
+            return None
+        self.current = self.ladder[self.ladder.index(self.current) + 1]
+        self.streak = 0
+        return {"precision": self.current}
+
+    def setting(self) -> Change:
+        """``{"precision": current}``."""
+        return {"precision": self.current}
+
+    def describe(self) -> str:
+        """``precision_ladder(eps=..., ladder, patience)``."""
+        return f"precision_ladder(eps={self.epsilon:g}, {'>'.join(self.ladder)}, patience={self.patience})"
+
+
+@dataclass
+class AlphaMix(Strategy):
+    """Probability ``alpha`` that an actor uses the small network, linear in KL mean (AcceRL Fig. 9).
+
+    ``alpha = 1`` for ``kl_mean <= kl_low``, ``0`` for ``kl_mean >= kl_high``, linear in between. A
+    change is emitted only when the target moved by more than ``tolerance`` from the current alpha,
+    or reaches 0 or 1 exactly (so the ends are always reached).
+    """
+
+    kl_low: float
+    kl_high: float
+    tolerance: float = 0.05
+    alpha: float = 1.0
+    indicators = ("kl_mean",)
+
+    def __post_init__(self) -> None:
+        if not self.kl_high > self.kl_low:
+            raise ValueError(f"AlphaMix needs kl_high > kl_low, got {self.kl_low} and {self.kl_high}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        if self.tolerance < 0:
+            raise ValueError(f"tolerance must be >= 0, got {self.tolerance}")
+
+    def target(self, kl_mean: float) -> float:
+        """The alpha that ``kl_mean`` calls for."""
+        frac = (self.kl_high - kl_mean) / (self.kl_high - self.kl_low)
+        return float(min(1.0, max(0.0, frac)))
+
+    def update(self, indicators: dict[str, Any], step: int) -> Change | None:
+        """``{"alpha": new}`` when the target alpha moved enough from the current one."""
+        kl_mean = _indicator(indicators, "kl_mean")
+        if kl_mean is None:
+            return None
+        new = self.target(kl_mean)
+        moved = abs(new - self.alpha)
+        if moved > self.tolerance or (new in (0.0, 1.0) and moved > 0):
+            self.alpha = new
+            return {"alpha": new}
+        return None
+
+    def setting(self) -> Change:
+        """``{"alpha": alpha}``."""
+        return {"alpha": self.alpha}
+
+    def describe(self) -> str:
+        """``alpha_mix(kl_low..kl_high)``."""
+        return f"alpha_mix(kl {self.kl_low:g}..{self.kl_high:g})"
+
+
+@dataclass
+class SparsitySchedule(Strategy):
+    """Pruning sparsity from a step schedule, capped at ``conservative`` once the reward gap is too big.
+
+    The scheduled sparsity is ``initial`` until the first ``(step, sparsity)`` entry of ``schedule``
+    whose step has been reached, then that entry's sparsity, and so on. When the reward gap exceeds
+    ``gap_threshold`` the sparsity becomes ``min(scheduled, conservative)`` (AcceRL Fig. 7: 0.5 -> 0.2
+    when the gap > 10). With ``latch=True`` (default) the conservative cap stays once triggered;
+    otherwise it is lifted when the gap falls back to the threshold or below.
+    """
+
+    initial: float = 0.5
+    conservative: float = 0.2
+    gap_threshold: float = 10.0
+    schedule: Sequence[tuple[int, float]] = ()
+    latch: bool = True
+    current: float = field(init=False)
+    triggered: bool = field(default=False, init=False)
+    indicators = ("reward_gap",)
+
+    def __post_init__(self) -> None:
+        self.schedule = tuple(sorted((int(s), float(v)) for s, v in self.schedule))
+        for v in (self.initial, self.conservative, *(v for _, v in self.schedule)):
+            if not 0.0 <= v < 1.0:
+                raise ValueError(f"sparsity must be in [0, 1), got {v}")
+        self.current = float(self.initial)
+
+    def scheduled(self, step: int) -> float:
+        """The sparsity the step schedule gives at ``step`` (ignoring the reward gap)."""
+        value = float(self.initial)
+        for s, v in self.schedule:
+            if step >= s:
+                value = v
+        return value
+
+    def update(self, indicators: dict[str, Any], step: int) -> Change | None:
+        """``{"sparsity": new}`` when the schedule or the reward gap changes the sparsity."""
+        gap = _indicator(indicators, "reward_gap")
+        if gap is not None:
+            if gap > self.gap_threshold:
+                self.triggered = True
+            elif not self.latch:
+                self.triggered = False
+        target = self.scheduled(step)
+        if self.triggered:
+            target = min(target, float(self.conservative))
+        if target == self.current:
+            return None
+        self.current = target
+        return {"sparsity": target}
+
+    def setting(self) -> Change:
+        """``{"sparsity": current}``."""
+        return {"sparsity": self.current}
+
+    def describe(self) -> str:
+        """``sparsity(initial->conservative if gap > threshold)``."""
+        return f"sparsity({self.initial:g}->{self.conservative:g} if gap > {self.gap_threshold:g})"
+
+
+# --------------------------------------------------------------------------------------------------
+# Monitor
+# --------------------------------------------------------------------------------------------------
+
+
+class Monitor:
+    """Computes the indicators every ``every`` steps, runs the strategies and records what changed.
+
+    ``history`` holds one dict per check (``step`` and every indicator); ``events`` one dict per
+    strategy change (``step``, ``strategy``, ``change`` and the triggering ``indicators``). Each change
+    is also logged at INFO level on the ``"frugalrl.monitor"`` logger. Episode returns passed to
+    :meth:`observe` are always recorded, also on steps where no check runs.
+    """
+
+    def __init__(self, strategies: Sequence[Strategy], every: int = 1, reward_window: int = 10):
+        if int(every) < 1:
+            raise ValueError(f"Monitor needs every >= 1, got {every}")
+        self.strategies = list(strategies)
+        self.every = int(every)
+        self.reward_gap = RewardGap(window=reward_window)
+        self.history: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self._last_step: int | None = None
+
+    def settings(self) -> Change:
+        """Current settings of all strategies, merged."""
+        out: Change = {}
+        for s in self.strategies:
+            out.update(s.setting())
+        return out
+
+    def indicators(
+        self,
+        learner: nn.Module,
+        actor: nn.Module,
+        observations: torch.Tensor | np.ndarray,
+        reference_return: float | None = None,
+    ) -> dict[str, Any]:
+        """All indicators now: the KL ones, ``reward_mean``, ``reference_return`` and ``reward_gap``."""
+        ind: dict[str, Any] = kl_indicators(learner, actor, observations)
+        ind["reward_mean"] = self.reward_gap.moving_average
+        ind["reference_return"] = None if reference_return is None else float(reference_return)
+        ind["reward_gap"] = self.reward_gap.gap(reference_return)
+        return ind
+
+    def observe(
+        self,
+        step: int,
+        learner: nn.Module,
+        actor: nn.Module,
+        observations: torch.Tensor | np.ndarray,
+        episode_returns: Iterable[float] = (),
+        reference_return: float | None = None,
+    ) -> Change:
+        """Record returns; if a check is due, compute indicators, run strategies, return merged changes.
+
+        A check is due on the first call and whenever ``step`` is ``every`` or more past the last
+        check. Returns ``{}`` when nothing changed or no check was due. When two strategies change
+        the same key, the later one in ``strategies`` wins.
+        """
+        self.reward_gap.add(episode_returns)
+        step = int(step)
+        if self._last_step is not None and step - self._last_step < self.every:
+            return {}
+        self._last_step = step
+        ind = self.indicators(learner, actor, observations, reference_return)
+        self.history.append({"step": step, **ind})
+        merged: Change = {}
+        for strategy in self.strategies:
+            change = strategy.update(ind, step)
+            if not change:
+                continue
+            trigger = {k: ind.get(k) for k in strategy.indicators}
+            self.events.append(
+                {"step": step, "strategy": strategy.describe(), "change": dict(change), "indicators": trigger}
+            )
+            logger.info("step %d: %s changed %s (indicators %s)", step, strategy.describe(), change, trigger)
+            merged.update(change)
+        return merged
+
+    def latest(self) -> dict[str, Any]:
+        """The indicators of the last check (``{}`` before the first)."""
+        return dict(self.history[-1]) if self.history else {}
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready record: strategies, current settings, history and events."""
+        return {
+            "every": self.every,
+            "strategies": [s.describe() for s in self.strategies],
+            "settings": self.settings(),
+            "history": [dict(h) for h in self.history],
+            "events": [dict(e) for e in self.events],
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# Alpha-mix actor agent
+# --------------------------------------------------------------------------------------------------
+
+
+def _agent(agent: dict[str, Any] | PolicySpec | nn.Module) -> nn.Module:
+    if isinstance(agent, nn.Module):
+        check_agent(agent)
+        return agent
+    return build_policy(agent)
+
+
+class MixPolicy(nn.Module):
+    """Actor agent that acts with ``small`` with probability ``alpha`` and with ``large`` otherwise.
+
+    AcceRL Fig. 9: each :meth:`dist_params` call draws once (own seedable ``torch.Generator``) and
+    returns the chosen network's parameters for the whole batch; :attr:`last_choice` says which.
+    :meth:`value` always uses ``large``. ``alpha`` is a buffer, so it travels in the state dict;
+    :meth:`set_alpha` changes it in place. ``small`` and ``large`` may be modules or their specs.
+    """
+
+    def __init__(
+        self,
+        small: dict[str, Any] | PolicySpec | nn.Module,
+        large: dict[str, Any] | PolicySpec | nn.Module,
+        alpha: float = 1.0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.small = _agent(small)
+        self.large = _agent(large)
+        if self.small.dist_kind != self.large.dist_kind:
+            raise ValueError(
+                f"MixPolicy needs networks of one distribution kind, got small={self.small.dist_kind!r} "
+                f"and large={self.large.dist_kind!r}"
+            )
+        self.dist_kind = self.large.dist_kind
+        self._check_alpha(alpha)
+        self.register_buffer("alpha", torch.tensor(float(alpha), dtype=torch.float32))
+        self.generator = torch.Generator()
+        self.seed = int(seed)
+        self.generator.manual_seed(self.seed)
+        self.last_choice: str | None = None
+
+    @staticmethod
+    def _check_alpha(alpha: float) -> None:
+        if not 0.0 <= float(alpha) <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+
+    @property
+    def spec(self) -> PolicySpec:
+        """Rebuilds this mix (with the current alpha) from the two networks' specs."""
+        return PolicySpec(
+            "frugalrl.monitor:MixPolicy",
+            {
+                "small": self.small.spec.to_json(),
+                "large": self.large.spec.to_json(),
+                "alpha": float(self.alpha),
+            },
+        )
+
+    def reseed(self, seed: int) -> None:
+        """Restart the network-choice random stream from ``seed``."""
+        self.seed = int(seed)
+        self.generator.manual_seed(self.seed)
+
+    def set_alpha(self, alpha: float) -> None:
+        """Set the probability of using ``small``, in place (the buffer's version is bumped)."""
+        self._check_alpha(alpha)
+        with torch.no_grad():
+            self.alpha.fill_(float(alpha))
+
+    def choose(self) -> nn.Module:
+        """Draw which network acts next: ``small`` with probability ``alpha``."""
+        use_small = bool(torch.rand((), generator=self.generator) < self.alpha.float())
+        self.last_choice = "small" if use_small else "large"
+        return self.small if use_small else self.large
+
+    def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
+        """Distribution parameters of the network drawn for this call."""
+        return self.choose().dist_params(obs)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """State value from ``large``."""
+        return self.large.value(obs)
+
+
+__all__ = [
+    "AlphaMix",
+    "KLIndicators",
+    "MixPolicy",
+    "Monitor",
+    "PrecisionLadder",
+    "RewardGap",
+    "SparsitySchedule",
+    "Strategy",
+    "compute_kl_indicators",
+    "kl_indicators",
+    "per_state_kl",
+]
+
+
+def parse_monitor(text: str, precision: str | None = None, sparsity: float | None = None) -> Monitor:
+    """Build a Monitor from the CLI syntax (``--monitor``); ``''`` or ``none`` gives one with no strategy.
+
+    Words, comma-separated: ``ladder:EPS[:PATIENCE]`` (:class:`PrecisionLadder`), ``alpha:LOW:HIGH``
+    (:class:`AlphaMix`), ``sparsity:INITIAL:CONSERVATIVE:GAP`` (:class:`SparsitySchedule`). ``precision``
+    and ``sparsity`` are the chain's starting settings (the ladder starts at that rung).
+    """
+    strategies: list[Strategy] = []
+    for word in [w.strip() for w in (text or "").split(",") if w.strip()]:
+        name, *args = word.split(":")
+        try:
+            nums = [float(a) for a in args]
+            if name == "none":
+                continue
+            if name == "ladder":
+                if not nums:
+                    raise ValueError("ladder needs a KL threshold, e.g. ladder:0.05")
+                current = precision if precision in ("int8", "fp16", "fp32") else None
+                strategies.append(PrecisionLadder(nums[0], patience=int(nums[1]) if len(nums) > 1 else 1,
+                                                  current=current))
+            elif name == "alpha":
+                if len(nums) != 2:
+                    raise ValueError("alpha needs two KL values, e.g. alpha:0.01:0.1")
+                strategies.append(AlphaMix(nums[0], nums[1]))
+            elif name == "sparsity":
+                defaults = [sparsity if sparsity is not None else 0.5, 0.2, 10.0]
+                initial, conservative, gap = (nums + defaults[len(nums):])[:3]
+                strategies.append(SparsitySchedule(initial, conservative, gap))
+            else:
+                raise ValueError(f"unknown strategy {name!r}")
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                f"bad --monitor strategy {word!r}: {e}; expected ladder:EPS[:PATIENCE], alpha:LOW:HIGH or "
+                "sparsity:INITIAL:CONSERVATIVE:GAP"
+            ) from e
+    return Monitor(strategies)
