@@ -1,0 +1,103 @@
+"""IMPALA/AcceRL end to end: compressed actors on ClusterEnv workers, V-trace learner, Monitor in the loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from frugalrl.algos.impala import IMPALAConfig, train
+from frugalrl.cli import main as cli_main
+
+
+def _cfg(tmp_path, **kw) -> IMPALAConfig:
+    base = dict(progress=False, tensorboard=False, plots=False, run_dir=str(tmp_path), eval_episodes=5)
+    base.update(kw)
+    return IMPALAConfig(**base)
+
+
+def test_learns_cartpole_with_compressed_actors(tmp_path):
+    """Actors run a pruned, distilled, int8 ONNX policy on 2 worker processes; the learner still solves CartPole."""
+    cfg = _cfg(tmp_path, env="CartPole-v1", seed=1, total_timesteps=150_000, compress="prune:0.5,distill,int8,onnx",
+               eval_every=20, target_return=475.0, sync="aaps", backend="local")
+    s = train(cfg)
+    assert s["eval_return_mean"] >= 400, s["eval_history"]
+    assert s["compress"] == "prune:0.5,distill,int8,onnx"
+    assert s["compress_builds"] >= 2 and s["actor_swaps"] >= 1
+    stages = [r["stage"] for r in s["compress_reports"]]
+    assert stages == ["original", "prune:0.5", "distill", "int8", "onnx"]
+    first, last = s["compress_reports"][0], s["compress_reports"][-1]
+    assert last["params"] < first["params"] and last["wire_bytes"] < first["wire_bytes"]
+    # Every byte is counted: weights travelled as ONNX graphs, observations and actions as usual.
+    assert s["bytes"]["weights"] > 0 and s["bytes"]["observations"] > 0
+
+
+def test_monitor_climbs_the_precision_ladder(tmp_path):
+    """With ε = 0 every check exceeds KL max: int8 → fp16 → fp32, each change logged, each applied to the actors."""
+    cfg = _cfg(tmp_path, env="CartPole-v1", total_timesteps=8 * 20 * 40, compress="int8,onnx", monitor="ladder:0.0",
+               recompress_every=5, async_compress=False, backend="serial", eval_episodes=0)
+    s = train(cfg)
+    events = s["monitor"]["events"]
+    assert [e["change"] for e in events[:2]] == [{"precision": "fp16"}, {"precision": "fp32"}]
+    assert all(e["indicators"]["kl_max"] > 0.0 for e in events)
+    assert len(s["monitor"]["history"]) >= 3
+    assert {"kl_mean", "kl_max", "kl_var", "entropy"} <= set(s["monitor"]["history"][0])
+
+
+def test_alpha_mix_sends_a_mixed_policy(tmp_path):
+    """AlphaMix with a tiny KL range drives α to 0: actors then hold the original network too."""
+    cfg = _cfg(tmp_path, env="CartPole-v1", total_timesteps=8 * 20 * 30, compress="prune:0.5,distill:20",
+               monitor="alpha:0.0:1e-9", recompress_every=5, async_compress=False, backend="serial", eval_episodes=0)
+    s = train(cfg)
+    alphas = [e["change"]["alpha"] for e in s["monitor"]["events"]]
+    assert alphas and alphas[-1] == 0.0
+
+
+def test_atari_frames_through_compressed_cnn(tmp_path):
+    """Nature-CNN learner on real Pong frames; actors run an int8 graph of it on the workers (a few updates)."""
+    cfg = _cfg(tmp_path, env="frugalrl.envs.atari:make_atari", env_kwargs={"env_id": "ALE/Pong-v5"},
+               workers=1, envs_per_worker=2, num_steps=8, total_timesteps=2 * 8 * 3, compress="int8,onnx",
+               recompress_every=2, async_compress=False, backend="local", eval_episodes=0, calib_size=32)
+    s = train(cfg)
+    assert s["updates"] == 3
+    assert s["compress_reports"][-1]["wire_bytes"] < s["compress_reports"][0]["wire_bytes"] / 3
+    assert s["bytes"]["observations"] >= 3 * 2 * 8 * 4 * 84 * 84
+
+
+def test_cli_trains_and_rejects_bad_chains(tmp_path, capsys):
+    rc = cli_main(["train", "impala", "--env", "CartPole-v1", "--total-timesteps", "640", "--compress", "fp16,onnx",
+                   "--correct", "vtrace:1.0:1.0,is", "--backend", "serial", "--progress", "false", "--tensorboard",
+                   "false", "--plots", "false", "--eval-episodes", "1", "--run-dir", str(tmp_path), "--run-name", "x"])
+    assert rc == 0
+    summary = json.loads((tmp_path / "x" / "summary.json").read_text())
+    assert summary["compress"] == "fp16,onnx" and summary["correct"].startswith("vtrace")
+    with pytest.raises(ValueError, match="prune:S"):
+        IMPALAConfig(compress="prune:0.5,zip").validate()
+    with pytest.raises(ValueError, match="bogus"):
+        IMPALAConfig(correct="bogus").validate()
+    with pytest.raises(ValueError, match="ladder"):
+        IMPALAConfig(monitor="ladder").validate()
+    with pytest.raises(ValueError, match="sparsity"):
+        IMPALAConfig(compress="prune:1.5").validate()
+
+
+def test_chain_configure_changes_the_next_build():
+    """What the Monitor's changes do: a new precision or sparsity takes effect at the next build."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from frugalrl.compress import parse_chain
+    from frugalrl.nets import make_agent
+
+    env = gym.make("CartPole-v1")
+    obs = torch.as_tensor(np.stack([env.observation_space.sample() for _ in range(64)]))
+    agent = make_agent(env.observation_space, env.action_space)
+    chain = parse_chain("prune:0.5,distill:10,int8,onnx", measure=False)
+    assert chain.build(agent, obs).precision == "int8"
+    chain.configure(precision="fp16", sparsity=0.25)
+    actor = chain.build(agent, obs)
+    assert actor.precision == "fp16"
+    assert chain.artifact.module.hidden == [48, 48]
+    with pytest.raises(ValueError, match="precision"):
+        chain.configure(precision="int4")
