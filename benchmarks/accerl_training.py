@@ -71,9 +71,10 @@ def main() -> None:
     p.add_argument("--force", action="store_true")
     args = p.parse_args()
 
-    base = IMPALAConfig(env=args.env, total_timesteps=args.total_timesteps, eval_every=10, eval_episodes=10,
-                        target_return=args.target, progress=False, tensorboard=False, plots=False,
-                        **json.loads(args.extra))
+    settings = dict(env=args.env, total_timesteps=args.total_timesteps, eval_every=10, eval_episodes=10,
+                    target_return=args.target, progress=False, tensorboard=False, plots=False)
+    settings.update(json.loads(args.extra))
+    base = IMPALAConfig(**settings)
     cache = RESULTS / "runs_cache" / args.out
     rows = []
     for compress in ("", args.compress):

@@ -338,10 +338,9 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
     obs0, _ = envs.reset(seed=cfg.seed)
     recent_obs = torch.as_tensor(obs0)
 
-    # The first actor is built synchronously, from the initial policy and the first states.
-    builder.request(agent, recent_obs)
-    actor = builder.poll(wait=True)
-    assert actor is not None
+    # The first rollouts use an exact copy of the learner; the first compressed actor is built after the
+    # first update, from the states of a real rollout (calibration and distillation need them).
+    actor: nn.Module = copy.deepcopy(agent).eval()
     if not builder.compressing and not cfg.overlap:
         actor = agent  # nothing runs while the learner trains: the actors can use it directly
     pool = concurrent.futures.ThreadPoolExecutor(1) if cfg.overlap else None
@@ -387,7 +386,7 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
             optimizer.step()
 
             row: dict[str, Any] = dict(stats)
-            if builder.compressing and update % cfg.recompress_every == 0:
+            if builder.compressing and (update == 1 or update % cfg.recompress_every == 0):
                 changes = monitor.observe(env_steps, agent, actor, recent_obs, returns_since_check, best_eval)
                 returns_since_check = []
                 if changes:
@@ -408,7 +407,7 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
             if batch.episode_returns:
                 row["train/episode_return"] = float(np.mean(batch.episode_returns))
                 row["train/episode_length"] = float(np.mean(batch.episode_lengths))
-            if cfg.eval_every and update % cfg.eval_every == 0 and update != num_updates:
+            if cfg.eval_every and cfg.eval_episodes and update % cfg.eval_every == 0 and update != num_updates:
                 t_eval = time.monotonic()
                 eval_mean, eval_std, _ = evaluate(agent, envs.env_spec, cfg.eval_episodes, seed=10_000 + cfg.seed)
                 eval_seconds += time.monotonic() - t_eval
