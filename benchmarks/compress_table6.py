@@ -47,6 +47,7 @@ from frugalrl.compress.export import Export, export_onnx
 from frugalrl.compress.quantize import Quantize, quantize_int8, to_fp16
 from frugalrl.compress.runtime import OnnxPolicy
 from frugalrl.envs.atari import make_atari
+from frugalrl.evaluation import random_states
 from frugalrl.nets import NatureCNNActorCritic, action_desc
 
 BATCHES = (1, 16)
@@ -62,17 +63,7 @@ PRUNED_FALLBACK = ((16, 32, 32), 256)
 
 def collect_frames(n: int, seed: int) -> torch.Tensor:
     """``n`` preprocessed Pong frames (4x84x84 uint8) visited with random actions."""
-    env = make_atari("ALE/Pong-v5")
-    env.action_space.seed(seed)
-    obs, _ = env.reset(seed=seed)
-    frames = []
-    while len(frames) < n:
-        frames.append(np.asarray(obs))
-        obs, _, term, trunc, _ = env.step(env.action_space.sample())
-        if term or trunc:
-            obs, _ = env.reset()
-    env.close()
-    return torch.from_numpy(np.stack(frames))
+    return torch.from_numpy(random_states(make_atari("ALE/Pong-v5"), n, seed))
 
 
 def machine_info() -> dict[str, Any]:

@@ -26,24 +26,11 @@ from frugalrl.compress.chain import (
 from frugalrl.compress.export import Export, export_onnx
 from frugalrl.compress.quantize import Quantize, quantize_int8, to_fp16
 from frugalrl.compress.runtime import OnnxPolicy
+from frugalrl.evaluation import random_states
 from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic, PolicySpec, action_desc, build_policy
 from frugalrl.wire.message import decode_message, decode_state_dict, encode_message, encode_state_dict
 
 HEAD_SCALE = 1000.0  # scales the actor head: a random-init head gives near-uniform (trivial) policies
-
-
-def collect(env: gym.Env, n: int, seed: int) -> np.ndarray:
-    """``n`` states visited by a random policy (resetting at episode ends); closes ``env``."""
-    env.action_space.seed(seed)
-    obs, _ = env.reset(seed=seed)
-    out = []
-    while len(out) < n:
-        out.append(np.asarray(obs))
-        obs, _, term, trunc, _ = env.step(env.action_space.sample())
-        if term or trunc:
-            obs, _ = env.reset()
-    env.close()
-    return np.stack(out)
 
 
 def sharpen(agent: nn.Module, scale: float) -> nn.Module:
@@ -60,7 +47,7 @@ def pong() -> tuple[NatureCNNActorCritic, torch.Tensor]:
     from frugalrl.envs.atari import make_atari
 
     env = make_atari("ALE/Pong-v5")
-    frames = torch.from_numpy(collect(env, 48, seed=1))
+    frames = torch.from_numpy(random_states(env, 48, seed=1))
     torch.manual_seed(0)
     net = NatureCNNActorCritic(env.observation_space.shape, action_desc(env.action_space))
     return sharpen(net, HEAD_SCALE), frames
@@ -70,7 +57,7 @@ def pong() -> tuple[NatureCNNActorCritic, torch.Tensor]:
 def cartpole() -> tuple[MLPActorCritic, torch.Tensor]:
     """An MLP agent with a sharpened head and 64 real CartPole states."""
     env = gym.make("CartPole-v1")
-    states = torch.from_numpy(collect(env, 64, seed=2))
+    states = torch.from_numpy(random_states(env, 64, seed=2))
     torch.manual_seed(0)
     return sharpen(MLPActorCritic(4, {"type": "discrete", "n": 2}), 100.0), states
 
@@ -101,7 +88,7 @@ def test_export_matches_torch_mlp(cartpole: tuple[nn.Module, torch.Tensor]) -> N
 
 def test_export_gaussian_mlp() -> None:
     env = gym.make("Pendulum-v1")
-    states = torch.from_numpy(collect(env, 16, seed=3))
+    states = torch.from_numpy(random_states(env, 16, seed=3))
     net = MLPActorCritic(3, action_desc(env.action_space)).eval()
     policy = OnnxPolicy.from_bytes(export_onnx(net, states), "gaussian")
     torch.testing.assert_close(policy.dist_params(states), net.dist_params(states), rtol=1e-4, atol=1e-5)

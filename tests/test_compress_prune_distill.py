@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -13,21 +12,8 @@ from torch import nn
 from frugalrl.compress.chain import Artifact, CompressContext, CompressorChain, count_params, policy_kl
 from frugalrl.compress.distill import Distill, distill
 from frugalrl.compress.prune import Prune, kept_units, n_kept, prune_agent
+from frugalrl.evaluation import random_states
 from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic, PolicySpec, action_desc, build_policy
-
-
-def collect(env: gym.Env, n: int, seed: int) -> np.ndarray:
-    """``n`` states visited by a random policy (resetting at episode ends)."""
-    env.action_space.seed(seed)
-    obs, _ = env.reset(seed=seed)
-    out = []
-    while len(out) < n:
-        out.append(np.asarray(obs))
-        obs, _, term, trunc, _ = env.step(env.action_space.sample())
-        if term or trunc:
-            obs, _ = env.reset()
-    env.close()
-    return np.stack(out)
 
 
 def fit(
@@ -52,7 +38,7 @@ def cartpole() -> tuple[MLPActorCritic, torch.Tensor, torch.Tensor]:
     """A CartPole teacher imitating the classic angle + angular-velocity controller, confidently."""
     env = gym.make("CartPole-v1")
     space = env.action_space
-    obs = torch.as_tensor(collect(env, 3000, seed=1), dtype=torch.float32)
+    obs = torch.as_tensor(random_states(env, 3000, seed=1), dtype=torch.float32)
     torch.manual_seed(0)
     teacher = MLPActorCritic(4, action_desc(space), (64, 64))
     score = obs[:, 2] + 0.5 * obs[:, 3]
@@ -66,7 +52,7 @@ def lander() -> tuple[MLPActorCritic, torch.Tensor, torch.Tensor]:
     """A continuous LunarLander teacher (Gaussian) with a fixed nonlinear mean and log-std -1."""
     env = gym.make("LunarLander-v3", continuous=True)
     space = env.action_space
-    obs = torch.as_tensor(collect(env, 3000, seed=2), dtype=torch.float32)
+    obs = torch.as_tensor(random_states(env, 3000, seed=2), dtype=torch.float32)
     torch.manual_seed(1)
     teacher = MLPActorCritic(8, action_desc(space), (64, 64))
     w = torch.randn(8, 2, generator=torch.Generator().manual_seed(3))
@@ -82,7 +68,7 @@ def pong_frames() -> torch.Tensor:
     """200 real preprocessed Pong frames (4x84x84 uint8) from random play."""
     from frugalrl.envs.atari import make_atari
 
-    return torch.as_tensor(collect(make_atari("ALE/Pong-v5"), 200, seed=4))
+    return torch.as_tensor(random_states(make_atari("ALE/Pong-v5"), 200, seed=4))
 
 
 def cnn_teacher(

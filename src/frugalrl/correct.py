@@ -281,23 +281,18 @@ class VTraceCorrector(Corrector):
 
     def correct(self, batch: CorrectionBatch) -> CorrectionBatch:
         """Fill ``value_targets`` and ``pg_advantages`` with V-trace's."""
-        out = vtrace(
-            batch.behaviour_logp,
-            batch.target_logp,
-            batch.rewards,
-            batch.values,
-            batch.next_values,
-            batch.terminations,
-            batch.dones,
-            batch.gamma,
-            rho_bar=self.rho_bar,
-            c_bar=self.c_bar,
-        )
+        out = vtrace(*_trace_inputs(batch), rho_bar=self.rho_bar, c_bar=self.c_bar)
         return batch.replace(value_targets=out.vs, pg_advantages=out.pg_advantages)
 
     def describe(self) -> str:
         """``vtrace(rho_bar=…, c_bar=…)``."""
         return f"vtrace(rho_bar={self.rho_bar}, c_bar={self.c_bar})"
+
+
+def _trace_inputs(batch: CorrectionBatch) -> tuple:
+    """The positional inputs of :func:`vtrace` / :func:`retrace`, taken from a batch."""
+    return (batch.behaviour_logp, batch.target_logp, batch.rewards, batch.values, batch.next_values,
+            batch.terminations, batch.dones, batch.gamma)
 
 
 class ISCorrector(Corrector):
@@ -331,17 +326,7 @@ class RetraceCorrector(Corrector):
 
     def correct(self, batch: CorrectionBatch) -> CorrectionBatch:
         """Fill ``value_targets`` and ``pg_advantages`` with Retrace(λ)'s."""
-        out = retrace(
-            batch.behaviour_logp,
-            batch.target_logp,
-            batch.rewards,
-            batch.values,
-            batch.next_values,
-            batch.terminations,
-            batch.dones,
-            batch.gamma,
-            lam=self.lam,
-        )
+        out = retrace(*_trace_inputs(batch), lam=self.lam)
         return batch.replace(value_targets=out.vs, pg_advantages=out.pg_advantages)
 
     def describe(self) -> str:

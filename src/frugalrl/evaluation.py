@@ -50,3 +50,21 @@ def evaluate(
     finally:
         env.close()
     return float(np.mean(returns)), float(np.std(returns)), returns
+
+
+def random_states(env: gym.Env, n: int, seed: int, close: bool = True) -> np.ndarray:
+    """``n`` states a uniformly random policy visits in ``env`` (reset at episode ends), stacked.
+
+    Calibration, distillation and KL checks need realistic states before any policy is trained.
+    """
+    env.action_space.seed(seed)
+    obs, _ = env.reset(seed=seed)
+    out = []
+    while len(out) < n:
+        out.append(np.asarray(obs))
+        obs, _, term, trunc, _ = env.step(env.action_space.sample())
+        if term or trunc:
+            obs, _ = env.reset()
+    if close:
+        env.close()
+    return np.stack(out)

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from frugalrl import dists
+from frugalrl.algos.common import check_fields, cluster_summary, make_cluster_env, progress_bar, slug
 from frugalrl.compress.chain import CompressorChain, parse_chain
 from frugalrl.correct import CorrectionBatch, CorrectorChain, bootstrap_values, parse_correctors
 from frugalrl.envs.cluster import ClusterEnv
@@ -115,21 +116,15 @@ class IMPALAConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field (including a bad --compress/--correct)."""
-        positive = ("total_timesteps", "workers", "envs_per_worker", "num_steps", "torch_threads", "sync_interval",
-                    "recompress_every", "calib_size")
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("learning_rate", "kl_threshold"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if not 0 <= self.gamma <= 1:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma!r}")
-        for name in ("ent_coef", "vf_coef", "max_grad_norm", "eval_episodes", "eval_every", "checkpoint_every",
-                     "distill_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        check_fields(
+            self,
+            positive_ints=("total_timesteps", "workers", "envs_per_worker", "num_steps", "torch_threads",
+                           "sync_interval", "recompress_every", "calib_size"),
+            positive=("learning_rate", "kl_threshold"),
+            nonneg=("ent_coef", "vf_coef", "max_grad_norm", "eval_episodes", "eval_every", "checkpoint_every",
+                    "distill_steps"),
+            unit=("gamma",),
+        )
         if self.backend not in ("local", "serial", "ray"):
             raise ValueError(f"backend must be 'local', 'serial' or 'ray', got {self.backend!r}")
         if self.net not in ("auto", "mlp", "cnn"):
@@ -152,17 +147,7 @@ class IMPALAConfig:
 
 def make_envs(cfg: IMPALAConfig) -> ClusterEnv:
     """The ClusterEnv a config asks for (actors always act on the workers)."""
-    return ClusterEnv(
-        cfg.env,
-        num_workers=cfg.workers,
-        envs_per_worker=cfg.envs_per_worker,
-        backend=cfg.backend,
-        sync=make_sync_rule(cfg.sync, cfg.kl_threshold, cfg.sync_interval),
-        seed=cfg.seed,
-        env_kwargs=cfg.env_kwargs,
-        weights_codec=cfg.weights_codec,
-        ray_address=cfg.ray_address,
-    )
+    return make_cluster_env(cfg)
 
 
 def build_learner(cfg: IMPALAConfig, envs: ClusterEnv) -> nn.Module:
@@ -315,8 +300,8 @@ def train(cfg: IMPALAConfig, envs: ClusterEnv | None = None) -> dict[str, Any]:
     torch.set_num_threads(cfg.torch_threads)
     own_envs = envs is None
     envs = make_envs(cfg) if envs is None else envs
-    tag = _slug(cfg.compress.replace(":", "").replace(",", "-")) or "nocompress"
-    name = cfg.run_name or f"impala-{_slug(cfg.env_kwargs.get('env_id', cfg.env))}-{tag}-s{cfg.seed}-" \
+    tag = slug(cfg.compress.replace(":", "").replace(",", "-")) or "nocompress"
+    name = cfg.run_name or f"impala-{slug(cfg.env_kwargs.get('env_id', cfg.env))}-{tag}-s{cfg.seed}-" \
                            f"{time.strftime('%Y%m%d-%H%M%S')}"
     run = Run(cfg.run_dir, name, cfg, tensorboard=cfg.tensorboard)
     try:
@@ -354,7 +339,8 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
     actor_swaps = 0
     start = time.monotonic()
     eval_seconds = 0.0  # evaluation is not training: eval_history and train_seconds leave it out
-    bar = _progress(cfg, num_updates * cfg.batch_size)
+    wait_seconds = learn_seconds = 0.0  # the learner waiting for a rollout / computing an update
+    bar = progress_bar(cfg.progress, num_updates * cfg.batch_size, f"impala {cfg.env}")
     eval_mean = eval_std = float("nan")
     stopped_early = False
     update = 0
@@ -362,7 +348,9 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
         for update in range(1, num_updates + 1):
             if cfg.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - (update - 1.0) / num_updates) * cfg.learning_rate
+            t_wait = time.perf_counter()
             batch = pending.result() if pending is not None else envs.rollout(actor, cfg.num_steps)
+            wait_seconds += time.perf_counter() - t_wait
             # A finished compression replaces the actor between rollouts (never during one).
             new_actor = builder.poll()
             if new_actor is not None:
@@ -379,11 +367,13 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
             returns_since_check += list(batch.episode_returns)
             recent_obs = _keep_recent(recent_obs, batch, cfg.calib_size, update)
 
+            t_learn = time.perf_counter()
             loss, stats = impala_loss(agent, batch, correctors, cfg)
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
             optimizer.step()
+            learn_seconds += time.perf_counter() - t_learn
 
             row: dict[str, Any] = dict(stats)
             if builder.compressing and (update == 1 or update % cfg.recompress_every == 0):
@@ -448,7 +438,6 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
         eval_mean, eval_std = evals[-1][1], evals[-1][2]
     wall = time.monotonic() - start
     run.save_checkpoint(agent, env_steps)
-    st = envs.stats()
     summary: dict[str, Any] = {
         "algo": "impala",
         "env_id": cfg.env_kwargs.get("env_id", cfg.env),
@@ -466,19 +455,15 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
         "train_return_mean_last100": float(np.mean(recent_returns)) if recent_returns else None,
         "episodes": episodes,
         "stopped_early": stopped_early,
+        "learner_wait_seconds": round(wait_seconds, 3),
+        "learner_update_seconds": round(learn_seconds, 3),
         "compress_builds": builder.builds,
         "compress_seconds": round(builder.build_seconds, 3),
         "actor_swaps": actor_swaps,
         "compress_reports": builder.first_reports,
         "monitor": monitor.to_json(),
-        "sync_rule": st["sync_rule"],
-        "weight_syncs": st["weight_syncs"],
-        "bytes": st["bytes"],
-        "restarts": st["restarts"],
-        "restart_events": st["restart_events"],
+        **cluster_summary(envs),
         "backend": cfg.backend,
-        "workers": envs.num_workers,
-        "envs_per_worker": envs.envs_per_worker,
         "run_dir": str(run.dir),
     }
     return run.finish(summary, plots=cfg.plots)
@@ -495,15 +480,3 @@ def _keep_recent(recent: torch.Tensor, batch: Rollout, size: int, update: int) -
     g = torch.Generator().manual_seed(update)
     take = obs[torch.randperm(obs.shape[0], generator=g)[: max(1, size // 2)]]
     return torch.cat([take, recent])[:size]
-
-
-def _progress(cfg: IMPALAConfig, total: int):
-    if not cfg.progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, desc=f"impala {cfg.env}")
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40]

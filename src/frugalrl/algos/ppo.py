@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from frugalrl import dists
+from frugalrl.algos.common import check_fields, cluster_summary, make_cluster_env, progress_bar, slug
 from frugalrl.correct import bootstrap_values, gae
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.envs.spec import to_env_spec
@@ -102,22 +103,15 @@ class PPOConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field."""
-        positive = ("total_timesteps", "workers", "envs_per_worker", "num_steps", "num_minibatches", "update_epochs",
-                    "torch_threads", "sync_interval")
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("learning_rate", "kl_threshold"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("gamma", "gae_lambda"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
-        for name in ("clip_coef", "ent_coef", "vf_coef", "max_grad_norm", "eval_episodes", "eval_every",
-                     "checkpoint_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        check_fields(
+            self,
+            positive_ints=("total_timesteps", "workers", "envs_per_worker", "num_steps", "num_minibatches",
+                           "update_epochs", "torch_threads", "sync_interval"),
+            positive=("learning_rate", "kl_threshold"),
+            nonneg=("clip_coef", "ent_coef", "vf_coef", "max_grad_norm", "eval_episodes", "eval_every",
+                    "checkpoint_every"),
+            unit=("gamma", "gae_lambda"),
+        )
         if self.ratio not in ("decoupled", "behaviour"):
             raise ValueError(f"ratio must be 'decoupled' or 'behaviour', got {self.ratio!r}")
         if not self.is_clip > 0:
@@ -144,17 +138,7 @@ def make_envs(cfg: PPOConfig) -> ClusterEnv | gym.vector.VectorEnv:
     if cfg.backend == "gym":
         spec = to_env_spec(cfg.env, cfg.env_kwargs)
         return gym.vector.SyncVectorEnv([spec.make for _ in range(cfg.workers * cfg.envs_per_worker)])
-    return ClusterEnv(
-        cfg.env,
-        num_workers=cfg.workers,
-        envs_per_worker=cfg.envs_per_worker,
-        backend=cfg.backend,
-        sync=make_sync_rule(cfg.sync, cfg.kl_threshold, cfg.sync_interval),
-        seed=cfg.seed,
-        env_kwargs=cfg.env_kwargs,
-        weights_codec=cfg.weights_codec,
-        ray_address=cfg.ray_address,
-    )
+    return make_cluster_env(cfg)
 
 
 def ppo_update(
@@ -261,7 +245,7 @@ def train(cfg: PPOConfig, envs: ClusterEnv | gym.vector.VectorEnv | None = None)
     own_envs = envs is None
     envs = make_envs(cfg) if envs is None else envs
     cluster = isinstance(envs, ClusterEnv)
-    name = cfg.run_name or f"ppo-{_slug(cfg.env)}-{cfg.sync}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = cfg.run_name or f"ppo-{slug(cfg.env)}-{cfg.sync}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     run = Run(cfg.run_dir, name, cfg, tensorboard=cfg.tensorboard)
     try:
         return _train_loop(cfg, envs, cluster, run)
@@ -287,7 +271,7 @@ def _train_loop(cfg: PPOConfig, envs, cluster: bool, run) -> dict[str, Any]:
     lag_sum, lag_n = 0.0, 0
     evals: list[tuple[int, float, float]] = []
     start = time.monotonic()
-    bar = _progress(cfg, num_updates * num_envs * cfg.num_steps)
+    bar = progress_bar(cfg.progress, num_updates * num_envs * cfg.num_steps, f"ppo {cfg.env}")
     eval_mean = eval_std = float("nan")
     stopped_early = False
     for update in range(1, num_updates + 1):
@@ -368,16 +352,7 @@ def _train_loop(cfg: PPOConfig, envs, cluster: bool, run) -> dict[str, Any]:
         "run_dir": str(run.dir),
     }
     if cluster:
-        st = envs.stats()
-        summary.update(
-            sync_rule=st["sync_rule"],
-            weight_syncs=st["weight_syncs"],
-            bytes=st["bytes"],
-            restarts=st["restarts"],
-            restart_events=st["restart_events"],
-            workers=envs.num_workers,
-            envs_per_worker=envs.envs_per_worker,
-        )
+        summary.update(cluster_summary(envs))
     else:
         summary.update(
             sync_rule="none (head-side inference)",
@@ -386,15 +361,3 @@ def _train_loop(cfg: PPOConfig, envs, cluster: bool, run) -> dict[str, Any]:
             restarts=0,
         )
     return run.finish(summary, plots=cfg.plots)
-
-
-def _progress(cfg: PPOConfig, total: int):
-    if not cfg.progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, desc=f"ppo {cfg.env}")
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40]

@@ -47,6 +47,16 @@ def _device(module: nn.Module) -> torch.device:
         return torch.device("cpu")
 
 
+def _check_options(steps: int, batch_size: int, lr: float, beta: float, value_coef: float) -> None:
+    """Raise ``ValueError`` naming the first bad distillation option."""
+    for name, value in (("steps", steps), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    _check_positive("lr", lr)
+    _check_positive("beta", beta, allow_zero=True)
+    _check_positive("value_coef", value_coef, allow_zero=True)
+
+
 def distill(
     teacher: nn.Module,
     student: nn.Module,
@@ -70,13 +80,7 @@ def distill(
     ``kl_max`` and ``value_mse`` of the trained student over all ``observations``, and ``steps``.
     The student is left in eval mode.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    _check_positive("lr", lr)
-    _check_positive("beta", beta, allow_zero=True)
-    _check_positive("value_coef", value_coef, allow_zero=True)
+    _check_options(steps, batch_size, lr, beta, value_coef)
     if teacher.dist_kind != student.dist_kind:
         raise ValueError(
             f"teacher and student must have the same action distribution, got {teacher.dist_kind!r} "
@@ -165,13 +169,7 @@ class Distill(Compressor):
                 f"student must be None (fine-tune the incoming network) or a dict of keyword arguments "
                 f"overriding the teacher's spec, got {type(student).__name__}"
             )
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive integer, got {steps!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        _check_positive("lr", lr)
-        _check_positive("beta", beta, allow_zero=True)
-        _check_positive("value_coef", value_coef, allow_zero=True)
+        _check_options(steps, batch_size, lr, beta, value_coef)
         self.student = None if student is None else dict(student)
         self.steps = steps
         self.batch_size = batch_size
