@@ -19,7 +19,6 @@ from frugalrl.compress.chain import (
     Artifact,
     CompressContext,
     CompressorChain,
-    measure_latency,
     policy_kl,
     wire_bytes,
 )
@@ -129,18 +128,17 @@ def test_int8_preserves_policy_and_shrinks(
     assert abs(wire_bytes(fp32) - wire_bytes(net)) < 0.01 * wire_bytes(net)
 
 
-def test_int8_faster_than_torch_at_batch16(
-    pong: tuple[nn.Module, torch.Tensor], pong_graphs: dict[str, bytes]
-) -> None:
-    """Loose check (the benchmark reports the numbers): interleaved rounds, best median of each."""
-    net, frames = pong
-    int8 = OnnxPolicy.from_bytes(pong_graphs["int8"], "categorical", precision="int8")
-    t_torch, t_int8 = [], []
-    for _ in range(3):
-        t_torch.append(measure_latency(net, frames, 16, repeats=15))
-        t_int8.append(measure_latency(int8, frames, 16, repeats=15))
-    print(f"batch 16, one thread: torch fp32 {min(t_torch):.2f} ms, ORT int8 {min(t_int8):.2f} ms")
-    assert min(t_int8) < min(t_torch)
+def test_int8_graph_is_really_quantized(pong_graphs: dict[str, bytes]) -> None:
+    """Every conv and matmul weight is stored as int8 with a per-channel scale (speed: benchmarks/compress_table6.py)."""
+    import onnx
+    from onnx import TensorProto
+
+    graph = onnx.load_from_string(pong_graphs["int8"]).graph
+    int8_weights = [t for t in graph.initializer if t.data_type == TensorProto.INT8]
+    float_weights = [t for t in graph.initializer if t.data_type == TensorProto.FLOAT and len(t.dims) >= 2]
+    assert len(int8_weights) >= 5 and not float_weights  # 3 convs, fc, 2 heads: no fp32 matrix left
+    ops = {n.op_type for n in graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
 
 
 def test_fp16_halves_bytes(pong: tuple[nn.Module, torch.Tensor], pong_graphs: dict[str, bytes]) -> None:

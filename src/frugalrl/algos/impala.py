@@ -189,8 +189,11 @@ class ActorBuilder:
 
     def request(self, agent: nn.Module, observations: torch.Tensor) -> None:
         """Start building an actor from a snapshot of ``agent`` (skipped while a build is running)."""
-        if self._pending is not None and not self._pending.done():
-            return
+        if self._pending is not None:
+            if not self._pending.done():
+                return
+            self._ready = self._pending.result()  # finished since the last poll: keep it, poll() hands it out
+            self._pending = None
         teacher = copy.deepcopy(agent).eval()
         if self._pool is None:
             self._ready = self._build(teacher, observations)
