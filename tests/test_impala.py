@@ -81,7 +81,7 @@ def test_atari_frames_through_compressed_cnn(tmp_path):
 
 def test_cli_trains_and_rejects_bad_chains(tmp_path, capsys):
     rc = cli_main(["train", "impala", "--env", "CartPole-v1", "--total-timesteps", "640", "--compress", "fp16,onnx",
-                   "--correct", "vtrace:1.0:1.0,is", "--backend", "serial", "--progress", "false", "--tensorboard",
+                   "--correct", "vtrace:1.0:1.0,is", "--norm-adv", "true", "--backend", "serial", "--progress", "false", "--tensorboard",
                    "false", "--plots", "false", "--eval-episodes", "1", "--run-dir", str(tmp_path), "--run-name", "x"])
     assert rc == 0
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())

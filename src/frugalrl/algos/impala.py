@@ -101,6 +101,8 @@ class IMPALAConfig:
     ent_coef: float = 0.01
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
+    norm_adv: bool = False
+    """Normalise the corrected advantages per batch (helps with large reward scales, e.g. LunarLander)."""
     eval_episodes: int = 10
     eval_every: int = 0
     """Evaluate the learner's policy every this many updates (0: only at the end)."""
@@ -273,7 +275,10 @@ def impala_loss(
             gamma=cfg.gamma,
         )
         cb = correctors.correct(cb)
-    pg_loss = -(cb.pg_weights * cb.pg_advantages * target_logp).mean()
+    advantages = cb.pg_advantages
+    if cfg.norm_adv and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = -(cb.pg_weights * advantages * target_logp).mean()
     v_loss = 0.5 * ((cb.value_targets - values) ** 2).mean()
     ent = entropy.mean()
     loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * ent
