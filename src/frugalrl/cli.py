@@ -3,6 +3,8 @@
     frugalrl train ppo --env LunarLander-v3 --workers 2 --sync aaps --kl-threshold 0.05
     frugalrl eval runs/<name> --episodes 20
     frugalrl plots runs/<name>
+    frugalrl train pipeline-ppo --cut topk --cut-percentile 0.99
+    frugalrl pipeline-bytes                        # Table I of the pipeline paper, and ours
     frugalrl slurm --nodes 4 --partition cpu --submit -- frugalrl train ppo --env LunarLander-v3
 
 Every ``train`` flag is a field of the algorithm's dataclass config (``PPOConfig``): the CLI and the
@@ -22,6 +24,7 @@ from typing import Any
 ALGOS = {
     "ppo": ("frugalrl.algos.ppo", "PPOConfig", "train"),
     "impala": ("frugalrl.algos.impala", "IMPALAConfig", "train"),
+    "pipeline-ppo": ("frugalrl.algos.pipeline_ppo", "PipelinePPOConfig", "train"),
 }
 
 
@@ -110,6 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     pl = sub.add_parser("plots", help="(re)draw a run's PNG plots")
     pl.add_argument("run_dir")
+    pb = sub.add_parser("pipeline-bytes", help="Table I of the pipeline paper from its settings, or a run's "
+                        "predicted vs measured bytes (--run)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    pb.add_argument("--run", default=None, help="a pipeline-ppo run directory: predict its bytes from config.json "
+                    "and compare with summary.json")
+    pb.add_argument("--iterations", type=int, default=100)
+    pb.add_argument("--steps", type=int, default=4096, help="env steps per iteration")
+    pb.add_argument("--epochs", type=int, default=10)
+    pb.add_argument("--minibatches", type=int, default=32)
+    pb.add_argument("--obs-shape", default="4,96,96")
+    pb.add_argument("--feature-dim", type=int, default=4096)
+    pb.add_argument("--percentiles", default="0.9,0.99")
+    pb.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sl = sub.add_parser("slurm", help="write (and --submit) an sbatch script: Ray on the allocation, then a command",
                         usage="frugalrl slurm --nodes N --partition P [options] -- COMMAND...")
     sl.add_argument("--nodes", type=int, required=True, help="nodes: one Ray head, the rest Ray workers")
@@ -144,12 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("frugalrl: interrupted; workers stopped", file=sys.stderr)
             return 130
-        _print_summary(summary)
+        if summary:  # a lone pipeline stage 1 has nothing to report
+            _print_summary(summary)
         return 0
     if args.command == "eval":
         return _eval(args)
     if args.command == "slurm":
         return _slurm(args)
+    if args.command == "pipeline-bytes":
+        return _pipeline_bytes(args)
     if args.command == "plots":
         from frugalrl.plots import make_plots
 
@@ -182,6 +200,44 @@ def _eval(args: argparse.Namespace) -> int:
     result = {"run_dir": str(run_dir), "env_id": config["env"], "checkpoint_step": payload.get("step"),
               "episodes": args.episodes, "return_mean": mean, "return_std": std, "returns": returns}
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _pipeline_bytes(args: argparse.Namespace) -> int:
+    from frugalrl import pipeline_bytes
+
+    if args.run is None:
+        try:
+            rows = pipeline_bytes.table_one(
+                iterations=args.iterations, steps=args.steps, epochs=args.epochs, minibatches=args.minibatches,
+                obs_shape=tuple(int(x) for x in args.obs_shape.split(",")), feature_dim=args.feature_dim,
+                percentiles=tuple(float(x) for x in args.percentiles.split(",")))
+        except ValueError as e:
+            print(f"frugalrl: error: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(rows, indent=2) if args.json else pipeline_bytes.format_table(rows))
+        return 0
+    from pathlib import Path
+
+    from frugalrl.algos.pipeline_ppo import PipelinePPOConfig, predict_bytes
+
+    run_dir = Path(args.run)
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+        measured = json.loads((run_dir / "summary.json").read_text())["bytes"]
+    except FileNotFoundError as e:
+        print(f"frugalrl: error: {run_dir} is not a finished pipeline-ppo run: {e}", file=sys.stderr)
+        return 2
+    names = {f.name for f in dataclasses.fields(PipelinePPOConfig)}
+    predicted = predict_bytes(PipelinePPOConfig(**{k: v for k, v in config.items() if k in names}))
+    kinds = [k for k in predicted["bytes"] if k != "total"] + ["total"]
+    result = {k: {"predicted": predicted["bytes"][k], "measured": measured.get(k, 0)} for k in kinds}
+    if args.json:
+        print(json.dumps({"exact": predicted["exact"], "bytes": result}, indent=2))
+    else:
+        print(f"{'kind':12s} {'predicted':>14s} {'measured':>14s}  ({'exact' if predicted['exact'] else 'expected'})")
+        for k, v in result.items():
+            print(f"{k:12s} {v['predicted']:14,.0f} {v['measured']:14,.0f}")
     return 0
 
 
