@@ -172,3 +172,21 @@ def test_pipeline_ppo_learns_cartpole(tmp_path):
     summary = train(cfg)
     assert summary["eval_return_mean"] >= 150, summary["return_curve"]
     assert summary["bytes"]["gradients"] > 0
+
+
+def test_sparse_activations_are_lossless_and_smaller(tmp_path):
+    """ReLU features sent as their non-zero entries: same training bytes elsewhere, fewer activation bytes."""
+    from frugalrl.algos.pipeline_ppo import _encode_features
+    from frugalrl.wire.cut import decode_cut
+
+    cfg = _car_cfg(tmp_path, activations_sparse=True, cut_index="coo16", run_name="sparse-act")
+    f = torch.relu(torch.randn(32, 4096))
+    msg = _encode_features(cfg, f)
+    dense = _encode_features(_car_cfg(tmp_path), f)
+    assert len(msg) < 0.75 * len(dense)
+    assert torch.equal(decode_cut(msg), decode_cut(dense))
+    summary = train(cfg)
+    predicted = predict_bytes(cfg)
+    assert not predicted["exact"]
+    assert 0 < summary["bytes"]["activations"] <= predicted["bytes"]["activations"]
+    assert summary["bytes"]["gradients"] == predicted["bytes"]["gradients"]

@@ -276,9 +276,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"{summary['env_steps']} steps in {summary['wall_seconds']:.1f} s "
         f"({summary['steps_per_second']:.0f} steps/s)\n"
         f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f}\n"
-        f"  weight syncs {syncs.get('total', 0)} (per worker {syncs.get('per_worker', [])}), "
-        f"bytes {nbytes.get('total', 0) / 1e6:.2f} MB (weights {nbytes.get('weights', 0) / 1e6:.2f} MB)\n"
-        f"  run directory: {summary['run_dir']}"
+        + (f"  bytes {nbytes.get('total', 0) / 1e6:.2f} MB (activations {nbytes.get('activations', 0) / 1e6:.2f} MB, "
+           f"gradients {nbytes.get('gradients', 0) / 1e6:.2f} MB)\n" if summary["algo"] == "pipeline_ppo" else
+           f"  weight syncs {syncs.get('total', 0)} (per worker {syncs.get('per_worker', [])}), "
+           f"bytes {nbytes.get('total', 0) / 1e6:.2f} MB (weights {nbytes.get('weights', 0) / 1e6:.2f} MB)\n")
+        + f"  run directory: {summary['run_dir']}"
     )
 
 

@@ -62,7 +62,8 @@ def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: t
     ``feature_dim``: width of the cut; ``action_dim``: floats per action (1 for Discrete).
     ``handshake_nbytes``: the JSON bytes of the opening exchange (stage 0's, stage 1's), which depend on
     the env's description (:func:`frugalrl.algos.pipeline_ppo.predict_bytes` fills them in).
-    Returns ``{"bytes": {kind: n, "total": n}, "up": {...}, "down": {...}, "exact": bool}``.
+    Returns ``{"bytes": {kind: n, "total": n}, "up": {...}, "down": {...}, "exact": bool}``; with
+    ``activations_sparse`` the activation bytes are an upper bound (the dense size).
     """
     tally = _Tally({})
     N, T = cfg.num_envs, cfg.num_steps
@@ -84,7 +85,9 @@ def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: t
     down = {k: v for (d, k), v in tally.by.items() if d == DOWN}
     kinds = sorted(set(up) | set(down))
     by_kind = {k: up.get(k, 0) + down.get(k, 0) for k in kinds}
-    exact = cfg.cut == "dense" or cfg.cut_index in ("coo16", "bitmask") or cfg.iterations * N * T <= cfg.warmup_timesteps
+    # Sparse activations depend on how many features are zero: the dense size is then an upper bound.
+    exact_grads = cfg.cut == "dense" or cfg.cut_index in ("coo16", "bitmask") or steps <= cfg.warmup_timesteps
+    exact = exact_grads and not getattr(cfg, "activations_sparse", False)
     return {"bytes": {**by_kind, "total": sum(by_kind.values())}, "up": up, "down": down, "exact": exact}
 
 

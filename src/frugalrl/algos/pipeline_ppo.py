@@ -105,6 +105,9 @@ class PipelinePPOConfig:
     """Encoder MLP widths for flat observations (the last one is the cut width)."""
     activations: str = "bf16"
     """Codec of the features sent 0→1: 'fp32', 'bf16' or 'fp16' (the paper sends them dense)."""
+    activations_sparse: bool = False
+    """Send only the non-zero features (the CNN's last ReLU makes many exactly zero) with 'auto' index
+    coding: lossless with respect to ``activations``, smaller when the features are sparse enough."""
     cut: str = "topk"
     """Cut-gradient codec: 'dense' or 'topk' (accumulate, send the entries above the p-th percentile)."""
     cut_percentile: float = 0.9
@@ -355,7 +358,17 @@ def _is_dense_update(cfg: PipelinePPOConfig, steps_so_far: int) -> bool:
 
 
 def _encode_features(cfg: PipelinePPOConfig, f: torch.Tensor) -> bytes:
-    return cut.encode_dense(f.detach(), cfg.activations)
+    """Features as a cut message: dense, or (``activations_sparse``) their non-zero entries."""
+    f = f.detach()
+    if not cfg.activations_sparse:
+        return cut.encode_dense(f, cfg.activations)
+    flat = f.reshape(-1).numpy()
+    nz = np.flatnonzero(flat)
+    sparse = cut.encode_sparse(nz, flat[nz], tuple(f.shape), index="auto", values_dtype=cfg.activations)
+    # Dense features (a tanh encoder, say) are cheaper dense: never send more than the dense message.
+    if len(sparse) >= cut.dense_nbytes(tuple(f.shape), cfg.activations):
+        return cut.encode_dense(f, cfg.activations)
+    return sparse
 
 
 def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Any | None) -> dict[str, Any]:

@@ -45,6 +45,7 @@ class DistChannel:
         self.out_dir, self.in_dir = (UP, DOWN) if rank == 0 else (DOWN, UP)
         self.wait_seconds = 0.0
         self.messages = 0
+        self.device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def _count(self, buf: bytes | memoryview, kind: str, direction: str, cut: bool) -> None:
         header = header_nbytes(len(cut_info(buf)["shape"])) if cut else 0
@@ -55,23 +56,23 @@ class DistChannel:
     def send(self, buf: bytes, kind: str, cut: bool = True) -> None:
         """Send one message of ``kind`` (a cut message unless ``cut=False``: then all of it is ``kind``)."""
         self._count(buf, kind, self.out_dir, cut)
-        dist.send(torch.tensor([len(buf)], dtype=torch.int64), self.peer)
+        dist.send(torch.tensor([len(buf)], dtype=torch.int64, device=self.device), self.peer)
         if buf:
-            dist.send(torch.frombuffer(bytearray(buf), dtype=torch.uint8), self.peer)
+            dist.send(torch.frombuffer(bytearray(buf), dtype=torch.uint8).to(self.device), self.peer)
 
     def recv(self, kind: str, cut: bool = True) -> bytes:
         """Receive the next message from the peer (blocking); ``kind`` is what it is counted as."""
         start = time.perf_counter()
-        length = torch.zeros(1, dtype=torch.int64)
+        length = torch.zeros(1, dtype=torch.int64, device=self.device)
         dist.recv(length, self.peer)
         n = int(length.item())
         if not 0 <= n <= MAX_MESSAGE_BYTES:
             raise ValueError(f"rank {self.rank}: peer {self.peer} announced a message of {n} bytes; stream is corrupt")
-        data = torch.empty(n, dtype=torch.uint8)
+        data = torch.empty(n, dtype=torch.uint8, device=self.device)
         if n:
             dist.recv(data, self.peer)
         self.wait_seconds += time.perf_counter() - start
-        buf = data.numpy().tobytes()
+        buf = data.cpu().numpy().tobytes()
         self._count(buf, kind, self.in_dir, cut)
         return buf
 
