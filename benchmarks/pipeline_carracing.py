@@ -7,7 +7,8 @@
 Every variant runs the same steps with the same seeds; only the cut-gradient codec differs. Variants:
 ``dense`` (fp32 gradients), ``p0.9`` / ``p0.99`` (the paper's TopPercentile with its accumulator,
 ``auto`` index encoding, bf16 values, dense warm start), and optionally ``p0.9-none`` (no error
-feedback). Activations travel bf16 in every variant. Two runs go at a time (each is two processes).
+feedback) and ``p0.99-sa`` (p=0.99 plus lossless sparse activations: only the non-zero ReLU features).
+Activations travel bf16 in every variant. Two runs go at a time (each is two processes).
 The return of a run is the mean of its last 10 training episodes (the paper plots training returns).
 Results: ``benchmarks/results/pipeline_carracing.json`` and ``.png`` (return curves).
 """
@@ -33,6 +34,7 @@ VARIANTS = {
     "p0.99": {"cut": "topk", "cut_percentile": 0.99},
     "p0.9-none": {"cut": "topk", "cut_percentile": 0.9, "cut_accumulate": "none"},
     "p0.99-none": {"cut": "topk", "cut_percentile": 0.99, "cut_accumulate": "none"},
+    "p0.99-sa": {"cut": "topk", "cut_percentile": 0.99, "activations_sparse": True},
 }
 
 
@@ -49,6 +51,7 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--out", default="pipeline_carracing")
+    parser.add_argument("--merge", action="store_true", help="add these variants to an existing results file")
     args = parser.parse_args()
 
     base = PipelinePPOConfig(
@@ -82,6 +85,11 @@ def main() -> None:
     for t in threads:
         t.join()
 
+    path = RESULTS / f"{args.out}.json"
+    if args.merge and path.exists():
+        for variant, runs in json.loads(path.read_text())["runs"].items():
+            if variant not in results:
+                results[variant] = {int(seed): r for seed, r in runs.items()}
     table = {}
     dense = results.get("dense", {})
     for variant, runs in results.items():
@@ -115,7 +123,7 @@ def main() -> None:
                      for s, r in runs.items()} for v, runs in results.items()},
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))
+    path.write_text(json.dumps(out, indent=1))
     _plot(results, RESULTS / f"{args.out}.png")
 
 

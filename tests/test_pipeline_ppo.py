@@ -58,6 +58,8 @@ def test_two_stage_carracing_bytes_equal_the_estimator(tmp_path, index):
     cfg = _car_cfg(tmp_path, cut_index=index, cut_percentile=0.9, run_name=f"car-{index}")
     summary = train(cfg)
     assert summary["env_steps"] == 128 and summary["feature_dim"] == 4096
+    ckpt = Path(summary["run_dir"]) / "checkpoints"
+    assert (ckpt / "encoder.pt").exists() and (ckpt / "heads.pt").exists()  # each stage keeps its half
     predicted = predict_bytes(cfg)
     assert predicted["exact"]
     measured = {k: v for k, v in summary["bytes"].items() if v}

@@ -463,6 +463,9 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Any | None) -> di
     if bar is not None:
         bar.close()
     train_bytes = _bytes_summary(chan.meter)
+    if run is not None:
+        torch.save({"encoder": encoder.state_dict(), "obs_shape": list(obs_space.shape), "step": global_step},
+                   run.dir / "checkpoints" / "encoder.pt")
     eval_mean, eval_std, eval_source = _final_return(cfg, encoder, chan, episode_returns)
     envs.close()
     wall = time.perf_counter() - start
@@ -631,6 +634,11 @@ def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
                  float(np.mean(densities)) if densities else 1.0,
                  float(sparsifier.residual().norm()) if cfg.cut == "topk" and sparsifier.steps else 0.0]
         chan.send(cut.encode_dense(np.asarray(stats, dtype=np.float32), "fp32"), "control")
+    # Each stage keeps its own half: the heads stay on stage 1's machine (nothing extra on the wire).
+    ckpt_dir = Path(cfg.run_dir) / (cfg.run_name or "pipeline-ppo-stage1") / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    torch.save({"heads": heads.state_dict(), "feature_dim": int(hello["feature_dim"]), "action": hello["action"],
+                "head_hidden": cfg.head_hidden}, ckpt_dir / "heads.pt")
     _serve_eval(heads, chan)
 
 
