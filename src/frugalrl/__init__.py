@@ -3,28 +3,44 @@
 The public names::
 
     from frugalrl import ClusterEnv, EveryUpdate, Interval, AdaptiveKL, ByteMeter, Rollout
+
+They are imported on first use (PEP 562), so that ``import frugalrl.wire.cut`` or a worker process
+that needs only a small part of the library does not pay for torch and gymnasium at startup.
 """
 
-from frugalrl.envs.cluster import ClusterEnv
-from frugalrl.envs.spec import EnvSpec
-from frugalrl.nets import MLPActorCritic, PolicySpec, make_agent
-from frugalrl.rollout import Rollout, collect_rollout
-from frugalrl.sync import AdaptiveKL, EveryUpdate, Interval, SyncRule
-from frugalrl.wire.meter import ByteMeter
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AdaptiveKL",
-    "ByteMeter",
-    "ClusterEnv",
-    "EnvSpec",
-    "EveryUpdate",
-    "Interval",
-    "MLPActorCritic",
-    "PolicySpec",
-    "Rollout",
-    "SyncRule",
-    "collect_rollout",
-    "make_agent",
-]
+_PUBLIC = {
+    "AdaptiveKL": "frugalrl.sync",
+    "ByteMeter": "frugalrl.wire.meter",
+    "ClusterEnv": "frugalrl.envs.cluster",
+    "EnvSpec": "frugalrl.envs.spec",
+    "EveryUpdate": "frugalrl.sync",
+    "Interval": "frugalrl.sync",
+    "MLPActorCritic": "frugalrl.nets",
+    "PolicySpec": "frugalrl.nets",
+    "Rollout": "frugalrl.rollout",
+    "SyncRule": "frugalrl.sync",
+    "collect_rollout": "frugalrl.rollout",
+    "make_agent": "frugalrl.nets",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'frugalrl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

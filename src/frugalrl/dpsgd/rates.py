@@ -1,0 +1,37 @@
+"""Learning-rate rescaling of DPSGD (seed paper 002, Corollary 1 and eq. 13).
+
+When the amount of parallelism changes, from ``p`` threads, ``B`` local steps and a master batch of
+``M`` updates to ``p'``, ``B'`` and ``M'``, the paper keeps the convergence bound by scaling both the
+global rate ``ρ`` and the local rate ``η`` with the fourth root of the ratio::
+
+    ρ' = ρ (p B M / (p' B' M'))^(1/4)                                                     (13)
+"""
+
+from __future__ import annotations
+
+import math
+
+Parallelism = tuple[int, int, int]
+"""``(p, B, M)``: threads per worker, local steps per thread, master batch."""
+
+
+def _check_parallelism(value: Parallelism, name: str) -> tuple[int, int, int]:
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        raise ValueError(f"{name} must be a tuple (p, B, M) of three positive integers, got {value!r}")
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be a tuple (p, B, M) of three positive integers, got {value!r}")
+    return int(value[0]), int(value[1]), int(value[2])
+
+
+def scale_learning_rate(rate: float, ref: Parallelism, new: Parallelism) -> float:
+    """Eq. (13): ``rate * (p*B*M / (p2*B2*M2)) ** 0.25`` for ``ref=(p, B, M)`` and ``new=(p2, B2, M2)``.
+
+    >>> scale_learning_rate(0.1, (1, 1, 1), (1, 1, 16))
+    0.05
+    """
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
+        raise ValueError(f"rate must be a finite number, got {rate!r}")
+    p, b, m = _check_parallelism(ref, "ref")
+    p2, b2, m2 = _check_parallelism(new, "new")
+    return float(rate) * (p * b * m / (p2 * b2 * m2)) ** 0.25

@@ -1,0 +1,247 @@
+"""The DPSGD master (Alg. 1): the parameter server, independent of any transport.
+
+:class:`ParameterServer` keeps the global parameters ``v`` and the global step ``t`` (the number of
+global updates applied so far, also called the *version* of ``v``). Workers pull ``v`` and push
+update vectors ``w = u - v_pulled``; once ``M`` updates have arrived the server applies
+``v ← v + ρ Σ_m w_m`` (:func:`apply_update`) under its lock, so no worker can pull a half-updated
+``v`` (the paper's atomic update).
+
+Staleness. An update pulled at version ``s`` and applied by the global step that takes ``v`` from
+version ``t-1`` to ``t`` has staleness ``τ = (t - 1) - s``: the number of global updates that were
+applied between the worker's pull and the server's use of its update (the paper's ``τ_{t,m}`` in
+``v_t = v_{t-1} + ρ Σ_m (u_{t-τ,m} - v_{t-1-τ})``). A synchronous run has ``τ = 0`` throughout.
+
+Protocol. The server speaks :class:`~frugalrl.wire.Message` through :meth:`ParameterServer.handle`,
+so any transport (local processes today, a Ray actor next) can put it behind a connection:
+
+====== ============================================ =================================================
+op     request (worker → server)                    reply (server → worker)
+====== ============================================ =================================================
+pull   —                                            ``params``: ``w/v``, meta ``version``; or ``stop``
+push   ``grad/w``, meta ``version`` (pulled), steps  the next ``params`` (push and pull in one trip)
+error  meta ``error``, ``type``                     ``stop``
+====== ============================================ =================================================
+
+In synchronous mode (``synchronous=True``, ``M`` = number of workers) a worker that has pushed for
+round ``t`` waits in its next pull until the round is applied: every worker contributes exactly one
+update per global step, all computed from the same ``v``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from frugalrl.wire.message import Message
+
+
+def apply_update(v: np.ndarray, updates: Sequence[np.ndarray], rho: float) -> np.ndarray:
+    """Alg. 1, line 4: ``v + ρ Σ_m w_m`` as a new float32 array (the sum runs in the given order)."""
+    if not updates:
+        raise ValueError("apply_update needs at least one update vector")
+    total = np.array(updates[0], dtype=np.float32, copy=True)
+    for w in updates[1:]:
+        total += w
+    return np.asarray(v, dtype=np.float32) + np.float32(rho) * total
+
+
+class ParameterServer:
+    """The master of Alg. 1: global parameters, master batch, staleness statistics, stop rule.
+
+    Thread-safe: a transport may call :meth:`handle` from one thread per worker connection. It
+    stops itself after ``global_updates`` global steps (if given); :meth:`stop` stops it earlier
+    (time limit) and :meth:`fail` stops it with an error that the caller then raises.
+    """
+
+    def __init__(
+        self,
+        params: np.ndarray,
+        *,
+        rho: float,
+        master_batch: int,
+        workers: int,
+        global_updates: int | None = None,
+        synchronous: bool = False,
+        log_every: int = 0,
+        pull_codec: str = "fp32",
+        name: str = "problem",
+    ) -> None:
+        self.v = np.array(params, dtype=np.float32, copy=True)
+        self.rho = float(rho)
+        self.master_batch = int(master_batch)
+        self.workers = int(workers)
+        self.global_updates = global_updates
+        self.synchronous = bool(synchronous)
+        self.log_every = int(log_every)
+        self.pull_codec = pull_codec
+        self.name = name
+        self.version = 0
+        self._cond = threading.Condition()
+        self._pending: list[tuple[int, np.ndarray, int]] = []  # (worker, update, pulled version)
+        self._pushed_at = [-1] * self.workers  # synchronous mode: version each worker last pushed from
+        self.staleness: Counter[int] = Counter()
+        self.pulls = 0
+        self.pushes = 0
+        self.applied_updates = 0
+        self.dropped_updates = 0
+        self.gradient_steps = 0
+        self.stop_reason: str | None = None
+        self.failure: tuple[str, str] | None = None  # (exception type name, message)
+        self._t0: float | None = None
+        self._t_stop: float | None = None
+        self._snapshots: list[tuple[float, int, np.ndarray]] = []
+
+    # ------------------------------------------------------------------ clock and stopping
+    def start_clock(self) -> None:
+        """Mark the start of optimisation (loss-curve times and updates/s count from here)."""
+        with self._cond:
+            self._t0 = time.monotonic()
+
+    def elapsed(self) -> float:
+        """Seconds since :meth:`start_clock` (until the stop, once stopped)."""
+        with self._cond:
+            if self._t0 is None:
+                return 0.0
+            end = self._t_stop if self._t_stop is not None else time.monotonic()
+            return end - self._t0
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the server has stopped (workers get ``stop`` from now on)."""
+        return self.stop_reason is not None
+
+    def stop(self, reason: str) -> None:
+        """Stop now (the first reason given is kept); updates still pending are dropped."""
+        with self._cond:
+            self._stop_locked(reason)
+
+    def fail(self, worker: int | None, message: str, kind: str = "RuntimeError") -> None:
+        """Stop because of an error; the first failure is kept and raised by the caller of the run."""
+        where = f"worker {worker}: " if worker is not None else ""
+        with self._cond:
+            if self.failure is None:
+                self.failure = (kind, where + message)
+            self._stop_locked("failure")
+
+    def _stop_locked(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            self._t_stop = time.monotonic()
+            self.dropped_updates += len(self._pending)
+            self._pending.clear()
+        self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a global update or the stop; return :attr:`stopped`."""
+        with self._cond:
+            if not self.stopped:
+                self._cond.wait(timeout)
+            return self.stopped
+
+    # ------------------------------------------------------------------ Alg. 1
+    def pull(self, worker: int) -> tuple[int, np.ndarray] | None:
+        """``(version, v)`` for ``worker``, or None once stopped. ``v`` is never modified in place.
+
+        In synchronous mode this waits until the round the worker last pushed for has been applied.
+        """
+        with self._cond:
+            while self.synchronous and not self.stopped and self._pushed_at[worker] >= self.version:
+                self._cond.wait(0.5)
+            if self.stopped:
+                return None
+            self.pulls += 1
+            return self.version, self.v
+
+    def push(self, worker: int, update: np.ndarray, pulled_version: int, steps: int = 0) -> None:
+        """Collect ``w = u - v_pulled`` from ``worker``; apply the global update once ``M`` are in."""
+        update = np.asarray(update)
+        if update.shape != self.v.shape:
+            raise ValueError(
+                f"worker {worker} pushed an update of shape {update.shape}, expected {self.v.shape}"
+            )
+        if not np.isfinite(update).all():
+            raise ValueError(
+                f"problem {self.name!r}: worker {worker} pushed a non-finite update (NaN or inf): "
+                "the local steps diverged; lower eta or rho"
+            )
+        with self._cond:
+            self.pushes += 1
+            self.gradient_steps += int(steps)
+            if self.stopped:
+                self.dropped_updates += 1
+                return
+            if not 0 <= pulled_version <= self.version:
+                raise ValueError(f"worker {worker} pushed an update for unknown version {pulled_version}")
+            if self.synchronous:
+                if pulled_version != self.version or self._pushed_at[worker] == self.version:
+                    raise RuntimeError(f"synchronous DPSGD: worker {worker} pushed out of turn")
+                self._pushed_at[worker] = pulled_version
+            self._pending.append((worker, update, int(pulled_version)))
+            if len(self._pending) >= self.master_batch:
+                self._apply_locked()
+
+    def _apply_locked(self) -> None:
+        """The atomic global update ``v ← v + ρ Σ_m w_m`` (called with the lock held)."""
+        before = self.version
+        self.v = apply_update(self.v, [w for _, w, _ in self._pending], self.rho)
+        for _, _, pulled in self._pending:
+            self.staleness[before - pulled] += 1
+        self.applied_updates += len(self._pending)
+        self._pending.clear()
+        self.version += 1
+        if self.log_every and self.version % self.log_every == 0:
+            self._snapshots.append((self._now(), self.version, self.v))
+        if self.global_updates is not None and self.version >= self.global_updates:
+            self._stop_locked("global_updates")
+        self._cond.notify_all()
+
+    def _now(self) -> float:
+        return 0.0 if self._t0 is None else time.monotonic() - self._t0
+
+    # ------------------------------------------------------------------ protocol
+    def params_message(self, pulled: tuple[int, np.ndarray] | None) -> Message:
+        """The reply to a pull: ``params`` with ``w/v`` (in the pull codec), or ``stop``."""
+        if pulled is None:
+            return Message("stop", {"reason": self.stop_reason})
+        version, v = pulled
+        return Message("params", {"version": version}, {"w/v": v}, {"w/v": self.pull_codec})
+
+    def handle(self, worker: int, msg: Message) -> Message:
+        """Answer one request of ``worker`` (see the module docstring); may block in synchronous mode."""
+        if msg.op == "pull":
+            return self.params_message(self.pull(worker))
+        if msg.op == "push":
+            update = msg.arrays.get("grad/w")
+            if update is None:
+                raise ValueError(f"worker {worker} sent a push without 'grad/w'")
+            self.push(worker, update, int(msg.meta["version"]), int(msg.meta.get("steps", 0)))
+            return self.params_message(self.pull(worker))
+        if msg.op == "error":
+            self.fail(worker, str(msg.meta.get("error")), str(msg.meta.get("type", "RuntimeError")))
+            return Message("stop", {"reason": "failure"})
+        raise ValueError(f"worker {worker} sent an unknown operation {msg.op!r}")
+
+    # ------------------------------------------------------------------ results
+    def drain_snapshots(self) -> list[tuple[float, int, np.ndarray]]:
+        """``(seconds, version, v)`` recorded every ``log_every`` global updates since the last call."""
+        with self._cond:
+            out, self._snapshots = self._snapshots, []
+            return out
+
+    def staleness_stats(self) -> dict[str, Any]:
+        """``{"mean", "max", "histogram": {τ: count}}`` over every applied update."""
+        with self._cond:
+            hist = dict(sorted(self.staleness.items()))
+        n = sum(hist.values())
+        mean = sum(tau * c for tau, c in hist.items()) / n if n else 0.0
+        return {"mean": mean, "max": max(hist, default=0), "histogram": hist, "count": n}
+
+    def snapshot(self) -> tuple[int, np.ndarray]:
+        """The current ``(version, v)``."""
+        with self._cond:
+            return self.version, self.v

@@ -1,0 +1,430 @@
+"""DPSGD (seed paper 002): the server's update, Hogwild shared memory, convergence, eq. 13, bytes, errors.
+
+Runs are tiny (a few hundred parameters at most, a second or two each) so that the whole file stays
+well under a minute on a loaded two-core machine. Worker processes import this module to build the
+faulty test problems below (the tests directory is on their import path).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from frugalrl.dpsgd import (
+    DPSGDConfig,
+    DPSGDError,
+    ParameterServer,
+    SharedVector,
+    apply_update,
+    make_rng,
+    run_dpsgd,
+    scale_learning_rate,
+)
+from frugalrl.dpsgd.problems import LeastSquares, least_squares, logistic_regression
+from frugalrl.dpsgd.worker import child_env, lean_command
+from frugalrl.wire.message import Message
+
+pytestmark = pytest.mark.timeout(120)
+
+LSQ = "frugalrl.dpsgd.problems:least_squares"
+LSQ_KW = {"n": 300, "dim": 8, "batch_size": 4, "seed": 3}
+DETECT_S = 20.0  # "within seconds" on a loaded two-core machine
+
+
+# ------------------------------------------------------------------------------- test problems
+class ConstantPull(LeastSquares):
+    """Gradient ``-1`` everywhere: every Hogwild step adds ``η`` to every element of ``u``."""
+
+    def stochastic_grad(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Minus ones."""
+        return -np.ones_like(params)
+
+
+def constant_pull(**kwargs) -> ConstantPull:
+    """Factory of :class:`ConstantPull`."""
+    return ConstantPull(**kwargs)
+
+
+class Faulty(LeastSquares):
+    """Least squares whose gradient goes wrong after ``after`` calls, in worker processes only."""
+
+    def __init__(self, fault: str, after: int, parent_pid: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fault, self.after, self.parent_pid, self.calls = fault, after, parent_pid, 0
+
+    def stochastic_grad(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The true gradient, until the fault."""
+        grad = super().stochastic_grad(params, rng)
+        if os.getpid() == self.parent_pid and self.fault != "shape":
+            return grad
+        self.calls += 1
+        if self.calls <= self.after:
+            return grad
+        if self.fault == "nan":
+            return np.full_like(grad, np.nan)
+        if self.fault == "die":
+            os._exit(3)
+        if self.fault == "hang":
+            time.sleep(600)
+        return np.zeros(grad.size + 1, dtype=np.float32)  # "shape"
+
+
+def faulty(**kwargs) -> Faulty:
+    """Factory of :class:`Faulty`."""
+    return Faulty(**kwargs)
+
+
+def hogwild_pids() -> set[int]:
+    """Running Hogwild helper processes (of any run)."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if b"hogwild_entry" in f.read():
+                        out.add(int(name))
+            except OSError:
+                pass
+    return out
+
+
+# ------------------------------------------------------------------------------- the server
+def test_apply_update_is_alg1_formula():
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal(50).astype(np.float32)
+    ws = [rng.standard_normal(50).astype(np.float32) for _ in range(3)]
+    out = apply_update(v, ws, 0.7)
+    assert out.dtype == np.float32
+    expected = v.astype(np.float64) + 0.7 * np.sum(np.array(ws, dtype=np.float64), axis=0)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(v, apply_update(v, [np.zeros(50, np.float32)], 0.7))
+
+
+def test_server_applies_master_batch_atomically_and_measures_staleness():
+    rng = np.random.default_rng(1)
+    v0 = rng.standard_normal(6).astype(np.float32)
+    server = ParameterServer(v0, rho=0.5, master_batch=3, workers=3, global_updates=10)
+    pulls = [server.pull(w) for w in range(3)]
+    assert all(p[0] == 0 for p in pulls)
+    ws = [rng.standard_normal(6).astype(np.float32) for _ in range(3)]
+    server.push(0, ws[0], 0)
+    server.push(1, ws[1], 0)
+    assert server.version == 0 and np.array_equal(server.v, v0), "applied before M updates arrived"
+    # The third update arrives through the message protocol; the reply is the next pull.
+    reply = server.handle(2, Message("push", {"version": 0, "steps": 4}, {"grad/w": ws[2]}))
+    assert reply.op == "params" and reply.meta["version"] == 1
+    np.testing.assert_allclose(server.v, v0 + 0.5 * (ws[0] + ws[1] + ws[2]), rtol=1e-6)
+    np.testing.assert_array_equal(reply.arrays["w/v"], server.v)
+    assert server.staleness_stats()["histogram"] == {0: 3}
+
+    # M = 1: worker 1 pulled before worker 0's update was applied, so its update is one step stale.
+    server = ParameterServer(v0, rho=1.0, master_batch=1, workers=2, global_updates=2)
+    (s0, _), (s1, _) = server.pull(0), server.pull(1)
+    server.push(0, ws[0], s0)
+    server.push(1, ws[1], s1)
+    stats = server.staleness_stats()
+    assert stats["histogram"] == {0: 1, 1: 1} and stats["max"] == 1 and stats["mean"] == 0.5
+    assert server.stopped and server.stop_reason == "global_updates" and server.pull(0) is None
+    server.push(0, ws[2], 2)  # arrives after the stop: dropped, not applied
+    assert server.version == 2 and server.dropped_updates == 1
+
+
+def test_synchronous_server_waits_for_every_worker():
+    v0 = np.zeros(4, dtype=np.float32)
+    server = ParameterServer(v0, rho=1.0, master_batch=2, workers=2, synchronous=True, global_updates=5)
+    server.pull(0), server.pull(1)
+    server.push(0, np.ones(4, np.float32), 0)
+    got = []
+    t = threading.Thread(target=lambda: got.append(server.pull(0)))
+    t.start()
+    time.sleep(0.3)
+    assert not got, "worker 0 pulled again before worker 1 pushed"
+    with pytest.raises(RuntimeError, match="out of turn"):
+        server.push(0, np.ones(4, np.float32), 0)
+    server.push(1, np.ones(4, np.float32), 0)
+    t.join(5)
+    assert got and got[0][0] == 1
+    np.testing.assert_array_equal(got[0][1], np.full(4, 2.0, np.float32))
+
+
+# ------------------------------------------------------------------------------- deterministic runs
+def _replay(cfg: DPSGDConfig) -> tuple[np.ndarray, dict[int, float]]:
+    """Alg. 1-2 for one worker with one thread, in plain NumPy: final v and the loss every log_every."""
+    problem = least_squares(**cfg.problem_kwargs)
+    v = problem.init_params()
+    rng = make_rng(cfg.seed, 0, 0)
+    losses = {}
+    for t in range(1, cfg.global_updates + 1):
+        u = v.copy()
+        for _ in range(cfg.local_steps):
+            u = u - np.float32(cfg.eta) * problem.stochastic_grad(u.copy(), rng)
+        v = v + np.float32(cfg.rho) * (u - v)
+        if t % cfg.log_every == 0:
+            losses[t] = problem.loss(v)
+    return v, losses
+
+
+def _one_worker_cfg(codec: str) -> DPSGDConfig:
+    return DPSGDConfig(
+        problem=LSQ,
+        problem_kwargs=LSQ_KW,
+        workers=1,
+        threads=1,
+        local_steps=5,
+        master_batch=1,
+        rho=0.8,
+        eta=0.05,
+        global_updates=20,
+        log_every=5,
+        update_codec=codec,
+        seed=7,
+    )
+
+
+@pytest.fixture(scope="module")
+def one_worker_runs() -> dict[str, dict]:
+    return {codec: run_dpsgd(_one_worker_cfg(codec)) for codec in ("fp32", "bf16")}
+
+
+def test_one_worker_run_matches_numpy_replay(one_worker_runs):
+    cfg = _one_worker_cfg("fp32")
+    out = one_worker_runs["fp32"]
+    v, losses = _replay(cfg)
+    np.testing.assert_array_equal(out["params"], v)  # same float32 operations in the same order
+    assert out["global_updates"] == 20 and out["stop_reason"] == "global_updates"
+    assert out["pushes"] == out["applied_updates"] == 20 and out["dropped_updates"] == 0
+    assert out["gradient_steps"] == 20 * 5
+    assert out["staleness"]["histogram"] == {0: 20}
+    assert [t for _, t, _ in out["loss_curve"]] == [0, 5, 10, 15, 20]
+    for _, t, loss in out["loss_curve"][1:]:
+        assert loss == pytest.approx(losses[t], rel=1e-5)
+
+
+def test_bytes_are_counted_and_bf16_halves_push_bytes(one_worker_runs):
+    fp32, bf16 = one_worker_runs["fp32"], one_worker_runs["bf16"]
+    dim = LSQ_KW["dim"]
+    for out in (fp32, bf16):
+        b = out["bytes"]
+        assert b["total"] == sum(b[k] for k in ("weights", "gradients", "control"))
+        assert b["down"]["weights"] == 4 * dim * out["pulls"]  # pulls stay fp32
+        assert b["up"]["control"] > 0 and b["down"]["control"] > 0
+        assert "weights" not in b["up"] and "gradients" not in b["down"]
+    assert fp32["bytes"]["up"]["gradients"] == 4 * dim * fp32["pushes"]
+    assert bf16["bytes"]["up"]["gradients"] * 2 == fp32["bytes"]["up"]["gradients"]
+    # bf16 updates still optimise: within a few percent of the fp32 run.
+    assert bf16["final_loss"] == pytest.approx(fp32["final_loss"], rel=0.05)
+
+
+# ------------------------------------------------------------------------------- Hogwild sharing
+def test_shared_vector_is_shared_between_processes():
+    vec = SharedVector.create(10)
+    code = (
+        "import sys; from frugalrl.dpsgd.worker import SharedVector; "
+        "a = SharedVector.attach(int(sys.argv[1]), 10).array; a[int(sys.argv[2]):int(sys.argv[3])] = float(sys.argv[4])"
+    )
+    try:
+        procs = [
+            subprocess.Popen(
+                lean_command(code, str(vec.fd), lo, hi, val), pass_fds=(vec.fd,), env=child_env()
+            )
+            for lo, hi, val in (("0", "5", "1.5"), ("5", "10", "-2.0"))
+        ]
+        assert [p.wait(timeout=60) for p in procs] == [0, 0]
+        np.testing.assert_array_equal(vec.array, [1.5] * 5 + [-2.0] * 5)
+    finally:
+        vec.close()
+
+
+def test_hogwild_processes_update_one_shared_u():
+    # Two Hogwild processes take B steps of +η each on the same u: the pushed update holds both
+    # processes' steps (2B, less any update lost to a lock-free race), not only the worker's own B.
+    b = 25
+    cfg = DPSGDConfig(
+        problem="test_dpsgd:constant_pull",
+        problem_kwargs={"n": 10, "dim": 4},
+        workers=1,
+        threads=2,
+        local_steps=b,
+        master_batch=1,
+        rho=1.0,
+        eta=1.0,
+        global_updates=1,
+    )
+    out = run_dpsgd(cfg)
+    assert out["gradient_steps"] == 2 * b
+    assert np.all(out["params"] > b) and np.all(out["params"] <= 2 * b)
+
+
+# ------------------------------------------------------------------------------- convergence
+def test_convex_problem_converges_with_two_workers_two_threads():
+    kw = {"n": 400, "dim": 10, "batch_size": 8, "noise": 0.1, "seed": 1}
+    cfg = DPSGDConfig(
+        problem=LSQ,
+        problem_kwargs=kw,
+        workers=2,
+        threads=2,
+        local_steps=5,
+        master_batch=2,
+        rho=1.0,
+        eta=0.02,
+        global_updates=60,
+        time_limit_s=30.0,
+        log_every=20,
+    )
+    out = run_dpsgd(cfg)
+    problem = least_squares(**kw)
+    initial = out["loss_curve"][0][2]
+    assert out["global_updates"] == 60
+    assert out["final_loss"] - problem.optimal_loss < 1e-3 * (initial - problem.optimal_loss)
+    assert np.linalg.norm(out["params"] - problem.optimum) < 0.05 * np.linalg.norm(problem.optimum)
+    assert out["staleness"]["count"] == 2 * 60 and out["staleness"]["max"] >= 0
+    assert out["updates_per_second"] > 0 and out["wall_time_s"] > 0
+    assert set(out["bytes"]["per_worker"]) == {"0", "1"}
+
+
+def test_synchronous_baseline_has_no_staleness():
+    kw = {"n": 400, "dim": 6, "l2": 0.05, "batch_size": 16, "seed": 2}
+    cfg = DPSGDConfig(
+        problem="frugalrl.dpsgd.problems:logistic_regression",
+        problem_kwargs=kw,
+        workers=2,
+        threads=1,
+        local_steps=4,
+        rho=1.0,
+        eta=0.5,
+        global_updates=40,
+        log_every=0,
+    ).as_synchronous_baseline()
+    assert (cfg.synchronous, cfg.local_steps, cfg.master_batch) == (True, 1, 2)
+    out = run_dpsgd(cfg)
+    problem = logistic_regression(**kw)
+    assert out["staleness"]["histogram"] == {0: 80}
+    assert out["applied_updates"] == 80 and out["dropped_updates"] == 0
+    initial = out["loss_curve"][0][2]
+    assert out["final_loss"] - problem.optimal_loss < 0.2 * (initial - problem.optimal_loss)
+
+
+# ------------------------------------------------------------------------------- eq. 13
+def test_scale_learning_rate_eq13():
+    assert scale_learning_rate(0.1, (1, 1, 1), (1, 1, 1)) == pytest.approx(0.1)
+    assert scale_learning_rate(0.1, (1, 1, 1), (1, 1, 16)) == pytest.approx(0.05)
+    assert scale_learning_rate(0.1, (1, 1, 1), (2, 4, 2)) == pytest.approx(0.1 / 16**0.25)
+    assert scale_learning_rate(0.2, (4, 2, 8), (1, 1, 1)) == pytest.approx(0.2 * 64**0.25)
+    # Going there and back is the identity.
+    there = scale_learning_rate(0.3, (2, 3, 4), (5, 6, 7))
+    assert scale_learning_rate(there, (5, 6, 7), (2, 3, 4)) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="ref"):
+        scale_learning_rate(0.1, (0, 1, 1), (1, 1, 1))
+    cfg = DPSGDConfig(
+        problem=LSQ, rho=1.0, eta=0.1, threads=2, local_steps=4, master_batch=2, rescale_from=(1, 1, 1)
+    )
+    assert cfg.effective_rates() == pytest.approx((1.0 / 2, 0.1 / 2))
+
+
+# ------------------------------------------------------------------------------- clear errors
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("workers", 0),
+        ("threads", -1),
+        ("local_steps", 1.5),
+        ("master_batch", True),
+        ("rho", 0.0),
+        ("eta", float("nan")),
+        ("global_updates", 0),
+        ("time_limit_s", -1.0),
+        ("update_codec", "int8"),
+        ("pull_codec", "zip"),
+        ("seed", -3),
+        ("log_every", -1),
+        ("backend", "ray"),
+        ("rescale_from", (1, 2)),
+        ("problem", "no_colon"),
+        ("problem_kwargs", {"x": object()}),
+        ("worker_timeout_s", 0),
+    ],
+)
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        DPSGDConfig(**{"problem": LSQ, field: value})
+
+
+def test_config_cross_checks():
+    with pytest.raises(ValueError, match="master_batch"):
+        DPSGDConfig(problem=LSQ, workers=3, master_batch=2, synchronous=True)
+    with pytest.raises(ValueError, match="global_updates"):
+        DPSGDConfig(problem=LSQ, global_updates=None, time_limit_s=None)
+    assert (
+        DPSGDConfig(problem=least_squares).problem == LSQ
+    )  # a module-level function is turned into its path
+    cfg = DPSGDConfig(problem=LSQ)
+    cfg.workers = 0  # validated again when run
+    with pytest.raises(ValueError, match="workers"):
+        run_dpsgd(cfg)
+
+
+def test_bad_problems_are_named():
+    with pytest.raises(ValueError, match="no_such_module_xyz.*cannot be imported"):
+        run_dpsgd(DPSGDConfig(problem="no_such_module_xyz:make"))
+    with pytest.raises(ValueError, match="has no attribute 'nope'"):
+        run_dpsgd(DPSGDConfig(problem="frugalrl.dpsgd.problems:nope"))
+    with pytest.raises(ValueError, match="could not be built"):
+        run_dpsgd(DPSGDConfig(problem=LSQ, problem_kwargs={"bogus": 1}))
+    kwargs = {"fault": "shape", "after": 0, "parent_pid": os.getpid(), **LSQ_KW}
+    with pytest.raises(ValueError, match=r"test_dpsgd:faulty.*shape \(9,\), expected \(8,\)"):
+        run_dpsgd(DPSGDConfig(problem="test_dpsgd:faulty", problem_kwargs=kwargs))
+
+
+def test_nan_gradient_in_a_worker_is_reported_with_the_problem():
+    kwargs = {"fault": "nan", "after": 30, "parent_pid": os.getpid(), **LSQ_KW}
+    cfg = DPSGDConfig(problem="test_dpsgd:faulty", problem_kwargs=kwargs, workers=1, threads=2, local_steps=5)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"worker 0: .*test_dpsgd:faulty.*non-finite"):
+        run_dpsgd(cfg)
+    assert time.monotonic() - start < DETECT_S
+
+
+def test_dying_worker_fails_the_run_within_seconds():
+    before = hogwild_pids()
+    kwargs = {"fault": "die", "after": 30, "parent_pid": os.getpid(), **LSQ_KW}
+    cfg = DPSGDConfig(
+        problem="test_dpsgd:faulty",
+        problem_kwargs=kwargs,
+        workers=2,
+        threads=2,
+        local_steps=5,
+        global_updates=10_000,
+        time_limit_s=60.0,
+    )
+    start = time.monotonic()
+    with pytest.raises(DPSGDError, match=r"worker \d: .*died.*exit code"):
+        run_dpsgd(cfg)
+    assert time.monotonic() - start < DETECT_S
+    deadline = time.monotonic() + 5
+    while hogwild_pids() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not hogwild_pids() - before, "Hogwild helpers left behind"
+
+
+def test_hung_worker_fails_the_run_after_worker_timeout():
+    before = hogwild_pids()
+    kwargs = {"fault": "hang", "after": 30, "parent_pid": os.getpid(), **LSQ_KW}
+    cfg = DPSGDConfig(
+        problem="test_dpsgd:faulty",
+        problem_kwargs=kwargs,
+        workers=1,
+        threads=2,
+        local_steps=5,
+        global_updates=10_000,
+        worker_timeout_s=1.0,
+    )
+    start = time.monotonic()
+    with pytest.raises(DPSGDError, match=r"worker 0: no message for 1 s"):
+        run_dpsgd(cfg)
+    assert time.monotonic() - start < DETECT_S
+    assert not hogwild_pids() - before, "Hogwild helpers left behind"
