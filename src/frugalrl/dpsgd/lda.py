@@ -1,0 +1,469 @@
+"""DPSVI: stochastic variational inference for LDA run by DPSGD (seed paper 002, Sec. 4.1, App. 7).
+
+The global variational parameter is ``λ`` (``K × V`` Dirichlet parameters of the topics, flattened to
+float32). SVI (Hoffman, Blei, Wang & Paisley 2013, Alg. 1 and Sec. 4) samples a batch ``G`` of
+``|G|`` documents, fits their local parameters ``γ_d, φ_dw`` with ``λ`` fixed (the E-step), forms
+
+    λ̂ = η + (D / |G|) Σ_{d∈G} Σ_w n_dw φ_dw                                     (paper eq. 52)
+
+and steps ``λ ← (1 − ρ_t) λ + ρ_t λ̂``. As a DPSGD :class:`~frugalrl.dpsgd.problems.Problem`,
+:class:`LDAProblem` returns the negative natural gradient ``λ − λ̂`` (App. 7, Alg. 4, line 9), so
+that the worker's step ``u ← u − η (u − λ̂)`` *is* the SVI step with rate ``η``, and the master's
+``v ← v + ρ Σ_m w_m`` combines ``M`` of them. The expectations are taken at ``max(λ, η_prior)``:
+``λ̂ ≥ η_prior`` always, so any convex combination stays above the prior, and a clamp only matters
+when aggressive rates (``ρ · η · M > 1``) or stale Hogwild reads overshoot.
+
+The loss is the held-out perplexity by *document completion* (Hoffman et al. 2013, Sec. 4.1): each
+held-out document's words are split at random into halves; ``γ`` is fitted on the first half with
+``λ`` fixed, and the second half is scored with ``p(w) = Σ_k E[θ_k] E[β_kw]``;
+``perplexity = exp(−Σ log p(w) / #words)``.
+
+Run it with :func:`fit_lda` (an :class:`LDAConfig`). No scipy: ``ψ`` (digamma) is computed here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from frugalrl.dpsgd.corpora import Corpus, load_corpus, synthetic_corpus
+
+PROBLEM = "frugalrl.dpsgd.lda:lda_problem"
+"""The factory DPSGD workers build :class:`LDAProblem` from."""
+
+
+# ------------------------------------------------------------------------------------- numerics
+def digamma(x: Any) -> np.ndarray:
+    """``ψ(x)`` for ``x > 0`` (float64): shift to ``x ≥ 6`` by ``ψ(x) = ψ(x+1) − 1/x``, then the
+    asymptotic series (absolute error below 1e-11)."""
+    x = np.array(x, dtype=np.float64, copy=True)
+    out = np.zeros_like(x)
+    for _ in range(6):
+        small = x < 6.0
+        if not small.any():
+            break
+        out -= np.where(small, 1.0 / np.where(small, x, 1.0), 0.0)
+        x = np.where(small, x + 1.0, x)
+    f = 1.0 / (x * x)
+    series = f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f * (1 / 240 - f * (1 / 132)))))
+    return out + np.log(x) - 0.5 / x - series
+
+
+def dirichlet_expectation(param: np.ndarray) -> np.ndarray:
+    """``E[log x]`` for ``x ~ Dir(param)``, row-wise: ``ψ(param) − ψ(Σ param)``."""
+    return digamma(param) - digamma(param.sum(axis=-1, keepdims=True))
+
+
+def e_step(
+    corpus: Corpus,
+    exp_elog_beta: np.ndarray,
+    alpha: float,
+    max_iter: int = 100,
+    tol: float = 1e-3,
+    sstats: bool = True,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The local step of SVI for every document of ``corpus`` at once (Hoffman et al. 2013, Fig. 6).
+
+    Iterates ``φ_dwk ∝ exp(E[log θ_dk]) exp(E[log β_kw])``, ``γ_dk = α + Σ_w n_dw φ_dwk`` from
+    ``γ = 1`` until the mean absolute change of every document's ``γ`` is below ``tol`` (or
+    ``max_iter``). Returns ``(γ, S)``: ``γ`` is ``D × K``; ``S`` (if ``sstats``) is the ``K × V``
+    matrix ``S_kw = Σ_d n_dw φ_dwk`` (else None).
+    """
+    k, v = exp_elog_beta.shape
+    lengths = np.diff(corpus.indptr)
+    n_docs = lengths.size
+    doc_of = np.repeat(np.arange(n_docs), lengths)
+    nonempty = lengths > 0
+    starts = corpus.indptr[:-1][nonempty]
+    bt = exp_elog_beta[:, corpus.word_ids].T  # nnz × K
+    cts = corpus.counts
+    gamma = np.ones((n_docs, k))
+    exp_elog_theta = np.exp(dirichlet_expectation(gamma))
+
+    def weighted(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = theta[doc_of]
+        phinorm = np.einsum("jk,jk->j", rows, bt) + 1e-100
+        return rows, cts / phinorm
+
+    for _ in range(max_iter):
+        _, ratio = weighted(exp_elog_theta)
+        total = np.zeros((n_docs, k))
+        if starts.size:
+            total[nonempty] = np.add.reduceat(ratio[:, None] * bt, starts, axis=0)
+        new_gamma = alpha + exp_elog_theta * total
+        change = np.abs(new_gamma - gamma).mean(axis=1)
+        gamma = new_gamma
+        exp_elog_theta = np.exp(dirichlet_expectation(gamma))
+        if change.max(initial=0.0) < tol:
+            break
+    if not sstats:
+        return gamma, None
+    rows, ratio = weighted(exp_elog_theta)
+    contrib = rows * bt * ratio[:, None]  # n_dw φ_dwk, nnz × K
+    order = np.argsort(corpus.word_ids, kind="stable")
+    words = corpus.word_ids[order]
+    out = np.zeros((v, k))
+    if words.size:
+        uniq, first = np.unique(words, return_index=True)
+        out[uniq] = np.add.reduceat(contrib[order], first, axis=0)
+    return gamma, out.T
+
+
+def split_halves(corpus: Corpus, seed: int) -> tuple[Corpus, Corpus]:
+    """Split each document's tokens at random into an observed half and a held-out half (document
+    completion); documents with fewer than 2 tokens are dropped."""
+    rng = np.random.default_rng(seed)
+    obs: tuple[list[int], list[int], list[float]] = ([], [], [])
+    held: tuple[list[int], list[int], list[float]] = ([], [], [])
+    n = 0
+    for d in range(corpus.n_docs):
+        ids, cts = corpus.doc(d)
+        tokens = np.repeat(ids, cts.astype(np.int64))
+        if tokens.size < 2:
+            continue
+        tokens = rng.permutation(tokens)
+        half = tokens.size // 2
+        for target, part in ((obs, tokens[:half]), (held, tokens[half:])):
+            w, c = np.unique(part, return_counts=True)
+            target[0].extend([n] * w.size)
+            target[1].extend(w.tolist())
+            target[2].extend(c.tolist())
+        n += 1
+    return (
+        Corpus.from_triples(*obs, n, corpus.n_words, corpus.vocab),
+        Corpus.from_triples(*held, n, corpus.n_words, corpus.vocab),
+    )
+
+
+def completion_perplexity(
+    lam: np.ndarray,
+    observed: Corpus,
+    heldout: Corpus,
+    alpha: float,
+    max_iter: int = 100,
+    tol: float = 1e-3,
+) -> float:
+    """Held-out perplexity by document completion: ``γ`` fitted on ``observed`` with ``λ`` fixed,
+    ``exp(−Σ n log Σ_k E[θ_k] E[β_kw] / Σ n)`` over ``heldout`` (same documents, other words)."""
+    lam = np.asarray(lam, dtype=np.float64)
+    gamma, _ = e_step(observed, np.exp(dirichlet_expectation(lam)), alpha, max_iter, tol, sstats=False)
+    theta = gamma / gamma.sum(axis=1, keepdims=True)
+    beta = lam / lam.sum(axis=1, keepdims=True)
+    doc_of = np.repeat(np.arange(heldout.n_docs), np.diff(heldout.indptr))
+    p = np.einsum("jk,kj->j", theta[doc_of], beta[:, heldout.word_ids])
+    n = heldout.counts.sum()
+    return float(math.exp(-float(heldout.counts @ np.log(np.maximum(p, 1e-300))) / n)) if n else float("nan")
+
+
+def match_topics(learned: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each true topic with the learned topic matched to it one-to-one (greedy:
+    the most similar remaining pair first). Rows of both are topics (any positive scale)."""
+    a = np.asarray(learned, dtype=np.float64)
+    b = np.asarray(true, dtype=np.float64)
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    sim = b @ a.T
+    out = np.zeros(b.shape[0])
+    work = sim.copy()
+    for _ in range(min(a.shape[0], b.shape[0])):
+        i, j = np.unravel_index(np.argmax(work), work.shape)
+        out[i] = sim[i, j]
+        work[i, :] = -np.inf
+        work[:, j] = -np.inf
+    return out
+
+
+# ------------------------------------------------------------------------------------- the problem
+class LDAProblem:
+    """SVI for LDA as a DPSGD problem (module docstring). Every process builds the same corpus and
+    the same train / held-out split from its arguments.
+
+    ``corpus``: ``"synthetic"`` (drawn by :func:`synthetic_corpus` with ``synthetic`` keyword
+    arguments and ``K = n_topics``), ``"reuters"``, or a file path (:func:`load_corpus`).
+    """
+
+    def __init__(
+        self,
+        corpus: str = "synthetic",
+        n_topics: int = 10,
+        alpha: float | None = None,
+        eta: float | None = None,
+        batch_size: int = 64,
+        heldout_fraction: float = 0.1,
+        heldout_max_docs: int = 200,
+        e_step_iters: int = 100,
+        e_step_tol: float = 1e-3,
+        seed: int = 0,
+        synthetic: dict[str, Any] | None = None,
+    ) -> None:
+        self.n_topics = int(n_topics)
+        self.alpha = float(alpha) if alpha is not None else 1.0 / self.n_topics
+        self.eta = float(eta) if eta is not None else 1.0 / self.n_topics
+        self.batch_size = int(batch_size)
+        self.e_step_iters = int(e_step_iters)
+        self.e_step_tol = float(e_step_tol)
+        self.seed = int(seed)
+        self.true_topics: np.ndarray | None = None
+        if corpus == "synthetic":
+            kwargs = {"seed": self.seed, **(synthetic or {}), "K": self.n_topics}
+            full, self.true_topics = synthetic_corpus(**kwargs)
+        else:
+            full = load_corpus(corpus)
+        rng = np.random.default_rng([self.seed, 1])
+        order = rng.permutation(full.n_docs)
+        n_held = min(int(round(heldout_fraction * full.n_docs)), int(heldout_max_docs))
+        if n_held >= full.n_docs:
+            raise ValueError(f"held-out set ({n_held} docs) leaves no training documents")
+        self.train = full.subset(np.sort(order[n_held:]))
+        self.observed, self.heldout = split_halves(full.subset(np.sort(order[:n_held])), self.seed)
+        self.n_words = full.n_words
+        self.vocab = full.vocab
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(K, V)``."""
+        return self.n_topics, self.n_words
+
+    def topics(self, params: np.ndarray) -> np.ndarray:
+        """``λ`` as a ``K × V`` float64 matrix, clamped at the prior ``η``."""
+        return np.maximum(np.asarray(params, dtype=np.float64).reshape(self.shape), self.eta)
+
+    def init_params(self) -> np.ndarray:
+        """``λ ~ Gamma(100, 1/100)`` elementwise (Hoffman's initialisation), seeded."""
+        rng = np.random.default_rng([self.seed, 2])
+        return rng.gamma(100.0, 0.01, size=self.n_topics * self.n_words).astype(np.float32)
+
+    def lambda_hat(self, params: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """Eq. (52): ``η + (D/|G|) Σ_{d∈G} n_dw φ_dwk`` for the training documents ``docs``."""
+        lam = self.topics(params)
+        batch = self.train.subset(docs)
+        _, s = e_step(
+            batch, np.exp(dirichlet_expectation(lam)), self.alpha, self.e_step_iters, self.e_step_tol
+        )
+        assert s is not None
+        return self.eta + (self.train.n_docs / max(1, len(docs))) * s
+
+    def sample_batch(self, rng: np.random.Generator) -> np.ndarray:
+        """``batch_size`` distinct training documents (all of them if fewer)."""
+        d = self.train.n_docs
+        return rng.choice(d, size=min(self.batch_size, d), replace=False)
+
+    def stochastic_grad(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``λ − λ̂`` on a random batch: the step ``λ − η (λ − λ̂)`` is SVI's."""
+        lam_hat = self.lambda_hat(params, self.sample_batch(rng)).ravel()
+        return (np.asarray(params, dtype=np.float64) - lam_hat).astype(np.float32)
+
+    def perplexity(self, params: np.ndarray) -> float:
+        """Held-out perplexity by document completion (module docstring)."""
+        return completion_perplexity(
+            self.topics(params), self.observed, self.heldout, self.alpha, self.e_step_iters, self.e_step_tol
+        )
+
+    def loss(self, params: np.ndarray) -> float:
+        """The held-out perplexity."""
+        return self.perplexity(params)
+
+    def top_words(self, params: np.ndarray, n: int = 10) -> list[list[str]]:
+        """The ``n`` most probable words of each topic."""
+        lam = self.topics(params)
+        vocab = self.vocab or [f"w{i}" for i in range(self.n_words)]
+        return [[vocab[i] for i in np.argsort(-row)[:n]] for row in lam]
+
+
+def lda_problem(**kwargs: Any) -> LDAProblem:
+    """Factory of :class:`LDAProblem` (``"frugalrl.dpsgd.lda:lda_problem"``)."""
+    return LDAProblem(**kwargs)
+
+
+# ------------------------------------------------------------------------------------- the run
+@dataclass
+class LDAConfig:
+    """A DPSVI run of LDA (the paper's symbols in brackets; defaults suit the synthetic corpus)."""
+
+    corpus: str = "synthetic"
+    """``"synthetic"``, ``"reuters"`` (needs the ``lda`` package), or a UCI docword / ``.ldac`` file."""
+    n_topics: int = 10
+    """Number of topics (K); the paper uses 50."""
+    alpha: float | None = None
+    """Dirichlet prior on each document's topic proportions (α); None: 1/K."""
+    eta: float | None = None
+    """Dirichlet prior on each topic's word distribution (η of LDA, ζ of eq. 52); None: 1/K.
+    Not the learning rate: that is ``lr``."""
+    batch_size: int = 64
+    """Documents per stochastic gradient (G of eq. 52; the paper uses 64)."""
+    workers: int = 1
+    """Worker processes (nW)."""
+    threads: int = 1
+    """Lock-free Hogwild processes per worker (p)."""
+    local_steps: int = 1
+    """SVI steps of each Hogwild process per pull (B)."""
+    master_batch: int = 1
+    """Updates collected by the server per global update (M)."""
+    rho: float = 1.0
+    """Global learning rate (ρ); keep ``rho * lr * master_batch <= 1`` so λ stays a convex combination."""
+    lr: float = 0.1
+    """Local learning rate (η of DPSGD): the SVI step ``λ ← (1 − lr) λ + lr λ̂``."""
+    rescale_from: tuple[int, int, int] | None = None
+    """``(p, B, M)`` that ``rho`` and ``lr`` were tuned for; rescaled to this run's by eq. (13)."""
+    global_updates: int | None = 200
+    """Stop after this many global updates (T); None: only ``time_limit_s`` stops the run."""
+    time_limit_s: float | None = None
+    """Stop after this many seconds of optimisation (startup excluded)."""
+    target_perplexity: float | None = None
+    """Report the first time the held-out perplexity reaches this (``time_to_target_s``)."""
+    log_every: int = 10
+    """Evaluate the held-out perplexity every this many global updates."""
+    heldout_fraction: float = 0.1
+    """Share of the documents held out for the perplexity."""
+    heldout_max_docs: int = 200
+    """At most this many held-out documents (keeps each evaluation cheap)."""
+    e_step_iters: int = 100
+    """Most iterations of each local (γ, φ) fit."""
+    e_step_tol: float = 1e-3
+    """A local fit stops when the mean change of every document's γ is below this."""
+    seed: int = 0
+    """Seed of the synthetic corpus, the split, λ's initialisation and every sample stream."""
+    synthetic_docs: int = 2000
+    """Synthetic corpus: number of documents."""
+    synthetic_vocab: int = 500
+    """Synthetic corpus: vocabulary size."""
+    synthetic_doc_len: int = 100
+    """Synthetic corpus: mean document length (Poisson)."""
+    synthetic_alpha: float = 0.1
+    """Synthetic corpus: true α of the generating model."""
+    synthetic_eta: float = 0.05
+    """Synthetic corpus: true η of the generating model."""
+    top_words: int = 10
+    """Words listed per topic in the summary."""
+    update_codec: str = "fp32"
+    """Wire codec of the pushed updates: fp32, bf16 or fp16."""
+    worker_timeout_s: float | None = 300.0
+    """A worker silent for this long is declared hung."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_topics", "batch_size", "heldout_max_docs", "e_step_iters", "top_words"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LDAConfig.{name} must be an integer >= 1, got {value!r}")
+        for name in ("alpha", "eta", "target_perplexity"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"LDAConfig.{name} must be a number > 0 or None, got {value!r}")
+        if not 0 < self.heldout_fraction < 1:
+            raise ValueError(f"LDAConfig.heldout_fraction must lie in (0, 1), got {self.heldout_fraction!r}")
+        if self.corpus not in ("synthetic", "reuters") and not os.path.exists(self.corpus):
+            raise ValueError(f"LDAConfig.corpus: no file {self.corpus!r} (or use 'synthetic' / 'reuters')")
+
+    def problem_kwargs(self) -> dict[str, Any]:
+        """The JSON arguments of :func:`lda_problem`."""
+        corpus = self.corpus if self.corpus in ("synthetic", "reuters") else os.path.abspath(self.corpus)
+        return {
+            "corpus": corpus,
+            "n_topics": self.n_topics,
+            "alpha": self.alpha,
+            "eta": self.eta,
+            "batch_size": self.batch_size,
+            "heldout_fraction": self.heldout_fraction,
+            "heldout_max_docs": self.heldout_max_docs,
+            "e_step_iters": self.e_step_iters,
+            "e_step_tol": self.e_step_tol,
+            "seed": self.seed,
+            "synthetic": {
+                "n_docs": self.synthetic_docs,
+                "vocab": self.synthetic_vocab,
+                "doc_len": self.synthetic_doc_len,
+                "alpha": self.synthetic_alpha,
+                "eta": self.synthetic_eta,
+            },
+        }
+
+    def dpsgd_config(self) -> Any:
+        """The :class:`~frugalrl.dpsgd.optimizer.DPSGDConfig` of this run."""
+        from frugalrl.dpsgd.optimizer import DPSGDConfig  # noqa: PLC0415 - keeps this module light
+
+        return DPSGDConfig(
+            problem=PROBLEM,
+            problem_kwargs=self.problem_kwargs(),
+            workers=self.workers,
+            threads=self.threads,
+            local_steps=self.local_steps,
+            master_batch=self.master_batch,
+            rho=self.rho,
+            eta=self.lr,
+            global_updates=self.global_updates,
+            time_limit_s=self.time_limit_s,
+            update_codec=self.update_codec,
+            rescale_from=tuple(self.rescale_from) if self.rescale_from is not None else None,
+            seed=self.seed,
+            log_every=self.log_every,
+            worker_timeout_s=self.worker_timeout_s,
+        )
+
+
+def time_to_target(curve: list[tuple[float, int, float]], target: float | None) -> float | None:
+    """Seconds at which ``curve`` (``(seconds, update, perplexity)``) first reaches ``target``."""
+    if target is None:
+        return None
+    return next((float(t) for t, _, p in curve if p <= target), None)
+
+
+def fit_lda(cfg: LDAConfig) -> dict[str, Any]:
+    """Fit LDA by DPSVI (:func:`~frugalrl.dpsgd.optimizer.run_dpsgd` on :class:`LDAProblem`).
+
+    Returns the DPSGD summary's counters plus: ``perplexity_curve`` ``[(seconds, update,
+    perplexity)]``, ``final_perplexity``, ``initial_perplexity``, ``time_to_target_s`` (None if not
+    reached / no target), ``top_words`` (per topic), ``lambda`` (``K × V`` float32), ``corpus``
+    (``docs``, ``train_docs``, ``heldout_docs``, ``vocab``, ``tokens``), ``topic_recovery`` (synthetic
+    only: the matched cosine of each true topic, see :func:`match_topics`) and ``config``.
+    """
+    from frugalrl.dpsgd.optimizer import run_dpsgd  # noqa: PLC0415 - keeps this module light
+
+    dcfg = cfg.dpsgd_config()
+    problem = LDAProblem(**dcfg.problem_kwargs)
+    summary = run_dpsgd(dcfg)
+    params = summary["params"]
+    curve = [(float(t), int(u), float(p)) for t, u, p in summary["loss_curve"]]
+    out: dict[str, Any] = {
+        "perplexity_curve": curve,
+        "initial_perplexity": curve[0][2],
+        "final_perplexity": summary["final_loss"],
+        "time_to_target_s": time_to_target(curve, cfg.target_perplexity),
+        "target_perplexity": cfg.target_perplexity,
+        "top_words": problem.top_words(params, cfg.top_words),
+        "lambda": np.asarray(params, dtype=np.float32).reshape(problem.shape),
+        "corpus": {
+            "name": cfg.corpus,
+            "docs": problem.train.n_docs + problem.heldout.n_docs,
+            "train_docs": problem.train.n_docs,
+            "heldout_docs": problem.heldout.n_docs,
+            "vocab": problem.n_words,
+            "tokens": problem.train.n_tokens,
+        },
+        "topic_recovery": None,
+        "config": asdict(cfg),
+    }
+    if problem.true_topics is not None:
+        out["topic_recovery"] = match_topics(problem.topics(params), problem.true_topics).tolist()
+    for key in (
+        "global_updates",
+        "staleness",
+        "bytes",
+        "pulls",
+        "pushes",
+        "applied_updates",
+        "dropped_updates",
+        "gradient_steps",
+        "updates_per_second",
+        "wall_time_s",
+        "startup_s",
+        "stop_reason",
+        "rho",
+        "eta",
+    ):
+        out[key] = summary[key]
+    out["lr"] = out.pop("eta")
+    return out
