@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -230,3 +231,14 @@ def test_ldac_and_reuters_layout(tmp_path):
 def test_installed_reuters():
     c = load_reuters()
     assert (c.n_docs, c.n_words) == (395, 4258)
+
+
+def test_cli_lda_fit_synthetic(tmp_path, capsys):
+    from frugalrl.cli import main
+
+    out = tmp_path / "lda.json"
+    assert main(["lda", "fit", "synthetic", "--global-updates", "20", "--synthetic-docs", "300",
+                 "--out", str(out)]) == 0
+    assert "held-out perplexity" in capsys.readouterr().out
+    assert json.loads(out.read_text())["final_perplexity"] > 0
+    assert main(["lda", "fit", str(tmp_path / "missing.txt")]) == 2

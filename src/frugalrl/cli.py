@@ -5,6 +5,7 @@
     frugalrl plots runs/<name>
     frugalrl train pipeline-ppo --cut topk --cut-percentile 0.99
     frugalrl pipeline-bytes                        # Table I of the pipeline paper, and ours
+    frugalrl lda fit reuters --n-topics 10 --workers 2 --threads 1 --local-steps 5
     frugalrl slurm --nodes 4 --partition cpu --submit -- frugalrl train ppo --env LunarLander-v3
 
 Every ``train`` flag is a field of the algorithm's dataclass config (``PPOConfig``): the CLI and the
@@ -125,6 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     pb.add_argument("--feature-dim", type=int, default=4096)
     pb.add_argument("--percentiles", default="0.9,0.99")
     pb.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    lda = sub.add_parser("lda", help="LDA topic models by DPSVI (stochastic variational inference on DPSGD)")
+    lda_sub = lda.add_subparsers(dest="lda_command", required=True)
+    fit = lda_sub.add_parser("fit", help="fit LDA to CORPUS ('synthetic', 'reuters', a UCI docword or .ldac file)",
+                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    fit.add_argument("corpus_arg", metavar="CORPUS")
+    fit.add_argument("--out", default=None, help="write the summary (without λ) as JSON here")
+    from frugalrl.dpsgd.lda import LDAConfig
+
+    add_dataclass_args(fit, LDAConfig)
     sl = sub.add_parser("slurm", help="write (and --submit) an sbatch script: Ray on the allocation, then a command",
                         usage="frugalrl slurm --nodes N --partition P [options] -- COMMAND...")
     sl.add_argument("--nodes", type=int, required=True, help="nodes: one Ray head, the rest Ray workers")
@@ -168,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return _slurm(args)
     if args.command == "pipeline-bytes":
         return _pipeline_bytes(args)
+    if args.command == "lda":
+        return _lda_fit(args)
     if args.command == "plots":
         from frugalrl.plots import make_plots
 
@@ -200,6 +212,34 @@ def _eval(args: argparse.Namespace) -> int:
     result = {"run_dir": str(run_dir), "env_id": config["env"], "checkpoint_step": payload.get("step"),
               "episodes": args.episodes, "return_mean": mean, "return_std": std, "returns": returns}
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _lda_fit(args: argparse.Namespace) -> int:
+    from frugalrl.dpsgd.lda import LDAConfig, fit_lda
+
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(LDAConfig)}
+    fields["corpus"] = args.corpus_arg
+    try:
+        summary = fit_lda(LDAConfig(**fields))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"frugalrl: error: {e}", file=sys.stderr)
+        return 2
+    summary.pop("lambda", None)
+    c = summary["corpus"]
+    print(f"LDA on {c['name']}: {c['train_docs']} training docs, {c['heldout_docs']} held out, vocabulary {c['vocab']}")
+    print(f"  held-out perplexity {summary['initial_perplexity']:.1f} -> {summary['final_perplexity']:.1f} "
+          f"in {summary['wall_time_s']:.1f} s ({summary['global_updates']} global updates)")
+    if summary.get("target_perplexity") is not None:
+        reached = summary["time_to_target_s"]
+        print(f"  target {summary['target_perplexity']}: " + (f"reached at {reached:.1f} s" if reached else "not reached"))
+    for k, words in enumerate(summary["top_words"]):
+        print(f"  topic {k:2d}: {' '.join(map(str, words))}")
+    if args.out:
+        from frugalrl.runs import _jsonable
+
+        with open(args.out, "w") as f:
+            json.dump(_jsonable(summary), f, indent=1)
     return 0
 
 
