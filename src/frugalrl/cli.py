@@ -26,6 +26,7 @@ ALGOS = {
     "ppo": ("frugalrl.algos.ppo", "PPOConfig", "train"),
     "impala": ("frugalrl.algos.impala", "IMPALAConfig", "train"),
     "pipeline-ppo": ("frugalrl.algos.pipeline_ppo", "PipelinePPOConfig", "train"),
+    "hsa2c": ("frugalrl.algos.hsa2c", "HSA2CConfig", "train"),
 }
 
 

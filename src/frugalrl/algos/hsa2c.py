@@ -1,0 +1,548 @@
+"""HSA2C: highly scalable advantage actor-critic, i.e. A2C optimised by DPSGD (seed paper 002, Alg. 8 and 9).
+
+A2C is cast as a DPSGD *problem* (:class:`A2CProblem`) and handed to :func:`frugalrl.dpsgd.run_dpsgd`:
+
+- the **master** (Alg. 8) is DPSGD's parameter server: it keeps the global actor-critic weights ``θ``
+  (actor and critic in one flat float32 vector) and applies ``θ ← θ + ρ Σ_m w_m`` once it holds ``M``
+  update vectors;
+- each **worker** (Alg. 9) pulls ``θ`` into shared memory ``u``; its ``p`` lock-free Hogwild processes
+  each own ``m`` environments, and take ``B`` local steps ``u ← u − η ĝ``. One step reads ``û``, rolls
+  ``k`` steps in each of its ``m`` environments (their state persists from call to call), forms
+  k-step bootstrapped returns, and backpropagates the A2C loss (policy gradient with advantage,
+  value loss, entropy bonus) into the gradient ``ĝ`` (clipped in norm). After ``B`` steps the worker
+  pushes ``u − θ`` and pulls again.
+
+The synchronous distributed A2C of Adamski et al. (DDRL A3C, the paper's ``B = 1`` baseline) is the
+same code with ``synchronous=True, local_steps=1, master_batch=workers``
+(:meth:`HSA2CConfig.as_synchronous_baseline`).
+
+Choices and differences from the paper, and why:
+
+- *Rollouts*: every local step rolls a fixed ``k`` steps in each of its ``m`` envs across episode
+  boundaries (standard A2C), instead of Alg. 9's "until terminal or ``t_max``"; each gradient thus
+  costs exactly ``k × m`` env steps, which is how env steps are counted. The mini-batch of Alg. 9
+  (lines 20-24) is the ``m`` envs of one gradient. A truncated episode (time limit) is bootstrapped
+  with the value of its last observation; a terminated one is not.
+- *Local optimiser*: DPSGD takes plain steps ``u ← u − η ĝ``. With ``grad_scaling="rmsprop"``
+  (the default) ``ĝ`` is the clipped gradient divided by a per-process running RMS of past
+  gradients (A3C's RMSProp, unshared: each Hogwild process keeps its own statistics, which persist
+  across rounds), so ``η`` is an RMSProp step size (``1e-3`` on CartPole with ``m = 8``: steadier
+  than ``3e-3``); ``grad_scaling="none"`` gives plain SGD (``η`` about ``0.02``-``0.03`` on CartPole
+  with clipping: it learns, but its greedy return oscillates more).
+  The paper's master uses SGD with momentum 0.5; here the master is DPSGD's (no momentum, ``ρ``).
+- *Server-side loss*: :meth:`A2CProblem.loss` (called by the server every ``log_every`` global
+  updates) is the negative mean return of ``log_eval_episodes`` greedy episodes on a separate
+  evaluation env with fixed seeds, in the calling process. Training returns seen by workers never
+  reach the server (DPSGD's wire carries only parameters and updates), so they are not reported.
+- *Stopping*: DPSGD stops on ``global_updates`` or ``time_limit_s``. ``target_return`` does not stop
+  the run early; the summary reports when (seconds, global update, env steps) the logged greedy
+  return first reached it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from frugalrl import dists
+from frugalrl.algos.common import check_fields, slug
+from frugalrl.envs.spec import EnvSpec, to_env_spec
+from frugalrl.nets import make_agent
+
+PROBLEM = "frugalrl.algos.hsa2c:make_a2c_problem"
+"""The DPSGD problem factory every HSA2C process builds its :class:`A2CProblem` from."""
+
+GRAD_SCALINGS = ("rmsprop", "none")
+
+
+# ------------------------------------------------------------------------------------ the problem
+class A2CProblem:
+    """A2C as a DPSGD :class:`~frugalrl.dpsgd.Problem`: parameters are a flat actor-critic vector.
+
+    Every process that builds it (with the same arguments) starts from the same weights (the network
+    is initialised under ``torch.manual_seed(seed)``). Its ``m = envs`` environments are created and
+    seeded lazily, at the first :meth:`stochastic_grad`, from that call's ``rng`` (a per-Hogwild-process
+    stream), so that processes explore differently and reproducibly.
+    """
+
+    def __init__(
+        self,
+        env: str,
+        env_kwargs: dict[str, Any] | None = None,
+        envs: int = 8,
+        k: int = 5,
+        gamma: float = 0.99,
+        ent_coef: float = 0.01,
+        vf_coef: float = 0.5,
+        max_grad_norm: float = 0.5,
+        hidden: list[int] | tuple[int, ...] = (64, 64),
+        grad_scaling: str = "rmsprop",
+        rms_alpha: float = 0.99,
+        rms_eps: float = 1e-5,
+        seed: int = 0,
+        log_eval_episodes: int = 1,
+        eval_max_steps: int = 1000,
+        progress: bool = False,
+    ) -> None:
+        if grad_scaling not in GRAD_SCALINGS:
+            raise ValueError(f"grad_scaling must be one of {GRAD_SCALINGS}, got {grad_scaling!r}")
+        self.env_spec: EnvSpec = to_env_spec(env, env_kwargs)
+        self.m = int(envs)
+        self.k = int(k)
+        self.gamma = float(gamma)
+        self.ent_coef = float(ent_coef)
+        self.vf_coef = float(vf_coef)
+        self.max_grad_norm = float(max_grad_norm)
+        self.grad_scaling = grad_scaling
+        self.rms_alpha = float(rms_alpha)
+        self.rms_eps = float(rms_eps)
+        self.seed = int(seed)
+        self.log_eval_episodes = int(log_eval_episodes)
+        self.eval_max_steps = int(eval_max_steps)
+        self.progress = bool(progress)
+        probe = self.env_spec.make()
+        self.observation_space, self.action_space = probe.observation_space, probe.action_space
+        probe.close()
+        self.box = isinstance(self.action_space, gym.spaces.Box)
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)
+            self.agent = make_agent(self.observation_space, self.action_space, tuple(int(h) for h in hidden))
+        self.params = list(self.agent.parameters())
+        self.size = int(sum(p.numel() for p in self.params))
+        self._init = torch.nn.utils.parameters_to_vector(self.params).detach().numpy().astype(np.float32)
+        self.envs: list[gym.Env] | None = None
+        self.obs: list[np.ndarray] = []
+        self.ep_return: list[float] = []
+        self.episode_returns: list[float] = []
+        """Undiscounted returns of the training episodes this process finished (for reporting)."""
+        self.env_steps = 0
+        self.gradients = 0
+        self.generator: torch.Generator | None = None
+        self.square_avg: np.ndarray | None = None
+        self.t0 = time.monotonic()
+
+    # -- the Problem interface
+    def init_params(self) -> np.ndarray:
+        """The seeded initial weights, flattened (float32)."""
+        return self._init.copy()
+
+    def load(self, params: np.ndarray) -> None:
+        """Copy the flat vector ``params`` into the network."""
+        flat = torch.from_numpy(np.ascontiguousarray(params, dtype=np.float32))
+        torch.nn.utils.vector_to_parameters(flat, self.params)
+
+    def stochastic_grad(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Roll ``k`` steps in each env with ``params``; return the (clipped, scaled) A2C gradient."""
+        if self.envs is None:
+            self._start_envs(rng)
+        self.load(params)
+        obs_buf, act_buf, rew_buf, done_buf = [], [], [], []
+        with torch.no_grad():
+            for _ in range(self.k):
+                obs = torch.as_tensor(np.stack(self.obs), dtype=torch.float32)
+                dparams = self.agent.dist_params(obs)
+                actions = dists.sample(self.agent.dist_kind, dparams, self.generator)
+                rewards = np.zeros(self.m, dtype=np.float32)
+                dones = np.zeros(self.m, dtype=np.float32)
+                truncated: list[tuple[int, np.ndarray]] = []
+                for i, env in enumerate(self.envs):
+                    a = actions[i].numpy()
+                    if self.box:
+                        a = np.clip(a, self.action_space.low, self.action_space.high)
+                    else:
+                        a = int(a)
+                    nxt, r, term, trunc, _ = env.step(a)
+                    rewards[i] = float(r)
+                    self.ep_return[i] += float(r)
+                    if term or trunc:
+                        dones[i] = 1.0
+                        if trunc and not term:
+                            truncated.append((i, np.asarray(nxt)))
+                        self.episode_returns.append(self.ep_return[i])
+                        self.ep_return[i] = 0.0
+                        nxt, _ = env.reset()
+                    self.obs[i] = np.asarray(nxt)
+                if truncated:  # time limit: bootstrap from the last observation of the episode
+                    last = torch.as_tensor(np.stack([o for _, o in truncated]), dtype=torch.float32)
+                    values = self.agent.value(last).numpy()
+                    for (i, _), v in zip(truncated, values, strict=True):
+                        rewards[i] += self.gamma * float(v)
+                obs_buf.append(obs)
+                act_buf.append(actions)
+                rew_buf.append(rewards)
+                done_buf.append(dones)
+            # k-step returns, bootstrapped from V(s_{t+k}) unless the episode ended (Alg. 9, lines 14-16)
+            ret = self.agent.value(torch.as_tensor(np.stack(self.obs), dtype=torch.float32)).numpy()
+            returns = np.zeros((self.k, self.m), dtype=np.float32)
+            for t in reversed(range(self.k)):
+                ret = rew_buf[t] + self.gamma * ret * (1.0 - done_buf[t])
+                returns[t] = ret
+        self.env_steps += self.k * self.m
+        self.gradients += 1
+
+        obs_all = torch.cat(obs_buf)
+        act_all = torch.cat(act_buf)
+        ret_all = torch.as_tensor(returns.reshape(-1))
+        dparams = self.agent.dist_params(obs_all)
+        values = self.agent.value(obs_all)
+        advantages = (ret_all - values).detach()
+        logp = dists.log_prob(self.agent.dist_kind, dparams, act_all)
+        policy_loss = -(logp * advantages).mean()
+        value_loss = 0.5 * (ret_all - values).pow(2).mean()
+        entropy = dists.entropy(self.agent.dist_kind, dparams).mean()
+        loss = policy_loss + self.vf_coef * value_loss - self.ent_coef * entropy
+        for p in self.params:
+            p.grad = None
+        loss.backward()
+        if self.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        grad = (
+            torch.cat(
+                [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
+            )
+            .numpy()
+            .astype(np.float32)
+        )
+        if self.grad_scaling == "rmsprop":
+            if self.square_avg is None:
+                self.square_avg = np.zeros_like(grad)
+            self.square_avg *= np.float32(self.rms_alpha)
+            self.square_avg += np.float32(1.0 - self.rms_alpha) * grad * grad
+            grad = grad / (np.sqrt(self.square_avg) + np.float32(self.rms_eps))
+        return grad.astype(np.float32, copy=False)
+
+    def loss(self, params: np.ndarray) -> float:
+        """Negative mean return of ``log_eval_episodes`` greedy episodes (fixed seeds) at ``params``."""
+        self.load(params)
+        mean = self.evaluate(self.log_eval_episodes)
+        if self.progress:
+            print(
+                f"[hsa2c] {time.monotonic() - self.t0:7.1f} s  greedy return {mean:8.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return -mean
+
+    # -- helpers
+    def _start_envs(self, rng: np.random.Generator) -> None:
+        seeds = rng.integers(0, 2**31 - 1, size=self.m + 1)
+        self.generator = torch.Generator().manual_seed(int(seeds[-1]))
+        self.envs = [self.env_spec.make() for _ in range(self.m)]
+        self.obs = []
+        for i, env in enumerate(self.envs):
+            env.action_space.seed(int(seeds[i]))
+            obs, _ = env.reset(seed=int(seeds[i]))
+            self.obs.append(np.asarray(obs))
+        self.ep_return = [0.0] * self.m
+
+    def evaluate(self, episodes: int, seed: int = 10_000) -> float:
+        """Mean undiscounted return of ``episodes`` greedy episodes with the loaded weights."""
+        if episodes < 1:
+            return 0.0
+        env = self.env_spec.make()
+        returns = []
+        try:
+            for ep in range(episodes):
+                obs, _ = env.reset(seed=seed + ep)
+                total, done, steps = 0.0, False, 0
+                while not done and steps < self.eval_max_steps:
+                    with torch.no_grad():
+                        dp = self.agent.dist_params(
+                            torch.as_tensor(np.asarray(obs), dtype=torch.float32)[None]
+                        )
+                        a = dists.mode(self.agent.dist_kind, dp)[0].numpy()
+                    a = np.clip(a, self.action_space.low, self.action_space.high) if self.box else int(a)
+                    obs, r, term, trunc, _ = env.step(a)
+                    total += float(r)
+                    done = term or trunc
+                    steps += 1
+                returns.append(total)
+        finally:
+            env.close()
+        return float(np.mean(returns))
+
+
+def make_a2c_problem(**kwargs: Any) -> A2CProblem:
+    """Factory of :class:`A2CProblem` (``"frugalrl.algos.hsa2c:make_a2c_problem"``)."""
+    return A2CProblem(**kwargs)
+
+
+# ------------------------------------------------------------------------------------ the config
+@dataclass
+class HSA2CConfig:
+    """Every knob of an HSA2C run (the paper's symbols in brackets). Field names are the CLI flags."""
+
+    env: str = "CartPole-v1"
+    """Gymnasium id or 'module:function' env factory (flat observations: an MLP actor-critic)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the env (JSON on the CLI)."""
+    seed: int = 1
+    """Seed of the initial weights and of every process's envs and action sampling."""
+    workers: int = 2
+    """Worker processes (nW)."""
+    threads: int = 1
+    """Lock-free Hogwild processes per worker (p), each with its own ``envs_per_process`` envs."""
+    local_steps: int = 10
+    """Local steps of each Hogwild process per pull (B); 1 with ``synchronous`` is the DDRL A3C baseline."""
+    master_batch: int = 1
+    """Update vectors the master collects per global update (M)."""
+    rho: float = 1.0
+    """Global learning rate (ρ)."""
+    eta: float = 1e-3
+    """Local learning rate (η): an RMSProp step size with ``grad_scaling='rmsprop'`` (1e-3 on CartPole),
+    an SGD one with 'none' (0.02-0.03 on CartPole)."""
+    k: int = 5
+    """Steps rolled per env per gradient (k-step bootstrapped returns)."""
+    envs_per_process: int = 8
+    """Environments per Hogwild process: the local mini-batch (m); a gradient costs k × m env steps."""
+    gamma: float = 0.99
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    """Gradient norm clip of each local step (0: none)."""
+    grad_scaling: str = "rmsprop"
+    """'rmsprop': divide each gradient by its per-process running RMS; 'none': plain SGD steps."""
+    rms_alpha: float = 0.99
+    """Decay of the RMSProp running mean of squared gradients."""
+    rms_eps: float = 1e-5
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    """Widths of the actor's and the critic's hidden layers."""
+    global_updates: int | None = 300
+    """Stop after this many global updates (T); None: only ``time_limit_s`` stops the run."""
+    time_limit_s: float | None = None
+    """Stop after this many seconds of training (worker startup excluded)."""
+    target_return: float | None = None
+    """Report when the logged greedy return first reaches this (it does not stop the run)."""
+    synchronous: bool = False
+    """Synchronous master: each global update takes one update from every worker, all from the same θ
+    (needs ``master_batch == workers``)."""
+    update_codec: str = "fp32"
+    """Wire codec of the pushed update vectors: fp32, bf16 or fp16."""
+    pull_codec: str = "fp32"
+    """Wire codec of the pulled global parameters: fp32, bf16 or fp16."""
+    log_every: int = 20
+    """Evaluate (greedy, on the master) every this many global updates (0: only at the start and end)."""
+    log_eval_episodes: int = 1
+    """Greedy episodes of each periodic evaluation."""
+    eval_episodes: int = 10
+    """Greedy episodes of the final evaluation of the returned parameters."""
+    eval_max_steps: int = 1000
+    """Step cap of an evaluation episode."""
+    worker_timeout_s: float | None = 300.0
+    """A worker silent for this long is declared hung; None: wait forever."""
+    run_dir: str = "runs"
+    run_name: str | None = None
+    progress: bool = True
+    """Print each periodic evaluation to stderr."""
+    tensorboard: bool = True
+    plots: bool = True
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first invalid field."""
+        for name in ("seed", "log_every", "eval_episodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        check_fields(
+            self,
+            positive_ints=(
+                "workers",
+                "threads",
+                "local_steps",
+                "master_batch",
+                "k",
+                "envs_per_process",
+                "log_eval_episodes",
+                "eval_max_steps",
+            ),
+            positive=("rho", "eta", "rms_eps"),
+            nonneg=("ent_coef", "vf_coef", "max_grad_norm"),
+            unit=("gamma", "rms_alpha"),
+        )
+        for name in ("rho", "eta"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)!r}")
+        if self.grad_scaling not in GRAD_SCALINGS:
+            raise ValueError(f"grad_scaling must be one of {GRAD_SCALINGS}, got {self.grad_scaling!r}")
+        if not self.hidden or any(
+            isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden
+        ):
+            raise ValueError(f"hidden must list positive widths, got {self.hidden!r}")
+        if self.global_updates is not None and (
+            isinstance(self.global_updates, bool)
+            or not isinstance(self.global_updates, int)
+            or self.global_updates < 1
+        ):
+            raise ValueError(
+                f"global_updates must be a positive integer or None, got {self.global_updates!r}"
+            )
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise ValueError(f"time_limit_s must be > 0 or None, got {self.time_limit_s!r}")
+        if self.global_updates is None and self.time_limit_s is None:
+            raise ValueError("global_updates and time_limit_s are both None: the run would never stop")
+        if self.worker_timeout_s is not None and not self.worker_timeout_s > 0:
+            raise ValueError(f"worker_timeout_s must be > 0 or None, got {self.worker_timeout_s!r}")
+        for name in ("update_codec", "pull_codec"):
+            if getattr(self, name) not in ("fp32", "bf16", "fp16"):
+                raise ValueError(f"{name} must be 'fp32', 'bf16' or 'fp16', got {getattr(self, name)!r}")
+        if not isinstance(self.synchronous, bool):
+            raise ValueError(f"synchronous must be a bool, got {self.synchronous!r}")
+        if self.synchronous and self.master_batch != self.workers:
+            raise ValueError(
+                f"master_batch must equal workers ({self.workers}) when synchronous=True, got {self.master_batch}"
+            )
+
+    def as_synchronous_baseline(self) -> HSA2CConfig:
+        """This config as the paper's B = 1 baseline (DDRL A3C): synchronous, ``B = 1``, ``M = workers``."""
+        return replace(self, synchronous=True, local_steps=1, master_batch=self.workers)
+
+    @property
+    def env_steps_per_gradient(self) -> int:
+        """Env steps behind one local gradient (k × m)."""
+        return self.k * self.envs_per_process
+
+    def problem_kwargs(self) -> dict[str, Any]:
+        """JSON keyword arguments of :func:`make_a2c_problem` (every process builds its problem from them)."""
+        return {
+            "env": self.env,
+            "env_kwargs": dict(self.env_kwargs),
+            "envs": self.envs_per_process,
+            "k": self.k,
+            "gamma": self.gamma,
+            "ent_coef": self.ent_coef,
+            "vf_coef": self.vf_coef,
+            "max_grad_norm": self.max_grad_norm,
+            "hidden": list(self.hidden),
+            "grad_scaling": self.grad_scaling,
+            "rms_alpha": self.rms_alpha,
+            "rms_eps": self.rms_eps,
+            "seed": self.seed,
+            "log_eval_episodes": self.log_eval_episodes,
+            "eval_max_steps": self.eval_max_steps,
+            "progress": self.progress,
+        }
+
+    def dpsgd_config(self) -> Any:
+        """The :class:`~frugalrl.dpsgd.DPSGDConfig` this run is."""
+        from frugalrl.dpsgd import DPSGDConfig
+
+        return DPSGDConfig(
+            problem=PROBLEM,
+            problem_kwargs=self.problem_kwargs(),
+            workers=self.workers,
+            threads=self.threads,
+            local_steps=self.local_steps,
+            master_batch=self.master_batch,
+            rho=self.rho,
+            eta=self.eta,
+            global_updates=self.global_updates,
+            time_limit_s=self.time_limit_s,
+            update_codec=self.update_codec,
+            pull_codec=self.pull_codec,
+            synchronous=self.synchronous,
+            seed=self.seed,
+            log_every=self.log_every,
+            worker_timeout_s=self.worker_timeout_s,
+        )
+
+
+# ------------------------------------------------------------------------------------ training
+def train(cfg: HSA2CConfig) -> dict[str, Any]:
+    """Train HSA2C as ``cfg`` says (DPSGD on :class:`A2CProblem`); write the run directory; return the summary.
+
+    Summary keys: ``algo`` ("hsa2c"), ``env_id``, ``seed``, ``env_steps`` (gradients × k × m),
+    ``gradients``, ``global_updates``, ``wall_seconds`` (training, worker startup excluded),
+    ``startup_seconds``, ``steps_per_second``, ``eval_return_mean``/``eval_return_std`` (greedy
+    episodes of the final parameters, here), ``eval_history`` (the master's periodic greedy returns),
+    ``target_return`` and ``time_to_target`` (``{seconds, global_update, env_steps}`` or None),
+    ``bytes`` (``total`` and by kind, plus ``up``/``down``), ``bytes_per_update`` (total bytes per
+    global update), ``weight_syncs`` (pulls), ``pushes``, ``staleness``, ``stop_reason``, ``run_dir``.
+    Raises ``ValueError`` for a bad config, :class:`~frugalrl.dpsgd.DPSGDError` if a worker fails.
+    """
+    from frugalrl.dpsgd import run_dpsgd
+    from frugalrl.evaluation import evaluate
+    from frugalrl.runs import Run
+
+    cfg.validate()
+    env_spec = to_env_spec(cfg.env, cfg.env_kwargs)  # fails here, with the env's name, if unknown
+    dcfg = cfg.dpsgd_config()
+    name = cfg.run_name or (
+        f"hsa2c-{slug(env_spec.describe().split(':')[-1])}-B{cfg.local_steps}-s{cfg.seed}-"
+        f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    )
+    cfg = replace(cfg, run_name=name)
+    run = Run(cfg.run_dir, name, {**asdict(cfg), "algo": "hsa2c"}, tensorboard=cfg.tensorboard)
+    try:
+        out = run_dpsgd(dcfg)
+    except BaseException:
+        run.finish({"algo": "hsa2c", "env_id": cfg.env, "seed": cfg.seed, "failed": True}, plots=False)
+        raise
+
+    per_update = cfg.master_batch * cfg.local_steps * cfg.threads * cfg.env_steps_per_gradient
+    history = []
+    time_to_target = None
+    for seconds, version, loss in out["loss_curve"]:
+        ret = -float(loss)
+        steps = version * per_update  # estimate: each global update applies M updates of B·p gradients
+        history.append({"step": steps, "seconds": round(seconds, 3), "global_update": version, "mean": ret})
+        run.log(steps, {"eval/return_mean": ret, "global_update": version, "wall_seconds": seconds})
+        if time_to_target is None and cfg.target_return is not None and ret >= cfg.target_return:
+            time_to_target = {"seconds": round(seconds, 3), "global_update": version, "env_steps": steps}
+
+    problem = A2CProblem(**cfg.problem_kwargs())
+    problem.load(out["params"])
+    agent = problem.agent
+    if cfg.eval_episodes > 0:
+        eval_mean, eval_std, _ = evaluate(
+            agent, env_spec, cfg.eval_episodes, seed=10_000 + cfg.seed, max_steps=cfg.eval_max_steps
+        )
+    else:
+        eval_mean, eval_std = history[-1]["mean"], 0.0
+    gradients = int(out["gradient_steps"])
+    env_steps = gradients * cfg.env_steps_per_gradient
+    wall = float(out["wall_time_s"])
+    run.log(env_steps, {"eval/return_mean": eval_mean, "eval/return_std": eval_std})
+    run.save_checkpoint(agent, env_steps)
+    nbytes = out["bytes"]
+    version = int(out["global_updates"])
+    summary: dict[str, Any] = {
+        "algo": "hsa2c",
+        "env_id": cfg.env,
+        "seed": cfg.seed,
+        "env_steps": env_steps,
+        "gradients": gradients,
+        "global_updates": version,
+        "wall_seconds": round(wall, 3),
+        "startup_seconds": round(float(out["startup_s"]), 3),
+        "steps_per_second": round(env_steps / max(wall, 1e-9), 1),
+        "eval_return_mean": eval_mean,
+        "eval_return_std": eval_std,
+        "eval_history": history,
+        "target_return": cfg.target_return,
+        "time_to_target": time_to_target,
+        "bytes": nbytes,
+        "bytes_per_update": nbytes.get("total", 0) / max(version, 1),
+        "weight_syncs": {"total": int(out["pulls"]), "per_worker": []},
+        "pushes": int(out["pushes"]),
+        "applied_updates": int(out["applied_updates"]),
+        "dropped_updates": int(out["dropped_updates"]),
+        "staleness": out["staleness"],
+        "stop_reason": out["stop_reason"],
+        "synchronous": cfg.synchronous,
+        "workers": cfg.workers,
+        "threads": cfg.threads,
+        "local_steps": cfg.local_steps,
+        "master_batch": cfg.master_batch,
+        "rho": out["rho"],
+        "eta": out["eta"],
+        "run_dir": str(run.dir),
+    }
+    return run.finish(summary, plots=cfg.plots)
