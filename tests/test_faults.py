@@ -218,7 +218,8 @@ def test_always_hanging_worker_exhausts_restarts_with_a_clear_error():
 
 def test_silent_worker_while_shared_memory_grows_is_replaced(closing):
     """A worker that stops answering just when a longer rollout grows the shared-memory arenas."""
-    env = closing(ClusterEnv("CartPole-v1", W, 1, backend="local", seed=7, worker_timeout=2.0))
+    # The timeout must cover a healthy 4000-step rollout on a loaded 2-core CI machine.
+    env = closing(ClusterEnv("CartPole-v1", W, 1, backend="local", seed=7, worker_timeout=8.0))
     agent = agent_for(env)
     env.rollout(agent, 8)
     pid = env.backend.worker_pids()[1]
