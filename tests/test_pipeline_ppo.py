@@ -52,7 +52,7 @@ def test_encoder_and_heads_match_the_paper():
     assert (a[:, 0] >= -1).all() and (a[:, 0] <= 1).all() and (a[:, 1:] >= 0).all() and (a[:, 1:] <= 1).all()
 
 
-@pytest.mark.parametrize("index", ["coo16", "bitmask"])
+@pytest.mark.parametrize("index", ["coo16", pytest.param("bitmask", marks=pytest.mark.slow)])
 def test_two_stage_carracing_bytes_equal_the_estimator(tmp_path, index):
     """A real two-process gloo run on CarRacing: dense warm start, then sparse; every byte predicted."""
     cfg = _car_cfg(tmp_path, cut_index=index, cut_percentile=0.9, run_name=f"car-{index}")
