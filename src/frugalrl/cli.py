@@ -310,19 +310,20 @@ def _slurm(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    nbytes = summary.get("bytes", {})
-    syncs = summary.get("weight_syncs", {})
-    print(
-        f"\n{summary['algo']} on {summary['env_id']} (seed {summary['seed']}): "
-        f"{summary['env_steps']} steps in {summary['wall_seconds']:.1f} s "
-        f"({summary['steps_per_second']:.0f} steps/s)\n"
-        f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f}\n"
-        + (f"  bytes {nbytes.get('total', 0) / 1e6:.2f} MB (activations {nbytes.get('activations', 0) / 1e6:.2f} MB, "
-           f"gradients {nbytes.get('gradients', 0) / 1e6:.2f} MB)\n" if summary["algo"] == "pipeline_ppo" else
-           f"  weight syncs {syncs.get('total', 0)} (per worker {syncs.get('per_worker', [])}), "
-           f"bytes {nbytes.get('total', 0) / 1e6:.2f} MB (weights {nbytes.get('weights', 0) / 1e6:.2f} MB)\n")
-        + f"  run directory: {summary['run_dir']}"
-    )
+    nbytes = {k: v for k, v in summary.get("bytes", {}).items()
+              if k != "total" and isinstance(v, int | float) and v}  # kinds only, not the per-direction dicts
+    top = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in sorted(nbytes.items(), key=lambda kv: -kv[1])[:3])
+    lines = [
+        f"\n{summary['algo']} on {summary['env_id']} (seed {summary['seed']}): {summary['env_steps']} steps in "
+        f"{summary['wall_seconds']:.1f} s ({summary['steps_per_second']:.0f} steps/s)",
+        f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f}",
+    ]
+    if "weight_syncs" in summary:
+        syncs = summary["weight_syncs"]
+        lines.append(f"  weight syncs {syncs.get('total', 0)} (per worker {syncs.get('per_worker', [])})")
+    lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")
+    lines.append(f"  run directory: {summary['run_dir']}")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

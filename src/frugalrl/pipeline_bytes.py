@@ -25,9 +25,6 @@ from frugalrl.wire import cut
 from frugalrl.wire.meter import DOWN, UP
 from frugalrl.wire.torchdist import LENGTH_PREFIX_BYTES
 
-STATS_LEN = 8
-"""Length of the loss-statistics vector stage 1 sends after each update (``pipeline_ppo.STAT_NAMES``)."""
-
 
 @dataclass
 class _Tally:
@@ -56,12 +53,14 @@ def gradient_message_nbytes(cfg: Any, feature_dim: int, dense: bool) -> float:
     return min(options)
 
 
-def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: tuple[int, int] = (0, 0),
+                stats_len: int = 8) -> dict[str, Any]:
     """Bytes of a pipeline-PPO training run with config ``cfg`` (a ``PipelinePPOConfig``).
 
     ``feature_dim``: width of the cut; ``action_dim``: floats per action (1 for Discrete).
     ``handshake_nbytes``: the JSON bytes of the opening exchange (stage 0's, stage 1's), which depend on
-    the env's description (:func:`frugalrl.algos.pipeline_ppo.predict_bytes` fills them in).
+    the env's description; ``stats_len``: floats in the loss-statistics vector stage 1 sends after each
+    update (:func:`frugalrl.algos.pipeline_ppo.predict_bytes` fills both in).
     Returns ``{"bytes": {kind: n, "total": n}, "up": {...}, "down": {...}, "exact": bool}``; with
     ``activations_sparse`` the activation bytes are an upper bound (the dense size).
     """
@@ -80,7 +79,7 @@ def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: t
         dense = cfg.cut == "dense" or steps <= cfg.warmup_timesteps
         tally.message(UP, "activations", cut.dense_nbytes((b, feature_dim), cfg.activations), 2, count=epochs * mbs)
         tally.message(DOWN, "gradients", gradient_message_nbytes(cfg, feature_dim, dense), 2, count=epochs * mbs)
-        tally.message(DOWN, "control", cut.dense_nbytes((STATS_LEN,), "fp32"), 1)
+        tally.message(DOWN, "control", cut.dense_nbytes((stats_len,), "fp32"), 1)
     up = {k: v for (d, k), v in tally.by.items() if d == UP}
     down = {k: v for (d, k), v in tally.by.items() if d == DOWN}
     kinds = sorted(set(up) | set(down))
@@ -92,11 +91,6 @@ def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: t
 
 
 # ------------------------------------------------------------------------------------------- Table I
-
-PAPER = {"iterations": 100, "steps": 4096, "epochs": 10, "minibatches": 32, "obs_shape": (4, 96, 96),
-         "feature_dim": 4096}
-"""The paper's Section III settings."""
-
 
 def table_one(iterations: int = 100, steps: int = 4096, epochs: int = 10, minibatches: int = 32,
               obs_shape: tuple[int, ...] = (4, 96, 96), feature_dim: int = 4096,

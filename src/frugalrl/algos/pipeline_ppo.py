@@ -349,7 +349,7 @@ def predict_bytes(cfg: PipelinePPOConfig) -> dict[str, Any]:
     reply = json.dumps({"digest": cfg.digest()}, sort_keys=True).encode()
     desc = action_desc(act_space)
     action_dim = 1 if desc["type"] == "discrete" else math.prod(desc["shape"])
-    return predict_run(cfg, feature_dim, action_dim, (len(hello), len(reply)))
+    return predict_run(cfg, feature_dim, action_dim, (len(hello), len(reply)), stats_len=len(STAT_NAMES))
 
 
 def _is_dense_update(cfg: PipelinePPOConfig, steps_so_far: int) -> bool:
@@ -384,11 +384,11 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Any | None) -> di
     optimizer = torch.optim.Adam(encoder.parameters(), lr=cfg.learning_rate, eps=1e-5)
     order_gen = torch.Generator().manual_seed(cfg.seed + 1)
     T, N = cfg.num_steps, cfg.num_envs
-    obs_buf = torch.zeros((T, N, *obs_space.shape), dtype=torch.as_tensor(np.zeros(0, obs_space.dtype)).dtype)
+    obs_buf = torch.from_numpy(np.zeros((T, N, *obs_space.shape), dtype=obs_space.dtype))
+    check_finite = np.issubdtype(obs_space.dtype, np.floating)  # integer frames cannot hold NaN
     next_obs, _ = envs.reset(seed=cfg.seed)
     episode_returns: list[float] = []
     running = np.zeros(N)
-    lengths = np.zeros(N, dtype=np.int64)
     curve: list[tuple[int, float, float]] = []  # (step, seconds, mean return of episodes that ended)
     bar = progress_bar(cfg.progress, cfg.iterations * cfg.batch_size, "pipeline-ppo")
     start = time.perf_counter()
@@ -402,7 +402,7 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Any | None) -> di
         ended: list[float] = []
         for t in range(T):
             obs_t = torch.as_tensor(next_obs)
-            if not torch.isfinite(obs_t.float()).all():
+            if check_finite and not torch.isfinite(obs_t).all():
                 raise ValueError(f"environment returned a non-finite observation at step {global_step}")
             obs_buf[t] = obs_t
             with torch.no_grad():
@@ -415,10 +415,9 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Any | None) -> di
             chan.send(cut.encode_dense(np.stack([reward, terminated, done], axis=1).astype(np.float32), "fp32"),
                       "rewards")
             running += reward
-            lengths += 1
             for i in np.flatnonzero(done):
                 ended.append(float(running[i]))
-                running[i], lengths[i] = 0.0, 0
+                running[i] = 0.0
             global_step += N
         with torch.no_grad():
             chan.send(_encode_features(cfg, encoder(torch.as_tensor(next_obs))), "activations")
@@ -491,7 +490,6 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Any | None) -> di
         "bytes": train_bytes["bytes"],
         "bytes_by_direction": train_bytes["by_direction"],
         "eval_bytes": chan.meter.total() - train_bytes["bytes"]["total"],
-        "weight_syncs": {"total": 0, "per_worker": []},
         "feature_dim": encoder.feature_dim,
         "cut": {"codec": cfg.cut, "percentile": cfg.cut_percentile, "index": cfg.cut_index,
                 "values": cfg.cut_values, "dense_dtype": cfg.cut_dense_dtype, "accumulate": cfg.cut_accumulate,

@@ -60,7 +60,7 @@ class DistChannel:
         if buf:
             dist.send(torch.frombuffer(bytearray(buf), dtype=torch.uint8).to(self.device), self.peer)
 
-    def recv(self, kind: str, cut: bool = True) -> bytes:
+    def recv(self, kind: str, cut: bool = True) -> memoryview:
         """Receive the next message from the peer (blocking); ``kind`` is what it is counted as."""
         start = time.perf_counter()
         length = torch.zeros(1, dtype=torch.int64, device=self.device)
@@ -72,7 +72,7 @@ class DistChannel:
         if n:
             dist.recv(data, self.peer)
         self.wait_seconds += time.perf_counter() - start
-        buf = data.cpu().numpy().tobytes()
+        buf = memoryview(data.cpu().numpy())  # the fresh receive buffer itself, no copy
         self._count(buf, kind, self.in_dir, cut)
         return buf
 
@@ -84,6 +84,6 @@ class DistChannel:
         """Receive a JSON document sent by :meth:`send_json`; a clear error if it is not JSON."""
         buf = self.recv("control", cut=False)
         try:
-            return json.loads(buf.decode())
+            return json.loads(bytes(buf).decode())
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"rank {self.rank}: expected a JSON control message from rank {self.peer}: {e}") from e
