@@ -389,42 +389,32 @@ def test_nan_gradient_in_a_worker_is_reported_with_the_problem():
     assert time.monotonic() - start < DETECT_S
 
 
-def test_dying_worker_fails_the_run_within_seconds():
+def _faulty_run_fails(fault: str, match: str, grace_s: float, **cfg_kw) -> None:
+    """Run a worker that turns ``fault`` after 30 steps: the run fails with ``match`` within seconds,
+    and no Hogwild helper outlives it by more than ``grace_s`` seconds."""
     before = hogwild_pids()
-    kwargs = {"fault": "die", "after": 30, "parent_pid": os.getpid(), **LSQ_KW}
+    kwargs = {"fault": fault, "after": 30, "parent_pid": os.getpid(), **LSQ_KW}
     cfg = DPSGDConfig(
         problem="test_dpsgd:faulty",
         problem_kwargs=kwargs,
-        workers=2,
         threads=2,
         local_steps=5,
         global_updates=10_000,
-        time_limit_s=60.0,
+        **cfg_kw,
     )
     start = time.monotonic()
-    with pytest.raises(DPSGDError, match=r"worker \d: .*died.*exit code"):
+    with pytest.raises(DPSGDError, match=match):
         run_dpsgd(cfg)
     assert time.monotonic() - start < DETECT_S
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + grace_s
     while hogwild_pids() - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not hogwild_pids() - before, "Hogwild helpers left behind"
 
 
+def test_dying_worker_fails_the_run_within_seconds():
+    _faulty_run_fails("die", r"worker \d: .*died.*exit code", grace_s=5.0, workers=2, time_limit_s=60.0)
+
+
 def test_hung_worker_fails_the_run_after_worker_timeout():
-    before = hogwild_pids()
-    kwargs = {"fault": "hang", "after": 30, "parent_pid": os.getpid(), **LSQ_KW}
-    cfg = DPSGDConfig(
-        problem="test_dpsgd:faulty",
-        problem_kwargs=kwargs,
-        workers=1,
-        threads=2,
-        local_steps=5,
-        global_updates=10_000,
-        worker_timeout_s=1.0,
-    )
-    start = time.monotonic()
-    with pytest.raises(DPSGDError, match=r"worker 0: no message for 1 s"):
-        run_dpsgd(cfg)
-    assert time.monotonic() - start < DETECT_S
-    assert not hogwild_pids() - before, "Hogwild helpers left behind"
+    _faulty_run_fails("hang", r"worker 0: no message for 1 s", grace_s=0.0, workers=1, worker_timeout_s=1.0)

@@ -333,41 +333,45 @@ class LocalTransport(Transport):
 
     def _serve(self, w: int, conn: _Connection) -> None:
         """Answer worker ``w`` until it is told to stop, dies, goes silent, or the transport closes."""
-        server = self.server
         last = time.monotonic()
         try:
             while not self._closing:
                 ready = readable([conn.sock.fileno(), conn.pidfd], 0.5)
                 if conn.sock.fileno() in ready:
-                    try:
-                        msg, sizes = recv_message(conn.sock)
-                    except (EOFError, OSError, WireError) as e:
-                        server.fail(w, self._lost(conn, e))
-                        return
-                    self.meter.add_message(sizes, w, UP)
-                    try:
-                        reply = server.handle(w, msg)
-                    except (ValueError, RuntimeError, KeyError) as e:
-                        kind = "ValueError" if isinstance(e, ValueError) else "RuntimeError"
-                        server.fail(None, str(e), kind)
-                        reply = Message("stop", {"reason": "failure"})
-                    try:
-                        self.meter.add_message(send_message(conn.sock, reply), w, DOWN)
-                    except OSError as e:
-                        if reply.op != "stop":
-                            server.fail(w, self._lost(conn, e))
-                        return
-                    if reply.op == "stop":
+                    if not self._answer(w, conn):
                         return
                     last = time.monotonic()
                 elif conn.pidfd in ready:
-                    server.fail(w, self._lost(conn, None))
+                    self.server.fail(w, self._lost(conn, None))
                     return
                 elif self.worker_timeout is not None and time.monotonic() - last > self.worker_timeout:
-                    server.fail(w, f"no message for {self.worker_timeout:g} s: the worker is hung")
+                    self.server.fail(w, f"no message for {self.worker_timeout:g} s: the worker is hung")
                     return
         finally:
             conn.done = True
+
+    def _answer(self, w: int, conn: _Connection) -> bool:
+        """Receive one request of worker ``w`` and send the server's reply; False once the connection is done."""
+        server = self.server
+        try:
+            msg, sizes = recv_message(conn.sock)
+        except (EOFError, OSError, WireError) as e:
+            server.fail(w, self._lost(conn, e))
+            return False
+        self.meter.add_message(sizes, w, UP)
+        try:
+            reply = server.handle(w, msg)
+        except (ValueError, RuntimeError, KeyError) as e:
+            kind = "ValueError" if isinstance(e, ValueError) else "RuntimeError"
+            server.fail(None, str(e), kind)
+            reply = Message("stop", {"reason": "failure"})
+        try:
+            self.meter.add_message(send_message(conn.sock, reply), w, DOWN)
+        except OSError as e:
+            if reply.op != "stop":
+                server.fail(w, self._lost(conn, e))
+            return False
+        return reply.op != "stop"
 
     @staticmethod
     def _lost(conn: _Connection, error: BaseException | None) -> str:

@@ -47,7 +47,9 @@ def apply_update(v: np.ndarray, updates: Sequence[np.ndarray], rho: float) -> np
     total = np.array(updates[0], dtype=np.float32, copy=True)
     for w in updates[1:]:
         total += w
-    return np.asarray(v, dtype=np.float32) + np.float32(rho) * total
+    total *= np.float32(rho)  # in place: the only new array is the result
+    total += v
+    return total
 
 
 class ParameterServer:
@@ -234,7 +236,7 @@ class ParameterServer:
             return out
 
     def staleness_stats(self) -> dict[str, Any]:
-        """``{"mean", "max", "histogram": {τ: count}}`` over every applied update."""
+        """``{"mean", "max", "histogram": {τ: count}, "count"}`` over every applied update."""
         with self._cond:
             hist = dict(sorted(self.staleness.items()))
         n = sum(hist.values())

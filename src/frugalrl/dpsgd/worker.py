@@ -28,9 +28,7 @@ from __future__ import annotations
 import mmap
 import os
 import select
-import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -40,36 +38,24 @@ from typing import Any
 import numpy as np
 
 from frugalrl.dpsgd.problems import Problem, check_vector, load_problem
+from frugalrl.wire.channel import POLLIN as _POLLIN
+from frugalrl.wire.channel import recv_frame, send_frame
 from frugalrl.wire.message import Message, decode_message, encode_message
 
 # ---------------------------------------------------------------------------------------- framing
-_FRAME = struct.Struct("<Q")
-_POLLIN = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+# The frames of ``frugalrl.wire.channel``, as the local ClusterEnv backend uses them.
 
 
 def send_message(sock: socket.socket, msg: Message) -> dict[str, int]:
-    """Send ``msg`` as one length-prefixed frame; return its size by byte-meter kind."""
+    """Send ``msg`` as one frame (:func:`frugalrl.wire.channel.send_frame`); return its size by byte-meter kind."""
     blob, sizes = encode_message(msg)
-    sock.sendall(_FRAME.pack(len(blob)) + blob)
+    send_frame(sock, blob)
     return sizes
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            raise EOFError("connection closed")
-        got += k
-    return buf
 
 
 def recv_message(sock: socket.socket) -> tuple[Message, dict[str, int]]:
     """Receive one frame and decode it (never unpickles anything); ``EOFError`` if the peer closed."""
-    (n,) = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
-    return decode_message(_recv_exact(sock, n))
+    return decode_message(recv_frame(sock))
 
 
 def readable(fds: list[int], timeout: float) -> set[int]:
@@ -94,9 +80,15 @@ def error_message(e: BaseException, where: str = "") -> Message:
 
 # ---------------------------------------------------------------------------------- child processes
 def lean_command(code: str, *args: str) -> list[str]:
-    """``python -c code args``: a child process; it starts fast because ``frugalrl`` imports its
-    public names (torch, gymnasium) only when they are first used."""
-    return [sys.executable, "-c", "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n" + code, *args]
+    """``python -c code args``: a child process that ignores SIGINT from before its first import (the
+    entry points rely on it); it starts fast because ``frugalrl`` imports its public names (torch,
+    gymnasium) only when they are first used."""
+    return [
+        sys.executable,
+        "-c",
+        "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n" + code,
+        *args,
+    ]
 
 
 def child_env() -> dict[str, str]:
@@ -317,11 +309,11 @@ class DPSGDWorker:
         ``exchange`` raises :class:`ServerGone` when the server cannot be reached; that ends the run
         quietly (there is nobody left to tell).
         """
+        steps = int(self.cfg["local_steps"]) * int(self.cfg["threads"])
         try:
             reply = exchange(Message("pull"))
             while reply.op == "params":
                 update = self.round(reply.arrays["w/v"])
-                steps = int(self.cfg["local_steps"]) * int(self.cfg["threads"])
                 push = Message(
                     "push",
                     {"version": reply.meta["version"], "steps": steps},
@@ -361,7 +353,6 @@ def worker_entry() -> None:
 
     Receives its config, builds a :class:`DPSGDWorker` (reporting ``ready`` or ``error``), then runs it.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
     sock = socket.socket(fileno=fd)
     try:
@@ -384,7 +375,6 @@ def worker_entry() -> None:
 
 def hogwild_entry() -> None:
     """Entry point of a helper process: attach ``u``, then run ``B`` Hogwild steps per ``run`` request."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
     sock = socket.socket(fileno=fd)
     try:

@@ -31,6 +31,8 @@ import numpy as np
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, config_to_json, worker_from_json
 from frugalrl.wire import codecs as _codecs
+from frugalrl.wire.channel import POLLIN as _POLLIN
+from frugalrl.wire.channel import Channel
 from frugalrl.wire.message import _PREFIX, Message, decode_message, encode_message
 from frugalrl.wire.meter import DOWN, UP
 
@@ -71,81 +73,6 @@ class Arena:
     def close(self) -> None:
         """Unmap."""
         self.buf.close()
-
-
-_FRAME = struct.Struct("<Q")
-_RECV_BUF = 1 << 16
-_POLLIN = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
-
-
-class Channel:
-    """One end of a socket pair carrying length-prefixed frames.
-
-    Replaces ``multiprocessing.connection.Connection`` on the hot path: a frame is sent with one
-    ``sendall`` (prefix and bytes together up to 64 KiB) and received into a reusable buffer, so a
-    small message usually costs one ``recv_into`` instead of two reads and two copies.
-    :meth:`recv_bytes` returns a view that stays valid only until the next call.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._new_buffer(_RECV_BUF)
-
-    def _new_buffer(self, size: int, keep: memoryview | None = None) -> None:
-        buf = bytearray(size)
-        n = 0 if keep is None else len(keep)
-        if n:
-            buf[:n] = keep
-        self._buf = buf
-        self._view = memoryview(buf)
-        self._start, self._end = 0, n
-
-    def fileno(self) -> int:
-        """The socket's file descriptor."""
-        return self.sock.fileno()
-
-    def send_bytes(self, data: bytes | bytearray | memoryview) -> None:
-        """Send one frame."""
-        n = len(data)
-        if n <= _RECV_BUF:
-            self.sock.sendall(_FRAME.pack(n) + data)
-        else:
-            self.sock.sendall(_FRAME.pack(n))
-            self.sock.sendall(data)
-
-    def _fill(self, need: int) -> None:
-        """Read until ``need`` bytes past ``_start`` are buffered."""
-        if self._start + need > len(self._buf):
-            pending = self._view[self._start : self._end]
-            self._new_buffer(max(need, _RECV_BUF), pending)
-        while self._end - self._start < need:
-            got = self.sock.recv_into(self._view[self._end :])
-            if not got:
-                raise EOFError
-            self._end += got
-
-    def recv_bytes(self) -> memoryview:
-        """The next frame (valid until the next call)."""
-        if self._start == self._end:
-            if len(self._buf) > _RECV_BUF:  # give back the memory of an unusually big frame
-                self._new_buffer(_RECV_BUF)
-            self._start = self._end = 0
-        self._fill(_FRAME.size)
-        (n,) = _FRAME.unpack_from(self._buf, self._start)
-        self._fill(_FRAME.size + n)
-        begin = self._start + _FRAME.size
-        self._start = begin + n
-        return self._view[begin : begin + n]
-
-    def poll(self, timeout: float = 0.0) -> bool:
-        """Whether a frame (or EOF) can be read without blocking for longer than ``timeout`` seconds."""
-        if self._end > self._start:
-            return True
-        return bool(select.select([self.sock], [], [], max(0.0, timeout))[0])
-
-    def close(self) -> None:
-        """Close the socket."""
-        self.sock.close()
 
 
 class WireCache:
