@@ -237,8 +237,22 @@ def test_cli_lda_fit_synthetic(tmp_path, capsys):
     from frugalrl.cli import main
 
     out = tmp_path / "lda.json"
-    assert main(["lda", "fit", "synthetic", "--global-updates", "20", "--synthetic-docs", "300",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "lda",
+                "fit",
+                "synthetic",
+                "--global-updates",
+                "20",
+                "--synthetic-docs",
+                "300",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "held-out perplexity" in capsys.readouterr().out
     assert json.loads(out.read_text())["final_perplexity"] > 0
     assert main(["lda", "fit", str(tmp_path / "missing.txt")]) == 2

@@ -41,7 +41,6 @@ Choices and differences from the paper, and why:
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -55,6 +54,7 @@ import torch
 from frugalrl import dists
 from frugalrl.algos.common import check_fields, slug
 from frugalrl.envs.spec import EnvSpec, to_env_spec
+from frugalrl.evaluation import evaluate
 from frugalrl.nets import make_agent
 
 PROBLEM = "frugalrl.algos.hsa2c:make_a2c_problem"
@@ -153,12 +153,11 @@ class A2CProblem:
                 rewards = np.zeros(self.m, dtype=np.float32)
                 dones = np.zeros(self.m, dtype=np.float32)
                 truncated: list[tuple[int, np.ndarray]] = []
+                acts = actions.numpy()
+                if self.box:
+                    acts = np.clip(acts, self.action_space.low, self.action_space.high)
                 for i, env in enumerate(self.envs):
-                    a = actions[i].numpy()
-                    if self.box:
-                        a = np.clip(a, self.action_space.low, self.action_space.high)
-                    else:
-                        a = int(a)
+                    a = acts[i] if self.box else int(acts[i])
                     nxt, r, term, trunc, _ = env.step(a)
                     rewards[i] = float(r)
                     self.ep_return[i] += float(r)
@@ -204,20 +203,19 @@ class A2CProblem:
         loss.backward()
         if self.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-        grad = (
-            torch.cat(
-                [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
-            )
-            .numpy()
-            .astype(np.float32)
-        )
+        # a fresh float32 tensor: its numpy view is ours to scale in place
+        grad = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
+        ).numpy()
         if self.grad_scaling == "rmsprop":
             if self.square_avg is None:
                 self.square_avg = np.zeros_like(grad)
             self.square_avg *= np.float32(self.rms_alpha)
             self.square_avg += np.float32(1.0 - self.rms_alpha) * grad * grad
-            grad = grad / (np.sqrt(self.square_avg) + np.float32(self.rms_eps))
-        return grad.astype(np.float32, copy=False)
+            denom = np.sqrt(self.square_avg)
+            denom += np.float32(self.rms_eps)
+            grad /= denom
+        return grad
 
     def loss(self, params: np.ndarray) -> float:
         """Negative mean return of ``log_eval_episodes`` greedy episodes (fixed seeds) at ``params``."""
@@ -247,27 +245,7 @@ class A2CProblem:
         """Mean undiscounted return of ``episodes`` greedy episodes with the loaded weights."""
         if episodes < 1:
             return 0.0
-        env = self.env_spec.make()
-        returns = []
-        try:
-            for ep in range(episodes):
-                obs, _ = env.reset(seed=seed + ep)
-                total, done, steps = 0.0, False, 0
-                while not done and steps < self.eval_max_steps:
-                    with torch.no_grad():
-                        dp = self.agent.dist_params(
-                            torch.as_tensor(np.asarray(obs), dtype=torch.float32)[None]
-                        )
-                        a = dists.mode(self.agent.dist_kind, dp)[0].numpy()
-                    a = np.clip(a, self.action_space.low, self.action_space.high) if self.box else int(a)
-                    obs, r, term, trunc, _ = env.step(a)
-                    total += float(r)
-                    done = term or trunc
-                    steps += 1
-                returns.append(total)
-        finally:
-            env.close()
-        return float(np.mean(returns))
+        return evaluate(self.agent, self.env_spec, episodes, seed=seed, max_steps=self.eval_max_steps)[0]
 
 
 def make_a2c_problem(**kwargs: Any) -> A2CProblem:
@@ -346,59 +324,32 @@ class HSA2CConfig:
     plots: bool = True
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first invalid field."""
-        for name in ("seed", "log_every", "eval_episodes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        """Raise ``ValueError`` naming the first invalid field.
+
+        The HSA2C fields are checked here; the DPSGD ones (workers, threads, local_steps, master_batch,
+        rho, eta, seed, log_every, stopping, codecs, synchronous, worker_timeout_s) by
+        :meth:`DPSGDConfig.validate <frugalrl.dpsgd.DPSGDConfig.validate>` via :meth:`dpsgd_config`.
+        """
         check_fields(
             self,
-            positive_ints=(
-                "workers",
-                "threads",
-                "local_steps",
-                "master_batch",
-                "k",
-                "envs_per_process",
-                "log_eval_episodes",
-                "eval_max_steps",
-            ),
-            positive=("rho", "eta", "rms_eps"),
+            positive_ints=("k", "envs_per_process", "log_eval_episodes", "eval_max_steps"),
+            positive=("rms_eps",),
             nonneg=("ent_coef", "vf_coef", "max_grad_norm"),
             unit=("gamma", "rms_alpha"),
         )
-        for name in ("rho", "eta"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be finite, got {getattr(self, name)!r}")
+        if (
+            isinstance(self.eval_episodes, bool)
+            or not isinstance(self.eval_episodes, int)
+            or self.eval_episodes < 0
+        ):
+            raise ValueError(f"eval_episodes must be an integer >= 0, got {self.eval_episodes!r}")
         if self.grad_scaling not in GRAD_SCALINGS:
             raise ValueError(f"grad_scaling must be one of {GRAD_SCALINGS}, got {self.grad_scaling!r}")
         if not self.hidden or any(
             isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden
         ):
             raise ValueError(f"hidden must list positive widths, got {self.hidden!r}")
-        if self.global_updates is not None and (
-            isinstance(self.global_updates, bool)
-            or not isinstance(self.global_updates, int)
-            or self.global_updates < 1
-        ):
-            raise ValueError(
-                f"global_updates must be a positive integer or None, got {self.global_updates!r}"
-            )
-        if self.time_limit_s is not None and not self.time_limit_s > 0:
-            raise ValueError(f"time_limit_s must be > 0 or None, got {self.time_limit_s!r}")
-        if self.global_updates is None and self.time_limit_s is None:
-            raise ValueError("global_updates and time_limit_s are both None: the run would never stop")
-        if self.worker_timeout_s is not None and not self.worker_timeout_s > 0:
-            raise ValueError(f"worker_timeout_s must be > 0 or None, got {self.worker_timeout_s!r}")
-        for name in ("update_codec", "pull_codec"):
-            if getattr(self, name) not in ("fp32", "bf16", "fp16"):
-                raise ValueError(f"{name} must be 'fp32', 'bf16' or 'fp16', got {getattr(self, name)!r}")
-        if not isinstance(self.synchronous, bool):
-            raise ValueError(f"synchronous must be a bool, got {self.synchronous!r}")
-        if self.synchronous and self.master_batch != self.workers:
-            raise ValueError(
-                f"master_batch must equal workers ({self.workers}) when synchronous=True, got {self.master_batch}"
-            )
+        self.dpsgd_config()
 
     def as_synchronous_baseline(self) -> HSA2CConfig:
         """This config as the paper's B = 1 baseline (DDRL A3C): synchronous, ``B = 1``, ``M = workers``."""
@@ -468,7 +419,6 @@ def train(cfg: HSA2CConfig) -> dict[str, Any]:
     Raises ``ValueError`` for a bad config, :class:`~frugalrl.dpsgd.DPSGDError` if a worker fails.
     """
     from frugalrl.dpsgd import run_dpsgd
-    from frugalrl.evaluation import evaluate
     from frugalrl.runs import Run
 
     cfg.validate()

@@ -80,6 +80,10 @@ class Corpus:
         """Total word count."""
         return int(round(float(self.counts.sum())))
 
+    def entry_docs(self) -> np.ndarray:
+        """Document of each entry (int64, length ``nnz``)."""
+        return np.repeat(np.arange(self.n_docs), np.diff(self.indptr))
+
     def doc(self, d: int) -> tuple[np.ndarray, np.ndarray]:
         """``(word_ids, counts)`` of document ``d``."""
         a, b = self.indptr[d], self.indptr[d + 1]
@@ -141,7 +145,7 @@ class Corpus:
     def to_dense(self) -> np.ndarray:
         """The ``D × V`` count matrix (float64)."""
         out = np.zeros((self.n_docs, self.n_words))
-        out[np.repeat(np.arange(self.n_docs), np.diff(self.indptr)), self.word_ids] = self.counts
+        out[self.entry_docs(), self.word_ids] = self.counts
         return out
 
     def to_scipy(self) -> Any:
@@ -216,7 +220,7 @@ def vocab_path_for(path: str) -> str:
 def save_docword(corpus: Corpus, path: str, write_vocab: bool = True) -> None:
     """Write ``corpus`` in the UCI docword format (gzipped if ``path`` ends in ``.gz``), and its
     vocabulary (if known and ``write_vocab``) to :func:`vocab_path_for` ``(path)``."""
-    docs = np.repeat(np.arange(corpus.n_docs), np.diff(corpus.indptr))
+    docs = corpus.entry_docs()
     with _open_text(path, "wt") as f:
         f.write(f"{corpus.n_docs}\n{corpus.n_words}\n{corpus.word_ids.size}\n")
         for d, w, c in zip(docs.tolist(), corpus.word_ids.tolist(), corpus.counts.tolist(), strict=True):

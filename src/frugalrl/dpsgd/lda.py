@@ -76,7 +76,7 @@ def e_step(
     k, v = exp_elog_beta.shape
     lengths = np.diff(corpus.indptr)
     n_docs = lengths.size
-    doc_of = np.repeat(np.arange(n_docs), lengths)
+    doc_of = corpus.entry_docs()
     nonempty = lengths > 0
     starts = corpus.indptr[:-1][nonempty]
     bt = exp_elog_beta[:, corpus.word_ids].T  # nnz × K
@@ -153,8 +153,7 @@ def completion_perplexity(
     gamma, _ = e_step(observed, np.exp(dirichlet_expectation(lam)), alpha, max_iter, tol, sstats=False)
     theta = gamma / gamma.sum(axis=1, keepdims=True)
     beta = lam / lam.sum(axis=1, keepdims=True)
-    doc_of = np.repeat(np.arange(heldout.n_docs), np.diff(heldout.indptr))
-    p = np.einsum("jk,kj->j", theta[doc_of], beta[:, heldout.word_ids])
+    p = np.einsum("jk,kj->j", theta[heldout.entry_docs()], beta[:, heldout.word_ids])
     n = heldout.counts.sum()
     return float(math.exp(-float(heldout.counts @ np.log(np.maximum(p, 1e-300))) / n)) if n else float("nan")
 
@@ -238,14 +237,22 @@ class LDAProblem:
         return rng.gamma(100.0, 0.01, size=self.n_topics * self.n_words).astype(np.float32)
 
     def lambda_hat(self, params: np.ndarray, docs: np.ndarray) -> np.ndarray:
-        """Eq. (52): ``η + (D/|G|) Σ_{d∈G} n_dw φ_dwk`` for the training documents ``docs``."""
+        """Eq. (52): ``η + (D/|G|) Σ_{d∈G} n_dw φ_dwk`` for the training documents ``docs``.
+
+        ``exp(E[log β])`` is needed only at the batch's words: ``ψ`` is evaluated on those columns of
+        ``λ`` (and its row sums), not on all ``K × V`` entries, and the E-step runs on the batch
+        relabelled to them.
+        """
         lam = self.topics(params)
         batch = self.train.subset(docs)
-        _, s = e_step(
-            batch, np.exp(dirichlet_expectation(lam)), self.alpha, self.e_step_iters, self.e_step_tol
-        )
+        words, local = np.unique(batch.word_ids, return_inverse=True)
+        local_batch = Corpus(batch.indptr, local.reshape(-1), batch.counts, words.size)
+        elog = digamma(lam[:, words]) - digamma(lam.sum(axis=1, keepdims=True))
+        _, s = e_step(local_batch, np.exp(elog), self.alpha, self.e_step_iters, self.e_step_tol)
         assert s is not None
-        return self.eta + (self.train.n_docs / max(1, len(docs))) * s
+        out = np.full(self.shape, self.eta)
+        out[:, words] += (self.train.n_docs / max(1, len(docs))) * s
+        return out
 
     def sample_batch(self, rng: np.random.Generator) -> np.ndarray:
         """``batch_size`` distinct training documents (all of them if fewer)."""
