@@ -700,3 +700,39 @@ def test_top_percentile_bad_arguments():
     with pytest.raises(ValueError, match="keyed mode"):
         tp.encode(torch.randn(4, 5))
     assert tp.steps == 1
+
+
+def test_top_percentile_overflow_and_keyed_errors_leave_state_untouched():
+    big = torch.full((2, 4), 3e38)
+    for keys in (None, torch.tensor([3, 4])):
+        tp = TopPercentile(0.5)
+        tp.encode(big, keys=keys)  # sends 4 of 8 entries; the other 4 stay at 3e38 in the residual
+        state = tp.residual()
+        with pytest.raises(ValueError, match="overflows float32"):
+            tp.encode(big, keys=keys)
+        assert tp.steps == 1 and torch.equal(tp.residual(), state)
+    # Keyed: a failing call registers none of its new keys ...
+    with pytest.raises(ValueError, match="overflows float32"):
+        tp.encode(big, keys=torch.tensor([4, 9]))
+    assert torch.equal(tp.residual(), state)
+    # ... and a failing first call pins neither the mode nor the row shape.
+    tp = TopPercentile(0.5)
+    bad = torch.randn(3, 4)
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="cut gradient contains non-finite values"):
+        tp.encode(bad, keys=torch.tensor([5, 6, 7]))
+    assert tp.residual().numel() == 0
+    tp.encode(torch.randn(8), keys=None)
+    assert tp.residual().shape == (8,)
+
+
+@pytest.mark.parametrize("density", [0.0, 0.001, 0.02, 0.1, 0.3, 0.5, 0.8, 1.0])
+def test_auto_is_the_smallest_exact_size_at_any_density(density):
+    # "auto" skips the Rice plan when a closed-form bound shows gap cannot win: same choice, same size.
+    shape = (37, 211)
+    rng = np.random.default_rng(int(density * 1000))
+    idx = np.flatnonzero(rng.random(math.prod(shape)) < density)
+    sizes = {i: sparse_nbytes(shape, idx.size, i, flat_idx=idx) for i in INDEX_ENCODINGS}
+    msg = encode_sparse(idx, np.ones(idx.size, np.float32), shape)
+    assert len(msg) == sparse_nbytes(shape, idx.size, "auto", flat_idx=idx) == min(sizes.values())
+    assert cut_info(msg)["index"] == min(INDEX_ENCODINGS, key=sizes.__getitem__)

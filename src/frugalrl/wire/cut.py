@@ -248,14 +248,60 @@ def _rice_plan(g: np.ndarray) -> tuple[int, int]:
     return best, s(best)
 
 
+def _gap_payload_lower_bound(nnz: int, sum_g: int) -> int:
+    """A lower bound of the ``gap`` payload from ``nnz`` and the sum of the gaps alone.
+
+    ``g >> k >= (g - 2**k + 1) / 2**k``, so ``sum(q) >= ceil((sum_g - nnz * (2**k - 1)) / 2**k)``;
+    the two byte roundings only add. Lets ``auto`` skip the Rice plan when ``gap`` cannot win.
+    """
+    best = -1
+    for k in range(MAX_RICE_K + 1):
+        fixed = nnz * (k + 1)
+        if best >= 0 and fixed >= best:
+            break  # the bound only grows from here
+        bits = fixed + max(0, -(-(sum_g - nnz * ((1 << k) - 1)) >> k))
+        best = bits if best < 0 else min(best, bits)
+    return 4 + (best + 7) // 8
+
+
+def _plan_index(
+    idx: np.ndarray, dims: tuple[int, ...], index: str
+) -> tuple[str, int, int, int, np.ndarray | None]:
+    """``(index, k, sum_q, payload, gaps)`` for sorted unique ``idx``: ``auto`` resolved to the
+    smallest encoding (ties: first in :data:`INDEX_ENCODINGS`); ``k``, ``sum_q`` and ``gaps`` are
+    only set for ``gap`` (else 0, 0, ``None``)."""
+    nnz, numel = idx.size, math.prod(dims)
+    if index == "coo16":
+        return index, 0, 0, _coo16_payload(dims, nnz), None
+    if index == "bitmask":
+        return index, 0, 0, _bitmask_payload(numel), None
+    if index == "auto":
+        coo, bm = _coo16_payload(dims, nnz), _bitmask_payload(numel)
+        best = ("coo16", 0, 0, coo, None) if coo <= bm else ("bitmask", 0, 0, bm, None)
+        sum_g = int(idx[-1]) + 1 - nnz if nnz else 0
+        if _gap_payload_lower_bound(nnz, sum_g) >= best[3]:
+            return best
+    g = _gaps(idx)
+    k, sum_q = _rice_plan(g)
+    gap = _gap_payload(nnz, k, sum_q)
+    if index == "auto" and gap >= best[3]:
+        return best
+    return "gap", k, sum_q, gap, g
+
+
+def _int64_vector(x: Any, what: str) -> np.ndarray:
+    """``x`` (a tensor on any device, or array-like) as a 1-D int64 array; empty may be any dtype."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"{what} must be a 1-D integer array, got dtype {a.dtype} and shape {a.shape}")
+    return a.astype(np.int64, copy=False)
+
+
 def _check_flat_idx(flat_idx: Any, numel: int) -> np.ndarray:
     """``flat_idx`` as a 1-D int64 array, checked sorted, unique and within ``[0, numel)``."""
-    if isinstance(flat_idx, torch.Tensor):
-        flat_idx = flat_idx.detach().cpu().numpy()
-    idx = np.asarray(flat_idx)
-    if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
-        raise ValueError(f"flat_idx must be a 1-D integer array, got dtype {idx.dtype} and shape {idx.shape}")
-    idx = idx.astype(np.int64, copy=False)
+    idx = _int64_vector(flat_idx, "flat_idx")
     if idx.size:
         if idx[0] < 0 or idx[-1] >= numel:
             raise ValueError(f"flat_idx out of range [0, {numel})")
@@ -292,11 +338,7 @@ def sparse_nbytes(
     idx = _check_flat_idx(flat_idx, numel)
     if idx.size != nnz:
         raise ValueError(f"flat_idx holds {idx.size} indices but nnz is {nnz}")
-    k, sum_q = _rice_plan(_gaps(idx))
-    gap = _gap_payload(nnz, k, sum_q)
-    if index == "gap":
-        return base + gap
-    return base + min(_coo16_payload(dims, nnz), _bitmask_payload(numel), gap)
+    return base + _plan_index(idx, dims, index)[3]
 
 
 def expected_gap_nbytes(shape: Any, nnz: int, values: str = "bf16") -> float:
@@ -427,27 +469,13 @@ def _encode_sparse_raw(
         raise ValueError(f"shape {dims} has too many elements for int64 flat indices")
     if nnz > 0xFFFFFFFF:
         raise ValueError(f"{nnz} nonzeros do not fit the u32 nnz field")
-    plan: tuple[int, int] | None = None
-    g: np.ndarray | None = None
-    if index in ("gap", "auto"):
-        g = _gaps(idx)
-        plan = _rice_plan(g)
-    if index == "auto":
-        assert plan is not None
-        sizes = {
-            "coo16": _coo16_payload(dims, nnz),
-            "bitmask": _bitmask_payload(numel),
-            "gap": _gap_payload(nnz, *plan),
-        }
-        index = min(INDEX_ENCODINGS, key=lambda name: sizes[name])  # ties: first in INDEX_ENCODINGS
-    k = 0
+    index, k, sum_q, _, g = _plan_index(idx, dims, index)
     if index == "coo16":
         body = _coo16_bytes(idx, dims)
     elif index == "bitmask":
         body = _bitmask_bytes(idx, numel)
     else:
-        assert plan is not None and g is not None
-        k, sum_q = plan
+        assert g is not None
         body = _gap_bytes(g, k, sum_q)
     head = _header(_SPARSE, values, _INDEX_CODE[index], k, dims, nnz)
     return b"".join((head, _le_bytes(payload), body)), index
@@ -780,9 +808,9 @@ class TopPercentile:
         found = self._keys[pos] == keys
         return np.where(found, self._slots[pos], -1), found
 
-    def _slots_for(self, keys: np.ndarray) -> np.ndarray:
-        """Storage rows of ``keys``, giving new keys zeroed rows (growing the storage)."""
-        slots, found = self._lookup(keys)
+    def _add_keys(self, keys: np.ndarray, slots: np.ndarray, found: np.ndarray) -> np.ndarray:
+        """Storage rows of ``keys`` (``slots``, ``found`` from :meth:`_lookup`), giving new keys
+        zeroed rows (growing the storage)."""
         new = ~found
         if new.any():
             used = self._keys.size
@@ -803,12 +831,7 @@ class TopPercentile:
         return slots
 
     def _check_keys(self, keys: Any, rows: int | None) -> np.ndarray:
-        if isinstance(keys, torch.Tensor):
-            keys = keys.detach().cpu().numpy()
-        k = np.asarray(keys)
-        if k.ndim != 1 or (k.size and not np.issubdtype(k.dtype, np.integer)):
-            raise ValueError(f"keys must be a 1-D integer tensor, got dtype {k.dtype} and shape {k.shape}")
-        k = k.astype(np.int64, copy=False)
+        k = _int64_vector(keys, "keys")
         if rows is not None and k.size != rows:
             raise ValueError(f"{k.size} keys for a gradient of {rows} rows")
         if np.unique(k).size != k.size:
@@ -831,8 +854,6 @@ class TopPercentile:
         """
         g = _as_float32(grad)
         dims = _shape(g.shape)
-        if not _all_finite(g):
-            raise ValueError("cut gradient contains non-finite values")
         # G is built in a scratch buffer (reused across calls: fresh megabyte-sized arrays cost
         # more in page faults than the arithmetic) and becomes the state only once all went well.
         G = self._scratch("G", g.size, np.float32).reshape(g.shape)
@@ -846,8 +867,9 @@ class TopPercentile:
             if self._acc is None:
                 np.copyto(G, g)
             else:
-                np.add(self._acc, g, out=G)
-            slots = None
+                with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+                    np.add(self._acc, g, out=G)
+            found = slots = None
         else:
             k = self._check_keys(keys, g.shape[0])
             if self._row_shape is not None and self._row_shape != g.shape[1:]:
@@ -856,13 +878,20 @@ class TopPercentile:
                 )
             mode = "keyed"
             self._check_mode(mode)
-            if self._row_shape is None:
-                self._row_shape = tuple(g.shape[1:])
-                self._rows = np.zeros((0, *self._row_shape), dtype=np.float32)
-            slots = self._slots_for(k)
-            np.take(self._rows, slots, axis=0, out=G, mode="clip")  # slots are valid: no bounds checks
-            G += g
+            # New keys are only registered once the message is built (a failure leaves no trace).
+            slots, found = self._lookup(k)
+            if found.all():
+                np.take(self._rows, slots, axis=0, out=G, mode="clip")  # slots are valid: no bounds checks
+            else:
+                G.fill(0.0)
+                if found.any():
+                    G[found] = self._rows[slots[found]]
+            with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+                G += g
+        # One pass over G covers g too (NaN and inf propagate); g is only scanned to name the fault.
         if not _all_finite(G):
+            if not _all_finite(g):
+                raise ValueError("cut gradient contains non-finite values")
             raise ValueError("cut gradient plus residual overflows float32")
         flat = G.reshape(-1)
         send_dense = dense or self.steps < self.warmup_steps
@@ -882,7 +911,7 @@ class TopPercentile:
             msg, self.last_index = _encode_sparse_raw(idx, payload, dims, self.index, self.values)
             flat[idx] = sent - decoded if self.keep_rounding_error else 0.0
             self.last_nnz = idx.size
-        if slots is None:  # swap: the old accumulator becomes the next scratch buffer
+        if keys is None:  # swap: the old accumulator becomes the next scratch buffer
             old = self._acc
             self._acc = G
             if old is None:
@@ -890,6 +919,10 @@ class TopPercentile:
             else:
                 self._buffers["G"] = old.reshape(-1)
         else:
+            if self._row_shape is None:
+                self._row_shape = tuple(g.shape[1:])
+                self._rows = np.zeros((0, *self._row_shape), dtype=np.float32)
+            slots = self._add_keys(k, slots, found)  # may grow (replace) self._rows
             self._rows[slots] = G
         self._mode = mode
         self.last_dense = send_dense
