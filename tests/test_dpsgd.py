@@ -11,6 +11,7 @@ import os
 import subprocess
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -309,6 +310,27 @@ def test_synchronous_baseline_has_no_staleness():
     assert out["final_loss"] - problem.optimal_loss < 0.2 * (initial - problem.optimal_loss)
 
 
+def test_target_loss_stops_the_run_and_deferred_eval_keeps_the_curve():
+    kw = {"n": 400, "dim": 10, "batch_size": 8, "noise": 0.1, "seed": 1}
+    problem = least_squares(**kw)
+    base = DPSGDConfig(problem=LSQ, problem_kwargs=kw, workers=1, local_steps=5, eta=0.02,
+                       global_updates=400, log_every=2)
+    start = problem.loss(problem.init_params())
+    target = problem.optimal_loss + 0.1 * (start - problem.optimal_loss)
+    out = run_dpsgd(replace(base, target_loss=target))
+    assert out["stop_reason"] == "target_loss" and out["global_updates"] < 400
+    reached = out["target"]
+    assert reached["loss"] <= target and reached["global_update"] % 2 == 0 and reached["seconds"] > 0
+    # Deferred: the same losses, computed after the run, which does not stop at the target.
+    out = run_dpsgd(replace(base, target_loss=target, deferred_eval=True, global_updates=40))
+    assert out["stop_reason"] == "global_updates" and out["target"]["loss"] <= target
+    assert [u for _, u, _ in out["loss_curve"]] == list(range(0, 41, 2))
+    # A target the starting point already meets: nothing runs.
+    out = run_dpsgd(replace(base, target_loss=start + 1.0))
+    assert out["target"] == {"seconds": 0.0, "global_update": 0, "loss": start}
+    assert out["global_updates"] == 0
+
+
 # ------------------------------------------------------------------------------- eq. 13
 def test_scale_learning_rate_eq13():
     assert scale_learning_rate(0.1, (1, 1, 1), (1, 1, 1)) == pytest.approx(0.1)
@@ -342,7 +364,9 @@ def test_scale_learning_rate_eq13():
         ("pull_codec", "zip"),
         ("seed", -3),
         ("log_every", -1),
-        ("backend", "ray"),
+        ("backend", "mpi"),
+        ("target_loss", float("inf")),
+        ("deferred_eval", 1),
         ("rescale_from", (1, 2)),
         ("problem", "no_colon"),
         ("problem_kwargs", {"x": object()}),

@@ -93,9 +93,8 @@ def test_unknown_env_is_a_value_error(tmp_path):
 
 
 def test_hsa2c_learns_cartpole(tmp_path):
-    """Asynchronous HSA2C (2 workers, B = 10, M = 1, m = 8, k = 5) beats random play (about 22) by far
-    within 60k env steps. Hogwild scheduling makes runs non-deterministic and A2C's greedy return
-    oscillates, so the checks are over the logged evaluations: the peak, the mean of the second half."""
+    """Asynchronous HSA2C (2 workers, B = 10, M = 1, m = 8, k = 5) reaches a greedy return of 195 (random
+    play: about 22) within 150 global updates (60k env steps), and the run stops there."""
     cfg = _cfg(
         tmp_path,
         seed=1,
@@ -109,18 +108,18 @@ def test_hsa2c_learns_cartpole(tmp_path):
     )
     s = train(cfg)
     assert s["algo"] == "hsa2c" and s["env_id"] == "CartPole-v1"
-    assert s["gradients"] >= 150 * 10
-    assert s["env_steps"] == s["gradients"] * cfg.k * cfg.envs_per_process
     history = [h["mean"] for h in s["eval_history"]]
     assert history[0] < 100  # the seeded initial policy is poor
-    assert max(history[1:]) >= 195 and s["time_to_target"] is not None
-    second_half = history[len(history) // 2 :]
-    assert np.mean(second_half) >= 100, s["eval_history"]
-    assert s["eval_return_mean"] > 40, s["eval_history"]
+    assert s["stop_reason"] == "target_loss", s["eval_history"]
+    first = next(h for h in s["eval_history"] if h["mean"] >= 195)
+    assert s["time_to_target"]["global_update"] == first["global_update"] <= s["global_updates"]
+    assert s["gradients"] >= s["time_to_target"]["global_update"] * 10
+    assert s["env_steps"] == s["gradients"] * cfg.k * cfg.envs_per_process
+    assert s["eval_return_mean"] > 40, s["eval_history"]  # the weights a few updates after the target
     # wire accounting: pulls of weights down, pushes of update vectors up
     assert s["bytes"]["weights"] > 0 and s["bytes"]["gradients"] > 0
     assert s["bytes_per_update"] == pytest.approx(s["bytes"]["total"] / s["global_updates"])
-    assert s["staleness"]["count"] == s["global_updates"] == 150
+    assert s["staleness"]["count"] == s["global_updates"]
     run = tmp_path / "run"
     assert json.loads((run / "summary.json").read_text())["eval_return_mean"] == s["eval_return_mean"]
     assert json.loads((run / "config.json").read_text())["local_steps"] == 10

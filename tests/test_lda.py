@@ -161,13 +161,12 @@ def test_fit_lda_runs_dpsgd(tmp_path):
         log_every=4,
         synthetic_docs=400,
         synthetic_vocab=150,
-        target_perplexity=1e9,
         seed=2,
     )
     out = fit_lda(cfg)
     assert out["global_updates"] == 8
     assert out["final_perplexity"] < out["initial_perplexity"]
-    assert out["time_to_target_s"] == 0.0
+    assert out["time_to_target_s"] is None
     assert out["lambda"].shape == (5, 150) and out["lambda"].min() > 0
     assert len(out["top_words"]) == 5 and len(out["top_words"][0]) == 10
     assert len(out["topic_recovery"]) == 5

@@ -233,7 +233,7 @@ def _lda_fit(args: argparse.Namespace) -> int:
           f"in {summary['wall_time_s']:.1f} s ({summary['global_updates']} global updates)")
     if summary.get("target_perplexity") is not None:
         reached = summary["time_to_target_s"]
-        print(f"  target {summary['target_perplexity']}: " + (f"reached at {reached:.1f} s" if reached else "not reached"))
+        print(f"  target {summary['target_perplexity']}: " + (f"reached at {reached:.1f} s" if reached is not None else "not reached"))
     for k, words in enumerate(summary["top_words"]):
         print(f"  topic {k:2d}: {' '.join(map(str, words))}")
     if args.out:

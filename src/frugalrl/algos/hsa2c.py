@@ -34,9 +34,10 @@ Choices and differences from the paper, and why:
   updates) is the negative mean return of ``log_eval_episodes`` greedy episodes on a separate
   evaluation env with fixed seeds, in the calling process. Training returns seen by workers never
   reach the server (DPSGD's wire carries only parameters and updates), so they are not reported.
-- *Stopping*: DPSGD stops on ``global_updates`` or ``time_limit_s``. ``target_return`` does not stop
-  the run early; the summary reports when (seconds, global update, env steps) the logged greedy
-  return first reached it.
+- *Stopping*: on ``global_updates``, ``time_limit_s``, or the first logged greedy return at or above
+  ``target_return`` (DPSGD's ``target_loss``); the summary reports when (seconds, global update, env
+  steps) it was reached. Time to target counts from the end of worker startup, as in the paper's
+  figures; with ``deferred_eval`` the returns are computed after the run and do not stop it.
 """
 
 from __future__ import annotations
@@ -298,7 +299,10 @@ class HSA2CConfig:
     time_limit_s: float | None = None
     """Stop after this many seconds of training (worker startup excluded)."""
     target_return: float | None = None
-    """Report when the logged greedy return first reaches this (it does not stop the run)."""
+    """Stop once a logged greedy return reaches this (``time_to_target`` says when)."""
+    deferred_eval: bool = False
+    """Evaluate the logged parameters after the run, so that evaluation takes no CPU from the workers
+    (for timing on few cores); the run then does not stop at ``target_return``."""
     synchronous: bool = False
     """Synchronous master: each global update takes one update from every worker, all from the same θ
     (needs ``master_batch == workers``)."""
@@ -401,6 +405,8 @@ class HSA2CConfig:
             synchronous=self.synchronous,
             seed=self.seed,
             log_every=self.log_every,
+            target_loss=None if self.target_return is None else -float(self.target_return),
+            deferred_eval=self.deferred_eval,
             worker_timeout_s=self.worker_timeout_s,
         )
 

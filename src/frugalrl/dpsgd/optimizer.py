@@ -92,6 +92,11 @@ class DPSGDConfig:
     """Seed of every sample stream (one per Hogwild process)."""
     log_every: int = 10
     """Record the loss every this many global updates (0: only at the start and the end)."""
+    target_loss: float | None = None
+    """Stop once a recorded loss is at or below this (the summary's ``target`` says when); None: never."""
+    deferred_eval: bool = False
+    """Keep the recorded parameters and compute their losses after the run, so that evaluating takes no
+    CPU from the workers (timing benchmarks on few cores); ``target_loss`` then cannot stop the run early."""
     backend: str = "local"
     """Transport between server and workers (see :data:`TRANSPORTS`)."""
     startup_timeout_s: float = 120.0
@@ -130,6 +135,14 @@ class DPSGDConfig:
             _check_int("global_updates", self.global_updates, 1)
         if self.time_limit_s is not None:
             _check_positive("time_limit_s", self.time_limit_s)
+        if self.target_loss is not None and (
+            isinstance(self.target_loss, bool)
+            or not isinstance(self.target_loss, (int, float))
+            or not math.isfinite(self.target_loss)
+        ):
+            raise ValueError(f"DPSGDConfig.target_loss must be a finite number or None, got {self.target_loss!r}")
+        if not isinstance(self.deferred_eval, bool):
+            raise ValueError(f"DPSGDConfig.deferred_eval must be a bool, got {self.deferred_eval!r}")
         if self.global_updates is None and self.time_limit_s is None:
             raise ValueError(
                 "DPSGDConfig.global_updates and time_limit_s are both None: the run would never stop"
@@ -437,7 +450,9 @@ def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
     ``global_updates`` (T reached), ``staleness`` (``mean``, ``max``, ``histogram``), ``bytes`` (the
     :meth:`ByteMeter.summary`, with ``up``/``down`` by kind), ``pulls``, ``pushes``,
     ``applied_updates``, ``dropped_updates``, ``gradient_steps``, ``updates_per_second``,
-    ``wall_time_s`` (optimisation), ``startup_s``, ``stop_reason``, ``rho``/``eta`` (as used), ``config``.
+    ``wall_time_s`` (optimisation), ``startup_s``, ``stop_reason``, ``target`` (``{seconds,
+    global_update, loss}`` of the first recorded loss at or below ``target_loss``, or None),
+    ``rho``/``eta`` (as used), ``config``.
 
     Raises ``ValueError`` for a bad config or a bad problem (naming it), :class:`DPSGDError` when a
     worker dies, hangs or breaks the protocol.
@@ -462,6 +477,11 @@ def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
     configs = [cfg.worker_config(w, eta) for w in range(cfg.workers)]
     transport = TRANSPORTS[cfg.backend](server, meter, configs, cfg.startup_timeout_s, cfg.worker_timeout_s)
     curve: list[tuple[float, int, float]] = [(0.0, 0, float(problem.loss(v0)))]
+    deferred: list[tuple[float, int, np.ndarray]] = []
+    target: dict[str, float] | None = None
+    if cfg.target_loss is not None and curve[0][2] <= cfg.target_loss:
+        target = {"seconds": 0.0, "global_update": 0, "loss": curve[0][2]}
+        server.stop("target_loss")  # the workers start, get "stop" at their first pull, and exit
     t_start = time.monotonic()
     try:
         transport.start()
@@ -472,7 +492,14 @@ def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
         while True:
             stopped = server.wait(0.1)
             for seconds, version, v in server.drain_snapshots():
+                if cfg.deferred_eval:
+                    deferred.append((seconds, version, v))  # v is never modified in place: no copy
+                    continue
                 curve.append((seconds, version, float(problem.loss(v))))
+                if target is None and cfg.target_loss is not None and curve[-1][2] <= cfg.target_loss:
+                    target = {"seconds": seconds, "global_update": version, "loss": curve[-1][2]}
+                    server.stop("target_loss")
+                    break  # later snapshots are not worth evaluating
             if server.failure is not None:
                 break
             if not stopped and cfg.time_limit_s is not None and server.elapsed() >= cfg.time_limit_s:
@@ -488,6 +515,10 @@ def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
         kind, message = server.failure
         raise (ValueError if kind == "ValueError" else DPSGDError)(f"DPSGD failed: {message}")
 
+    for seconds, version, v in deferred:
+        curve.append((seconds, version, float(problem.loss(v))))
+        if target is None and cfg.target_loss is not None and curve[-1][2] <= cfg.target_loss:
+            target = {"seconds": seconds, "global_update": version, "loss": curve[-1][2]}
     version, params = server.snapshot()
     final_loss = float(problem.loss(params))
     if curve[-1][1] != version:
@@ -509,6 +540,7 @@ def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
         "wall_time_s": wall,
         "startup_s": startup_s,
         "stop_reason": server.stop_reason,
+        "target": target,
         "rho": rho,
         "eta": eta,
         "config": asdict(cfg),
