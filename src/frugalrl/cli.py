@@ -74,7 +74,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         flag = "--" + f.name.replace("_", "-")
-        help_text = (docs.get(f.name, "") + f" (default: {default!r})").strip()
+        help_text = docs.get(f.name, "")  # the parsers' ArgumentDefaultsHelpFormatter adds the default
         parser.add_argument(flag, dest=f.name, type=_field_parser(hints[f.name]), default=default,
                             metavar=f.name.upper(), help=help_text)
 

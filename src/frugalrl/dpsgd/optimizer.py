@@ -18,11 +18,9 @@ A worker that dies is seen at once (its pidfd becomes readable) and the run fail
 :class:`DPSGDError` naming it; it is not restarted. A worker that sends nothing for
 ``worker_timeout_s`` seconds is treated the same way.
 
-Adding a Ray backend: implement :class:`Transport` with the server wrapped in a Ray actor whose
-``handle(worker, blob)`` decodes the message, calls :meth:`ParameterServer.handle` and encodes the
-reply (the actor needs ``max_concurrency >= workers``, since synchronous pulls block), and worker
-actors that build a :class:`~frugalrl.dpsgd.worker.DPSGDWorker` and call its ``run`` with an
-``exchange`` that goes through the server actor; then add it to :data:`TRANSPORTS`.
+``backend="ray"`` (:class:`~frugalrl.dpsgd.ray_transport.RayTransport`, imported only when used) runs
+each worker in a Ray actor, possibly on other machines; the server stays in this process and answers
+the actors' requests in one thread per worker, as here.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -436,8 +435,15 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-TRANSPORTS: dict[str, type[Transport]] = {"local": LocalTransport}
-"""Transport classes by ``DPSGDConfig.backend`` name."""
+def _ray_transport(*args: Any, **kwargs: Any) -> Transport:
+    """:class:`~frugalrl.dpsgd.ray_transport.RayTransport`, imported on first use (Ray is optional)."""
+    from frugalrl.dpsgd.ray_transport import RayTransport
+
+    return RayTransport(*args, **kwargs)
+
+
+TRANSPORTS: dict[str, Callable[..., Transport]] = {"local": LocalTransport, "ray": _ray_transport}
+"""Transport factories by ``DPSGDConfig.backend`` name."""
 
 _STOP_GRACE_S = 5.0  # after the stop, how long to let workers finish their round before killing them
 

@@ -1,0 +1,389 @@
+"""The Ray transport of DPSGD: one Ray actor per worker, possibly on other machines of a Ray cluster.
+
+Design. The :class:`~frugalrl.dpsgd.server.ParameterServer` stays in the calling process, where
+:func:`~frugalrl.dpsgd.optimizer.run_dpsgd` builds it and polls it (``wait``, ``drain_snapshots``,
+``failure``, ``stop``, ``snapshot``...), exactly as with the local transport. A Ray actor cannot call
+a plain driver process back, and putting the server itself in an actor would mean proxying every one
+of those calls (and moving snapshots of ``v`` as extra traffic), so the calls go the other way: the
+head *drives* the workers. Each worker actor (:class:`_RayDPSGDWorker`) builds a
+:class:`~frugalrl.dpsgd.worker.DPSGDWorker` (with its ``p - 1`` Hogwild helper processes on the
+actor's node, sharing ``u`` through shared memory as in the local transport) and runs its unchanged
+``run(exchange)`` loop in a thread of the actor. ``exchange`` hands the request to the actor's
+:meth:`_RayDPSGDWorker.exchange` method and waits for the reply: the head calls
+``actor.exchange(reply) -> next request`` in one thread per worker, and answers each request with
+:meth:`ParameterServer.handle` (which may block in synchronous pulls, as with the local transport's
+connection threads). So every message is still one trip between a worker and the server, the server
+is the one the caller holds, and the head is the master machine of the paper's setup.
+
+Ray only ever moves ``bytes`` of encoded :class:`~frugalrl.wire.Message` s
+(:func:`~frugalrl.wire.message.encode_message`): nothing of ours is pickled, the worker's config
+travels as a JSON message, and the head counts on the :class:`~frugalrl.wire.ByteMeter` the same
+logical bytes as the local transport (``config`` down and ``ready`` up at start, then pulls as
+``weights`` down, pushes as ``gradients`` up, headers and commands as ``control``).
+
+Failures. A worker actor that dies (its process killed, ``os._exit``, its node lost) makes its
+pending ``exchange`` call fail with a Ray error at once, which goes to :meth:`ParameterServer.fail`
+naming the worker; so does a worker that sends nothing for ``worker_timeout`` seconds. A worker that
+cannot build its problem answers ``error`` at start: a ``ValueError`` of the worker comes back as
+``ValueError("worker N could not start: ...")``, anything else as a
+:class:`~frugalrl.dpsgd.optimizer.DPSGDError`. :meth:`RayTransport.close` lets the workers finish
+their round (after a normal stop), closes their Hogwild helpers and kills every actor.
+
+Ray itself. If this process has already initialised Ray, that instance is used (and left running,
+unless a RayTransport or a ``backend='ray'`` ClusterEnv started it: then the last user shuts it
+down); otherwise ``ray_address`` joins an existing cluster (``"auto"`` or ``"host:port"``; closing
+disconnects), and without it a private single-machine instance is started (no dashboard, a small
+object store) and shut down by :meth:`RayTransport.close`. Actors are spread across nodes
+(``scheduling_strategy="SPREAD"``) and reserve ``num_cpus`` CPUs each (by default ``threads``, one
+per Hogwild process). The head's ``sys.path`` travels to the actors (and to their helpers), so
+problem factories in modules the head imports from a shared file system (tests, user code) import
+there too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import sys
+import threading
+import time
+from types import ModuleType
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+
+from frugalrl.dpsgd.optimizer import DPSGDError, Transport
+from frugalrl.dpsgd.worker import DPSGDWorker, ServerGone, error_message
+from frugalrl.wire.message import Message, WireError, decode_message, encode_message
+from frugalrl.wire.meter import DOWN, UP
+
+_ray_users = 0  # live RayTransports using a Ray instance that a RayTransport started or joined
+_ENVS_RAY = "frugalrl.envs.backends.ray"  # the ClusterEnv Ray backend keeps its own count of the same kind
+_OBJECT_STORE_BYTES = 128 * 1024**2  # object store of a private instance (larger messages spill to disk)
+_POLL_S = 0.5  # how often a waiting head thread looks at the clock and at close()
+
+
+# ---------------------------------------------------------------------------------------- Ray itself
+def _acquire_ray(address: str | None, need_cpus: float) -> ModuleType | None:
+    """Make sure Ray is initialised; return the module whose ``_ray_users`` counts us (None: the
+    instance is the user's and is left alone)."""
+    me = sys.modules[__name__]
+    envs = sys.modules.get(_ENVS_RAY)  # loaded only if a ClusterEnv used Ray: no torch import here
+    if ray.is_initialized():
+        for owner in (me, envs):
+            if owner is not None and getattr(owner, "_ray_users", 0) > 0:
+                owner._ray_users += 1
+                if address is None:  # a private instance has a fixed size: fail now, not after a timeout
+                    free = ray.available_resources().get("CPU", 0.0)
+                    if need_cpus > free:
+                        _release_ray(owner)
+                        raise RuntimeError(
+                            f"the Ray instance started by an earlier backend='ray' run has {free:g} free CPUs, "
+                            f"{need_cpus:g} are needed: close the other run first, pass num_cpus=0, or call "
+                            "ray.init(num_cpus=...) yourself before starting"
+                        )
+                return owner
+        return None
+    if address is not None:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    else:
+        # As the ClusterEnv backend: enough logical CPUs for every worker whatever the core count;
+        # Ray's token authentication guards the ports of a private instance.
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, math.ceil(need_cpus)),
+            object_store_memory=_OBJECT_STORE_BYTES,
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    owner = envs if envs is not None else me  # ClusterEnvs created meanwhile see it as theirs too
+    owner._ray_users = 1
+    return owner
+
+
+def _release_ray(owner: ModuleType | None) -> None:
+    """Undo :func:`_acquire_ray`: the last user of an instance a run started shuts it down (or disconnects)."""
+    if owner is None:
+        return
+    owner._ray_users -= 1
+    if owner._ray_users == 0 and ray.is_initialized():
+        ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------- the actor
+class _RayDPSGDWorker:
+    """The body of a worker actor (wrapped with ``ray.remote`` by :class:`RayTransport`).
+
+    Builds its :class:`DPSGDWorker` from the encoded ``config`` message and, on the first
+    :meth:`exchange`, runs its loop in a thread whose ``exchange`` is the pair of queues below.
+    """
+
+    def __init__(self, config: bytes, paths: list[str], startup_timeout: float) -> None:
+        # Modules the head can import (tests, the user's own) on a node that shares its file system;
+        # the Hogwild helpers inherit this path (child_env).
+        for p in reversed(paths):
+            if p not in sys.path and os.path.isdir(p):
+                sys.path.insert(0, p)
+        self._requests: queue.Queue[bytes | None] = queue.Queue()  # worker -> head; None: loop ended
+        self._replies: queue.Queue[bytes | None] = queue.Queue()  # head -> worker; None: closing
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.worker: DPSGDWorker | None = None
+        self.error: bytes | None = None
+        try:
+            self.worker = DPSGDWorker(decode_message(config)[0].meta, startup_timeout)
+        except Exception as e:  # noqa: BLE001 - reported to the head by ready()
+            self.error = encode_message(error_message(e))[0]
+
+    def ready(self) -> bytes:
+        """``ready`` (with the pid), or the ``error`` the worker could not be built with."""
+        if self.error is not None:
+            return self.error
+        return encode_message(Message("ready", {"pid": os.getpid()}))[0]
+
+    def node(self) -> dict[str, str]:
+        """Ray node id and IP address of this actor."""
+        return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+
+    def exchange(self, reply: bytes | None) -> bytes:
+        """Give the worker the server's ``reply`` (None: start the loop) and return its next request
+        (``b""`` once the loop has ended)."""
+        if reply is None:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="dpsgd-worker", daemon=True)
+                self._thread.start()
+        else:
+            self._replies.put(reply)
+        request = self._requests.get()
+        return b"" if request is None else request
+
+    def _run(self) -> None:
+        try:
+            self.worker.run(self._exchange)
+        except ServerGone:
+            pass
+        except BaseException as e:  # noqa: BLE001 - the head fails the run with it
+            self._requests.put(encode_message(error_message(e))[0])
+        finally:
+            self._requests.put(None)
+
+    def _exchange(self, msg: Message) -> Message:
+        """The worker's ``exchange``: hand ``msg`` to the head's pending call, wait for the reply."""
+        if self._closing:
+            raise ServerGone("the transport is closing")
+        self._requests.put(encode_message(msg)[0])
+        reply = self._replies.get()
+        if reply is None:
+            raise ServerGone("the transport is closing")
+        return decode_message(reply)[0]
+
+    def shutdown(self, timeout: float) -> None:
+        """End the loop (killing Hogwild helpers that do not finish their round), then close the worker."""
+        self._closing = True
+        self._replies.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive() and self.worker is not None:
+                for helper in self.worker.pool.helpers:  # a hung helper: its worker then sees it die
+                    helper.process.kill()
+                self._thread.join(1.0)
+            if self._thread.is_alive():
+                return  # stuck in the problem's own code: ray.kill ends it (helpers exit with it)
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+# ---------------------------------------------------------------------------------------- the transport
+class RayTransport(Transport):
+    """Workers in Ray actors; the server in this process (see the module docstring)."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        *args: Any,
+        ray_address: str | None = None,
+        num_cpus: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if num_cpus is not None and not num_cpus >= 0:
+            raise ValueError(f"num_cpus must be >= 0, got {num_cpus!r}")
+        self.address = ray_address
+        self.num_cpus = num_cpus
+        self.actors: list[Any] = [None] * len(self.configs)
+        self._pids: dict[int, int] = {}
+        self._threads: list[threading.Thread] = []
+        self._done = [False] * len(self.configs)
+        self._last: dict[int, Any] = {}  # worker -> its final exchange call (the one that carried ``stop``)
+        self._owner: ModuleType | None = None
+        self._acquired = False
+        self._closing = False
+        self._closed = False
+
+    def _cpus(self, cfg: dict[str, Any]) -> float:
+        return float(cfg["threads"]) if self.num_cpus is None else float(self.num_cpus)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Connect to (or start) Ray, start every actor and wait until each has built its worker."""
+        try:
+            self._owner = _acquire_ray(self.address, sum(self._cpus(c) for c in self.configs))
+            self._acquired = True
+            cls = ray.remote(_RayDPSGDWorker)
+            paths = [p for p in sys.path if p]
+            for w, cfg in enumerate(self.configs):
+                blob, sizes = encode_message(Message("config", cfg))
+                self.actors[w] = cls.options(
+                    num_cpus=self._cpus(cfg),
+                    max_concurrency=4,  # exchange blocks while the worker computes; ready/node/shutdown get through
+                    scheduling_strategy="SPREAD",
+                    max_restarts=0,
+                    max_task_retries=0,
+                ).remote(blob, paths, self.startup_timeout)
+                self.meter.add_message(sizes, w, DOWN)
+            deadline = time.monotonic() + self.startup_timeout
+            refs = [actor.ready.remote() for actor in self.actors]
+            for w, ref in enumerate(refs):
+                self._await_ready(w, ref, deadline)
+        except BaseException:
+            self.close()
+            raise
+
+    def _await_ready(self, w: int, ref: Any, deadline: float) -> None:
+        try:
+            blob = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except GetTimeoutError:
+            raise DPSGDError(
+                f"worker {w} (Ray actor) did not start within {self.startup_timeout:g} s "
+                "(not enough free CPUs in the Ray cluster? see num_cpus)"
+            ) from None
+        except RayError as e:
+            raise DPSGDError(f"worker {w} (Ray actor) died while starting: {_first_line(e)}") from e
+        msg, sizes = decode_message(blob)
+        self.meter.add_message(sizes, w, UP)
+        if msg.op == "error":
+            text = f"worker {w} could not start: {msg.meta.get('error')}"
+            raise ValueError(text) if msg.meta.get("type") == "ValueError" else DPSGDError(text)
+        self._pids[w] = int(msg.meta["pid"])
+
+    def serve(self) -> None:
+        """Start every worker's loop and one head thread per worker answering its requests."""
+        for w, actor in enumerate(self.actors):
+            first = actor.exchange.remote(None)
+            thread = threading.Thread(target=self._serve, args=(w, first), name=f"dpsgd-ray-{w}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, w: int, ref: Any) -> None:
+        """Answer worker ``w`` until it is told to stop, dies, goes silent, or the transport closes."""
+        server = self.server
+        try:
+            while not self._closing:
+                blob = self._receive(w, ref)
+                if blob is None:
+                    return
+                try:
+                    msg, sizes = decode_message(blob)
+                except WireError as e:
+                    server.fail(w, f"sent a malformed message ({e})")
+                    return
+                self.meter.add_message(sizes, w, UP)
+                try:
+                    reply = server.handle(w, msg)
+                except (ValueError, RuntimeError, KeyError) as e:
+                    kind = "ValueError" if isinstance(e, ValueError) else "RuntimeError"
+                    server.fail(None, str(e), kind)
+                    reply = Message("stop", {"reason": "failure"})
+                out, sizes = encode_message(reply)
+                ref = self.actors[w].exchange.remote(out)
+                self.meter.add_message(sizes, w, DOWN)
+                if reply.op == "stop":
+                    self._last[w] = ref
+                    return
+        finally:
+            self._done[w] = True
+
+    def _receive(self, w: int, ref: Any) -> bytes | None:
+        """The worker's next request; None (after reporting why to the server) if there is none."""
+        last = time.monotonic()
+        while True:
+            ready, _ = ray.wait([ref], timeout=_POLL_S)
+            if ready:
+                break
+            if self._closing:
+                return None
+            if self.worker_timeout is not None and time.monotonic() - last > self.worker_timeout:
+                self.server.fail(w, f"no message for {self.worker_timeout:g} s: the worker is hung")
+                return None
+        try:
+            blob = ray.get(ref)
+        except RayActorError as e:
+            if not self._closing:
+                self.server.fail(w, f"Ray actor (pid {self._pids.get(w)}) died: {_first_line(e)}")
+            return None
+        except RayError as e:
+            if not self._closing:
+                self.server.fail(w, f"Ray error: {type(e).__name__}: {_first_line(e)}")
+            return None
+        if not blob:
+            if not self._closing:
+                self.server.fail(w, "the worker's loop ended without being told to stop")
+            return None
+        return blob
+
+    def finished(self) -> bool:
+        """Whether every head thread has ended."""
+        return bool(self._threads) and all(self._done)
+
+    def close(self) -> None:
+        """End the head threads, let the workers end their round (up to 3 s), close them, kill the actors."""
+        if self._closed:
+            return
+        self._closed = self._closing = True
+        self.server.stop("closed")  # releases head threads waiting in a synchronous pull
+        for thread in self._threads:
+            thread.join(timeout=2.0)
+        if ray.is_initialized():
+            # Workers told to stop end their loop by themselves; after a failure nothing is worth waiting for.
+            if self.server.failure is None and self._last:
+                ray.wait(list(self._last.values()), num_returns=len(self._last), timeout=3.0)
+            live = [a for a in self.actors if a is not None]
+            grace = 1.0 if self.server.failure is None else 0.2  # to end the round before helpers are killed
+            refs = []
+            for actor in live:
+                try:
+                    refs.append(actor.shutdown.remote(grace))
+                except RayError:
+                    pass
+            if refs:
+                ray.wait(refs, num_returns=len(refs), timeout=5.0)
+            for actor in live:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        self.actors = [None] * len(self.configs)
+        if self._acquired:
+            self._acquired = False
+            _release_ray(self._owner)
+
+    # ------------------------------------------------------------------ introspection
+    def worker_pids(self) -> dict[int, int]:
+        """Process id of each worker actor (on its own node)."""
+        return dict(self._pids)
+
+    def worker_nodes(self) -> dict[int, dict[str, str]]:
+        """Ray node id and IP address of each live worker actor."""
+        live = {w: a for w, a in enumerate(self.actors) if a is not None}
+        return dict(zip(live, ray.get([a.node.remote() for a in live.values()]), strict=True))
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of a (often long, multi-line) Ray error."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
