@@ -367,6 +367,7 @@ def test_scale_learning_rate_eq13():
         ("backend", "mpi"),
         ("target_loss", float("inf")),
         ("deferred_eval", 1),
+        ("ray_address", ""),
         ("rescale_from", (1, 2)),
         ("problem", "no_colon"),
         ("problem_kwargs", {"x": object()}),

@@ -320,6 +320,10 @@ class HSA2CConfig:
     """Step cap of an evaluation episode."""
     worker_timeout_s: float | None = 300.0
     """A worker silent for this long is declared hung; None: wait forever."""
+    backend: str = "local"
+    """Where the workers run: ``local`` processes, or ``ray`` actors (possibly on other machines)."""
+    ray_address: str | None = None
+    """``backend="ray"``: the Ray cluster to join (``"auto"``, ``"host:port"``); None: a local one."""
     run_dir: str = "runs"
     run_name: str | None = None
     progress: bool = True
@@ -408,6 +412,8 @@ class HSA2CConfig:
             target_loss=None if self.target_return is None else -float(self.target_return),
             deferred_eval=self.deferred_eval,
             worker_timeout_s=self.worker_timeout_s,
+            backend=self.backend,
+            ray_address=self.ray_address,
         )
 
 

@@ -353,6 +353,10 @@ class LDAConfig:
     """Wire codec of the pushed updates: fp32, bf16 or fp16."""
     worker_timeout_s: float | None = 300.0
     """A worker silent for this long is declared hung."""
+    backend: str = "local"
+    """Where the workers run: ``local`` processes, or ``ray`` actors (possibly on other machines)."""
+    ray_address: str | None = None
+    """``backend="ray"``: the Ray cluster to join (``"auto"``, ``"host:port"``); None: a local one."""
 
     def __post_init__(self) -> None:
         for name in ("n_topics", "batch_size", "heldout_max_docs", "e_step_iters", "top_words"):
@@ -413,6 +417,8 @@ class LDAConfig:
             target_loss=self.target_perplexity,
             deferred_eval=self.deferred_eval,
             worker_timeout_s=self.worker_timeout_s,
+            backend=self.backend,
+            ray_address=self.ray_address,
         )
 
 

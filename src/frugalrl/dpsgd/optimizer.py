@@ -97,7 +97,10 @@ class DPSGDConfig:
     """Keep the recorded parameters and compute their losses after the run, so that evaluating takes no
     CPU from the workers (timing benchmarks on few cores); ``target_loss`` then cannot stop the run early."""
     backend: str = "local"
-    """Transport between server and workers (see :data:`TRANSPORTS`)."""
+    """Transport between server and workers: ``local`` (processes on this machine) or ``ray`` (Ray actors)."""
+    ray_address: str | None = None
+    """``backend="ray"``: the cluster to join (``"auto"``, ``"host:port"``); None: a Ray this process has
+    already started, else a private single-machine one."""
     startup_timeout_s: float = 120.0
     """How long a worker (with its helpers) may take to start."""
     worker_timeout_s: float | None = 300.0
@@ -165,6 +168,8 @@ class DPSGDConfig:
                 raise ValueError(f"DPSGDConfig.rescale_from: {e}") from e
         if self.backend not in TRANSPORTS:
             raise ValueError(f"DPSGDConfig.backend must be one of {sorted(TRANSPORTS)}, got {self.backend!r}")
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
+            raise ValueError(f"DPSGDConfig.ray_address must be a non-empty string or None, got {self.ray_address!r}")
         _check_positive("startup_timeout_s", self.startup_timeout_s)
         if self.worker_timeout_s is not None:
             _check_positive("worker_timeout_s", self.worker_timeout_s)
@@ -481,7 +486,10 @@ def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
     )
     meter = ByteMeter()
     configs = [cfg.worker_config(w, eta) for w in range(cfg.workers)]
-    transport = TRANSPORTS[cfg.backend](server, meter, configs, cfg.startup_timeout_s, cfg.worker_timeout_s)
+    extra = {"ray_address": cfg.ray_address} if cfg.backend == "ray" else {}
+    transport = TRANSPORTS[cfg.backend](
+        server, meter, configs, cfg.startup_timeout_s, cfg.worker_timeout_s, **extra
+    )
     curve: list[tuple[float, int, float]] = [(0.0, 0, float(problem.loss(v0)))]
     deferred: list[tuple[float, int, np.ndarray]] = []
     target: dict[str, float] | None = None

@@ -1,0 +1,326 @@
+"""DPSGD speed-up tables (seed paper 002, Fig. 1-3): time to a target, by workers (nW) and Hogwild processes (p).
+
+    python benchmarks/dpsgd_speedup.py                                 # this machine: nW, p in {1, 2}
+    python benchmarks/dpsgd_speedup.py --task lda --workers 1,2,4,8 --threads 1,2,4 --budget-s 300
+    python benchmarks/dpsgd_speedup.py --task hsa2c --seeds 1 2 3 4 5 --workers 1,4,16
+
+Two tasks, each a grid over ``workers × threads`` (asynchronous DPSGD, ``M = 1``):
+
+- ``lda``: DPSVI on a synthetic corpus drawn from a known LDA model (no download); time to a fixed
+  held-out perplexity. The reference is serial SVI (``nW = p = B = M = 1``), as in the paper's TSP
+  (eq. 12); the grid is repeated for each ``B`` of ``--lda-local-steps``, with ``ρ`` and ``η``
+  rescaled from serial SVI's by eq. (13), as the paper does.
+- ``hsa2c``: HSA2C on Acrobot-v1 (``--hsa2c-env``); time to a greedy return of -100 (mean of 3
+  episodes; random play: -500). The reference is the ``nW = p = 1`` run with the same ``B``; the
+  RMSProp step size is not rescaled. (CartPole is too easy to time here: it takes about a second, and
+  the initial weights of some seeds already balance the pole.)
+
+Every run evaluates *after* it ends (``deferred_eval``): the logged parameters are scored when the
+workers are gone, so the evaluation takes no CPU from them. Time is optimisation time from the end of
+worker startup (startup is reported apart). Speed-up = T(reference) / T(run); parallel efficiency =
+speed-up / (nW · p), the share of the extra processes' CPU that turned into progress. On a machine with
+C cores, runs with more than C processes (and the head) oversubscribe it: efficiency then measures
+the cost of that as well. Results: ``benchmarks/results/dpsgd_speedup.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frugalrl.algos.hsa2c import HSA2CConfig
+from frugalrl.algos.hsa2c import train as train_hsa2c
+from frugalrl.dpsgd.lda import LDAConfig, fit_lda
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def ints(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``."""
+    return [int(x) for x in text.split(",") if x]
+
+
+def first_reach(curve: list[tuple[float, int]], target: float, above: bool) -> float | None:
+    """Seconds of the first ``(seconds, value)`` at or beyond ``target`` (``above``: ``>=``, else ``<=``)."""
+    return next((t for t, v in curve if (v >= target if above else v <= target)), None)
+
+
+def stats(values: list[float | None]) -> dict[str, Any]:
+    """Mean and std of the values that are not None, and how many reached."""
+    got = [v for v in values if v is not None]
+    return {
+        "mean": float(np.mean(got)) if got else None,
+        "std": float(np.std(got)) if got else None,
+        "reached": f"{len(got)}/{len(values)}",
+    }
+
+
+# ------------------------------------------------------------------------------------------ LDA
+def lda_base(args: argparse.Namespace) -> LDAConfig:
+    """The serial SVI run every LDA run is a variant of."""
+    return LDAConfig(
+        corpus="synthetic",
+        n_topics=args.lda_topics,
+        synthetic_docs=args.lda_docs,
+        synthetic_vocab=args.lda_vocab,
+        batch_size=64,
+        lr=args.lda_lr,
+        rho=1.0,
+        global_updates=None,
+        time_limit_s=args.budget_s,
+        deferred_eval=True,
+        log_every=args.lda_log_steps,
+        heldout_max_docs=200,
+        worker_timeout_s=600.0,
+    )
+
+
+def lda_run(cfg: LDAConfig, target: float) -> dict[str, Any]:
+    """One DPSVI run: its time to ``target`` and what it sent."""
+    t0 = time.monotonic()
+    out = fit_lda(cfg)
+    curve = [(t, p) for t, _, p in out["perplexity_curve"]]
+    rec = {
+        "workers": cfg.workers,
+        "threads": cfg.threads,
+        "local_steps": cfg.local_steps,
+        "seed": cfg.seed,
+        "lr": out["lr"],
+        "rho": out["rho"],
+        "time_to_target_s": first_reach(curve, target, above=False),
+        "final_perplexity": out["final_perplexity"],
+        "best_perplexity": min(p for _, p in curve),
+        "global_updates": out["global_updates"],
+        "svi_steps": out["gradient_steps"],
+        "svi_steps_per_s": out["gradient_steps"] / max(out["wall_time_s"], 1e-9),
+        "staleness_mean": out["staleness"]["mean"],
+        "bytes_total": out["bytes"]["total"],
+        "startup_s": out["startup_s"],
+        "curve": [[round(t, 3), round(p, 2)] for t, p in curve],
+        "run_s": time.monotonic() - t0,
+    }
+    print(
+        f"  lda nW={cfg.workers} p={cfg.threads} B={cfg.local_steps} seed={cfg.seed}: "
+        f"to {target:.0f} in {_fmt(rec['time_to_target_s'])} s, best {rec['best_perplexity']:.1f}, "
+        f"{rec['svi_steps_per_s']:.1f} SVI steps/s",
+        flush=True,
+    )
+    return rec
+
+
+def lda_table(args: argparse.Namespace) -> dict[str, Any]:
+    """Serial SVI, then the nW × p grid; the target is ``--lda-target`` or set from the serial run."""
+    base = lda_base(args)
+    serial = []
+    for seed in args.seeds:
+        cfg = replace(base, seed=seed, workers=1, threads=1, local_steps=1, master_batch=1)
+        serial.append(lda_run(cfg, args.lda_target or 0.0))
+    target = args.lda_target
+    if target is None:
+        # The perplexity serial SVI reaches at 60% of the budget, plus 1%: every run can reach it.
+        cut = 0.6 * args.budget_s
+        target = 1.01 * max(min(p for t, p in r["curve"] if t <= cut) for r in serial)
+        for r in serial:
+            r["time_to_target_s"] = first_reach([(t, p) for t, p in r["curve"]], target, above=False)
+    ref = stats([r["time_to_target_s"] for r in serial])["mean"]
+    rows = [{"label": "serial SVI (nW=1 p=1 B=1)", "runs": serial}]
+    for B in args.lda_local_steps:
+        for nw in args.workers:
+            for p in args.threads:
+                if nw == p == B == 1:
+                    continue  # that is serial SVI
+                runs = [
+                    lda_run(
+                        replace(base, seed=seed, workers=nw, threads=p, local_steps=B, master_batch=1,
+                                rescale_from=(1, 1, 1), log_every=max(1, round(args.lda_log_steps / (B * p)))),
+                        target,
+                    )
+                    for seed in args.seeds
+                ]
+                rows.append({"label": f"nW={nw} p={p} B={B}", "workers": nw, "threads": p, "runs": runs})
+    return {"task": "lda", "target": target, "reference_s": ref, "rows": _summarise(rows, ref),
+            "corpus": {"docs": args.lda_docs, "vocab": args.lda_vocab, "topics": args.lda_topics},
+            "base_config": asdict(base)}
+
+
+# ------------------------------------------------------------------------------------------ HSA2C
+def hsa2c_run(cfg: HSA2CConfig, target: float) -> dict[str, Any]:
+    """One HSA2C run: its time to ``target`` (greedy return) and what it sent."""
+    s = train_hsa2c(cfg)
+    curve = [(h["seconds"], h["mean"]) for h in s["eval_history"]]
+    rec = {
+        "workers": cfg.workers,
+        "threads": cfg.threads,
+        "local_steps": cfg.local_steps,
+        "master_batch": cfg.master_batch,
+        "synchronous": cfg.synchronous,
+        "seed": cfg.seed,
+        "time_to_target_s": first_reach(curve, target, above=True),
+        "starts_at_target": curve[0][1] >= target,  # the initial weights already do it: time 0 says nothing
+        "best_return": max(v for _, v in curve),
+        "final_eval_return": s["eval_return_mean"],
+        "global_updates": s["global_updates"],
+        "env_steps": s["env_steps"],
+        "env_steps_per_s": s["steps_per_second"],
+        "bytes_total": s["bytes"]["total"],
+        "bytes_per_update": s["bytes_per_update"],
+        "staleness_mean": s["staleness"]["mean"],
+        "startup_s": s["startup_seconds"],
+        "curve": [[round(t, 3), round(v, 1)] for t, v in curve],
+    }
+    print(
+        f"  {cfg.env} nW={cfg.workers} p={cfg.threads} B={cfg.local_steps} M={cfg.master_batch}"
+        f"{' sync' if cfg.synchronous else ''} seed={cfg.seed}: to {target:g} in "
+        f"{_fmt(rec['time_to_target_s'])} s, best {rec['best_return']:.1f}, {rec['env_steps_per_s']:.0f} steps/s, "
+        f"{rec['bytes_per_update'] / 1e3:.1f} kB/update",
+        flush=True,
+    )
+    return rec
+
+
+def hsa2c_base(args: argparse.Namespace) -> HSA2CConfig:
+    """The HSA2C run every grid run is a variant of."""
+    return HSA2CConfig(
+        env=args.hsa2c_env,
+        local_steps=args.hsa2c_local_steps,
+        master_batch=1,
+        global_updates=None,
+        time_limit_s=args.hsa2c_budget_s,
+        deferred_eval=True,
+        log_every=args.hsa2c_log_every,
+        log_eval_episodes=3,
+        eval_episodes=10,
+        run_dir=str(RESULTS / "runs"),
+        progress=False,
+        tensorboard=False,
+        plots=False,
+    )
+
+
+def hsa2c_table(args: argparse.Namespace) -> dict[str, Any]:
+    """The nW × p grid; the reference is nW = p = 1."""
+    base = hsa2c_base(args)
+    rows = []
+    for nw in args.workers:
+        for p in args.threads:
+            runs = [
+                hsa2c_run(replace(base, seed=seed, workers=nw, threads=p,
+                                  log_every=max(1, args.hsa2c_log_every // nw)), args.hsa2c_target)
+                for seed in args.seeds
+            ]
+            rows.append({"label": f"nW={nw} p={p} B={base.local_steps}", "workers": nw, "threads": p, "runs": runs})
+    ref = stats([r["time_to_target_s"] for r in rows[0]["runs"]])["mean"]
+    return {"task": "hsa2c", "env": base.env, "target": args.hsa2c_target, "reference_s": ref,
+            "rows": _summarise(rows, ref), "base_config": asdict(base)}
+
+
+# ------------------------------------------------------------------------------------------ tables
+def _fmt(x: float | None, spec: str = ".1f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _summarise(rows: list[dict[str, Any]], ref: float | None) -> list[dict[str, Any]]:
+    """Add time-to-target statistics, speed-up against ``ref`` and parallel efficiency to each row."""
+    for row in rows:
+        t = stats([r["time_to_target_s"] for r in row["runs"]])
+        row["time_to_target"] = t
+        procs = row.get("workers", 1) * row.get("threads", 1)
+        row["processes"] = procs
+        row["speedup"] = ref / t["mean"] if ref and t["mean"] else None
+        row["efficiency"] = row["speedup"] / procs if row["speedup"] else None
+        row["bytes_total_mean"] = float(np.mean([r["bytes_total"] for r in row["runs"]]))
+    return rows
+
+
+def markdown(table: dict[str, Any]) -> str:
+    """The table of one task as markdown."""
+    unit = "perplexity" if table["task"] == "lda" else "greedy return"
+    rate_key, rate_name = ("svi_steps_per_s", "SVI steps/s") if table["task"] == "lda" else ("env_steps_per_s", "env steps/s")
+    lines = [
+        f"**{table['task']}**: time to {unit} {table['target']:.1f} "
+        f"(reference {_fmt(table['reference_s'], '.2f')} s)",
+        "",
+        f"| run | processes | time to target (s) | reached | speed-up | efficiency | {rate_name} | MB sent |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in table["rows"]:
+        t = row["time_to_target"]
+        time_txt = "—" if t["mean"] is None else f"{t['mean']:.2f} ± {t['std']:.2f}"
+        lines.append(
+            f"| {row['label']} | {row['processes']} | {time_txt} | {t['reached']} | "
+            f"{_fmt(row['speedup'], '.2f')} | {_fmt(row['efficiency'], '.2f')} | "
+            f"{np.mean([r[rate_key] for r in row['runs']]):.1f} | {row['bytes_total_mean'] / 1e6:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def save_results(out: str, title: str, body: dict[str, Any], md: str, started: float) -> None:
+    """Write ``RESULTS/<out>.json`` (``body`` with the command, date, machine and duration) and ``.md``."""
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "total_s": round(time.time() - started, 1),
+        **body,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{out}.json").write_text(json.dumps(result, indent=1))
+    (RESULTS / f"{out}.md").write_text(
+        f"# {title} ({result['date']}, {os.cpu_count()} CPUs)\n\n`{result['command']}`\n\n{md}\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", choices=["lda", "hsa2c", "both"], default="both")
+    ap.add_argument("--workers", type=ints, default=[1, 2], help="worker counts nW (comma-separated)")
+    ap.add_argument("--threads", type=ints, default=[1, 2], help="Hogwild processes per worker p")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None,
+                    help="seeds (default: 0 1 for lda, 1 2 3 for hsa2c)")
+    ap.add_argument("--budget-s", type=float, default=20.0, help="LDA: optimisation seconds per run")
+    ap.add_argument("--lda-docs", type=int, default=4000)
+    ap.add_argument("--lda-vocab", type=int, default=1000)
+    ap.add_argument("--lda-topics", type=int, default=20)
+    ap.add_argument("--lda-lr", type=float, default=0.1, help="serial SVI rate (the paper's best: 0.1)")
+    ap.add_argument("--lda-local-steps", type=ints, default=[1, 5], help="B values of the grid runs")
+    ap.add_argument("--lda-log-steps", type=int, default=10, help="evaluate about every this many SVI steps")
+    ap.add_argument("--lda-target", type=float, default=None,
+                    help="target perplexity (default: serial SVI's at 60%% of the budget, +1%%)")
+    ap.add_argument("--hsa2c-budget-s", type=float, default=20.0, help="HSA2C: training seconds per run")
+    ap.add_argument("--hsa2c-local-steps", type=int, default=10)
+    ap.add_argument("--hsa2c-log-every", type=int, default=8, help="global updates between evaluations at nW·p=1")
+    ap.add_argument("--hsa2c-env", default="Acrobot-v1")
+    ap.add_argument("--hsa2c-target", type=float, default=-100.0)
+    ap.add_argument("--out", default="dpsgd_speedup")
+    args = ap.parse_args(argv)
+
+    tables = []
+    started = time.time()
+    if args.task in ("lda", "both"):
+        tables.append(lda_table(replace_seeds(args, [0, 1])))
+    if args.task in ("hsa2c", "both"):
+        tables.append(hsa2c_table(replace_seeds(args, [1, 2, 3])))
+    md = "\n\n".join(markdown(t) for t in tables)
+    save_results(args.out, "DPSGD speed-up", {"tables": tables}, md, started)
+    print(md)
+    return 0
+
+
+def replace_seeds(args: argparse.Namespace, default: list[int]) -> argparse.Namespace:
+    """``args`` with ``seeds`` set to ``default`` when none were given."""
+    out = argparse.Namespace(**vars(args))
+    out.seeds = args.seeds or default
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
