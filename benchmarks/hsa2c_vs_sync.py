@@ -131,10 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         spec["budget_s"] *= args.budget_scale
 
     started = time.time()
+    body: dict[str, Any] = {}
     if args.reanalyse:  # new reference returns over the stored runs (their curves), no training
         old = json.loads((RESULTS / f"{args.out}.json").read_text())
         groups = [(row["env"], row["variant"], row["config"], row["runs"]) for row in old["rows"]
                   if row["target"] == ENVS[row["env"]]["targets"][0]]
+        body["runs_from"] = old.get("runs_from") or {k: old[k] for k in ("command", "date", "machine", "total_s")}
     else:
         groups = []
         for env in args.envs:
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [summarise(env, label, config, runs, target)
             for env, label, config, runs in groups for target in ENVS[env]["targets"]]
     md = markdown(rows)
-    save_results(args.out, "HSA2C vs synchronous B = 1", {"rows": rows}, md, started)
+    save_results(args.out, "HSA2C vs synchronous B = 1", {**body, "rows": rows}, md, started)
     print(md)
     return 0
 
