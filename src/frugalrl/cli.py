@@ -320,7 +320,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     ]
     if "weight_syncs" in summary:
         syncs = summary["weight_syncs"]
-        lines.append(f"  weight syncs {syncs.get('total', 0)} (per worker {syncs.get('per_worker', [])})")
+        per_worker = f" (per worker {syncs['per_worker']})" if syncs.get("per_worker") else ""
+        lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}")
     lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")
     lines.append(f"  run directory: {summary['run_dir']}")
     print("\n".join(lines))
