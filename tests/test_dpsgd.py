@@ -27,6 +27,7 @@ from frugalrl.dpsgd import (
     scale_learning_rate,
 )
 from frugalrl.dpsgd.problems import LeastSquares, least_squares, logistic_regression
+from frugalrl.dpsgd.rates import decayed_rate
 from frugalrl.dpsgd.worker import child_env, lean_command
 from frugalrl.wire.message import Message
 
@@ -162,8 +163,9 @@ def _replay(cfg: DPSGDConfig) -> tuple[np.ndarray, dict[int, float]]:
     losses = {}
     for t in range(1, cfg.global_updates + 1):
         u = v.copy()
+        eta = decayed_rate(cfg.eta, t - 1, cfg.eta_decay, cfg.eta_offset)  # the version it pulled
         for _ in range(cfg.local_steps):
-            u = u - np.float32(cfg.eta) * problem.stochastic_grad(u.copy(), rng)
+            u = u - np.float32(eta) * problem.stochastic_grad(u.copy(), rng)
         v = v + np.float32(cfg.rho) * (u - v)
         if t % cfg.log_every == 0:
             losses[t] = problem.loss(v)
@@ -204,6 +206,16 @@ def test_one_worker_run_matches_numpy_replay(one_worker_runs):
     assert [t for _, t, _ in out["loss_curve"]] == [0, 5, 10, 15, 20]
     for _, t, loss in out["loss_curve"][1:]:
         assert loss == pytest.approx(losses[t], rel=1e-5)
+
+
+def test_decaying_local_rate_follows_the_global_clock():
+    assert decayed_rate(0.3, 0, 0.7, 10.0) == 0.3 and decayed_rate(0.3, 50, 0.0, 10.0) == 0.3
+    assert decayed_rate(0.3, 90, 0.5, 10.0) == pytest.approx(0.3 / 10**0.5)
+    cfg = replace(_one_worker_cfg("fp32"), eta_decay=0.5, eta_offset=3.0)
+    out = run_dpsgd(cfg)
+    v, _ = _replay(cfg)
+    np.testing.assert_array_equal(out["params"], v)
+    assert not np.array_equal(out["params"], _replay(_one_worker_cfg("fp32"))[0])
 
 
 def test_bytes_are_counted_and_bf16_halves_push_bytes(one_worker_runs):
@@ -368,6 +380,8 @@ def test_scale_learning_rate_eq13():
         ("target_loss", float("inf")),
         ("deferred_eval", 1),
         ("ray_address", ""),
+        ("eta_decay", 1.5),
+        ("eta_offset", 0),
         ("rescale_from", (1, 2)),
         ("problem", "no_colon"),
         ("problem_kwargs", {"x": object()}),

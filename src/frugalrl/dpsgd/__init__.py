@@ -9,7 +9,7 @@ Nothing here imports torch: worker processes start in a fraction of a second.
 
 from frugalrl.dpsgd.optimizer import TRANSPORTS, DPSGDConfig, DPSGDError, LocalTransport, Transport, run_dpsgd
 from frugalrl.dpsgd.problems import LeastSquares, LogisticRegression, Problem, load_problem
-from frugalrl.dpsgd.rates import scale_learning_rate
+from frugalrl.dpsgd.rates import decayed_rate, scale_learning_rate
 from frugalrl.dpsgd.server import ParameterServer, apply_update
 from frugalrl.dpsgd.worker import DPSGDWorker, SharedVector, hogwild_steps, make_rng
 
@@ -26,6 +26,7 @@ __all__ = [
     "SharedVector",
     "Transport",
     "apply_update",
+    "decayed_rate",
     "hogwild_steps",
     "load_problem",
     "make_rng",

@@ -74,6 +74,11 @@ class DPSGDConfig:
     """Global learning rate (ρ)."""
     eta: float = 0.01
     """Local learning rate (η)."""
+    eta_decay: float = 0.0
+    """κ of the local-rate schedule ``η_t = η (1 + t/τ)^(−κ)``, t = the global update a worker pulled
+    (SVI's Robbins-Monro rates; 0: constant η, as in the paper)."""
+    eta_offset: float = 10.0
+    """τ of that schedule, in global updates."""
     global_updates: int | None = 100
     """Stop after this many global updates (T); None: only ``time_limit_s`` stops the run."""
     time_limit_s: float | None = None
@@ -131,8 +136,12 @@ class DPSGDConfig:
             _check_int(name, getattr(self, name), 1)
         _check_int("seed", self.seed, 0)
         _check_int("log_every", self.log_every, 0)
-        for name in ("rho", "eta"):
+        for name in ("rho", "eta", "eta_offset"):
             _check_positive(name, getattr(self, name))
+        if isinstance(self.eta_decay, bool) or not isinstance(self.eta_decay, (int, float)) or not (
+            0 <= self.eta_decay <= 1
+        ):
+            raise ValueError(f"DPSGDConfig.eta_decay must lie in [0, 1], got {self.eta_decay!r}")
         if self.global_updates is not None:
             _check_int("global_updates", self.global_updates, 1)
         if self.time_limit_s is not None:
@@ -194,6 +203,8 @@ class DPSGDConfig:
             "threads": self.threads,
             "local_steps": self.local_steps,
             "eta": eta,
+            "eta_decay": float(self.eta_decay),
+            "eta_offset": float(self.eta_offset),
             "seed": self.seed,
             "problem": self.problem,
             "problem_kwargs": self.problem_kwargs,

@@ -35,3 +35,17 @@ def scale_learning_rate(rate: float, ref: Parallelism, new: Parallelism) -> floa
     p, b, m = _check_parallelism(ref, "ref")
     p2, b2, m2 = _check_parallelism(new, "new")
     return float(rate) * (p * b * m / (p2 * b2 * m2)) ** 0.25
+
+
+def decayed_rate(eta: float, t: int, decay: float, offset: float) -> float:
+    """``η_t = η (1 + t/τ)^(−κ)`` for ``decay`` κ and ``offset`` τ; κ = 0 keeps ``η``.
+
+    SVI's Robbins-Monro schedule ``(τ0 + t)^(−κ)`` (Hoffman et al. 2013), scaled so that ``η_0 = η``. DPSGD
+    workers use ``t`` = the global update they pulled, so every process follows one clock.
+
+    >>> decayed_rate(0.3, 90, 0.5, 10.0)
+    0.09486832980505137
+    """
+    if decay == 0:
+        return float(eta)
+    return float(eta) * (1.0 + t / offset) ** (-decay)

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from frugalrl.dpsgd.problems import Problem, check_vector, load_problem
+from frugalrl.dpsgd.rates import decayed_rate
 from frugalrl.wire.channel import POLLIN as _POLLIN
 from frugalrl.wire.channel import recv_frame, send_frame
 from frugalrl.wire.message import Message, decode_message, encode_message
@@ -226,11 +227,11 @@ class HogwildPool:
                     f"Hogwild process {k} of worker {self.worker} did not answer while {doing}"
                 )
 
-    def begin(self, steps: int) -> None:
-        """Start ``steps`` Hogwild steps in every helper."""
+    def begin(self, steps: int, eta: float) -> None:
+        """Start ``steps`` Hogwild steps of rate ``eta`` in every helper."""
         for k, helper in enumerate(self.helpers, start=1):
             try:
-                send_message(helper.sock, Message("run", {"steps": int(steps)}))
+                send_message(helper.sock, Message("run", {"steps": int(steps), "eta": float(eta)}))
             except OSError as e:
                 raise RuntimeError(
                     f"Hogwild process {k} of worker {self.worker} is gone ({e!r}, exit code {helper.process.poll()})"
@@ -292,13 +293,17 @@ class DPSGDWorker:
             self.vector.close()
             raise
 
-    def round(self, v: np.ndarray) -> np.ndarray:
-        """One pass of the outer loop on pulled parameters ``v``: return the update ``u - v``."""
+    def round(self, v: np.ndarray, version: int = 0) -> np.ndarray:
+        """One pass of the outer loop on parameters ``v`` pulled at global update ``version``: return the
+        update ``u - v``."""
         u, steps = self.vector.array, int(self.cfg["local_steps"])
+        eta = decayed_rate(
+            self.cfg["eta"], version, self.cfg.get("eta_decay", 0.0), self.cfg.get("eta_offset", 10.0)
+        )
         u[:] = v  # line 3
-        self.pool.begin(steps)  # line 4
+        self.pool.begin(steps, eta)  # line 4
         try:
-            hogwild_steps(u, self.problem, self.cfg["eta"], steps, self.rng, self.name)
+            hogwild_steps(u, self.problem, eta, steps, self.rng, self.name)
         finally:
             self.pool.finish()
         return u - v  # line 10
@@ -313,7 +318,7 @@ class DPSGDWorker:
         try:
             reply = exchange(Message("pull"))
             while reply.op == "params":
-                update = self.round(reply.arrays["w/v"])
+                update = self.round(reply.arrays["w/v"], int(reply.meta["version"]))
                 push = Message(
                     "push",
                     {"version": reply.meta["version"], "steps": steps},
@@ -397,7 +402,7 @@ def hogwild_entry() -> None:
             if msg.op != "run":
                 return
             try:
-                hogwild_steps(vector.array, problem, cfg["eta"], int(msg.meta["steps"]), rng, name)
+                hogwild_steps(vector.array, problem, msg.meta["eta"], int(msg.meta["steps"]), rng, name)
             except Exception as e:  # noqa: BLE001 - reported to the worker, which reports to the server
                 send_message(sock, error_message(e, f"Hogwild process {cfg['thread']}: "))
                 return
