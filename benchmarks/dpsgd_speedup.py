@@ -187,23 +187,30 @@ def hsa2c_run(cfg: HSA2CConfig, target: float) -> dict[str, Any]:
     return rec
 
 
-def hsa2c_base(args: argparse.Namespace) -> HSA2CConfig:
-    """The HSA2C run every grid run is a variant of."""
+def timed_hsa2c(env: str, budget_s: float, log_every: int, **fields: Any) -> HSA2CConfig:
+    """An HSA2C run for timing: ``budget_s`` seconds, async (``M = 1``), evaluated after the run on 3 greedy
+    episodes every ``log_every`` global updates, no figures or TensorBoard; ``fields`` override the rest."""
     return HSA2CConfig(
-        env=args.hsa2c_env,
-        local_steps=args.hsa2c_local_steps,
+        env=env,
         master_batch=1,
         global_updates=None,
-        time_limit_s=args.hsa2c_budget_s,
+        time_limit_s=budget_s,
         deferred_eval=True,
-        log_every=args.hsa2c_log_every,
+        log_every=log_every,
         log_eval_episodes=3,
         eval_episodes=10,
         run_dir=str(RESULTS / "runs"),
         progress=False,
         tensorboard=False,
         plots=False,
+        **fields,
     )
+
+
+def hsa2c_base(args: argparse.Namespace) -> HSA2CConfig:
+    """The HSA2C run every grid run is a variant of."""
+    return timed_hsa2c(args.hsa2c_env, args.hsa2c_budget_s, args.hsa2c_log_every,
+                       local_steps=args.hsa2c_local_steps)
 
 
 def hsa2c_table(args: argparse.Namespace) -> dict[str, Any]:

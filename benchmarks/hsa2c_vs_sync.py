@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
-from dpsgd_speedup import RESULTS, _fmt, first_reach, hsa2c_run, save_results, stats
+from dpsgd_speedup import RESULTS, _fmt, first_reach, hsa2c_run, save_results, stats, timed_hsa2c
 
 from frugalrl.algos.hsa2c import HSA2CConfig
 
@@ -44,24 +44,8 @@ ENVS: dict[str, dict[str, Any]] = {
 def variants(env: str, args: argparse.Namespace) -> list[tuple[str, HSA2CConfig]]:
     """The HSA2C config of ``env`` and its synchronous B = 1 baseline."""
     spec = ENVS[env]
-    hsa2c = HSA2CConfig(
-        env=env,
-        workers=args.workers,
-        threads=1,
-        local_steps=args.local_steps,
-        master_batch=1,
-        global_updates=None,
-        time_limit_s=spec["budget_s"],
-        deferred_eval=True,
-        log_every=spec["log_every"],
-        log_eval_episodes=3,
-        eval_episodes=10,
-        run_dir=str(RESULTS / "runs"),
-        progress=False,
-        tensorboard=False,
-        plots=False,
-        **spec["settings"],
-    )
+    hsa2c = timed_hsa2c(env, spec["budget_s"], spec["log_every"], workers=args.workers, threads=1,
+                        local_steps=args.local_steps, **spec["settings"])
     # The baseline makes about B·nW times as many global updates per second (one per round of B = 1
     # steps from every worker): evaluate it after the same amount of training.
     sync = replace(hsa2c.as_synchronous_baseline(), log_every=spec["log_every"] * args.local_steps)

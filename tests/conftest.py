@@ -96,3 +96,17 @@ def closing():
 # avoids oversubscription (workers use one thread each too), and makes serial and local inference
 # run the same kernels.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def ray_8cpus():
+    """A local Ray shared by a test module, with 8 logical CPUs so that several 2-worker envs or runs fit
+    on 2 cores (an instance someone else started is used as it is)."""
+    import ray
+
+    if ray.is_initialized():  # pragma: no cover - someone else's instance
+        yield
+        return
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()

@@ -17,31 +17,12 @@ from test_dpsgd import LSQ, hogwild_pids
 ray = pytest.importorskip("ray", reason="backend='ray' needs Ray (pip install 'frugalrl[ray]')")
 
 from frugalrl.dpsgd import DPSGDConfig, DPSGDError, run_dpsgd  # noqa: E402
-from frugalrl.dpsgd import optimizer as dpsgd_optimizer  # noqa: E402
 from frugalrl.dpsgd.problems import least_squares  # noqa: E402
-from frugalrl.dpsgd.ray_transport import RayTransport  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("ray_8cpus")]
 
 KW = {"n": 400, "dim": 10, "batch_size": 8, "noise": 0.1, "seed": 1}
 DETECT_S = 20.0
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    """A local Ray shared by the module; 8 logical CPUs so that 2 workers of 2 Hogwild processes fit on 2 cores."""
-    if ray.is_initialized():  # pragma: no cover - someone else's instance
-        yield
-        return
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def ray_transport(monkeypatch):
-    """``backend="ray"`` is RayTransport (whether or not the optimizer registers it itself)."""
-    monkeypatch.setitem(dpsgd_optimizer.TRANSPORTS, "ray", RayTransport)
 
 
 def fails_in_worker(head_pid: int, **kwargs):

@@ -21,21 +21,10 @@ ray = pytest.importorskip("ray", reason="backend='ray' needs Ray (pip install 'f
 from frugalrl import ClusterEnv, make_agent  # noqa: E402
 from frugalrl.algos.ppo import PPOConfig, train  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("ray_8cpus")]
 
 W, K = 2, 2
 N = W * K
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    """A local Ray shared by the module; 8 logical CPUs so that several 2-worker envs fit on 2 cores."""
-    if ray.is_initialized():  # pragma: no cover - someone else's instance
-        yield
-        return
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def fresh_agent(env: ClusterEnv, seed: int = 0) -> torch.nn.Module:

@@ -442,24 +442,22 @@ def train(cfg: HSA2CConfig) -> dict[str, Any]:
     )
     cfg = replace(cfg, run_name=name)
     run = Run(cfg.run_dir, name, {**asdict(cfg), "algo": "hsa2c"}, tensorboard=cfg.tensorboard)
+    problem = A2CProblem(**cfg.problem_kwargs())  # scores the logged weights, then the final ones
     try:
-        out = run_dpsgd(dcfg)
+        out = run_dpsgd(dcfg, problem)
     except BaseException:
         run.finish({"algo": "hsa2c", "env_id": cfg.env, "seed": cfg.seed, "failed": True}, plots=False)
         raise
 
     per_update = cfg.master_batch * cfg.local_steps * cfg.threads * cfg.env_steps_per_gradient
     history = []
-    time_to_target = None
     for seconds, version, loss in out["loss_curve"]:
         ret = -float(loss)
         steps = version * per_update  # estimate: each global update applies M updates of B·p gradients
         history.append({"step": steps, "seconds": round(seconds, 3), "global_update": version, "mean": ret})
         run.log(steps, {"eval/return_mean": ret, "global_update": version, "wall_seconds": seconds})
-        if time_to_target is None and cfg.target_return is not None and ret >= cfg.target_return:
-            time_to_target = {"seconds": round(seconds, 3), "global_update": version, "env_steps": steps}
 
-    problem = A2CProblem(**cfg.problem_kwargs())
+    reached = out["target"]  # DPSGD's first logged loss at or below -target_return
     problem.load(out["params"])
     agent = problem.agent
     if cfg.eval_episodes > 0:
@@ -489,7 +487,11 @@ def train(cfg: HSA2CConfig) -> dict[str, Any]:
         "eval_return_std": eval_std,
         "eval_history": history,
         "target_return": cfg.target_return,
-        "time_to_target": time_to_target,
+        "time_to_target": None if reached is None else {
+            "seconds": round(reached["seconds"], 3),
+            "global_update": reached["global_update"],
+            "env_steps": reached["global_update"] * per_update,
+        },
         "bytes": nbytes,
         "bytes_per_update": nbytes.get("total", 0) / max(version, 1),
         "weight_syncs": {"total": int(out["pulls"]), "per_worker": []},

@@ -459,7 +459,7 @@ def fit_lda(cfg: LDAConfig) -> dict[str, Any]:
 
     dcfg = cfg.dpsgd_config()
     problem = LDAProblem(**dcfg.problem_kwargs)
-    summary = run_dpsgd(dcfg)
+    summary = run_dpsgd(dcfg, problem)  # one corpus load in this process
     params = summary["params"]
     curve = [(float(t), int(u), float(p)) for t, u, p in summary["loss_curve"]]
     out: dict[str, Any] = {

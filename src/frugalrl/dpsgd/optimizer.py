@@ -283,6 +283,17 @@ class Transport(ABC):
         """Operating-system process ids of the workers, where there are any."""
         return {}
 
+    def answer(self, w: int, msg: Message, sizes: dict[str, int]) -> Message:
+        """Count request ``msg`` of worker ``w`` (``sizes`` by byte-meter kind) and return the server's reply;
+        a request the server refuses fails the run and is answered ``stop``."""
+        self.meter.add_message(sizes, w, UP)
+        try:
+            return self.server.handle(w, msg)
+        except (ValueError, RuntimeError, KeyError) as e:
+            kind = "ValueError" if isinstance(e, ValueError) else "RuntimeError"
+            self.server.fail(None, str(e), kind)
+            return Message("stop", {"reason": "failure"})
+
 
 class _Connection:
     """One worker process as seen by the local transport."""
@@ -386,13 +397,7 @@ class LocalTransport(Transport):
         except (EOFError, OSError, WireError) as e:
             server.fail(w, self._lost(conn, e))
             return False
-        self.meter.add_message(sizes, w, UP)
-        try:
-            reply = server.handle(w, msg)
-        except (ValueError, RuntimeError, KeyError) as e:
-            kind = "ValueError" if isinstance(e, ValueError) else "RuntimeError"
-            server.fail(None, str(e), kind)
-            reply = Message("stop", {"reason": "failure"})
+        reply = self.answer(w, msg, sizes)
         try:
             self.meter.add_message(send_message(conn.sock, reply), w, DOWN)
         except OSError as e:
@@ -465,7 +470,7 @@ _STOP_GRACE_S = 5.0  # after the stop, how long to let workers finish their roun
 
 
 # ---------------------------------------------------------------------------------------- the run
-def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
+def run_dpsgd(cfg: DPSGDConfig, problem: Any = None) -> dict[str, Any]:
     """Run DPSGD as ``cfg`` says and return a summary.
 
     Keys: ``params`` (final ``v``), ``final_loss``, ``loss_curve`` ``[(seconds, global_update, loss)]``,
@@ -476,13 +481,17 @@ def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
     global_update, loss}`` of the first recorded loss at or below ``target_loss``, or None),
     ``rho``/``eta`` (as used), ``config``.
 
+    ``problem`` is the head's instance (its ``loss`` scores the recorded parameters): one the caller
+    built from ``cfg.problem`` and ``cfg.problem_kwargs`` and wants to keep, or None to build it here.
+
     Raises ``ValueError`` for a bad config or a bad problem (naming it), :class:`DPSGDError` when a
     worker dies, hangs or breaks the protocol.
     """
     cfg.validate()
     rho, eta = cfg.effective_rates()
     name = cfg.problem
-    problem = load_problem(name, cfg.problem_kwargs)
+    if problem is None:
+        problem = load_problem(name, cfg.problem_kwargs)
     v0 = check_problem(problem, name, np.random.default_rng(cfg.seed))
     server = ParameterServer(
         v0,
@@ -503,9 +512,8 @@ def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
     )
     curve: list[tuple[float, int, float]] = [(0.0, 0, float(problem.loss(v0)))]
     deferred: list[tuple[float, int, np.ndarray]] = []
-    target: dict[str, float] | None = None
-    if cfg.target_loss is not None and curve[0][2] <= cfg.target_loss:
-        target = {"seconds": 0.0, "global_update": 0, "loss": curve[0][2]}
+    goal = -math.inf if cfg.target_loss is None else cfg.target_loss
+    if curve[0][2] <= goal:
         server.stop("target_loss")  # the workers start, get "stop" at their first pull, and exit
     t_start = time.monotonic()
     try:
@@ -521,8 +529,7 @@ def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
                     deferred.append((seconds, version, v))  # v is never modified in place: no copy
                     continue
                 curve.append((seconds, version, float(problem.loss(v))))
-                if target is None and cfg.target_loss is not None and curve[-1][2] <= cfg.target_loss:
-                    target = {"seconds": seconds, "global_update": version, "loss": curve[-1][2]}
+                if curve[-1][2] <= goal:
                     server.stop("target_loss")
                     break  # later snapshots are not worth evaluating
             if server.failure is not None:
@@ -540,14 +547,16 @@ def run_dpsgd(cfg: DPSGDConfig) -> dict[str, Any]:
         kind, message = server.failure
         raise (ValueError if kind == "ValueError" else DPSGDError)(f"DPSGD failed: {message}")
 
-    for seconds, version, v in deferred:
-        curve.append((seconds, version, float(problem.loss(v))))
-        if target is None and cfg.target_loss is not None and curve[-1][2] <= cfg.target_loss:
-            target = {"seconds": seconds, "global_update": version, "loss": curve[-1][2]}
+    curve += [(seconds, version, float(problem.loss(v))) for seconds, version, v in deferred]
     version, params = server.snapshot()
-    final_loss = float(problem.loss(params))
-    if curve[-1][1] != version:
+    if curve[-1][1] == version:  # the last recorded loss is the final parameters' (v is never modified)
+        final_loss = curve[-1][2]
+    else:
+        final_loss = float(problem.loss(params))
         curve.append((server.elapsed(), version, final_loss))
+    target = next(
+        ({"seconds": t, "global_update": u, "loss": loss} for t, u, loss in curve if loss <= goal), None
+    )
     wall = server.elapsed()
     return {
         "params": params.copy(),

@@ -29,11 +29,10 @@ cannot build its problem answers ``error`` at start: a ``ValueError`` of the wor
 :class:`~frugalrl.dpsgd.optimizer.DPSGDError`. :meth:`RayTransport.close` lets the workers finish
 their round (after a normal stop), closes their Hogwild helpers and kills every actor.
 
-Ray itself. If this process has already initialised Ray, that instance is used (and left running,
-unless a RayTransport or a ``backend='ray'`` ClusterEnv started it: then the last user shuts it
-down); otherwise ``ray_address`` joins an existing cluster (``"auto"`` or ``"host:port"``; closing
-disconnects), and without it a private single-machine instance is started (no dashboard, a small
-object store) and shut down by :meth:`RayTransport.close`. Actors are spread across nodes
+Ray itself is :mod:`frugalrl.ray_session`, shared with ClusterEnv's Ray backend: an instance the user
+initialised is used and left running; otherwise ``ray_address`` joins an existing cluster (``"auto"`` or
+``"host:port"``), and without it a private single-machine instance is started (no dashboard, a small
+object store); the last frugalrl user of either shuts it down (or disconnects). Actors are spread across nodes
 (``scheduling_strategy="SPREAD"``) and reserve ``num_cpus`` CPUs each (by default ``threads``, one
 per Hogwild process). The head's ``sys.path`` travels to the actors (and to their helpers), so
 problem factories in modules the head imports from a shared file system (tests, user code) import
@@ -42,75 +41,24 @@ there too.
 
 from __future__ import annotations
 
-import math
 import os
 import queue
 import sys
 import threading
 import time
-from types import ModuleType
 from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
+from frugalrl import ray_session
 from frugalrl.dpsgd.optimizer import DPSGDError, Transport
 from frugalrl.dpsgd.worker import DPSGDWorker, ServerGone, error_message
 from frugalrl.wire.message import Message, WireError, decode_message, encode_message
 from frugalrl.wire.meter import DOWN, UP
 
-_ray_users = 0  # live RayTransports using a Ray instance that a RayTransport started or joined
-_ENVS_RAY = "frugalrl.envs.backends.ray"  # the ClusterEnv Ray backend keeps its own count of the same kind
 _OBJECT_STORE_BYTES = 128 * 1024**2  # object store of a private instance (larger messages spill to disk)
 _POLL_S = 0.5  # how often a waiting head thread looks at the clock and at close()
-
-
-# ---------------------------------------------------------------------------------------- Ray itself
-def _acquire_ray(address: str | None, need_cpus: float) -> ModuleType | None:
-    """Make sure Ray is initialised; return the module whose ``_ray_users`` counts us (None: the
-    instance is the user's and is left alone)."""
-    me = sys.modules[__name__]
-    envs = sys.modules.get(_ENVS_RAY)  # loaded only if a ClusterEnv used Ray: no torch import here
-    if ray.is_initialized():
-        for owner in (me, envs):
-            if owner is not None and getattr(owner, "_ray_users", 0) > 0:
-                owner._ray_users += 1
-                if address is None:  # a private instance has a fixed size: fail now, not after a timeout
-                    free = ray.available_resources().get("CPU", 0.0)
-                    if need_cpus > free:
-                        _release_ray(owner)
-                        raise RuntimeError(
-                            f"the Ray instance started by an earlier backend='ray' run has {free:g} free CPUs, "
-                            f"{need_cpus:g} are needed: close the other run first, pass num_cpus=0, or call "
-                            "ray.init(num_cpus=...) yourself before starting"
-                        )
-                return owner
-        return None
-    if address is not None:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    else:
-        # As the ClusterEnv backend: enough logical CPUs for every worker whatever the core count;
-        # Ray's token authentication guards the ports of a private instance.
-        ray.init(
-            num_cpus=max(os.cpu_count() or 1, math.ceil(need_cpus)),
-            object_store_memory=_OBJECT_STORE_BYTES,
-            _node_ip_address="127.0.0.1",
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    owner = envs if envs is not None else me  # ClusterEnvs created meanwhile see it as theirs too
-    owner._ray_users = 1
-    return owner
-
-
-def _release_ray(owner: ModuleType | None) -> None:
-    """Undo :func:`_acquire_ray`: the last user of an instance a run started shuts it down (or disconnects)."""
-    if owner is None:
-        return
-    owner._ray_users -= 1
-    if owner._ray_users == 0 and ray.is_initialized():
-        ray.shutdown()
 
 
 # ---------------------------------------------------------------------------------------- the actor
@@ -220,8 +168,7 @@ class RayTransport(Transport):
         self._threads: list[threading.Thread] = []
         self._done = [False] * len(self.configs)
         self._last: dict[int, Any] = {}  # worker -> its final exchange call (the one that carried ``stop``)
-        self._owner: ModuleType | None = None
-        self._acquired = False
+        self._counted = False  # whether this transport counts as a user of the Ray instance (ray_session)
         self._closing = False
         self._closed = False
 
@@ -232,8 +179,9 @@ class RayTransport(Transport):
     def start(self) -> None:
         """Connect to (or start) Ray, start every actor and wait until each has built its worker."""
         try:
-            self._owner = _acquire_ray(self.address, sum(self._cpus(c) for c in self.configs))
-            self._acquired = True
+            self._counted = ray_session.acquire(
+                self.address, sum(self._cpus(c) for c in self.configs), _OBJECT_STORE_BYTES
+            )
             cls = ray.remote(_RayDPSGDWorker)
             paths = [p for p in sys.path if p]
             for w, cfg in enumerate(self.configs):
@@ -292,13 +240,7 @@ class RayTransport(Transport):
                 except WireError as e:
                     server.fail(w, f"sent a malformed message ({e})")
                     return
-                self.meter.add_message(sizes, w, UP)
-                try:
-                    reply = server.handle(w, msg)
-                except (ValueError, RuntimeError, KeyError) as e:
-                    kind = "ValueError" if isinstance(e, ValueError) else "RuntimeError"
-                    server.fail(None, str(e), kind)
-                    reply = Message("stop", {"reason": "failure"})
+                reply = self.answer(w, msg, sizes)
                 out, sizes = encode_message(reply)
                 ref = self.actors[w].exchange.remote(out)
                 self.meter.add_message(sizes, w, DOWN)
@@ -368,9 +310,8 @@ class RayTransport(Transport):
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         self.actors = [None] * len(self.configs)
-        if self._acquired:
-            self._acquired = False
-            _release_ray(self._owner)
+        ray_session.release(self._counted)
+        self._counted = False
 
     # ------------------------------------------------------------------ introspection
     def worker_pids(self) -> dict[int, int]:

@@ -273,7 +273,8 @@ class _HelperError(Exception):
 class DPSGDWorker:
     """Alg. 2 for one worker: its problem, its shared ``u`` and its Hogwild helpers.
 
-    ``cfg`` holds ``worker``, ``threads`` (p), ``local_steps`` (B), ``eta``, ``seed``, ``problem``,
+    ``cfg`` holds ``worker``, ``threads`` (p), ``local_steps`` (B), ``eta`` (with ``eta_decay`` and
+    ``eta_offset``, :func:`~frugalrl.dpsgd.rates.decayed_rate`), ``seed``, ``problem``,
     ``problem_kwargs`` and ``update_codec``. Building it starts the helpers (so that a transport can
     report "ready" only once the worker can compute); :meth:`run` talks to the server through any
     ``exchange(Message) -> Message`` function.
@@ -297,9 +298,7 @@ class DPSGDWorker:
         """One pass of the outer loop on parameters ``v`` pulled at global update ``version``: return the
         update ``u - v``."""
         u, steps = self.vector.array, int(self.cfg["local_steps"])
-        eta = decayed_rate(
-            self.cfg["eta"], version, self.cfg.get("eta_decay", 0.0), self.cfg.get("eta_offset", 10.0)
-        )
+        eta = decayed_rate(self.cfg["eta"], version, self.cfg["eta_decay"], self.cfg["eta_offset"])
         u[:] = v  # line 3
         self.pool.begin(steps, eta)  # line 4
         try:

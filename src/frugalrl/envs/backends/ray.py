@@ -15,13 +15,13 @@ that stays silent too, after ``timeout`` seconds (and is killed), so the head ne
 If this process has already initialised Ray, that instance is used (and left running); otherwise
 ``ray_address`` joins an existing cluster (``"auto"`` or ``"host:port"``; :meth:`RayBackend.close`
 disconnects), and without it a private single-machine instance is started (and shut down by
-:meth:`RayBackend.close`). Actors are spread across nodes (``scheduling_strategy="SPREAD"``) and
+:meth:`RayBackend.close`). That instance and its count of users are :mod:`frugalrl.ray_session`'s,
+shared with DPSGD's Ray transport: the last user shuts it down. Actors are spread across nodes (``scheduling_strategy="SPREAD"``) and
 reserve ``num_cpus`` CPUs each (1 by default).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -30,11 +30,10 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
+from frugalrl import ray_session
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, config_to_json, worker_from_json
 from frugalrl.wire.message import Message, decode_message, encode_message
 from frugalrl.wire.meter import DOWN, UP
-
-_ray_users = 0  # live RayBackends using a Ray instance that a RayBackend started or joined
 
 
 class _RayWorker:
@@ -102,37 +101,7 @@ class RayBackend(Backend):
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Connect to (or start) Ray, start every actor and wait until each has built its envs."""
-        global _ray_users
-        if ray.is_initialized():
-            # Ray started or joined by another RayBackend is shared (the last one to close shuts it
-            # down); one the user (or a test) initialised is only used, and left up.
-            if _ray_users > 0:
-                _ray_users += 1
-                self._owns_ray = True
-                if self.address is None:  # the private instance has a fixed size: fail now, not after a timeout
-                    need = self.num_workers * self.num_cpus
-                    free = ray.available_resources().get("CPU", 0.0)
-                    if need > free:
-                        self.close()
-                        raise RuntimeError(
-                            f"the Ray instance started by an earlier backend='ray' ClusterEnv has {free:g} free "
-                            f"CPUs, {need:g} are needed: pass ray_num_cpus=0, close the other env first, or "
-                            "call ray.init(num_cpus=...) yourself before creating the envs"
-                        )
-        elif self.address is not None:
-            ray.init(address=self.address, log_to_driver=False, configure_logging=False)
-            self._owns_ray = True  # this driver's connection; the cluster itself lives on
-            _ray_users = 1
-        else:
-            # A private single-machine instance. Ray replaces a loopback _node_ip_address by the machine's
-            # reachable address (resolve_ip_for_localhost), so its ports are not loopback-only: Ray's token
-            # authentication (on by default in recent Ray) is what guards them. Enough logical CPUs for
-            # every worker, as the local backend starts every worker whatever the core count.
-            need = math.ceil(self.num_workers * self.num_cpus)
-            ray.init(num_cpus=max(os.cpu_count() or 1, need), _node_ip_address="127.0.0.1",
-                     include_dashboard=False, log_to_driver=False, configure_logging=False)
-            self._owns_ray = True
-            _ray_users = 1
+        self._owns_ray = ray_session.acquire(self.address, self.num_workers * self.num_cpus)
         self._actor_cls = ray.remote(_RayWorker)
         try:
             for w in range(self.num_workers):
@@ -179,18 +148,15 @@ class RayBackend(Backend):
                 pass
 
     def close(self) -> None:
-        """Kill every actor; shut Ray down (or disconnect) if a RayBackend started it and this is the last."""
-        global _ray_users
+        """Kill every actor; shut Ray down (or disconnect) if frugalrl started it and this is its last user."""
         if self._closed:
             return
         self._closed = True
         if ray.is_initialized():
             for w in range(self.num_workers):
                 self._kill(w)
-        if self._owns_ray:
-            _ray_users -= 1
-            if _ray_users == 0 and ray.is_initialized():
-                ray.shutdown()
+        ray_session.release(self._owns_ray)
+        self._owns_ray = False
 
     def worker_pids(self) -> dict[int, int]:
         """Process id of each live actor (on its own node)."""
