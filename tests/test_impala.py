@@ -26,11 +26,11 @@ def test_learns_cartpole_with_compressed_actors(tmp_path):
                eval_every=20, target_return=475.0, sync="aaps", backend="local", async_compress=False)
     s = train(cfg)
     assert s["eval_return_mean"] >= 400, s["eval_history"]
-    assert s["compress"] == "prune:0.5,distill,int8,onnx"
-    assert s["compress_builds"] >= 2 and s["actor_swaps"] >= 1
-    stages = [r["stage"] for r in s["compress_reports"]]
+    assert s["details"]["compress"] == "prune:0.5,distill,int8,onnx"
+    assert s["details"]["compress_builds"] >= 2 and s["details"]["actor_swaps"] >= 1
+    stages = [r["stage"] for r in s["details"]["compress_reports"]]
     assert stages == ["original", "prune:0.5", "distill", "int8", "onnx"]
-    first, last = s["compress_reports"][0], s["compress_reports"][-1]
+    first, last = s["details"]["compress_reports"][0], s["details"]["compress_reports"][-1]
     assert last["params"] < first["params"] and last["wire_bytes"] < first["wire_bytes"]
     # Every byte is counted: weights travelled as ONNX graphs, observations and actions as usual.
     assert s["bytes"]["weights"] > 0 and s["bytes"]["observations"] > 0
@@ -43,7 +43,7 @@ def test_background_builds_replace_the_actor(tmp_path):
     s = train(cfg)
     # The first actor is a copy of the learner, so any swap is a background build's actor. How many builds
     # finish within the run depends on thread timing; at least one swap and a second build always happen.
-    assert s["compress_builds"] >= 2 and 1 <= s["actor_swaps"] <= s["compress_builds"]
+    assert s["details"]["compress_builds"] >= 2 and 1 <= s["details"]["actor_swaps"] <= s["details"]["compress_builds"]
     assert s["bytes"]["weights"] > 0
 
 
@@ -52,11 +52,11 @@ def test_monitor_climbs_the_precision_ladder(tmp_path):
     cfg = _cfg(tmp_path, env="CartPole-v1", total_timesteps=8 * 20 * 40, compress="int8,onnx", monitor="ladder:0.0",
                recompress_every=5, async_compress=False, backend="serial", eval_episodes=0)
     s = train(cfg)
-    events = s["monitor"]["events"]
+    events = s["details"]["monitor"]["events"]
     assert [e["change"] for e in events[:2]] == [{"precision": "fp16"}, {"precision": "fp32"}]
     assert all(e["indicators"]["kl_max"] > 0.0 for e in events)
-    assert len(s["monitor"]["history"]) >= 3
-    assert {"kl_mean", "kl_max", "kl_var", "entropy"} <= set(s["monitor"]["history"][0])
+    assert len(s["details"]["monitor"]["history"]) >= 3
+    assert {"kl_mean", "kl_max", "kl_var", "entropy"} <= set(s["details"]["monitor"]["history"][0])
 
 
 def test_alpha_mix_sends_a_mixed_policy(tmp_path):
@@ -64,7 +64,7 @@ def test_alpha_mix_sends_a_mixed_policy(tmp_path):
     cfg = _cfg(tmp_path, env="CartPole-v1", total_timesteps=8 * 20 * 30, compress="prune:0.5,distill:20",
                monitor="alpha:0.0:1e-9", recompress_every=5, async_compress=False, backend="serial", eval_episodes=0)
     s = train(cfg)
-    alphas = [e["change"]["alpha"] for e in s["monitor"]["events"]]
+    alphas = [e["change"]["alpha"] for e in s["details"]["monitor"]["events"]]
     assert alphas and alphas[-1] == 0.0
 
 
@@ -75,7 +75,7 @@ def test_atari_frames_through_compressed_cnn(tmp_path):
                recompress_every=2, async_compress=False, backend="local", eval_episodes=0, calib_size=32)
     s = train(cfg)
     assert s["updates"] == 3
-    assert s["compress_reports"][-1]["wire_bytes"] < s["compress_reports"][0]["wire_bytes"] / 3
+    assert s["details"]["compress_reports"][-1]["wire_bytes"] < s["details"]["compress_reports"][0]["wire_bytes"] / 3
     assert s["bytes"]["observations"] >= 3 * 2 * 8 * 4 * 84 * 84
 
 
@@ -85,7 +85,7 @@ def test_cli_trains_and_rejects_bad_chains(tmp_path, capsys):
                    "false", "--plots", "false", "--eval-episodes", "1", "--run-dir", str(tmp_path), "--run-name", "x"])
     assert rc == 0
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
-    assert summary["compress"] == "fp16,onnx" and summary["correct"].startswith("vtrace")
+    assert summary["details"]["compress"] == "fp16,onnx" and summary["details"]["correct"].startswith("vtrace")
     with pytest.raises(ValueError, match="prune:S"):
         IMPALAConfig(compress="prune:0.5,zip").validate()
     with pytest.raises(ValueError, match="bogus"):

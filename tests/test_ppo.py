@@ -84,7 +84,7 @@ def test_ppo_learns_cartpole_through_clusterenv(tmp_path):
 def test_ppo_runs_on_plain_gymnasium_vector_env(tmp_path):
     """The same PPO learns from a plain gymnasium SyncVectorEnv (NEXT_STEP autoreset, head-side inference)."""
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(8)])
-    cfg = PPOConfig(**CARTPOLE, total_timesteps=60_000, seed=2, backend="gym", eval_every=20,
+    cfg = PPOConfig(**CARTPOLE, total_timesteps=60_000, seed=2, vector_env="gym", eval_every=20,
                     target_return=475.0, run_dir=str(tmp_path), plots=False)
     summary = train(cfg, envs=envs)
     envs.close()

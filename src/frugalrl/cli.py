@@ -1,15 +1,18 @@
 """The ``frugalrl`` command line.
 
     frugalrl train ppo --env LunarLander-v3 --workers 2 --sync aaps --kl-threshold 0.05
-    frugalrl eval runs/<name> --episodes 20
+    frugalrl train ppo --resume runs/<name>        # continue a run from its latest checkpoint
+    frugalrl eval runs/<name> --episodes 20        # any algorithm's run directory
     frugalrl plots runs/<name>
     frugalrl train pipeline-ppo --cut topk --cut-percentile 0.99
     frugalrl pipeline-bytes                        # Table I of the pipeline paper, and ours
-    frugalrl lda fit reuters --n-topics 10 --workers 2 --threads 1 --local-steps 5
+    frugalrl lda fit reuters --n-topics 10 --workers 2 --processes 1 --local-steps 5
     frugalrl slurm --nodes 4 --partition cpu --submit -- frugalrl train ppo --env LunarLander-v3
 
-Every ``train`` flag is a field of the algorithm's dataclass config (``PPOConfig``): the CLI and the
-Python API take the same options, and ``config.json`` in the run directory records them all.
+Every ``train`` flag is a field of the algorithm's dataclass config (``PPOConfig``...), composed of the
+shared parts of :mod:`frugalrl.config`: the CLI and the Python API take the same options, each flag's
+help is the field's docstring with its default, and ``config.json`` in the run directory records them
+all. Booleans work bare (``--plots`` / ``--no-plots``) or with a value (``--plots false``).
 """
 
 from __future__ import annotations
@@ -20,18 +23,15 @@ import json
 import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
-ALGOS = {
-    "ppo": ("frugalrl.algos.ppo", "PPOConfig", "train"),
-    "impala": ("frugalrl.algos.impala", "IMPALAConfig", "train"),
-    "pipeline-ppo": ("frugalrl.algos.pipeline_ppo", "PipelinePPOConfig", "train"),
-    "hsa2c": ("frugalrl.algos.hsa2c", "HSA2CConfig", "train"),
-}
+from frugalrl.algos import ALGORITHMS, algorithm
+from frugalrl.config import config_from_dict, field_docs, literal_choices
 
 
-def _field_parser(tp: Any):
-    """An argparse ``type=`` for a dataclass field annotation (str, int, float, bool, lists, dicts, optionals)."""
+def _field_parser(tp: Any) -> Any:
+    """An argparse ``type=`` for a dataclass field annotation (str, int, float, bool, lists, tuples, dicts, optionals)."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType) and type(None) in args:
@@ -39,11 +39,14 @@ def _field_parser(tp: Any):
         return lambda s: None if s.lower() in ("none", "null", "") else inner(s)
     if tp is bool:
         return _parse_bool
+    if origin is typing.Literal:
+        return type(args[0])
     if tp in (int, float, str):
         return tp
-    if origin is list:
+    if origin in (list, tuple):
         item = args[0] if args else str
-        return lambda s: [item(x) for x in s.replace(",", " ").split()]
+        convert = list if origin is list else tuple
+        return lambda s: convert(item(x) for x in s.replace(",", " ").split())
     if origin is dict or tp is dict:
         return _parse_json_dict
     return str
@@ -67,54 +70,66 @@ def _parse_json_dict(s: str) -> dict:
     return value
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One ``--flag`` per field of dataclass ``cls`` (underscores become dashes)."""
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """One ``--flag`` per field of dataclass ``cls`` (underscores become dashes), its help the field's
+    docstring and default. Only flags given on the command line are set on the namespace (the dataclass
+    supplies the defaults), so a resumed run can tell what was changed."""
     hints = typing.get_type_hints(cls)
-    docs = _field_docs(cls)
+    docs = field_docs(cls)
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if f.name in skip:
+            continue
         flag = "--" + f.name.replace("_", "-")
-        help_text = docs.get(f.name, "")  # the parsers' ArgumentDefaultsHelpFormatter adds the default
-        parser.add_argument(flag, dest=f.name, type=_field_parser(hints[f.name]), default=default,
-                            metavar=f.name.upper(), help=help_text)
+        default = _default(f)
+        required = default is dataclasses.MISSING
+        shown = "required" if required else f"default: {json.dumps(default) if isinstance(default, dict | list) else default}"
+        help_text = f"{docs.get(f.name, '')} ({shown})".strip().replace("%", "%%")
+        choices = literal_choices(hints[f.name])
+        common: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
+        if hints[f.name] is bool:
+            parser.add_argument(flag, nargs="?", const=True, type=_parse_bool, metavar="BOOL", **common)
+            parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
+                                default=argparse.SUPPRESS, help=f"same as {flag} false")
+            continue
+        parser.add_argument(flag, type=_field_parser(hints[f.name]), required=required,
+                            metavar="{" + ",".join(map(str, choices)) + "}" if choices else f.name.upper(),
+                            choices=list(choices) + ([None] if None not in choices else []) if choices else None,
+                            **common)
 
 
-def _field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings (the string literal right after a field) from the class source."""
-    import ast
-    import inspect
-
-    try:
-        tree = ast.parse(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for node, nxt in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = str(nxt.value.value)  # type: ignore[union-attr]
-    return docs
+def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` given on the command line."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser."""
-    import importlib
-
-    parser = argparse.ArgumentParser(prog="frugalrl", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="frugalrl", description=(__doc__ or "").split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train an agent")
+    train = sub.add_parser("train", help="train an agent (or continue a run with --resume)")
     algos = train.add_subparsers(dest="algo", required=True)
-    for algo, (module, cfg_name, _) in ALGOS.items():
-        cls = getattr(importlib.import_module(module), cfg_name)
-        p = algos.add_parser(algo, help=f"{algo} ({cfg_name})", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for name, entry in ALGORITHMS.items():
+        _, cls = entry.load()
+        p = algos.add_parser(name, help=entry.help, description=f"{entry.help}. Flags are the fields of {entry.config}.")
+        p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                       help="continue this run directory from its latest checkpoint, with its config.json "
+                            "(flags given here change it, e.g. a larger --total-timesteps)")
         add_dataclass_args(p, cls)
-    ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
-    ev.add_argument("run_dir")
-    ev.add_argument("--episodes", type=int, default=10)
-    ev.add_argument("--seed", type=int, default=20_000)
+    ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint (any algorithm)")
+    ev.add_argument("run_dir", help="a run directory")
+    ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default: 10)")
+    ev.add_argument("--seed", type=int, default=20_000, help="env seed of the first episode (default: 20000)")
     ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     pl = sub.add_parser("plots", help="(re)draw a run's PNG plots")
-    pl.add_argument("run_dir")
+    pl.add_argument("run_dir", help="a run directory")
     pb = sub.add_parser("pipeline-bytes", help="Table I of the pipeline paper from its settings, or a run's "
                         "predicted vs measured bytes (--run)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     pb.add_argument("--run", default=None, help="a pipeline-ppo run directory: predict its bytes from config.json "
@@ -129,13 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     pb.add_argument("--json", action="store_true", help="print JSON instead of a table")
     lda = sub.add_parser("lda", help="LDA topic models by DPSVI (stochastic variational inference on DPSGD)")
     lda_sub = lda.add_subparsers(dest="lda_command", required=True)
-    fit = lda_sub.add_parser("fit", help="fit LDA to CORPUS ('synthetic', 'reuters', a UCI docword or .ldac file)",
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    fit = lda_sub.add_parser("fit", help="fit LDA to CORPUS ('synthetic', 'reuters', a UCI docword or .ldac file)")
     fit.add_argument("corpus_arg", metavar="CORPUS")
     fit.add_argument("--out", default=None, help="write the summary (without λ) as JSON here")
     from frugalrl.dpsgd.lda import LDAConfig
 
-    add_dataclass_args(fit, LDAConfig)
+    add_dataclass_args(fit, LDAConfig, skip=("corpus",))
     sl = sub.add_parser("slurm", help="write (and --submit) an sbatch script: Ray on the allocation, then a command",
                         usage="frugalrl slurm --nodes N --partition P [options] -- COMMAND...")
     sl.add_argument("--nodes", type=int, required=True, help="nodes: one Ray head, the rest Ray workers")
@@ -154,25 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``frugalrl`` script."""
-    import importlib
-
     args = build_parser().parse_args(argv)
     if args.command == "train":
-        module, cfg_name, fn_name = ALGOS[args.algo]
-        mod = importlib.import_module(module)
-        cls = getattr(mod, cfg_name)
-        cfg = cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
-        try:
-            summary = getattr(mod, fn_name)(cfg)
-        except (ValueError, TypeError) as e:
-            print(f"frugalrl: error: {e}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("frugalrl: interrupted; workers stopped", file=sys.stderr)
-            return 130
-        if summary:  # a lone pipeline stage 1 has nothing to report
-            _print_summary(summary)
-        return 0
+        return _train(args)
     if args.command == "eval":
         return _eval(args)
     if args.command == "slurm":
@@ -190,28 +188,51 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _eval(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _error(message: str) -> int:
+    print(f"frugalrl: error: {message}", file=sys.stderr)
+    return 2
 
+
+def _train(args: argparse.Namespace) -> int:
+    from frugalrl.runs import read_config
+
+    mod, cls = algorithm(args.algo).load()
+    changes = given(args, cls)
+    try:
+        if args.resume is not None:
+            saved = read_config(args.resume)
+            if saved.get("algo") != args.algo:
+                return _error(f"{args.resume} is a {saved.get('algo')} run, not {args.algo}")
+            cfg = config_from_dict(cls, {**saved, **changes}, where=f"{args.resume}/config.json")
+        else:
+            cfg = cls(**changes)
+        summary = mod.train(cfg, resume=args.resume)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        return _error(str(e))
+    except KeyboardInterrupt:
+        print("frugalrl: interrupted; workers stopped", file=sys.stderr)
+        return 130
+    if summary:  # a lone pipeline stage 1 has nothing to report
+        _print_summary(summary)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from frugalrl.algos import load_policy
     from frugalrl.envs.spec import to_env_spec
     from frugalrl.evaluation import evaluate
-    from frugalrl.runs import load_checkpoint
+    from frugalrl.runs import read_config
 
-    run_dir = Path(args.run_dir)
-    config_path = run_dir / "config.json"
-    if not config_path.exists():
-        print(f"frugalrl: error: {run_dir} is not a run directory (no config.json)", file=sys.stderr)
-        return 2
-    config = json.loads(config_path.read_text())
     try:
-        agent, payload = load_checkpoint(run_dir)
-    except FileNotFoundError as e:
-        print(f"frugalrl: error: {e}", file=sys.stderr)
-        return 2
+        config = read_config(args.run_dir)
+        agent, counters = load_policy(args.run_dir)
+    except (FileNotFoundError, ValueError) as e:
+        return _error(str(e))
     spec = to_env_spec(config["env"], config.get("env_kwargs") or {})
     mean, std, returns = evaluate(agent, spec, args.episodes, seed=args.seed, deterministic=not args.stochastic)
-    result = {"run_dir": str(run_dir), "env_id": config["env"], "checkpoint_step": payload.get("step"),
-              "episodes": args.episodes, "return_mean": mean, "return_std": std, "returns": returns}
+    result = {"run_dir": str(Path(args.run_dir)), "algo": config.get("algo"), "env_id": config["env"],
+              "checkpoint_step": counters.get("env_steps"), "episodes": args.episodes,
+              "deterministic": not args.stochastic, "return_mean": mean, "return_std": std, "returns": returns}
     print(json.dumps(result, indent=2))
     return 0
 
@@ -219,10 +240,8 @@ def _eval(args: argparse.Namespace) -> int:
 def _lda_fit(args: argparse.Namespace) -> int:
     from frugalrl.dpsgd.lda import LDAConfig, fit_lda
 
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(LDAConfig)}
-    fields["corpus"] = args.corpus_arg
     try:
-        summary = fit_lda(LDAConfig(**fields))
+        summary = fit_lda(LDAConfig(**given(args, LDAConfig), corpus=args.corpus_arg))
     except (ValueError, FileNotFoundError) as e:
         print(f"frugalrl: error: {e}", file=sys.stderr)
         return 2
@@ -237,10 +256,10 @@ def _lda_fit(args: argparse.Namespace) -> int:
     for k, words in enumerate(summary["top_words"]):
         print(f"  topic {k:2d}: {' '.join(map(str, words))}")
     if args.out:
-        from frugalrl.runs import _jsonable
+        from frugalrl.runs import jsonable
 
         with open(args.out, "w") as f:
-            json.dump(_jsonable(summary), f, indent=1)
+            json.dump(jsonable(summary), f, indent=1)
     return 0
 
 
@@ -311,18 +330,23 @@ def _slurm(args: argparse.Namespace) -> int:
 
 def _print_summary(summary: dict[str, Any]) -> None:
     nbytes = {k: v for k, v in summary.get("bytes", {}).items()
-              if k != "total" and isinstance(v, int | float) and v}  # kinds only, not the per-direction dicts
+              if k not in ("total", "messages") and isinstance(v, int | float) and v}  # kinds only
     top = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in sorted(nbytes.items(), key=lambda kv: -kv[1])[:3])
+    how = "deterministic" if summary.get("eval_deterministic", True) else "stochastic"
     lines = [
         f"\n{summary['algo']} on {summary['env_id']} (seed {summary['seed']}): {summary['env_steps']} steps in "
-        f"{summary['wall_seconds']:.1f} s ({summary['steps_per_second']:.0f} steps/s)",
-        f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f}",
+        f"{summary['train_seconds']:.1f} s of training ({summary['steps_per_second']:.0f} steps/s), "
+        f"{summary['updates']} updates, stopped by {summary['stop_reason']}",
+        f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f} "
+        f"({summary['eval_episodes']} {how} episodes)",
     ]
-    if "weight_syncs" in summary:
-        syncs = summary["weight_syncs"]
+    syncs = summary.get("weight_syncs") or {}
+    if syncs.get("total"):
         per_worker = f" (per worker {syncs['per_worker']})" if syncs.get("per_worker") else ""
         lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}")
     lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")
+    if summary.get("resumes"):
+        lines.append(f"  resumed {len(summary['resumes'])} time(s), last at step {summary['resumes'][-1]['step']}")
     lines.append(f"  run directory: {summary['run_dir']}")
     print("\n".join(lines))
 

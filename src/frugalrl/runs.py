@@ -1,19 +1,24 @@
-"""Run directories: config, metrics, TensorBoard events, checkpoints, summary and plots.
+"""Run directories: config, metrics, TensorBoard events, checkpoints and summary.
 
 Layout of ``runs/<name>/``::
 
-    config.json        everything needed to rerun (the dataclass config, plus versions)
-    metrics.jsonl      one JSON row per logged iteration (also the source of the plots)
+    config.json        everything needed to rerun (the dataclass config, with the algorithm and versions)
+    metrics.jsonl      one JSON row per logged update (also the source of the plots)
     events.out.tfevents.*   TensorBoard
-    checkpoints/       latest.pt (agent state dict + policy spec), and periodic ones
-    summary.json       algo, env_id, seed, env_steps, wall_seconds, eval_return_mean/std,
-                       weight_syncs {total, per_worker}, bytes {kind: n, ..., total}, ...
+    checkpoints/       latest.pt: what ``--resume`` continues from (and ``frugalrl eval`` scores)
+    summary.json       the run summary (:class:`frugalrl.training.RunSummary`)
     plots/*.png        return vs steps and vs time, syncs per worker, bytes by kind
+
+Files are written so that a run killed at any moment (SIGKILL included) leaves no torn file that
+matters: checkpoints and JSON files are written to a temporary name, flushed to disk and renamed over
+the old one; ``metrics.jsonl`` is appended line by line, and a resumed run drops a torn last line and
+every row after its checkpoint, so no step is logged twice.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import asdict, is_dataclass
@@ -22,14 +27,18 @@ from typing import Any
 
 import torch
 
+CHECKPOINT = "latest.pt"
+"""The checkpoint ``--resume`` and ``frugalrl eval`` read, in ``<run>/checkpoints/``."""
 
-def _jsonable(obj: Any) -> Any:
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` as plain JSON types (dataclasses and numpy/torch scalars included; anything else as str)."""
     if is_dataclass(obj) and not isinstance(obj, type):
-        return _jsonable(asdict(obj))
+        return jsonable(asdict(obj))
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if hasattr(obj, "item") and callable(obj.item):
         return obj.item()
     if isinstance(obj, float | int | str | bool) or obj is None:
@@ -37,31 +46,58 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-class Run:
-    """One training run's directory and its writers."""
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` so that a crash leaves either the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
-    def __init__(self, root: str | Path, name: str, config: Any, tensorboard: bool = True) -> None:
-        self.dir = Path(root) / name
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "checkpoints").mkdir(exist_ok=True)
-        self.config = _jsonable(config)
-        meta = {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-        self._write_json("config.json", {**self.config, "_meta": meta})
-        self._metrics = open(self.dir / "metrics.jsonl", "w")  # noqa: SIM115 - closed in finish()
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as indented JSON, atomically."""
+    write_atomic(path, (json.dumps(jsonable(data), indent=2) + "\n").encode())
+
+
+class Run:
+    """One training run's directory and its writers.
+
+    ``resume_step`` continues an existing directory from a checkpoint taken at that env step: the
+    metrics logged after it are dropped (they are logged again) and TensorBoard purges its events from
+    that step on.
+    """
+
+    def __init__(self, path: str | Path, config: dict[str, Any], tensorboard: bool = True,
+                 resume_step: int | None = None) -> None:
+        self.dir = Path(path)
+        self.checkpoints = self.dir / "checkpoints"
+        if resume_step is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.checkpoints.mkdir(exist_ok=True)
+            meta = {"python": platform.python_version(), "torch": torch.__version__,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            write_json(self.dir / "config.json", {**config, "_meta": meta})
+            self._metrics = open(self.dir / "metrics.jsonl", "w")  # noqa: SIM115 - closed in close()
+        else:
+            rows = [r for r in read_metrics(self.dir) if r["step"] <= resume_step]
+            write_atomic(self.dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+            self._metrics = open(self.dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.dir))
-        self.start = time.monotonic()
+            self._tb = SummaryWriter(str(self.dir), purge_step=None if resume_step is None else resume_step + 1)
 
-    def log(self, step: int, values: dict[str, Any]) -> None:
-        """Record scalar ``values`` at ``step`` env steps (TensorBoard + metrics.jsonl)."""
-        row = {"step": int(step), "time": round(time.monotonic() - self.start, 3), **_jsonable(values)}
+    def log(self, step: int, seconds: float, values: dict[str, Any]) -> None:
+        """Record scalar ``values`` at ``step`` env steps, ``seconds`` into the run."""
+        row = {"step": int(step), "time": round(seconds, 3), **jsonable(values)}
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
         if self._tb is not None:
@@ -69,50 +105,57 @@ class Run:
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, step)
 
-    def save_checkpoint(self, agent: torch.nn.Module, step: int, extra: dict[str, Any] | None = None) -> Path:
-        """Write ``checkpoints/latest.pt`` (and ``step_<n>.pt``): state dict, policy spec, step."""
-        payload = {"state_dict": agent.state_dict(), "spec": agent.spec.to_json(), "step": int(step), **(extra or {})}
-        path = self.dir / "checkpoints" / f"step_{int(step)}.pt"
-        torch.save(payload, path)
-        torch.save(payload, self.dir / "checkpoints" / "latest.pt")
+    def save_checkpoint(self, payload: dict[str, Any]) -> Path:
+        """Write ``checkpoints/latest.pt`` atomically (torch.save of tensors and plain containers only,
+        so that :func:`load_checkpoint` reads it with ``weights_only=True``)."""
+        import io
+
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        path = self.checkpoints / CHECKPOINT
+        write_atomic(path, buf.getvalue())
         return path
 
-    def finish(self, summary: dict[str, Any], plots: bool = True) -> dict[str, Any]:
-        """Write summary.json, close writers, draw the plots; return the summary."""
-        summary = _jsonable(summary)
-        self._write_json("summary.json", summary)
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """Write ``summary.json`` atomically."""
+        write_json(self.dir / "summary.json", summary)
+
+    def close(self) -> None:
+        """Close the writers."""
         self._metrics.close()
         if self._tb is not None:
             self._tb.close()
-        if plots:
-            from frugalrl.plots import make_plots
-
-            make_plots(self.dir)
-        return summary
-
-    def _write_json(self, name: str, data: Any) -> None:
-        (self.dir / name).write_text(json.dumps(data, indent=2) + "\n")
 
 
-def load_checkpoint(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Rebuild the agent saved by :meth:`Run.save_checkpoint` (a run directory or a ``.pt`` file)."""
-    from frugalrl.nets import build_policy
-
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The payload of a checkpoint (a run directory or a ``.pt`` file), read with ``weights_only=True``."""
     path = Path(path)
     if path.is_dir():
-        path = path / "checkpoints" / "latest.pt"
+        path = path / "checkpoints" / CHECKPOINT
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    agent = build_policy(payload["spec"])
-    agent.load_state_dict(payload["state_dict"])
-    agent.eval()
-    return agent, payload
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_config(run_dir: str | Path) -> dict[str, Any]:
+    """A run directory's ``config.json`` (``FileNotFoundError`` naming it if it is not a run directory)."""
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
+    return json.loads(path.read_text())
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of ``metrics.jsonl``."""
+    """The rows of ``metrics.jsonl`` (a torn last line, from a killed run, is skipped)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # only the last line can be torn
+    return rows

@@ -1,0 +1,78 @@
+"""The algorithms, registered in one table: what ``frugalrl train``, ``frugalrl eval`` and resume look up.
+
+Every algorithm module has a dataclass config (its fields are the CLI flags), ``train(cfg, resume=None)``
+returning the run summary, and may have ``load_policy(run_dir)`` when its checkpoint is not one agent
+(the split-model pipeline); otherwise the checkpoint's ``agent`` part is the policy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """Where an algorithm lives and what it is."""
+
+    module: str
+    config: str
+    help: str
+
+    def load(self) -> tuple[Any, type]:
+        """The algorithm's module and its config class."""
+        mod = importlib.import_module(self.module)
+        return mod, getattr(mod, self.config)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "ppo": Algorithm("frugalrl.algos.ppo", "PPOConfig",
+                     "PPO on ClusterEnv: workers act with their copy of the policy, AAPS decides when it is refreshed"),
+    "impala": Algorithm("frugalrl.algos.impala", "IMPALAConfig",
+                        "AcceRL: V-trace learner, actors running a compressed policy, a Monitor tuning compression"),
+    "pipeline-ppo": Algorithm("frugalrl.algos.pipeline_ppo", "PipelinePPOConfig",
+                              "split-model PPO over torch.distributed with sparse, accumulated cut gradients"),
+    "hsa2c": Algorithm("frugalrl.algos.hsa2c", "HSA2CConfig",
+                       "A2C optimised by DPSGD: a parameter server and lock-free Hogwild workers"),
+}
+
+
+def algorithm(name: str) -> Algorithm:
+    """The registered algorithm ``name`` (``ValueError`` listing the known ones otherwise)."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}") from None
+
+
+def resume(run_dir: str | Path, **overrides: Any) -> dict[str, Any]:
+    """Continue the run in ``run_dir`` from its latest checkpoint with the config it was started with
+    (``overrides``: fields to change, e.g. a larger ``total_timesteps``); returns the summary.
+
+    The Python equivalent of ``frugalrl train ALGO --resume RUN_DIR``.
+    """
+    from frugalrl.config import config_from_dict
+    from frugalrl.runs import read_config
+
+    saved = read_config(run_dir)
+    mod, cls = algorithm(saved.get("algo", "")).load()
+    cfg = config_from_dict(cls, {**saved, **overrides}, where=f"{run_dir}/config.json")
+    return mod.train(cfg, resume=run_dir)
+
+
+def load_policy(run_dir: str | Path) -> tuple[Any, dict[str, Any]]:
+    """The policy a run directory's latest checkpoint holds, ready to act (``eval()`` mode), and the
+    checkpoint's counters. Works for every algorithm's run directory."""
+    from frugalrl.nets import build_policy
+    from frugalrl.runs import read_checkpoint, read_config
+
+    mod, _ = algorithm(read_config(run_dir).get("algo", "")).load()
+    if hasattr(mod, "load_policy"):
+        return mod.load_policy(run_dir)
+    payload = read_checkpoint(run_dir)
+    agent = build_policy(payload["spec"])
+    agent.load_state_dict(payload["parts"]["agent"])
+    agent.eval()
+    return agent, payload["counters"]

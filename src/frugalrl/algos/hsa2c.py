@@ -53,7 +53,8 @@ import numpy as np
 import torch
 
 from frugalrl import dists
-from frugalrl.algos.common import check_fields, slug
+from frugalrl.config import check_fields
+from frugalrl.training import slug
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.evaluation import evaluate
 from frugalrl.nets import make_agent

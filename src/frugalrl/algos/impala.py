@@ -28,50 +28,37 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
 from frugalrl import dists
-from frugalrl.algos.common import check_fields, cluster_summary, make_cluster_env, progress_bar, slug
 from frugalrl.compress.chain import CompressorChain, parse_chain
+from frugalrl.config import ClusterConfig, OptimConfig, RunConfig, check_fields
 from frugalrl.correct import CorrectionBatch, CorrectorChain, bootstrap_values, parse_correctors
 from frugalrl.envs.cluster import ClusterEnv
-from frugalrl.evaluation import evaluate
 from frugalrl.monitor import parse_monitor
 from frugalrl.nets import make_agent
 from frugalrl.rollout import Rollout
 from frugalrl.sync import make_sync_rule
+from frugalrl.training import Training, cluster_traffic, policy_evaluator
 
 log = logging.getLogger("frugalrl.impala")
 
 
-@dataclass
-class IMPALAConfig:
+@dataclass(kw_only=True)
+class IMPALAConfig(OptimConfig, ClusterConfig, RunConfig):
     """Every knob of an IMPALA/AcceRL run. Field names are the CLI flags (``--recompress-every`` ...)."""
 
     env: str = "CartPole-v1"
     """Gymnasium id or 'module:function' env factory (Atari: frugalrl.envs.atari:make_atari with
     --env-kwargs '{"env_id": "ALE/Pong-v5"}')."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for the env (JSON on the CLI)."""
-    seed: int = 1
-    total_timesteps: int = 500_000
-    backend: str = "local"
-    """'local' (processes), 'serial' (in-process) or 'ray' (Ray actors)."""
-    ray_address: str | None = None
-    workers: int = 2
-    envs_per_worker: int = 4
+    learning_rate: float = 6e-4
     num_steps: int = 20
     """Unroll length: steps per env per rollout fragment."""
-    sync: str = "every"
-    """Weight-sync rule for the actors' policy: 'every', 'interval' or 'aaps'."""
-    kl_threshold: float = 0.05
-    """δ of AAPS."""
-    sync_interval: int = 1
-    weights_codec: str = "fp32"
     compress: str = ""
     """Compressor chain, e.g. 'prune:0.5,distill,int8,onnx' ('' or 'none': actors run the learner's policy)."""
     correct: str = "vtrace"
@@ -91,46 +78,17 @@ class IMPALAConfig:
     """Steps of each distillation (when the chain has 'distill')."""
     overlap: bool = True
     """Run the next rollout while the learner trains on the previous one (IMPALA's decoupling)."""
-    net: str = "auto"
+    net: Literal["auto", "mlp", "cnn"] = "auto"
     """'auto' (Nature-CNN for uint8 frames, MLP otherwise), 'mlp' or 'cnn'."""
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     """MLP hidden widths."""
-    learning_rate: float = 6e-4
-    anneal_lr: bool = True
-    gamma: float = 0.99
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
     norm_adv: bool = False
     """Normalise the corrected advantages per batch (helps with large reward scales, e.g. LunarLander)."""
-    eval_episodes: int = 10
-    eval_every: int = 0
-    """Evaluate the learner's policy every this many updates (0: only at the end)."""
-    target_return: float | None = None
-    """Stop early once an evaluation reaches this mean return."""
-    torch_threads: int = 1
-    run_dir: str = "runs"
-    run_name: str | None = None
-    checkpoint_every: int = 0
-    progress: bool = True
-    tensorboard: bool = True
-    plots: bool = True
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field (including a bad --compress/--correct)."""
-        check_fields(
-            self,
-            positive_ints=("total_timesteps", "workers", "envs_per_worker", "num_steps", "torch_threads",
-                           "sync_interval", "recompress_every", "calib_size"),
-            positive=("learning_rate", "kl_threshold"),
-            nonneg=("ent_coef", "vf_coef", "max_grad_norm", "eval_episodes", "eval_every", "checkpoint_every",
-                    "distill_steps"),
-            unit=("gamma",),
-        )
-        if self.backend not in ("local", "serial", "ray"):
-            raise ValueError(f"backend must be 'local', 'serial' or 'ray', got {self.backend!r}")
-        if self.net not in ("auto", "mlp", "cnn"):
-            raise ValueError(f"net must be 'auto', 'mlp' or 'cnn', got {self.net!r}")
+        super().validate()
+        check_fields(self, positive_ints=("num_steps", "recompress_every", "calib_size"), nonneg=("distill_steps",))
         make_sync_rule(self.sync, self.kl_threshold, self.sync_interval)
         parse_chain(self.compress)
         parse_correctors(self.correct)
@@ -147,9 +105,14 @@ class IMPALAConfig:
         return max(1, self.total_timesteps // self.batch_size)
 
 
-def make_envs(cfg: IMPALAConfig) -> ClusterEnv:
+def make_envs(cfg: IMPALAConfig, replayable: bool = False) -> ClusterEnv:
     """The ClusterEnv a config asks for (actors always act on the workers)."""
-    return make_cluster_env(cfg)
+    return ClusterEnv(
+        cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
+        sync=make_sync_rule(cfg.sync, cfg.kl_threshold, cfg.sync_interval), seed=cfg.seed,
+        env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec, ray_address=cfg.ray_address,
+        replayable=replayable,
+    )
 
 
 def build_learner(cfg: IMPALAConfig, envs: ClusterEnv) -> nn.Module:
@@ -295,23 +258,17 @@ def impala_loss(
     return loss, stats
 
 
-def train(cfg: IMPALAConfig, envs: ClusterEnv | None = None) -> dict[str, Any]:
+def train(cfg: IMPALAConfig, envs: ClusterEnv | None = None, resume: str | Path | None = None) -> dict[str, Any]:
     """Train as ``cfg`` says; return the run summary (also in ``run_dir/<name>/summary.json``).
 
-    Pass ``envs`` to use a ClusterEnv you built yourself (it is not closed here).
+    Pass ``envs`` to use a ClusterEnv you built yourself (it is not closed here). ``resume`` continues a
+    run directory from its checkpoint: the learner, its optimizer and the envs continue exactly; the
+    actors start again from a copy of the learner and the Monitor's history restarts.
     """
-    from frugalrl.runs import Run
-
-    cfg.validate()
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.set_num_threads(cfg.torch_threads)
+    tag = cfg.compress.replace(":", "").replace(",", "-") or "nocompress"
+    run = Training("impala", cfg, tag=tag, resume=resume)
     own_envs = envs is None
-    envs = make_envs(cfg) if envs is None else envs
-    tag = slug(cfg.compress.replace(":", "").replace(",", "-")) or "nocompress"
-    name = cfg.run_name or f"impala-{slug(cfg.env_kwargs.get('env_id', cfg.env))}-{tag}-s{cfg.seed}-" \
-                           f"{time.strftime('%Y%m%d-%H%M%S')}"
-    run = Run(cfg.run_dir, name, cfg, tensorboard=cfg.tensorboard)
+    envs = make_envs(cfg, replayable=run.checkpointing) if envs is None else envs
     try:
         return _train_loop(cfg, envs, run)
     finally:
@@ -319,7 +276,7 @@ def train(cfg: IMPALAConfig, envs: ClusterEnv | None = None) -> dict[str, Any]:
             envs.close()
 
 
-def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
+def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run: Training) -> dict[str, Any]:
     agent = build_learner(cfg, envs)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
     correctors = parse_correctors(cfg.correct)
@@ -328,8 +285,11 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
                             sparsity=_chain_setting(chain, "sparsity"))
     builder = ActorBuilder(chain, cfg.async_compress, cfg.seed)
     num_updates = cfg.num_updates
-    obs0, _ = envs.reset(seed=cfg.seed)
-    recent_obs = torch.as_tensor(obs0)
+    run.attach(agent=agent, optimizer=optimizer, envs=envs)
+    run.begin(policy_evaluator(agent, envs.env_spec, cfg), num_updates * cfg.batch_size, num_updates)
+    if not run.resumed:
+        envs.reset(seed=cfg.seed)
+    recent_obs = torch.as_tensor(envs.observations)
 
     # The first rollouts use an exact copy of the learner; the first compressed actor is built after the
     # first update, from the states of a real rollout (calibration and distillation need them).
@@ -339,23 +299,15 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
     pool = concurrent.futures.ThreadPoolExecutor(1) if cfg.overlap else None
     pending = pool.submit(envs.rollout, actor, cfg.num_steps) if pool else None
 
-    recent_returns: list[float] = []
     returns_since_check: list[float] = []
-    episodes = env_steps = 0
-    evals: list[tuple[int, float, float, float]] = []  # (step, mean, std, wall seconds)
     best_eval: float | None = None
     actor_swaps = 0
-    start = time.monotonic()
-    eval_seconds = 0.0  # evaluation is not training: eval_history and train_seconds leave it out
     wait_seconds = learn_seconds = 0.0  # the learner waiting for a rollout / computing an update
-    bar = progress_bar(cfg.progress, num_updates * cfg.batch_size, f"impala {cfg.env}")
-    eval_mean = eval_std = float("nan")
-    stopped_early = False
-    update = 0
+    first_update = run.updates + 1
     try:
-        for update in range(1, num_updates + 1):
-            if cfg.anneal_lr:
-                optimizer.param_groups[0]["lr"] = (1.0 - (update - 1.0) / num_updates) * cfg.learning_rate
+        while run.updates < num_updates and not run.stopped:
+            update = run.updates + 1
+            lr = optimizer.param_groups[0]["lr"] = cfg.lr_at(update, num_updates)
             t_wait = time.perf_counter()
             batch = pending.result() if pending is not None else envs.rollout(actor, cfg.num_steps)
             wait_seconds += time.perf_counter() - t_wait
@@ -366,12 +318,11 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
                 actor_swaps += 1
             elif not builder.compressing and actor is not agent:
                 actor.load_state_dict(agent.state_dict())  # the baseline's actors follow the learner
-            if pool is not None:
+            # No rollout is in flight when a checkpoint is written (the envs are then at rest).
+            pending = None
+            if pool is not None and not run.checkpoint_due():
                 pending = pool.submit(envs.rollout, actor, cfg.num_steps)
 
-            env_steps += batch.num_steps * batch.num_envs
-            episodes += len(batch.episode_returns)
-            recent_returns = (recent_returns + list(batch.episode_returns))[-100:]
             returns_since_check += list(batch.episode_returns)
             recent_obs = _keep_recent(recent_obs, batch, cfg.calib_size, update)
 
@@ -383,48 +334,21 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
             optimizer.step()
             learn_seconds += time.perf_counter() - t_learn
 
-            row: dict[str, Any] = dict(stats)
-            if builder.compressing and (update == 1 or update % cfg.recompress_every == 0):
-                changes = monitor.observe(env_steps, agent, actor, recent_obs, returns_since_check, best_eval)
+            row: dict[str, Any] = {**stats, "charts/lr": lr, "compress/builds": builder.builds}
+            if builder.compressing and (update == first_update or update % cfg.recompress_every == 0):
+                changes = monitor.observe(run.env_steps + batch.num_steps * batch.num_envs, agent, actor, recent_obs,
+                                          returns_since_check, best_eval)
                 returns_since_check = []
                 if changes:
                     builder.apply(changes)
-                row.update({f"monitor/{k}": v for k, v in monitor.latest().items() if isinstance(v, (int, float))})
+                row.update({f"monitor/{k}": v for k, v in monitor.latest().items() if isinstance(v, int | float)})
                 builder.request(agent, recent_obs)
-            sps = env_steps / max(1e-9, time.monotonic() - start - eval_seconds)
-            st = envs.stats()
-            row.update({
-                "charts/sps": sps,
-                "charts/lr": optimizer.param_groups[0]["lr"],
-                "charts/policy_lag": float(batch.policy_lag().mean()),
-                "syncs/total": st["weight_syncs"]["total"],
-                "bytes/total": st["bytes"]["total"],
-                "bytes/weights": st["bytes"]["weights"],
-                "compress/builds": builder.builds,
-            })
-            if batch.episode_returns:
-                row["train/episode_return"] = float(np.mean(batch.episode_returns))
-                row["train/episode_length"] = float(np.mean(batch.episode_lengths))
-            if cfg.eval_every and cfg.eval_episodes and update % cfg.eval_every == 0 and update != num_updates:
-                t_eval = time.monotonic()
-                eval_mean, eval_std, _ = evaluate(agent, envs.env_spec, cfg.eval_episodes, seed=10_000 + cfg.seed)
-                eval_seconds += time.monotonic() - t_eval
-                evals.append((env_steps, eval_mean, eval_std, time.monotonic() - start - eval_seconds))
-                best_eval = eval_mean if best_eval is None else max(best_eval, eval_mean)
-                row["eval/return_mean"], row["eval/return_std"] = eval_mean, eval_std
-            run.log(env_steps, row)
-            if cfg.checkpoint_every and update % cfg.checkpoint_every == 0:
-                run.save_checkpoint(agent, env_steps)
-            if bar is not None:
-                post = {"ret": f"{np.mean(recent_returns):.1f}" if recent_returns else "-", "sps": f"{sps:.0f}",
-                        "syncs": row["syncs/total"]}
-                if evals:
-                    post["eval"] = f"{evals[-1][1]:.1f}"
-                bar.set_postfix(post, refresh=False)
-                bar.update(batch.num_steps * batch.num_envs)
-            if cfg.target_return is not None and evals and evals[-1][1] >= cfg.target_return:
-                stopped_early = True
-                break
+            if batch.restarted_workers:
+                row["faults/restarted_workers"] = len(batch.restarted_workers)
+            run.update(batch.num_steps * batch.num_envs, row, episode_returns=batch.episode_returns,
+                       episode_lengths=batch.episode_lengths, policy_lag=batch.policy_lag(), cluster=envs)
+            if run.eval_history:
+                best_eval = max(e["mean"] for e in run.eval_history)
     finally:
         if pending is not None:
             try:
@@ -434,35 +358,14 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
         if pool is not None:
             pool.shutdown(wait=True)
         builder.close()
-        if bar is not None:
-            bar.close()
 
-    train_seconds = time.monotonic() - start - eval_seconds
-    if cfg.eval_episodes > 0 and not (stopped_early and evals):
-        eval_mean, eval_std, _ = evaluate(agent, envs.env_spec, cfg.eval_episodes, seed=10_000 + cfg.seed)
-        evals.append((env_steps, eval_mean, eval_std, train_seconds))
-        run.log(env_steps, {"eval/return_mean": eval_mean, "eval/return_std": eval_std})
-    elif evals:
-        eval_mean, eval_std = evals[-1][1], evals[-1][2]
-    wall = time.monotonic() - start
-    run.save_checkpoint(agent, env_steps)
-    summary: dict[str, Any] = {
-        "algo": "impala",
-        "env_id": cfg.env_kwargs.get("env_id", cfg.env),
-        "seed": cfg.seed,
+    details = {
         "compress": chain.describe(),
         "correct": correctors.describe(),
-        "env_steps": env_steps,
-        "updates": update,
-        "wall_seconds": round(wall, 3),
-        "train_seconds": round(train_seconds, 3),
-        "steps_per_second": round(env_steps / max(train_seconds, 1e-9), 1),
-        "eval_return_mean": eval_mean,
-        "eval_return_std": eval_std,
-        "eval_history": [{"step": s, "mean": m, "std": sd, "seconds": round(t, 3)} for s, m, sd, t in evals],
-        "train_return_mean_last100": float(np.mean(recent_returns)) if recent_returns else None,
-        "episodes": episodes,
-        "stopped_early": stopped_early,
+        "sync_rule": envs.sync_rule.describe(),
+        "backend": cfg.backend,
+        "workers": cfg.workers,
+        "envs_per_worker": cfg.envs_per_worker,
         "learner_wait_seconds": round(wait_seconds, 3),
         "learner_update_seconds": round(learn_seconds, 3),
         "compress_builds": builder.builds,
@@ -470,11 +373,9 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run) -> dict[str, Any]:
         "actor_swaps": actor_swaps,
         "compress_reports": builder.first_reports,
         "monitor": monitor.to_json(),
-        **cluster_summary(envs),
-        "backend": cfg.backend,
-        "run_dir": str(run.dir),
+        "restart_events": envs.stats()["restart_events"],
     }
-    return run.finish(summary, plots=cfg.plots)
+    return run.finish(details, traffic=cluster_traffic(envs))
 
 
 def _chain_setting(chain: CompressorChain, name: str) -> Any:

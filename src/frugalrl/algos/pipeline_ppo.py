@@ -57,7 +57,8 @@ import torch.distributed as dist
 from torch import nn
 
 from frugalrl import dists
-from frugalrl.algos.common import check_fields, progress_bar, slug
+from frugalrl.config import check_fields
+from frugalrl.training import slug
 from frugalrl.correct import gae
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.nets import action_desc, layer_init
@@ -390,7 +391,9 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Any | None) -> di
     episode_returns: list[float] = []
     running = np.zeros(N)
     curve: list[tuple[int, float, float]] = []  # (step, seconds, mean return of episodes that ended)
-    bar = progress_bar(cfg.progress, cfg.iterations * cfg.batch_size, "pipeline-ppo")
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.iterations * cfg.batch_size, unit="step", desc="pipeline-ppo") if cfg.progress else None
     start = time.perf_counter()
     global_step = 0
     timings = {"rollout": 0.0, "update": 0.0}

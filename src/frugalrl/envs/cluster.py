@@ -20,8 +20,6 @@ re-collected from the fresh worker so that no partial fragment is ever mixed in)
 from __future__ import annotations
 
 import atexit
-import copy
-import itertools
 import logging
 import time
 import weakref
@@ -34,21 +32,15 @@ import torch
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from frugalrl import dists
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype
 from frugalrl.nets import check_agent
 from frugalrl.rollout import Rollout
-from frugalrl.sync import EveryUpdate, SyncContext, SyncRule
+from frugalrl.sync import EveryUpdate, SyncRule
+from frugalrl.sync_state import PolicySync
 from frugalrl.wire.codecs import FLOAT_CODECS
-from frugalrl.wire.message import (
-    Message,
-    decode_message,
-    decode_state_dict,
-    encode_message,
-    encode_state_dict,
-)
+from frugalrl.wire.message import Message
 from frugalrl.wire.meter import ByteMeter
 
 log = logging.getLogger("frugalrl")
@@ -109,6 +101,7 @@ class ClusterEnv(gym.vector.VectorEnv):
             None starts a private single-machine Ray (shut down on close). A Ray already initialised in
             this process is always used as is.
         ray_num_cpus: ``backend="ray"`` only: CPUs each worker actor reserves (0 lets actors share CPUs).
+        replayable: workers record what :meth:`state_dict` needs to rebuild their envs exactly (checkpoints).
     """
 
     def __init__(
@@ -130,6 +123,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         kl_states: int = 256,
         ray_address: str | None = None,
         ray_num_cpus: float = 1.0,
+        replayable: bool = False,
     ) -> None:
         self.closed = True  # until started, so that close() in __del__ is safe
         self.num_workers = _positive_int("num_workers", num_workers)
@@ -180,15 +174,18 @@ class ClusterEnv(gym.vector.VectorEnv):
         self.metadata = {"autoreset_mode": mode, "render_modes": []}
         self.render_mode = None
         self.meter = meter if meter is not None else ByteMeter()
-        self.sync_rule = sync if sync is not None else EveryUpdate()
+        self.policies = PolicySync(
+            self.num_workers, sync if sync is not None else EveryUpdate(), weights_codec, self.kl_states
+        )
         self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2**31))
         self.weights_codec = weights_codec
         self.max_restarts = int(max_restarts)
         self.backend_name = backend
+        self.replayable = bool(replayable)
 
         k = self.envs_per_worker
         configs = [
-            WorkerConfig(w, self.env_spec, k, w * k, mode.value, check_finite, self.seed)
+            WorkerConfig(w, self.env_spec, k, w * k, mode.value, check_finite, self.seed, self.replayable)
             for w in range(self.num_workers)
         ]
         self.backend = make_backend(
@@ -198,17 +195,39 @@ class ClusterEnv(gym.vector.VectorEnv):
         self.closed = False
         _register_close(self)
 
-        self.learner_version = 0
-        self.worker_versions: list[int | None] = [None] * self.num_workers
-        self.sync_counts = np.zeros(self.num_workers, dtype=np.int64)
-        self.last_kl: list[float | None] = [None] * self.num_workers
         self.restart_events: list[dict[str, Any]] = []
-        self._fingerprint: tuple | None = None
-        self._tracked_agent: weakref.ref | None = None
-        self._weights_msg: Message | None = None
-        self._held: torch.nn.Module | None = None
-        self._recent: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_workers
         self._obs: np.ndarray | None = None
+
+    @property
+    def observations(self) -> np.ndarray | None:
+        """The current observation of every env (a copy; None before the first reset)."""
+        return None if self._obs is None else self._obs.copy()
+
+    # ------------------------------------------------------------------ the sync state, read-only
+    @property
+    def sync_rule(self) -> SyncRule:
+        """The weight-sync rule."""
+        return self.policies.rule
+
+    @property
+    def learner_version(self) -> int:
+        """Version of the learner's weights (bumped whenever the agent changed since the last sync)."""
+        return self.policies.learner_version
+
+    @property
+    def worker_versions(self) -> list[int | None]:
+        """Version each worker holds (None: no weights yet)."""
+        return self.policies.worker_versions
+
+    @property
+    def sync_counts(self) -> np.ndarray:
+        """Weight syncs sent to each worker."""
+        return self.policies.sync_counts
+
+    @property
+    def last_kl(self) -> list[float | None]:
+        """The last AAPS KL estimate of each worker (None: never estimated)."""
+        return self.policies.last_kl
 
     # ------------------------------------------------------------------ Gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
@@ -289,29 +308,13 @@ class ClusterEnv(gym.vector.VectorEnv):
         """Send the agent's weights to the workers the sync rule picks (all of them if ``force``)."""
         self._check_open()
         check_agent(agent)
-        self._track_version(agent)
-        if force:
-            chosen = [w for w, v in enumerate(self.worker_versions) if v != self.learner_version]
-        else:
-            ctx = SyncContext(self.learner_version, list(self.worker_versions), self._kl_estimator(agent))
-            chosen = self.sync_rule.select(ctx)
+        if self.policies.is_new_agent(agent):
+            self._check_agent_fits(agent)
+        self.policies.track(agent)
+        chosen = self.policies.stale() if force else self.policies.select(agent)
         if chosen:
             self._send_weights(agent, chosen)
         return chosen
-
-    def _track_version(self, agent: torch.nn.Module) -> None:
-        # Every in-place change of a tensor bumps its _version: an optimizer step, load_state_dict, ...
-        # The agent itself is compared by a weak reference, not id(): a new agent can reuse a freed id.
-        fingerprint = tuple(t._version for t in itertools.chain(agent.parameters(), agent.buffers()))
-        tracked = self._tracked_agent() if self._tracked_agent is not None else None
-        if tracked is not agent:
-            self._check_agent_fits(agent)
-        if tracked is not agent or fingerprint != self._fingerprint:
-            self._fingerprint = fingerprint
-            self._tracked_agent = weakref.ref(agent)
-            self.learner_version += 1
-            self._weights_msg = None
-            self._held = None
 
     def _check_agent_fits(self, agent: torch.nn.Module) -> None:
         """Fail on the head, with a clear message, for an agent built for other spaces."""
@@ -334,26 +337,8 @@ class ClusterEnv(gym.vector.VectorEnv):
                 f"the action space {space} needs ({size},)"
             )
 
-    def _kl_estimator(self, agent: torch.nn.Module) -> Callable[[int], float | None]:
-        def kl(w: int) -> float | None:
-            recent = self._recent[w]
-            if recent is None:
-                return None
-            states, behaviour = recent
-            with torch.no_grad():
-                learner = agent.dist_params(states).float()
-                value = float(dists.kl(agent.dist_kind, behaviour, learner).mean())
-            self.last_kl[w] = value
-            return value
-
-        return kl
-
     def _send_weights(self, agent: torch.nn.Module, workers: list[int]) -> None:
-        if self._weights_msg is None:
-            msg = encode_state_dict(agent.state_dict(), self.weights_codec)
-            msg.meta = {"version": self.learner_version, "spec": agent.spec.to_json()}
-            self._weights_msg = msg
-        msg = self._weights_msg
+        msg = self.policies.message(agent)
 
         def recover(w: int, reason: str) -> Message:
             self._restart(w, reason)
@@ -361,44 +346,84 @@ class ClusterEnv(gym.vector.VectorEnv):
             return msg
 
         self._request({w: msg for w in workers}, on_failure=recover)
-        for w in workers:
-            self.worker_versions[w] = self.learner_version
-            self.sync_counts[w] += 1
-        # AAPS compares the learner with the policy a worker *holds*: after a sync, the behaviour
-        # recorded on its recent states is that of the weights just sent (as decoded by the worker).
-        if any(self._recent[w] is not None for w in workers):
-            held = self._held_policy(agent)
-            for w in workers:
-                if self._recent[w] is not None:
-                    states = self._recent[w][0]
-                    with torch.no_grad():
-                        self._recent[w] = (states, held.dist_params(states).float())
-
-    def _held_policy(self, agent: torch.nn.Module) -> torch.nn.Module:
-        """The policy the workers run after receiving the current weights message."""
-        if self.weights_codec == "fp32":
-            return agent
-        if self._held is None:
-            assert self._weights_msg is not None
-            decoded, _ = decode_message(encode_message(self._weights_msg)[0])
-            self._held = copy.deepcopy(agent)
-            self._held.load_state_dict(decode_state_dict(decoded))
-        return self._held
+        self.policies.sent(agent, workers)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
         """Bytes by kind, weight syncs (total and per worker), restarts and versions."""
         return {
             "bytes": self.meter.summary(),
-            "weight_syncs": {"total": int(self.sync_counts.sum()), "per_worker": self.sync_counts.tolist()},
+            **self.policies.stats(),
             "restarts": len(self.restart_events),
             "restart_events": list(self.restart_events),
-            "learner_version": self.learner_version,
-            "worker_versions": list(self.worker_versions),
-            "last_kl": list(self.last_kl),
-            "sync_rule": self.sync_rule.describe(),
             "backend": self.backend_name,
         }
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly from here in a new ClusterEnv (``replayable`` workers):
+        the sync state, the byte meter, restarts, the current observations and each worker's snapshot
+        (how its envs' episodes began and the actions since, its sampling generator, the policy it holds).
+        Fetching the snapshots is counted as ``checkpoint`` bytes."""
+        self._check_open()
+        if not self.replayable:
+            raise RuntimeError("ClusterEnv.state_dict() needs workers started with replayable=True")
+        if self._obs is None:
+            self.reset(seed=self.seed)
+        msg = Message("snapshot")
+
+        def recover(w: int, reason: str) -> Message:
+            self._restart(w, reason)
+            self._reset_worker(w, seed=None)
+            return msg
+
+        replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
+        assert self._obs is not None
+        workers = [
+            {"meta": replies[w].meta, "arrays": {k: torch.from_numpy(np.ascontiguousarray(v))
+                                                 for k, v in replies[w].arrays.items()}}
+            for w in range(self.num_workers)
+        ]
+        return {
+            "policies": self.policies.state_dict(),
+            "meter": self.meter.state_dict(),
+            "restart_events": list(self.restart_events),
+            "obs": torch.from_numpy(self._obs.copy()),
+            "workers": workers,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[int]:
+        """Continue from :meth:`state_dict`: every worker rebuilds its envs by replaying their episodes.
+
+        Returns the envs that could not be rebuilt exactly (their replay did not reproduce the
+        observation: the env is not deterministic given its ``np_random``); those start a new episode,
+        with a warning. Restoring is counted as ``checkpoint`` bytes.
+        """
+        self._check_open()
+        if not self.replayable:
+            raise RuntimeError("ClusterEnv.load_state_dict() needs workers started with replayable=True")
+        if len(state["workers"]) != self.num_workers:
+            raise ValueError(f"the checkpoint has {len(state['workers'])} workers, this ClusterEnv {self.num_workers}")
+        obs = state["obs"].numpy()
+        k = self.envs_per_worker
+        requests = {}
+        for w, snap in enumerate(state["workers"]):
+            arrays = {name: t.numpy() for name, t in snap["arrays"].items()}
+            arrays["obs"] = obs[w * k : (w + 1) * k]
+            requests[w] = Message("restore", dict(snap["meta"]), arrays, kinds={n: "checkpoint" for n in arrays})
+        replies = self._request(requests, on_failure=self._fail_restore)
+        self.policies.load_state_dict(state["policies"])
+        self.meter.load_state_dict(state["meter"])
+        self.restart_events = list(state["restart_events"])
+        inexact = [w * k + i for w in range(self.num_workers) for i, ok in enumerate(replies[w].meta["exact"]) if not ok]
+        self._obs = np.concatenate([replies[w].arrays["obs"] for w in range(self.num_workers)])
+        if inexact:
+            log.warning("frugalrl: envs %s could not be rebuilt exactly from the checkpoint (%s is not "
+                        "deterministic given its np_random); they start new episodes", inexact, self.env_spec.describe())
+        return inexact
+
+    def _fail_restore(self, w: int, reason: str) -> None:
+        raise RuntimeError(f"worker {w} failed while restoring a checkpoint: {reason}")
 
     # ------------------------------------------------------------------ internals
     def _check_open(self) -> None:
@@ -461,8 +486,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         log.warning("frugalrl: worker %d failed (%s); replacing it and resetting its envs", w, reason)
         t0 = time.monotonic()
         self.backend.restart(w)
-        self.worker_versions[w] = None
-        self._recent[w] = None
+        self.policies.forget(w)
         self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
                                     "seconds": round(time.monotonic() - t0, 3)})
 
@@ -563,16 +587,9 @@ class ClusterEnv(gym.vector.VectorEnv):
         return np.dtype(np.float32)
 
     def _remember(self, w: int, states: np.ndarray, params: np.ndarray, append: bool = False) -> None:
-        """Keep up to ``kl_states`` of worker ``w``'s recent states and behaviour parameters for AAPS."""
+        """Keep worker ``w``'s recent states and behaviour parameters for AAPS."""
         s = torch.as_tensor(np.asarray(states)).reshape(-1, *self.single_observation_space.shape)
-        p = torch.as_tensor(np.asarray(params, dtype=np.float32)).reshape(s.shape[0], -1)
-        if append and self._recent[w] is not None:
-            old_s, old_p = self._recent[w]
-            s, p = torch.cat([old_s, s])[-self.kl_states :], torch.cat([old_p, p])[-self.kl_states :]
-        elif s.shape[0] > self.kl_states:
-            idx = torch.linspace(0, s.shape[0] - 1, self.kl_states).long()
-            s, p = s[idx], p[idx]
-        self._recent[w] = (s, p)
+        self.policies.remember(w, s, torch.as_tensor(np.asarray(params, dtype=np.float32)), append)
 
     def _merge_infos(self, replies: dict[int, Message]) -> dict[str, Any]:
         n, k = self.num_envs, self.envs_per_worker

@@ -12,8 +12,18 @@ step       ``actions`` (k, ...)                            ``obs``, ``rewards``,
 act_step   —  (worker-side inference, one step)            the step reply + ``actions``, ``dist_params``
 rollout    meta ``num_steps``                              a fragment of T steps (see :meth:`rollout`)
 weights    ``w/*`` arrays, meta ``version``, ``spec``      ``ok``
+snapshot   —                                               what :meth:`EnvWorker.restore` needs
+restore    a ``snapshot`` reply + ``obs`` expected         ``restored``: meta ``exact`` per env
 ping       —                                               ``ok``
 ========== ============================================== ===========================================
+
+Snapshots (for checkpoints and ``--resume``). Environments cannot be saved in general, but Gymnasium
+envs are deterministic given how they were reset and the actions since. With ``replayable`` a worker
+records, for each env, how its current episode began (the reset seed, or the state of the env's
+``np_random`` generator before an unseeded reset) and the actions it has taken since; a fresh worker
+rebuilds the env by resetting it the same way and replaying the actions. The replayed observation is
+compared with the one the head holds: an env whose randomness does not come from ``np_random`` (or
+that is not deterministic) is reported as not restored exactly and starts a new episode instead.
 
 Errors (a NaN observation, an env that raises) come back as an ``error`` message that the
 head turns into an exception naming the worker and environment.
@@ -57,6 +67,7 @@ class EnvWorker:
         autoreset_mode: str = NEXT_STEP,
         check_finite: bool = True,
         seed: int = 0,
+        replayable: bool = False,
     ) -> None:
         self.index = index
         self.first_env = first_env
@@ -81,6 +92,10 @@ class EnvWorker:
         self._action_wire_dtype = None if self._box else compact_int_dtype(self.act_space)
         # Observations of a float dtype can be checked for NaN/inf once per step, as one block.
         self._float_obs = self.obs.dtype.kind == "f"
+        # Replay records (see the module docstring): how each env's episode began, its actions since.
+        self.replayable = replayable
+        self._began: list[dict[str, Any]] = [{} for _ in range(num_envs)]
+        self._actions: list[list[Any]] | None = [[] for _ in range(num_envs)] if replayable else None
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, msg: Message) -> Message:
@@ -127,6 +142,9 @@ class EnvWorker:
         return bool(extra_obs) and not all(np.isfinite(np.asarray(o)).all() for o in extra_obs)
 
     def _reset_env(self, i: int, seed: int | None = None, options: dict | None = None) -> dict[str, Any]:
+        if self._actions is not None:
+            self._began[i] = {"seed": seed, "options": options, "rng": None if seed is not None else _rng_state(self.envs[i])}
+            self._actions[i] = []
         obs, info = self.envs[i].reset(seed=seed, options=options)
         self._check(i, obs)
         self.obs[i] = obs
@@ -174,6 +192,7 @@ class EnvWorker:
         same_step = self.autoreset_mode != NEXT_STEP
         needs = self.needs_reset.tolist()
         env_actions = self._env_action(actions) if clip else actions
+        logs = self._actions
         obs_block = self.obs
         ep_return, ep_length = self.ep_return, self.ep_length
         r_list: list[Any] = [0.0] * k
@@ -190,6 +209,8 @@ class EnvWorker:
                     info = self._reset_env(i)
                 else:
                     obs, r, te, tr, info = envs[i].step(env_actions[i])
+                    if logs is not None:
+                        logs[i].append(env_actions[i])
                     stepped.append((i, obs, r))
                     r_list[i], te_list[i], tr_list[i] = r, te, tr
                     ep_return[i] += r
@@ -290,6 +311,69 @@ class EnvWorker:
         self.version = int(msg.meta["version"])
         return Message("ok", {"worker": self.index, "version": self.version})
 
+    def _op_snapshot(self, msg: Message) -> Message:
+        """Everything a fresh worker needs to continue exactly where this one is (see :meth:`_op_restore`)."""
+        if self._actions is None:
+            raise WorkerError(f"worker {self.index} was not started replayable: its envs cannot be snapshot")
+        arrays: dict[str, np.ndarray] = {
+            "ep_return": self.ep_return.copy(),
+            "ep_length": self.ep_length.copy(),
+            "needs_reset": self.needs_reset.copy(),
+            "generator": self.generator.get_state().numpy(),
+        }
+        act_shape = self.act_space.shape
+        act_dtype = self.act_space.dtype if self._box else np.int64
+        for i, actions in enumerate(self._actions):
+            arrays[f"actions/{i}"] = (
+                np.stack([np.asarray(a, dtype=act_dtype) for a in actions]) if actions
+                else np.zeros((0, *act_shape), dtype=act_dtype)
+            )
+        if self.policy is not None:
+            arrays.update({f"w/{k}": v.detach().numpy().copy() for k, v in self.policy.state_dict().items()})
+        meta = {"began": list(self._began), "version": self.version, "spec": self.policy_spec}
+        return Message("snapshot", meta, arrays, kinds={name: "checkpoint" for name in arrays})
+
+    def _op_restore(self, msg: Message) -> Message:
+        """Rebuild the state of a :meth:`_op_snapshot` reply: reset each env as its episode began, replay its
+        actions, and compare the observation with ``obs`` (what the head holds)."""
+        if self._actions is None:
+            raise WorkerError(f"worker {self.index} was not started replayable: it cannot restore a snapshot")
+        a, meta = msg.arrays, msg.meta
+        expected = a["obs"]
+        exact: list[bool] = []
+        for i, env in enumerate(self.envs):
+            began = meta["began"][i]
+            if not began:  # never reset: nothing to rebuild
+                exact.append(True)
+                continue
+            if began.get("rng") is not None:
+                _set_rng_state(env, began["rng"])
+            self._reset_env(i, seed=began.get("seed"), options=began.get("options"))
+            self._began[i] = began
+            for action in a[f"actions/{i}"]:
+                obs, *_ = env.step(action if self._box else int(action))
+                self.obs[i] = obs
+                self._actions[i].append(action if self._box else int(action))
+            ok = bool(np.array_equal(self.obs[i], expected[i]))
+            if not ok:  # not replayable: a new episode (its start drawn from the restored generator)
+                self._reset_env(i)
+            exact.append(ok)
+        self.ep_return[:] = a["ep_return"]
+        self.ep_length[:] = a["ep_length"]
+        self.needs_reset[:] = a["needs_reset"]
+        for i, ok in enumerate(exact):
+            if not ok:
+                self.ep_return[i], self.ep_length[i], self.needs_reset[i] = 0.0, 0, False
+        self.ep_start[:] = time.perf_counter()
+        self.generator.set_state(torch.from_numpy(a["generator"].copy()))
+        if meta.get("spec") is not None:
+            self.policy = build_policy(PolicySpec(**meta["spec"]))
+            self.policy.eval()
+            self.policy_spec = meta["spec"]
+            self.policy.load_state_dict(decode_state_dict(msg))
+        self.version = int(meta["version"])
+        return Message("restored", {"worker": self.index, "exact": exact}, {"obs": self.obs.copy()})
+
     def _op_rollout(self, msg: Message) -> Message:
         """Run ``num_steps`` steps of every env with the cached policy (same-step autoreset).
 
@@ -324,6 +408,7 @@ class EnvWorker:
         ep_l: list[int] = []
         ep_env: list[int] = []
         steps = [env.step for env in envs]
+        logs = self._actions
         for t in range(T):
             obs_buf[t] = obs_now
             actions, params = self._infer(obs_now)
@@ -340,6 +425,8 @@ class EnvWorker:
             try:
                 for i in range(k):
                     obs, r, te, tr, _ = steps[i](env_actions[i])
+                    if logs is not None:
+                        logs[i].append(env_actions[i])
                     stepped.append((i, obs, r))
                     te_list.append(te)
                     tr_list.append(tr)
@@ -389,6 +476,26 @@ class EnvWorker:
             "ep_env": np.array(ep_env, dtype=np.int32),
         }
         return Message("rollout", {"version": version, "worker": self.index}, arrays)
+
+
+def _rng_state(env: gym.Env) -> dict[str, Any]:
+    """The state of ``env``'s ``np_random`` generator, as JSON (big integers stay Python ints)."""
+    return _jsonable(env.unwrapped.np_random.bit_generator.state)
+
+
+def _set_rng_state(env: gym.Env, state: dict[str, Any]) -> None:
+    """Put ``env``'s ``np_random`` generator in ``state`` (from :func:`_rng_state`)."""
+    env.unwrapped.np_random.bit_generator.state = state
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
 
 
 def compact_int_dtype(space: gym.spaces.Discrete) -> np.dtype:

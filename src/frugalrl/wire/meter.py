@@ -22,6 +22,7 @@ KINDS: tuple[str, ...] = (
     "gradients",
     "info",  # episode statistics and other per-env infos
     "control",  # message headers, commands, versions
+    "checkpoint",  # worker state fetched for a checkpoint, and sent back on resume
 )
 
 UP = "up"  # worker -> head
@@ -103,6 +104,24 @@ class ByteMeter:
             "per_worker": dict(per_worker),
             "messages": messages,
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every counter, as JSON (for checkpoints): :meth:`load_state_dict` continues counting from it."""
+        with self._lock:
+            return {
+                "by_kind": dict(self._by_kind),
+                "by_dir": [[d, k, v] for (d, k), v in self._by_dir.items()],
+                "by_worker": [[w, k, v] for (w, k), v in self._by_worker.items()],
+                "messages": self._messages,
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace every counter by those of :meth:`state_dict`."""
+        with self._lock:
+            self._by_kind = defaultdict(int, {str(k): int(v) for k, v in state["by_kind"].items()})
+            self._by_dir = defaultdict(int, {(str(d), str(k)): int(v) for d, k, v in state["by_dir"]})
+            self._by_worker = defaultdict(int, {(int(w), str(k)): int(v) for w, k, v in state["by_worker"]})
+            self._messages = int(state["messages"])
 
     def reset(self) -> None:
         """Forget everything counted so far."""

@@ -41,6 +41,7 @@ class WorkerConfig:
     autoreset_mode: str
     check_finite: bool
     seed: int
+    replayable: bool = False
 
 
 def build_worker(config: WorkerConfig) -> EnvWorker:
@@ -48,7 +49,8 @@ def build_worker(config: WorkerConfig) -> EnvWorker:
     from frugalrl.envs.worker import EnvWorker
 
     c = config
-    return EnvWorker(c.index, c.env_spec, c.num_envs, c.first_env, c.autoreset_mode, c.check_finite, c.seed)
+    return EnvWorker(c.index, c.env_spec, c.num_envs, c.first_env, c.autoreset_mode, c.check_finite, c.seed,
+                     c.replayable)
 
 
 def config_to_json(config: WorkerConfig, backend: str) -> dict[str, Any]:

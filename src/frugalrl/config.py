@@ -1,0 +1,248 @@
+"""Config parts every algorithm is composed of, written once.
+
+An algorithm's config is a dataclass that inherits the parts it needs and adds its own fields::
+
+    @dataclass(kw_only=True)
+    class PPOConfig(PPOLossConfig, ClusterConfig, RunConfig):   # frugalrl.algos.ppo
+        num_steps: int = 128
+        ...
+
+so that its fields stay flat (``cfg.seed``, ``cfg.workers``, ``--envs-per-worker`` on the command line),
+each shared field is declared and documented once, here, and ``config.json`` records them all. A part
+that needs another default for one algorithm redeclares only the default (``learning_rate: float = 6e-4``);
+its docstring is found along the MRO (:func:`field_docs`).
+
+Validation is cooperative: every part's ``validate()`` calls ``super().validate()`` and checks its own
+fields; :class:`ConfigPart` checks every ``Literal``-typed field against its allowed values, so option
+strings are validated in one place with one message.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Backend = Literal["serial", "local", "ray"]
+"""Where ClusterEnv's workers run: in this process, in local processes, or in Ray actors."""
+SyncName = Literal["every", "interval", "aaps"]
+"""Weight-sync rules by their command-line name (see :func:`frugalrl.sync.make_sync_rule`)."""
+WeightsCodec = Literal["fp32", "bf16", "fp16", "int8"]
+"""How weights travel to the workers (see :mod:`frugalrl.wire.codecs`)."""
+
+
+class ConfigPart:
+    """Base of every config part: the end of the cooperative ``validate()`` chain."""
+
+    def validate(self) -> None:
+        """Check every ``Literal`` field; subclasses add their checks and call ``super().validate()``."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            allowed = literal_choices(hints[f.name])
+            value = getattr(self, f.name)
+            if allowed is not None and value not in allowed and not (value is None and _optional(hints[f.name])):
+                doc = field_docs(type(self)).get(f.name, "").split("\n")[0]
+                raise ValueError(f"{f.name} must be one of {', '.join(map(repr, allowed))}, got {value!r}"
+                                 + (f" ({doc})" if doc else ""))
+
+
+def literal_choices(tp: Any) -> tuple[Any, ...] | None:
+    """The values of a ``Literal[...]`` annotation (also inside ``Optional``), else None."""
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if typing.get_origin(arg) is Literal:
+                return typing.get_args(arg)
+    return None
+
+
+def _optional(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def check_fields(
+    cfg: Any,
+    positive_ints: tuple[str, ...] = (),
+    positive: tuple[str, ...] = (),
+    nonneg: tuple[str, ...] = (),
+    unit: tuple[str, ...] = (),
+) -> None:
+    """Raise ``ValueError`` naming the first field of ``cfg`` outside its range.
+
+    ``positive_ints``: integers ≥ 1; ``positive``: finite numbers > 0; ``nonneg``: numbers ≥ 0;
+    ``unit``: numbers in [0, 1]. A field set to None is skipped (optional fields are optional).
+    """
+    for name in positive_ints:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for names, ok, what in (
+        (positive, lambda v: math.isfinite(v) and v > 0, "> 0"),
+        (nonneg, lambda v: v >= 0, ">= 0"),
+        (unit, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ):
+        for name in names:
+            value = getattr(cfg, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+                raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+@dataclass(kw_only=True)
+class RunConfig(ConfigPart):
+    """What every training run has: the env, the seed, the budget, evaluation, checkpoints and output."""
+
+    env: str = "CartPole-v1"
+    """Gymnasium id or 'module:function' env factory."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the env (JSON on the command line)."""
+    seed: int = 1
+    """Seed of the network, the envs, action sampling and minibatch order."""
+    total_timesteps: int = 500_000
+    """Env steps of the whole run."""
+    eval_episodes: int = 10
+    """Episodes of each evaluation (deterministic actions, fresh envs in the training process)."""
+    eval_every: int = 0
+    """Evaluate every this many updates (0: only at the end)."""
+    target_return: float | None = None
+    """Stop early once an evaluation's mean return reaches this."""
+    checkpoint_every: int = 0
+    """Write a checkpoint (that ``--resume`` continues from) every this many updates (0: only at the end)."""
+    run_dir: str = "runs"
+    """Directory that holds the run directories."""
+    run_name: str | None = None
+    """Name of this run's directory (default: algorithm, env, seed and time)."""
+    torch_threads: int = 1
+    """Threads torch may use in the training process."""
+    progress: bool = True
+    """Show a progress bar."""
+    tensorboard: bool = True
+    """Write TensorBoard events into the run directory."""
+    plots: bool = True
+    """Draw PNG plots into the run directory at the end."""
+
+    def validate(self) -> None:
+        """Check the run fields."""
+        super().validate()
+        check_fields(self, positive_ints=("total_timesteps", "torch_threads"),
+                     nonneg=("eval_episodes", "eval_every", "checkpoint_every"))
+        if not isinstance(self.env_kwargs, dict):
+            raise ValueError(f"env_kwargs must be a dict, got {type(self.env_kwargs).__name__}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.target_return is not None and not math.isfinite(self.target_return):
+            raise ValueError(f"target_return must be a finite number or None, got {self.target_return!r}")
+
+
+@dataclass(kw_only=True)
+class ClusterConfig(ConfigPart):
+    """Where experience comes from: a ClusterEnv's workers, and when they receive weights."""
+
+    backend: Backend = "local"
+    """Where the env workers run: 'local' (processes), 'serial' (in this process) or 'ray' (Ray actors)."""
+    ray_address: str | None = None
+    """backend 'ray': the Ray cluster to join ('auto' or 'host:port'); None starts a private Ray."""
+    workers: int = 2
+    """Env worker processes (or actors)."""
+    envs_per_worker: int = 4
+    """Environments stepped by each worker."""
+    sync: SyncName = "every"
+    """Weight-sync rule: 'every' (each update), 'interval' (every sync_interval updates) or 'aaps' (when
+    KL(worker policy ‖ learner) on the worker's recent states exceeds kl_threshold)."""
+    kl_threshold: float = 0.05
+    """δ of AAPS."""
+    sync_interval: int = 1
+    """n of the 'interval' rule."""
+    weights_codec: WeightsCodec = "fp32"
+    """How weights travel to the workers: fp32, bf16, fp16 or int8."""
+
+    def validate(self) -> None:
+        """Check the cluster fields."""
+        super().validate()
+        check_fields(self, positive_ints=("workers", "envs_per_worker", "sync_interval"), positive=("kl_threshold",))
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
+            raise ValueError(f"ray_address must be a non-empty string or None, got {self.ray_address!r}")
+
+    @property
+    def num_envs(self) -> int:
+        """Environments in all."""
+        return self.workers * self.envs_per_worker
+
+
+@dataclass(kw_only=True)
+class OptimConfig(ConfigPart):
+    """The learner's optimisation settings shared by the actor-critic algorithms."""
+
+    learning_rate: float = 2.5e-4
+    """Adam step size."""
+    anneal_lr: bool = True
+    """Anneal the step size linearly to 0 over the run."""
+    gamma: float = 0.99
+    """Discount factor."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    max_grad_norm: float = 0.5
+    """Gradient norm clip (0: none)."""
+
+    def validate(self) -> None:
+        """Check the optimisation fields."""
+        super().validate()
+        check_fields(self, positive=("learning_rate",), nonneg=("ent_coef", "vf_coef", "max_grad_norm"),
+                     unit=("gamma",))
+
+    def lr_at(self, update: int, num_updates: int) -> float:
+        """The step size of update ``update`` (1-based) of ``num_updates``."""
+        if not self.anneal_lr:
+            return self.learning_rate
+        return (1.0 - (update - 1.0) / num_updates) * self.learning_rate
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal right after a field) of ``cls`` and its bases.
+
+    The class that declares a field's docstring wins over bases; a subclass that only redeclares a
+    default keeps the base's docstring.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, nxt in zip(body, body[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[node.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+def config_from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
+    """Build config ``cls`` from a JSON dict (``config.json``): unknown keys are an error naming them."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(k for k in data if k not in names and not k.startswith("_"))
+    if unknown:
+        raise ValueError(f"{where} has fields {cls.__name__} does not know: {', '.join(unknown)}")
+    values = {k: v for k, v in data.items() if k in names}
+    hints = typing.get_type_hints(cls)
+    for k, v in values.items():  # JSON has no tuples
+        options = typing.get_args(hints[k]) if typing.get_origin(hints[k]) in (typing.Union, types.UnionType) else ()
+        if isinstance(v, list) and any(typing.get_origin(t) is tuple for t in (hints[k], *options)):
+            values[k] = tuple(v)
+    return cls(**values)

@@ -1,0 +1,170 @@
+"""The head's record of the policy each worker holds: what a sync rule (:mod:`frugalrl.sync`) decides on.
+
+:class:`PolicySync` keeps, for a ClusterEnv's workers, the learner's version, the version each worker
+holds, the syncs sent to each, and AAPS's evidence: each worker's recent states with the behaviour
+distribution it acted with there. It turns an agent into the weights message (encoded once per
+version) and knows the policy the workers run after decoding it (which differs from the learner's
+with a lossy codec), so that AAPS compares the learner with what a worker really holds.
+
+It holds no transport: :class:`~frugalrl.envs.cluster.ClusterEnv` sends the message to the workers that
+:meth:`PolicySync.select` returns and reports them back with :meth:`PolicySync.sent`.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from frugalrl import dists
+from frugalrl.sync import SyncContext, SyncRule
+from frugalrl.wire.message import Message, decode_message, decode_state_dict, encode_message, encode_state_dict
+
+
+class PolicySync:
+    """Versions, sync counts and AAPS's recent states of ``num_workers`` workers."""
+
+    def __init__(self, num_workers: int, rule: SyncRule, weights_codec: str, kl_states: int) -> None:
+        self.rule = rule
+        self.weights_codec = weights_codec
+        self.kl_states = kl_states
+        self.learner_version = 0
+        self.worker_versions: list[int | None] = [None] * num_workers
+        self.sync_counts = np.zeros(num_workers, dtype=np.int64)
+        self.last_kl: list[float | None] = [None] * num_workers
+        self.recent: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_workers
+        self._fingerprint: tuple[int, ...] | None = None
+        self._tracked: weakref.ref[torch.nn.Module] | None = None
+        self._message: Message | None = None
+        self._held: torch.nn.Module | None = None
+
+    # ------------------------------------------------------------------ versions
+    def is_new_agent(self, agent: torch.nn.Module) -> bool:
+        """Whether ``agent`` is not the one tracked so far (the caller then checks it fits the env)."""
+        tracked = self._tracked() if self._tracked is not None else None
+        return tracked is not agent
+
+    def track(self, agent: torch.nn.Module) -> None:
+        """Bump the learner's version if ``agent`` changed since the last call (or is another agent).
+
+        Every in-place change of a tensor bumps its ``_version`` (an optimizer step, ``load_state_dict``...);
+        the agent itself is compared by a weak reference, not ``id()``: a new agent can reuse a freed id.
+        """
+        fingerprint = tuple(t._version for t in itertools.chain(agent.parameters(), agent.buffers()))
+        if self.is_new_agent(agent) or fingerprint != self._fingerprint:
+            self._fingerprint = fingerprint
+            self._tracked = weakref.ref(agent)
+            self.learner_version += 1
+            self._message = None
+            self._held = None
+
+    def stale(self) -> list[int]:
+        """Workers that do not hold the learner's version."""
+        return [w for w, v in enumerate(self.worker_versions) if v != self.learner_version]
+
+    def select(self, agent: torch.nn.Module) -> list[int]:
+        """The workers the rule sends the (tracked) agent's weights to now."""
+        ctx = SyncContext(self.learner_version, list(self.worker_versions), self._kl_estimator(agent))
+        return self.rule.select(ctx)
+
+    def message(self, agent: torch.nn.Module) -> Message:
+        """The weights message of the learner's version (encoded once per version)."""
+        if self._message is None:
+            msg = encode_state_dict(agent.state_dict(), self.weights_codec)
+            msg.meta = {"version": self.learner_version, "spec": agent.spec.to_json()}
+            self._message = msg
+        return self._message
+
+    def sent(self, agent: torch.nn.Module, workers: list[int]) -> None:
+        """Record that ``workers`` now hold the learner's version.
+
+        AAPS compares the learner with the policy a worker *holds*: after a sync, the behaviour recorded
+        on its recent states is that of the weights just sent (as decoded by the worker).
+        """
+        for w in workers:
+            self.worker_versions[w] = self.learner_version
+            self.sync_counts[w] += 1
+        if any(self.recent[w] is not None for w in workers):
+            held = self._held_policy(agent)
+            for w in workers:
+                recent = self.recent[w]
+                if recent is not None:
+                    with torch.no_grad():
+                        self.recent[w] = (recent[0], held.dist_params(recent[0]).float())
+
+    def forget(self, w: int) -> None:
+        """Worker ``w`` was replaced: it holds nothing and has no recent states."""
+        self.worker_versions[w] = None
+        self.recent[w] = None
+
+    # ------------------------------------------------------------------ AAPS evidence
+    def remember(self, w: int, states: torch.Tensor, params: torch.Tensor, append: bool = False) -> None:
+        """Keep up to ``kl_states`` of worker ``w``'s recent states and the behaviour parameters there."""
+        s, p = states, params.reshape(states.shape[0], -1)
+        recent = self.recent[w]
+        if append and recent is not None:
+            s, p = torch.cat([recent[0], s])[-self.kl_states :], torch.cat([recent[1], p])[-self.kl_states :]
+        elif s.shape[0] > self.kl_states:
+            idx = torch.linspace(0, s.shape[0] - 1, self.kl_states).long()
+            s, p = s[idx], p[idx]
+        self.recent[w] = (s, p)
+
+    def _kl_estimator(self, agent: torch.nn.Module) -> Callable[[int], float | None]:
+        def kl(w: int) -> float | None:
+            recent = self.recent[w]
+            if recent is None:
+                return None
+            states, behaviour = recent
+            with torch.no_grad():
+                learner = agent.dist_params(states).float()
+                value = float(dists.kl(agent.dist_kind, behaviour, learner).mean())
+            self.last_kl[w] = value
+            return value
+
+        return kl
+
+    def _held_policy(self, agent: torch.nn.Module) -> torch.nn.Module:
+        """The policy the workers run after receiving the current weights message."""
+        if self.weights_codec == "fp32":
+            return agent
+        if self._held is None:
+            decoded, _ = decode_message(encode_message(self.message(agent))[0])
+            self._held = copy.deepcopy(agent)
+            self._held.load_state_dict(decode_state_dict(decoded))
+        return self._held
+
+    # ------------------------------------------------------------------ reporting, checkpoints
+    def stats(self) -> dict[str, Any]:
+        """Syncs (total and per worker), versions, the last KL of each worker and the rule."""
+        return {
+            "weight_syncs": {"total": int(self.sync_counts.sum()), "per_worker": self.sync_counts.tolist()},
+            "learner_version": self.learner_version,
+            "worker_versions": list(self.worker_versions),
+            "last_kl": list(self.last_kl),
+            "sync_rule": self.rule.describe(),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the tracked agent (a resumed run tracks its own, and bumps the version once,
+        as the uninterrupted run does at its next sync after an update)."""
+        return {
+            "learner_version": self.learner_version,
+            "worker_versions": list(self.worker_versions),
+            "sync_counts": torch.from_numpy(self.sync_counts.copy()),
+            "last_kl": list(self.last_kl),
+            "recent": [None if r is None else [r[0].clone(), r[1].clone()] for r in self.recent],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`."""
+        self.learner_version = int(state["learner_version"])
+        self.worker_versions = list(state["worker_versions"])
+        self.sync_counts = state["sync_counts"].numpy().copy()
+        self.last_kl = list(state["last_kl"])
+        self.recent = [None if r is None else (r[0], r[1]) for r in state["recent"]]
+        self._fingerprint = self._tracked = self._message = self._held = None

@@ -1,0 +1,500 @@
+"""The one training-loop helper: what every algorithm's run shares, written once.
+
+:class:`Training` owns seeding, the run directory, the evaluation cadence, the target stop, progress
+output, checkpoints and resume, and the run summary (:class:`RunSummary`: the same keys for every
+algorithm, in ``summary.json``). An algorithm file keeps only its update::
+
+    run = Training("ppo", cfg, tag=cfg.sync, resume=resume)     # checks cfg, seeds, opens runs/<name>
+    run.attach(agent=agent, optimizer=optimizer, generator=generator, envs=envs)
+    run.begin(evaluate=policy_evaluator(agent, env_spec, cfg), total_steps=num_updates * batch_size)
+    while run.updates < num_updates and not run.stopped:
+        batch = envs.rollout(agent, cfg.num_steps)
+        stats = ppo_update(agent, optimizer, batch, cfg, generator)
+        run.update(batch.num_steps * batch.num_envs, stats, episode_returns=batch.episode_returns, cluster=envs)
+    return run.finish(details={...})
+
+Checkpoints hold every attached part's ``state_dict()`` (a ``torch.Generator``'s state too), the RNG
+states of torch, NumPy and Python, and the counters; they are written atomically (a temporary file
+renamed over ``checkpoints/latest.pt``) so a run killed at any moment leaves a whole checkpoint.
+``resume=run_dir`` continues from it: :meth:`Training.begin` loads the parts (a replayable ClusterEnv
+rebuilds its workers' envs exactly, see :meth:`ClusterEnv.load_state_dict`) and the RNG states, the
+metrics logged after the checkpoint are dropped, and the summary lists the resumes. With the serial
+backend a resumed PPO run ends with the same weights as an uninterrupted one (a test).
+
+Times: ``train_seconds`` leave evaluation out (``wall_seconds`` include it); both add up over resumes.
+The ``time`` column of ``metrics.jsonl`` and ``eval_history`` are training seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from frugalrl.config import RunConfig
+from frugalrl.runs import Run, jsonable, read_checkpoint, read_config
+
+log = logging.getLogger("frugalrl")
+
+CHECKPOINT_FORMAT = 1
+EVAL_SEED = 10_000
+"""Evaluation episodes of a run with seed s use env seeds ``EVAL_SEED + s, ...`` (never a training seed)."""
+_NOT_COMPARED = {"progress", "tensorboard", "plots", "run_dir", "run_name", "total_timesteps", "_meta", "algo"}
+
+
+class Stateful(Protocol):
+    """What can be attached to a run: anything with ``state_dict()`` and ``load_state_dict()``."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> Any: ...
+
+
+@dataclass
+class Evaluation:
+    """One evaluation: mean and standard deviation of the return over ``episodes`` episodes."""
+
+    mean: float
+    std: float
+    episodes: int
+    deterministic: bool = True
+
+
+Evaluator = Callable[[], Evaluation]
+
+
+@dataclass
+class RunSummary:
+    """What every run reports (``summary.json``); ``details`` holds what only one algorithm has."""
+
+    algo: str
+    env_id: str
+    seed: int
+    env_steps: int
+    """Env steps taken in all (resumed segments included)."""
+    updates: int
+    """Learner updates: PPO and IMPALA updates, pipeline iterations, HSA2C global updates."""
+    wall_seconds: float
+    """Seconds from start to end, evaluation included (startup of workers excluded)."""
+    train_seconds: float
+    """Seconds of training: ``wall_seconds`` without evaluation."""
+    steps_per_second: float
+    """``env_steps / train_seconds``."""
+    eval_return_mean: float
+    """Mean return of the final evaluation (deterministic actions: the mode of the policy's distribution)."""
+    eval_return_std: float
+    eval_episodes: int
+    eval_deterministic: bool
+    """Whether ``eval_return_mean`` comes from deterministic (mode) actions."""
+    eval_history: list[dict[str, Any]]
+    """Every evaluation: ``{step, seconds, mean, std}`` (seconds of training)."""
+    train_return_mean_last100: float | None
+    """Mean return of the last 100 training episodes (the workers' behaviour policy)."""
+    episodes: int
+    """Training episodes finished."""
+    stop_reason: str
+    """'budget' (all steps or updates done), 'target_return', or what the algorithm reports."""
+    target_return: float | None
+    time_to_target: dict[str, Any] | None
+    """``{step, seconds}`` of the first evaluation at or above ``target_return``."""
+    weight_syncs: dict[str, Any]
+    """``{total, per_worker}``: weight messages sent to workers."""
+    bytes: dict[str, Any]
+    """Bytes on the wire by kind, ``total``, ``up`` / ``down`` by kind, ``per_worker``, ``messages``."""
+    restarts: int
+    """Workers replaced after a failure."""
+    policy_lag_mean: float | None
+    """Mean learner-minus-behaviour policy version of the training data (None where it has no meaning)."""
+    resumes: list[dict[str, Any]]
+    """One entry per resume: ``{step, at, envs}`` (``envs``: 'restored', 'reset' or a list of envs reset)."""
+    run_dir: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return jsonable(dataclasses.asdict(self))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, NumPy's global generator and Python's ``random``."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """The global RNG states of torch, NumPy and Python (checkpoint-safe types only)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
+                                                     gauss], "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state`."""
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+class _GeneratorState:
+    """A ``torch.Generator`` as a checkpoint part."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def state_dict(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def load_state_dict(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+
+def slug(text: str) -> str:
+    """``text`` made safe for a directory name (at most 40 characters)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40]
+
+
+def policy_evaluator(agent: torch.nn.Module, env_spec: Any, cfg: RunConfig, deterministic: bool = True) -> Evaluator:
+    """An :data:`Evaluator` running ``cfg.eval_episodes`` episodes of ``agent`` on fresh envs in this process."""
+    from frugalrl.evaluation import evaluate
+
+    def run() -> Evaluation:
+        mean, std, _ = evaluate(agent, env_spec, cfg.eval_episodes, seed=EVAL_SEED + cfg.seed,
+                                deterministic=deterministic)
+        return Evaluation(mean, std, cfg.eval_episodes, deterministic)
+
+    return run
+
+
+def cluster_traffic(envs: Any) -> dict[str, Any]:
+    """The summary fields a ClusterEnv knows: bytes, weight syncs, restarts (zero traffic for other envs)."""
+    from frugalrl.envs.cluster import ClusterEnv
+
+    if not isinstance(envs, ClusterEnv):
+        return {"bytes": {"total": 0}, "weight_syncs": {"total": 0, "per_worker": []}, "restarts": 0}
+    st = envs.stats()
+    return {"bytes": st["bytes"], "weight_syncs": st["weight_syncs"], "restarts": st["restarts"]}
+
+
+class Training:
+    """One run of one algorithm: see the module docstring.
+
+    ``tag`` is part of the default run name; ``resume`` is a run directory to continue.
+    """
+
+    def __init__(self, algo: str, cfg: RunConfig, *, tag: str = "", resume: str | Path | None = None) -> None:
+        cfg.validate()
+        self.algo = algo
+        self.cfg = cfg
+        seed_everything(cfg.seed)
+        torch.set_num_threads(cfg.torch_threads)
+        self._checkpoint: dict[str, Any] | None = None
+        self._resumed = resume is not None
+        config = {"algo": algo, **jsonable(dataclasses.asdict(cfg))}  # type: ignore[call-overload]
+        if resume is not None:
+            path = Path(resume)
+            self._checkpoint = read_checkpoint(path)
+            saved = read_config(path)
+            if self._checkpoint.get("algo") != algo or saved.get("algo", algo) != algo:
+                raise ValueError(f"{path} is a {self._checkpoint.get('algo')} run; it cannot be resumed as {algo}")
+            changed = sorted(k for k in config if k not in _NOT_COMPARED and saved.get(k, config[k]) != config[k])
+            if changed:
+                log.warning("frugalrl: resuming %s with other settings than it started with: %s", path,
+                            ", ".join(f"{k}={config[k]!r} (was {saved.get(k)!r})" for k in changed))
+            self.run = Run(path, config, cfg.tensorboard, resume_step=int(self._checkpoint["counters"]["env_steps"]))
+        else:
+            self.run = Run(self._new_dir(tag), config, cfg.tensorboard)
+        self.env_steps = 0
+        self.updates = 0
+        self.episodes = 0
+        self.stopped = False
+        self.stop_reason = "budget"
+        self.time_to_target: dict[str, Any] | None = None
+        self.eval_history: list[dict[str, Any]] = []
+        self.resumes: list[dict[str, Any]] = []
+        self._recent: deque[float] = deque(maxlen=100)
+        self._lag_sum = 0.0
+        self._lag_n = 0
+        self._parts: dict[str, Stateful | None] = {}
+        self._evaluate: Evaluator | None = None
+        self._total_updates: int | None = None
+        self._last_eval: Evaluation | None = None
+        self._eval_seconds = 0.0
+        self._past_seconds = 0.0
+        self._t0 = time.monotonic()
+        self._bar: Any = None
+
+    @property
+    def dir(self) -> Path:
+        """The run directory."""
+        return self.run.dir
+
+    @property
+    def resumed(self) -> bool:
+        """Whether this run continues a checkpoint."""
+        return self._resumed
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether checkpoints are written during the run (parts then need to be restorable exactly)."""
+        return self.cfg.checkpoint_every > 0
+
+    def _new_dir(self, tag: str) -> Path:
+        cfg = self.cfg
+        if cfg.run_name:
+            return Path(cfg.run_dir) / cfg.run_name
+        env = cfg.env_kwargs.get("env_id", cfg.env) if isinstance(cfg.env_kwargs, dict) else cfg.env
+        parts = [self.algo, slug(str(env).split(":")[-1]), slug(tag), f"s{cfg.seed}", time.strftime("%Y%m%d-%H%M%S")]
+        base = Path(cfg.run_dir) / "-".join(p for p in parts if p)
+        path, n = base, 1
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+        return path
+
+    # ------------------------------------------------------------------ setup
+    def attach(self, **parts: Any) -> None:
+        """Register what a checkpoint holds: objects with ``state_dict``/``load_state_dict``, or a
+        ``torch.Generator``. ``agent`` is the policy ``frugalrl eval`` scores. None entries are skipped."""
+        for name, part in parts.items():
+            self._parts[name] = _GeneratorState(part) if isinstance(part, torch.Generator) else part
+
+    def begin(self, evaluate: Evaluator | None, total_steps: int, total_updates: int | None = None) -> None:
+        """Restore the checkpoint when resuming (after the parts are built: building consumed the RNG as
+        it did in the first run), start the clocks and the progress bar.
+
+        ``total_updates``: the update that ends the run (its row then carries the final evaluation)."""
+        self._evaluate = evaluate
+        self._total_updates = total_updates
+        if self._checkpoint is not None:
+            self._restore(self._checkpoint)
+            self._checkpoint = None
+        if self.cfg.progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=self.env_steps, unit="step", unit_scale=True,
+                             dynamic_ncols=True, desc=f"{self.algo} {self.cfg.env.split(':')[-1]}")
+        self._t0 = time.monotonic()
+
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        if ckpt.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"checkpoint format {ckpt.get('format')!r} is not {CHECKPOINT_FORMAT}")
+        envs_state: Any = "reset"  # no envs attached (a plain vector env): they start anew
+        for name, part in self._parts.items():
+            state = ckpt["parts"].get(name)
+            if part is None:
+                continue
+            if name == "envs":
+                envs_state = self._restore_envs(part, state)
+                continue
+            if state is None:
+                raise ValueError(f"the checkpoint has no {name!r} to resume from")
+            part.load_state_dict(state)
+        c = ckpt["counters"]
+        self.env_steps, self.updates, self.episodes = int(c["env_steps"]), int(c["updates"]), int(c["episodes"])
+        self._recent.extend(c["recent_returns"])
+        self._lag_sum, self._lag_n = float(c["lag_sum"]), int(c["lag_n"])
+        self._past_seconds, self._eval_seconds = float(c["seconds"]), float(c["eval_seconds"])
+        self.eval_history = list(c["eval_history"])
+        self.resumes = list(c["resumes"]) + [{"step": self.env_steps, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                               "envs": envs_state}]
+        set_rng_state(ckpt["rng"])
+
+    def _restore_envs(self, envs: Any, state: Any) -> Any:
+        """Rebuild the envs; a checkpoint without their state (or envs that cannot hold it) resets them."""
+        if state is not None and getattr(envs, "replayable", False):
+            inexact = envs.load_state_dict(state)
+            return [int(i) for i in inexact] if inexact else "restored"
+        log.warning("frugalrl: the checkpoint holds no env state; the envs start new episodes")
+        if hasattr(envs, "reset"):
+            envs.reset(seed=self.cfg.seed + 1_000_003 * (len(self.resumes) + 1))
+        return "reset"
+
+    # ------------------------------------------------------------------ the loop
+    def seconds(self) -> float:
+        """Training seconds so far (evaluation excluded, earlier segments included)."""
+        return self._past_seconds + (time.monotonic() - self._t0) - self._eval_seconds
+
+    def update(
+        self,
+        steps: int,
+        row: dict[str, Any],
+        *,
+        episode_returns: Iterable[float] = (),
+        episode_lengths: Iterable[int] = (),
+        policy_lag: np.ndarray | None = None,
+        cluster: Any = None,
+        postfix: dict[str, Any] | None = None,
+    ) -> None:
+        """Account for one learner update that consumed ``steps`` env steps; log ``row`` with the standard
+        columns, evaluate / checkpoint / stop at the target on their cadence, and show progress."""
+        self.updates += 1
+        self.env_steps += int(steps)
+        returns = [float(r) for r in episode_returns]
+        lengths = list(episode_lengths)
+        self.episodes += len(returns)
+        self._recent.extend(returns)
+        seconds = self.seconds()
+        row = dict(row)
+        row["charts/sps"] = self.env_steps / max(seconds, 1e-9)
+        if returns:
+            row["train/episode_return"] = float(np.mean(returns))
+        if lengths:
+            row["train/episode_length"] = float(np.mean(lengths))
+        if policy_lag is not None and policy_lag.size:
+            self._lag_sum += float(policy_lag.sum())
+            self._lag_n += int(policy_lag.size)
+            row["charts/policy_lag"] = float(policy_lag.mean())
+        if cluster is not None and hasattr(cluster, "stats"):
+            st = cluster.stats()
+            row["syncs/total"] = st["weight_syncs"]["total"]
+            row["bytes/total"] = st["bytes"]["total"]
+            row["bytes/weights"] = st["bytes"]["weights"]
+            kls = [k for k in st["last_kl"] if k is not None]
+            if kls:
+                row["syncs/kl_mean"] = float(np.mean(kls))
+        cfg = self.cfg
+        due = bool(cfg.eval_every) and self.updates % cfg.eval_every == 0
+        last = self._total_updates is not None and self.updates >= self._total_updates
+        if cfg.eval_episodes and self._evaluate is not None and (due or last):
+            result = self.evaluate()
+            row["eval/return_mean"], row["eval/return_std"] = result.mean, result.std
+        self.run.log(self.env_steps, seconds, row)
+        if cfg.checkpoint_every and self.updates % cfg.checkpoint_every == 0 and not self.stopped:
+            self.save()
+        if self._bar is not None:
+            post = {"ret": f"{np.mean(self._recent):.1f}" if self._recent else "-", "sps": f"{row['charts/sps']:.0f}"}
+            if "syncs/total" in row:
+                post["syncs"] = row["syncs/total"]
+            if self._last_eval is not None:
+                post["eval"] = f"{self._last_eval.mean:.1f}"
+            post.update(postfix or {})
+            self._bar.set_postfix(post, refresh=False)
+            self._bar.update(int(steps))
+
+    def checkpoint_due(self) -> bool:
+        """Whether the next :meth:`update` writes a checkpoint (a loop that overlaps collection with
+        learning then leaves nothing in flight)."""
+        every = self.cfg.checkpoint_every
+        return bool(every) and (self.updates + 1) % every == 0
+
+    def log(self, row: dict[str, Any], step: int | None = None) -> None:
+        """Log an extra row (a fault, a monitor event) at ``step`` (default: the current env step)."""
+        self.run.log(self.env_steps if step is None else step, self.seconds(), row)
+
+    def evaluate(self) -> Evaluation:
+        """Evaluate now (timed apart from training), record it, and stop if it reaches the target."""
+        if self._evaluate is None:
+            raise RuntimeError("this run has no evaluator")
+        seconds = self.seconds()
+        t0 = time.monotonic()
+        result = self._evaluate()
+        self._eval_seconds += time.monotonic() - t0
+        self.record_eval(result, self.env_steps, seconds)
+        return result
+
+    def record_eval(self, result: Evaluation, step: int, seconds: float) -> None:
+        """Record an evaluation made elsewhere (HSA2C's server-side ones); stop at the target."""
+        self._last_eval = result
+        self.eval_history.append({"step": int(step), "seconds": round(seconds, 3), "mean": result.mean,
+                                  "std": result.std})
+        target = self.cfg.target_return
+        if target is not None and result.mean >= target and self.time_to_target is None:
+            self.time_to_target = {"step": int(step), "seconds": round(seconds, 3)}
+            self.stopped = True
+            self.stop_reason = "target_return"
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        """Write the checkpoint (atomically)."""
+        parts = {name: (None if part is None else self._part_state(name, part)) for name, part in self._parts.items()}
+        payload: dict[str, Any] = {
+            "format": CHECKPOINT_FORMAT,
+            "algo": self.algo,
+            "parts": parts,
+            "rng": rng_state(),
+            "counters": {
+                "env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
+                "recent_returns": list(self._recent), "lag_sum": self._lag_sum, "lag_n": self._lag_n,
+                "seconds": self._past_seconds + (time.monotonic() - self._t0), "eval_seconds": self._eval_seconds,
+                "eval_history": self.eval_history, "resumes": self.resumes,
+            },
+        }
+        agent = self._parts.get("agent")
+        if agent is not None and hasattr(agent, "spec"):
+            payload["spec"] = agent.spec.to_json()
+        return self.run.save_checkpoint(payload)
+
+    @staticmethod
+    def _part_state(name: str, part: Stateful) -> Any:
+        if name == "envs" and not getattr(part, "replayable", False):
+            return None  # envs that cannot be rebuilt exactly: a resume resets them
+        return part.state_dict()
+
+    # ------------------------------------------------------------------ the end
+    def finish(self, details: dict[str, Any] | None = None, traffic: dict[str, Any] | None = None,
+               final_eval: bool = True) -> dict[str, Any]:
+        """Final evaluation (unless the run stopped at its target with one), final checkpoint, summary.json
+        and plots; returns the summary as a dict.
+
+        ``traffic``: ``bytes``, ``weight_syncs`` and ``restarts`` (see :func:`cluster_traffic`).
+        """
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        cfg = self.cfg
+        last = self._last_eval
+        at_end = bool(self.eval_history) and self.eval_history[-1]["step"] == self.env_steps
+        if final_eval and self._evaluate is not None and cfg.eval_episodes > 0 and not at_end:
+            last = self.evaluate()
+            self.run.log(self.env_steps, self.seconds(), {"eval/return_mean": last.mean, "eval/return_std": last.std})
+        self.save()
+        seconds = self.seconds()
+        wall = seconds + self._eval_seconds
+        traffic = traffic or {}
+        summary = RunSummary(
+            algo=self.algo,
+            env_id=str(cfg.env_kwargs.get("env_id", cfg.env)),
+            seed=cfg.seed,
+            env_steps=self.env_steps,
+            updates=self.updates,
+            wall_seconds=round(wall, 3),
+            train_seconds=round(seconds, 3),
+            steps_per_second=round(self.env_steps / max(seconds, 1e-9), 1),
+            eval_return_mean=last.mean if last is not None else math.nan,
+            eval_return_std=last.std if last is not None else math.nan,
+            eval_episodes=last.episodes if last is not None else 0,
+            eval_deterministic=last.deterministic if last is not None else True,
+            eval_history=self.eval_history,
+            train_return_mean_last100=float(np.mean(self._recent)) if self._recent else None,
+            episodes=self.episodes,
+            stop_reason=self.stop_reason,
+            target_return=cfg.target_return,
+            time_to_target=self.time_to_target,
+            weight_syncs=traffic.get("weight_syncs", {"total": 0, "per_worker": []}),
+            bytes=traffic.get("bytes", {"total": 0}),
+            restarts=int(traffic.get("restarts", 0)),
+            policy_lag_mean=self._lag_sum / self._lag_n if self._lag_n else None,
+            resumes=self.resumes,
+            run_dir=str(self.run.dir),
+            details=details or {},
+        ).to_json()
+        self.run.write_summary(summary)
+        self.run.close()
+        if cfg.plots:
+            from frugalrl.plots import make_plots
+
+            make_plots(self.run.dir)
+        return summary
