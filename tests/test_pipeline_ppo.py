@@ -16,17 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from frugalrl.algos.pipeline_ppo import (
-    Heads,
-    PipelinePPOConfig,
-    _free_port,
-    make_encoder,
-    predict_bytes,
-    train,
-)
 from frugalrl.cli import main as cli_main
-from frugalrl.nets import action_desc
-from frugalrl.pipeline_bytes import table_one
+from frugalrl.nets import Heads, action_desc, make_encoder
+from frugalrl.pipeline import PipelinePPOConfig, predict_bytes, train
+from frugalrl.pipeline.bytes import table_one
+from frugalrl.pipeline.launcher import free_port
 
 QUIET = {"progress": False, "tensorboard": False, "plots": False}
 
@@ -57,15 +51,15 @@ def test_two_stage_carracing_bytes_equal_the_estimator(tmp_path, index):
     """A real two-process gloo run on CarRacing: dense warm start, then sparse; every byte predicted."""
     cfg = _car_cfg(tmp_path, cut_index=index, cut_percentile=0.9, run_name=f"car-{index}")
     summary = train(cfg)
-    assert summary["env_steps"] == 128 and summary["feature_dim"] == 4096
+    assert summary["env_steps"] == 128 and summary["details"]["feature_dim"] == 4096
     ckpt = Path(summary["run_dir"]) / "checkpoints"
     assert (ckpt / "encoder.pt").exists() and (ckpt / "heads.pt").exists()  # each stage keeps its half
     predicted = predict_bytes(cfg)
     assert predicted["exact"]
-    measured = {k: v for k, v in summary["bytes"].items() if v}
+    measured = {k: v for k, v in summary["bytes"].items() if v and k not in ("up", "down", "per_worker", "messages")}
     assert measured == predicted["bytes"]
-    assert summary["bytes_by_direction"]["up"] == {k: v for k, v in predicted["up"].items()}
-    assert summary["bytes_by_direction"]["down"] == {k: v for k, v in predicted["down"].items()}
+    assert summary["bytes"]["up"] == {k: v for k, v in predicted["up"].items()}
+    assert summary["bytes"]["down"] == {k: v for k, v in predicted["down"].items()}
     # The sparse update really is smaller than the dense warm-start one.
     dense = predict_bytes(PipelinePPOConfig(**{**cfg.__dict__, "warmup_timesteps": 10**6}))
     assert summary["bytes"]["gradients"] < 0.7 * dense["bytes"]["gradients"]
@@ -106,12 +100,12 @@ def test_bad_configs_raise_before_any_process_starts(tmp_path):
 
 
 def _stage_cmd(cfg_path: Path, rank: int) -> list[str]:
-    return [sys.executable, "-m", "frugalrl.algos.pipeline_ppo", str(cfg_path), str(rank)]
+    return [sys.executable, "-m", "frugalrl.pipeline.launcher", str(cfg_path), str(rank)]
 
 
 def test_stages_with_different_configs_refuse_to_train(tmp_path):
     """Two separately started stages (as on two machines) must agree on the config."""
-    port = _free_port("127.0.0.1")
+    port = free_port("127.0.0.1")
     procs = []
     for rank, lr in ((0, 1e-3), (1, 2e-3)):
         cfg = _car_cfg(tmp_path, env="CartPole-v1", env_kwargs={}, learning_rate=lr, master_port=port,
@@ -136,7 +130,7 @@ def _stage_pids(marker: str, rank: int) -> list[int]:
         except OSError:
             continue
         args = [c.decode(errors="replace") for c in cmd if c]
-        if "frugalrl.algos.pipeline_ppo" in args and args[-1] == str(rank) and any(marker in a for a in args):
+        if "frugalrl.pipeline.launcher" in args and args[-1] == str(rank) and any(marker in a for a in args):
             pids.append(int(entry.name))
     return pids
 
@@ -172,19 +166,19 @@ def test_pipeline_ppo_learns_cartpole(tmp_path):
                             cut="topk", cut_percentile=0.9, warmup_timesteps=20_480, cut_accumulate="none",
                             seed=1, run_dir=str(tmp_path), **QUIET)
     summary = train(cfg)
-    assert summary["eval_return_mean"] >= 150, summary["return_curve"]
+    assert summary["eval_return_mean"] >= 150, summary["details"]["return_curve"]
     assert summary["bytes"]["gradients"] > 0
 
 
 def test_sparse_activations_are_lossless_and_smaller(tmp_path):
     """ReLU features sent as their non-zero entries: same training bytes elsewhere, fewer activation bytes."""
-    from frugalrl.algos.pipeline_ppo import _encode_features
+    from frugalrl.pipeline.stage0 import encode_features
     from frugalrl.wire.cut import decode_cut
 
     cfg = _car_cfg(tmp_path, activations_sparse=True, cut_index="coo16", run_name="sparse-act")
     f = torch.relu(torch.randn(32, 4096))
-    msg = _encode_features(cfg, f)
-    dense = _encode_features(_car_cfg(tmp_path), f)
+    msg = encode_features(cfg, f)
+    dense = encode_features(_car_cfg(tmp_path), f)
     assert len(msg) < 0.75 * len(dense)
     assert torch.equal(decode_cut(msg), decode_cut(dense))
     summary = train(cfg)

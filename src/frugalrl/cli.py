@@ -131,17 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plots", help="(re)draw a run's PNG plots")
     pl.add_argument("run_dir", help="a run directory")
     pb = sub.add_parser("pipeline-bytes", help="Table I of the pipeline paper from its settings, or a run's "
-                        "predicted vs measured bytes (--run)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        "predicted vs measured bytes (--run)")
     pb.add_argument("--run", default=None, help="a pipeline-ppo run directory: predict its bytes from config.json "
-                    "and compare with summary.json")
-    pb.add_argument("--iterations", type=int, default=100)
-    pb.add_argument("--steps", type=int, default=4096, help="env steps per iteration")
-    pb.add_argument("--epochs", type=int, default=10)
-    pb.add_argument("--minibatches", type=int, default=32)
-    pb.add_argument("--obs-shape", default="4,96,96")
-    pb.add_argument("--feature-dim", type=int, default=4096)
-    pb.add_argument("--percentiles", default="0.9,0.99")
+                    "and compare with summary.json (default: none, print Table I)")
     pb.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from frugalrl.pipeline.bytes import TableOneConfig
+
+    add_dataclass_args(pb, TableOneConfig)
     lda = sub.add_parser("lda", help="LDA topic models by DPSVI (stochastic variational inference on DPSGD)")
     lda_sub = lda.add_subparsers(dest="lda_command", required=True)
     fit = lda_sub.add_parser("fit", help="fit LDA to CORPUS ('synthetic', 'reuters', a UCI docword or .ldac file)")
@@ -264,32 +260,25 @@ def _lda_fit(args: argparse.Namespace) -> int:
 
 
 def _pipeline_bytes(args: argparse.Namespace) -> int:
-    from frugalrl import pipeline_bytes
+    from frugalrl.pipeline import bytes as pipeline_bytes
 
     if args.run is None:
         try:
-            rows = pipeline_bytes.table_one(
-                iterations=args.iterations, steps=args.steps, epochs=args.epochs, minibatches=args.minibatches,
-                obs_shape=tuple(int(x) for x in args.obs_shape.split(",")), feature_dim=args.feature_dim,
-                percentiles=tuple(float(x) for x in args.percentiles.split(",")))
+            rows = pipeline_bytes.table_one(pipeline_bytes.TableOneConfig(**given(args, pipeline_bytes.TableOneConfig)))
         except ValueError as e:
-            print(f"frugalrl: error: {e}", file=sys.stderr)
-            return 2
+            return _error(str(e))
         print(json.dumps(rows, indent=2) if args.json else pipeline_bytes.format_table(rows))
         return 0
-    from pathlib import Path
-
-    from frugalrl.algos.pipeline_ppo import PipelinePPOConfig, predict_bytes
+    from frugalrl.pipeline import PipelinePPOConfig, predict_bytes
+    from frugalrl.runs import read_config
 
     run_dir = Path(args.run)
     try:
-        config = json.loads((run_dir / "config.json").read_text())
+        config = read_config(run_dir)
         measured = json.loads((run_dir / "summary.json").read_text())["bytes"]
-    except FileNotFoundError as e:
-        print(f"frugalrl: error: {run_dir} is not a finished pipeline-ppo run: {e}", file=sys.stderr)
-        return 2
-    names = {f.name for f in dataclasses.fields(PipelinePPOConfig)}
-    predicted = predict_bytes(PipelinePPOConfig(**{k: v for k, v in config.items() if k in names}))
+        predicted = predict_bytes(config_from_dict(PipelinePPOConfig, config, where=str(run_dir / "config.json")))
+    except (FileNotFoundError, ValueError) as e:
+        return _error(f"{run_dir} is not a finished pipeline-ppo run: {e}")
     kinds = [k for k in predicted["bytes"] if k != "total"] + ["total"]
     result = {k: {"predicted": predicted["bytes"][k], "measured": measured.get(k, 0)} for k in kinds}
     if args.json:

@@ -236,7 +236,7 @@ def field_docs(cls: type) -> dict[str, str]:
 def config_from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
     """Build config ``cls`` from a JSON dict (``config.json``): unknown keys are an error naming them."""
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(k for k in data if k not in names and not k.startswith("_"))
+    unknown = sorted(k for k in data if k not in names and k != "algo" and not k.startswith("_"))
     if unknown:
         raise ValueError(f"{where} has fields {cls.__name__} does not know: {', '.join(unknown)}")
     values = {k: v for k, v in data.items() if k in names}

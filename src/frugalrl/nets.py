@@ -225,3 +225,147 @@ def make_agent(
     if len(observation_space.shape) == 3 and observation_space.dtype == np.uint8:
         return NatureCNNActorCritic(observation_space.shape, action_desc(action_space))
     return MLPActorCritic(int(np.prod(observation_space.shape)), action_desc(action_space), hidden)
+
+
+# ------------------------------------------------------------------ the split model (pipeline PPO)
+def mlp_layers(in_dim: int, hidden: list[int] | tuple[int, ...], activation: type[nn.Module] = nn.Tanh) -> tuple[list[nn.Module], int]:
+    """Orthogonally initialised ``Linear`` + ``activation`` layers of widths ``hidden``, and the output width."""
+    layers: list[nn.Module] = []
+    width = int(in_dim)
+    for h in hidden:
+        layers += [layer_init(nn.Linear(width, int(h))), activation()]
+        width = int(h)
+    return layers, width
+
+
+def conv_layers(obs_shape: list[int] | tuple[int, ...], channels: list[int] | tuple[int, ...]) -> tuple[list[nn.Module], int]:
+    """The first ``len(channels)`` Nature-CNN convolutions (ReLU after each) on (C, H, W) frames, flattened,
+    and the number of features they give."""
+    layers: list[nn.Module] = []
+    width = int(obs_shape[0])
+    for c, (kernel, stride) in zip(channels, NATURE_CONVS, strict=False):
+        layers += [layer_init(nn.Conv2d(width, int(c), kernel, stride)), nn.ReLU()]
+        width = int(c)
+    h, w = (conv_out_size(int(s), len(channels)) for s in obs_shape[1:])
+    if h <= 0 or w <= 0:
+        raise ValueError(f"observations {list(obs_shape)} are too small for {len(channels)} convolutions")
+    return [*layers, nn.Flatten()], width * h * w
+
+
+class PixelEncoder(nn.Module):
+    """Stage 0's CNN of the split model: uint8 frames (C, H, W) → flat features (4096 on 4×96×96): the three
+    Nature-CNN convolutions without the fully connected layer, as the pipeline paper cuts the network."""
+
+    def __init__(self, obs_shape: list[int] | tuple[int, ...], channels: list[int] | tuple[int, ...] = (32, 64, 64)) -> None:
+        super().__init__()
+        layers, self.feature_dim = conv_layers(obs_shape, channels)
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Features of a batch of frames."""
+        return self.net(obs.float() * (1.0 / 255.0))
+
+
+class VectorEncoder(nn.Module):
+    """Stage 0's MLP of the split model for flat observations (tanh layers, as CleanRL's PPO trunk)."""
+
+    def __init__(self, obs_dim: int, hidden: list[int] | tuple[int, ...]) -> None:
+        super().__init__()
+        layers, self.feature_dim = mlp_layers(obs_dim, hidden)
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Features of a batch of observations."""
+        return self.net(obs.float())
+
+
+def make_encoder(obs_space: gym.Space, hidden: list[int] | tuple[int, ...]) -> PixelEncoder | VectorEncoder:
+    """The encoder for ``obs_space``: the CNN for uint8 (C, H, W) frames, an MLP for flat Box vectors."""
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(f"the split model needs a Box observation space, got {obs_space}")
+    if len(obs_space.shape) == 3 and obs_space.dtype == np.uint8:
+        return PixelEncoder(tuple(obs_space.shape))
+    if len(obs_space.shape) == 1:
+        return VectorEncoder(int(obs_space.shape[0]), list(hidden))
+    raise ValueError(f"the split model needs uint8 (C, H, W) frames or flat vectors, got shape {obs_space.shape} "
+                     f"dtype {obs_space.dtype} (stack frames channel-first, e.g. FrameStackObservation)")
+
+
+class Heads(nn.Module):
+    """Stage 1 of the split model: actor and critic MLPs on the cut features (feature_dim → hidden → out, ReLU).
+
+    Discrete actions: a categorical over logits. Box actions: a Gaussian over an unbounded ``u`` with a
+    state-independent log-std; the env action is ``tanh(u)`` rescaled to the box (:meth:`env_action`).
+    Log-probabilities are those of ``u`` (the tanh Jacobian cancels in PPO's ratio).
+    """
+
+    def __init__(self, feature_dim: int, action: dict[str, Any], hidden: int = 512) -> None:
+        super().__init__()
+        self.action = action
+        self.dist_kind = "categorical" if action["type"] == "discrete" else "gaussian"
+        out = int(action["n"]) if action["type"] == "discrete" else int(np.prod(action["shape"]))
+        self.actor = nn.Sequential(*mlp_layers(feature_dim, [hidden], nn.ReLU)[0],
+                                   layer_init(nn.Linear(hidden, out), std=0.01))
+        self.critic = nn.Sequential(*mlp_layers(feature_dim, [hidden], nn.ReLU)[0],
+                                    layer_init(nn.Linear(hidden, 1), std=1.0))
+        if self.dist_kind == "gaussian":
+            self.log_std = nn.Parameter(torch.zeros(out))
+            low = torch.as_tensor(action["low"], dtype=torch.float32)
+            high = torch.as_tensor(action["high"], dtype=torch.float32)
+            self.register_buffer("scale", (high - low) / 2)
+            self.register_buffer("offset", (high + low) / 2)
+
+    def dist_params(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits, or the Gaussian's mean and log-std concatenated (see :mod:`frugalrl.dists`)."""
+        out = self.actor(features)
+        if self.dist_kind == "categorical":
+            return out
+        return torch.cat([out, self.log_std.expand_as(out)], dim=-1)
+
+    def value(self, features: torch.Tensor) -> torch.Tensor:
+        """State values, shape ``(batch,)``."""
+        return self.critic(features).squeeze(-1)
+
+    def env_action(self, u: torch.Tensor) -> torch.Tensor:
+        """What the env receives for a sampled ``u``: the index, or tanh(u) rescaled to the box."""
+        if self.dist_kind == "categorical":
+            return u.float()
+        return torch.tanh(u) * self.scale + self.offset
+
+
+class SplitPolicy(nn.Module):
+    """Both halves of the split model in one module, to act with outside the pipeline (``frugalrl eval``).
+
+    ``dist_params``/``value`` are those of the heads on the encoder's features; :meth:`env_action` maps a
+    sampled or modal ``u`` to the env's action (tanh squashing for Box actions).
+    """
+
+    def __init__(self, obs_space: dict[str, Any], action: dict[str, Any], encoder_hidden: list[int],
+                 head_hidden: int) -> None:
+        super().__init__()
+        dtype = np.dtype(obs_space["dtype"])
+        bound = 255 if dtype == np.uint8 else np.inf
+        space = gym.spaces.Box(0 if dtype == np.uint8 else -bound, bound, tuple(obs_space["shape"]), dtype=dtype)
+        self.encoder = make_encoder(space, encoder_hidden)
+        self.heads = Heads(self.encoder.feature_dim, action, head_hidden)
+        self.dist_kind = self.heads.dist_kind
+        self.spec = PolicySpec("frugalrl.nets:SplitPolicy", {"obs_space": obs_space, "action": action,
+                                                             "encoder_hidden": list(encoder_hidden),
+                                                             "head_hidden": int(head_hidden)})
+
+    def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
+        """The heads' distribution parameters on the encoder's features."""
+        return self.heads.dist_params(self.encoder(obs))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """State values."""
+        return self.heads.value(self.encoder(obs))
+
+    def env_action(self, u: torch.Tensor) -> torch.Tensor:
+        """The env's action for ``u`` (see :meth:`Heads.env_action`)."""
+        return self.heads.env_action(u)
+
+
+def space_desc(space: gym.Space) -> dict[str, Any]:
+    """Shape and dtype of an observation space: what :func:`make_encoder` chooses the encoder by."""
+    return {"shape": list(space.shape or ()), "dtype": np.dtype(space.dtype).str}

@@ -66,11 +66,12 @@ class Interval(SyncRule):
 
     def select(self, ctx: SyncContext) -> list[int]:
         """Workers without weights, or ``n`` versions behind."""
-        return [
-            w
-            for w in _stale(ctx)
-            if ctx.worker_versions[w] is None or ctx.learner_version - ctx.worker_versions[w] >= self.n
-        ]
+        chosen = []
+        for w in _stale(ctx):
+            held = ctx.worker_versions[w]
+            if held is None or ctx.learner_version - held >= self.n:
+                chosen.append(w)
+        return chosen
 
     def describe(self) -> str:
         """``interval(n)``."""

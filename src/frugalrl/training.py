@@ -32,6 +32,7 @@ import logging
 import math
 import random
 import time
+import typing
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -134,7 +135,7 @@ def seed_everything(seed: int) -> None:
 
 def rng_state() -> dict[str, Any]:
     """The global RNG states of torch, NumPy and Python (checkpoint-safe types only)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    kind, keys, pos, has_gauss, gauss = typing.cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
                                                      gauss], "python": random.getstate()}
 

@@ -32,7 +32,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                      "PPO on ClusterEnv: workers act with their copy of the policy, AAPS decides when it is refreshed"),
     "impala": Algorithm("frugalrl.algos.impala", "IMPALAConfig",
                         "AcceRL: V-trace learner, actors running a compressed policy, a Monitor tuning compression"),
-    "pipeline-ppo": Algorithm("frugalrl.algos.pipeline_ppo", "PipelinePPOConfig",
+    "pipeline-ppo": Algorithm("frugalrl.pipeline", "PipelinePPOConfig",
                               "split-model PPO over torch.distributed with sparse, accumulated cut gradients"),
     "hsa2c": Algorithm("frugalrl.algos.hsa2c", "HSA2CConfig",
                        "A2C optimised by DPSGD: a parameter server and lock-free Hogwild workers"),

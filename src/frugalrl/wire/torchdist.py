@@ -1,6 +1,6 @@
 """Byte messages between two ranks of a ``torch.distributed`` process group, every byte counted.
 
-The split-model pipeline (``algos/pipeline_ppo.py``) moves activations, gradients, actions and rewards
+The split-model pipeline (:mod:`frugalrl.pipeline`) moves activations, gradients, actions and rewards
 between its two stages as *cut messages* (:mod:`frugalrl.wire.cut`): self-describing byte strings with
 a small binary header. A :class:`DistChannel` sends one such message as an int64 length followed by
 the bytes as a uint8 tensor (gloo on CPU; NCCL needs device tensors and is not used for these small

@@ -2,7 +2,7 @@
 
 Two uses:
 
-- :func:`predict_run` gives, message by message, what :mod:`frugalrl.algos.pipeline_ppo` sends in a
+- :func:`predict_run` gives, message by message, what :mod:`frugalrl.pipeline` sends in a
   run (by kind and direction, headers and length prefixes included). For dense gradients and for sparse
   ones with ``coo16`` or ``bitmask`` indices it is exact, and a test checks it against the bytes a real
   two-process run measured. ``gap``/``auto`` index sizes depend on where the large gradients fall;
@@ -18,7 +18,7 @@ Two uses:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from frugalrl.wire import cut
@@ -60,7 +60,7 @@ def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: t
     ``feature_dim``: width of the cut; ``action_dim``: floats per action (1 for Discrete).
     ``handshake_nbytes``: the JSON bytes of the opening exchange (stage 0's, stage 1's), which depend on
     the env's description; ``stats_len``: floats in the loss-statistics vector stage 1 sends after each
-    update (:func:`frugalrl.algos.pipeline_ppo.predict_bytes` fills both in).
+    update (:func:`frugalrl.pipeline.predict_bytes` fills both in).
     Returns ``{"bytes": {kind: n, "total": n}, "up": {...}, "down": {...}, "exact": bool}``; with
     ``activations_sparse`` the activation bytes are an upper bound (the dense size).
     """
@@ -92,15 +92,36 @@ def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: t
 
 # ------------------------------------------------------------------------------------------- Table I
 
-def table_one(iterations: int = 100, steps: int = 4096, epochs: int = 10, minibatches: int = 32,
-              obs_shape: tuple[int, ...] = (4, 96, 96), feature_dim: int = 4096,
-              percentiles: tuple[float, ...] = (0.9, 0.99)) -> list[dict[str, Any]]:
+@dataclass(kw_only=True)
+class TableOneConfig:
+    """The settings Table I is computed from (the paper's, by default)."""
+
+    iterations: int = 100
+    """PPO iterations."""
+    steps: int = 4096
+    """Env steps per iteration."""
+    epochs: int = 10
+    """Update epochs per iteration."""
+    minibatches: int = 32
+    """Minibatches per epoch."""
+    obs_shape: list[int] = field(default_factory=lambda: [4, 96, 96])
+    """Shape of one observation (what a cloud setup ships per env step)."""
+    feature_dim: int = 4096
+    """Width of the cut."""
+    percentiles: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    """p of the sparse rows."""
+
+
+def table_one(cfg: TableOneConfig | None = None) -> list[dict[str, Any]]:
     """Rows of Table I (cloud vs pipeline) and of the same table for our codecs.
 
     Each row: ``setup``, ``elements`` (tensor elements moved, where that is meaningful), ``bytes_per_element``
     (as used for the row), ``bytes``, ``relative`` (to the first row, the paper's cloud setup at 2 B per
     element) and ``note``. Sparse rows use :func:`frugalrl.wire.cut.expected_gap_nbytes` for 'gap' indices.
     """
+    c = cfg or TableOneConfig()
+    iterations, steps, epochs, minibatches = c.iterations, c.steps, c.epochs, c.minibatches
+    obs_shape, feature_dim, percentiles = tuple(c.obs_shape), c.feature_dim, tuple(c.percentiles)
     mb = steps // minibatches
     obs = math.prod(obs_shape)
     cloud_el = iterations * steps * obs

@@ -1,0 +1,175 @@
+"""Stage 1 of split-model PPO: the actor-critic heads and the PPO loss; it serves stage 0 until the run ends.
+
+It runs the same iterations as stage 0 (both hold the same config, checked by digest): it samples the
+actions of every rollout step, computes GAE once the rollout is complete, and for every minibatch takes
+the features, steps its heads with :func:`frugalrl.losses.ppo_loss` and sends back the gradient of the loss
+with respect to the features through the cut codec (dense, or :class:`~frugalrl.wire.sparsify.TopPercentile`
+with error feedback). Both stages draw the minibatch order from the same seeded generator, so indices never
+travel. It keeps its own half: ``checkpoints/heads.pt`` in the run directory on its machine, written on the
+checkpoint cadence of stage 0's :class:`~frugalrl.training.Training` and at the end.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from frugalrl import dists
+from frugalrl.correct import gae
+from frugalrl.losses import explained_variance, ppo_loss
+from frugalrl.nets import Heads
+from frugalrl.pipeline.config import PipelinePPOConfig
+from frugalrl.pipeline.stage0 import is_dense_update
+from frugalrl.runs import write_atomic
+from frugalrl.wire import cut, sparsify
+from frugalrl.wire.torchdist import DistChannel
+
+HEADS_CHECKPOINT = "heads.pt"
+"""Stage 1's half of a checkpoint, in ``<run>/checkpoints/``."""
+
+
+def stage1_dir(cfg: PipelinePPOConfig) -> Path:
+    """Where stage 1 keeps its half of the run (the same run directory when both stages share a machine)."""
+    return Path(cfg.run_dir) / (cfg.run_name or "pipeline-ppo-stage1")
+
+
+def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
+    """Stage 1: the heads and the PPO loss; serves stage 0 until the run ends (or stage 0 stops at its target)."""
+    hello = chan.recv_json()
+    if hello.get("digest") != cfg.digest():
+        chan.send_json({"digest": cfg.digest()})
+        raise ValueError("the two stages were started with different configs (digest mismatch); "
+                         "give both the same flags")
+    chan.send_json({"digest": cfg.digest()})
+    heads = Heads(int(hello["feature_dim"]), hello["action"], cfg.head_hidden)
+    optimizer = torch.optim.Adam(heads.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    sample_gen = torch.Generator().manual_seed(cfg.seed + 2)
+    order_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    sparsifier = sparsify.TopPercentile(cfg.cut_percentile, index=cfg.cut_index, values=cfg.cut_values,
+                                        warmup_dtype=cfg.cut_dense_dtype)
+    dense_codec = sparsify.DenseCut(cfg.cut_dense_dtype)
+    parts = {"heads": heads, "optimizer": optimizer}
+    gens = {"sample_gen": sample_gen, "order_gen": order_gen}
+    start = int(hello.get("start_iteration", 0))
+    if start:
+        _load(cfg, start, parts, gens)
+    T, N = cfg.num_steps, cfg.num_envs
+    n_act = 1 if heads.dist_kind == "categorical" else math.prod(hello["action"]["shape"])
+    u_buf = torch.zeros((T, N) if heads.dist_kind == "categorical" else (T, N, n_act))
+    logp_buf, value_buf, reward_buf, term_buf, done_buf = (torch.zeros(T, N) for _ in range(5))
+    for iteration in range(start + 1, cfg.iterations + 1):
+        optimizer.param_groups[0]["lr"] = cfg.lr_at(iteration, cfg.iterations)
+        for t in range(T):
+            features = cut.decode_cut(chan.recv("activations"))
+            with torch.no_grad():
+                params = heads.dist_params(features)
+                u = dists.sample(heads.dist_kind, params, generator=sample_gen)
+                logp_buf[t] = dists.log_prob(heads.dist_kind, params, u)
+                value_buf[t] = heads.value(features)
+            u_buf[t] = u
+            chan.send(cut.encode_dense(heads.env_action(u).reshape(N, -1), "fp32"), "actions")
+            rtd = cut.decode_cut(chan.recv("rewards"))
+            reward_buf[t], term_buf[t], done_buf[t] = rtd[:, 0], rtd[:, 1], rtd[:, 2]
+        with torch.no_grad():
+            last_value = heads.value(cut.decode_cut(chan.recv("activations")))
+            next_values = torch.cat([value_buf[1:], last_value[None]])
+            # A finished env's next observation is its reset one: no bootstrap across the boundary.
+            advantages, returns = gae(reward_buf, value_buf, next_values * (1 - done_buf), term_buf, done_buf,
+                                      cfg.gamma, cfg.gae_lambda)
+        b_u = u_buf.reshape(T * N, *u_buf.shape[2:])
+        b_logp, b_adv = logp_buf.reshape(-1), advantages.reshape(-1)
+        b_returns, b_values = returns.reshape(-1), value_buf.reshape(-1)
+        dense = is_dense_update(cfg, iteration * T * N)
+        if cfg.cut_accumulate == "sample":
+            sparsifier.reset()
+        clipfracs, densities = [], []
+        mb_size = cfg.minibatch_size
+        for _epoch in range(cfg.update_epochs):
+            order = torch.randperm(T * N, generator=order_gen)
+            for s in range(0, T * N, mb_size):
+                mb = order[s : s + mb_size]
+                features = cut.decode_cut(chan.recv("activations")).requires_grad_(True)
+                params = heads.dist_params(features)
+                out = ppo_loss(
+                    cfg, cfg.ent_coef, cfg.vf_coef,
+                    new_logp=dists.log_prob(heads.dist_kind, params, b_u[mb]), old_logp=b_logp[mb],
+                    advantages=b_adv[mb], entropy=dists.entropy(heads.dist_kind, params),
+                    new_value=heads.value(features), old_value=b_values[mb], returns=b_returns[mb],
+                )
+                clipfracs.append(out.clipfrac)
+                optimizer.zero_grad()
+                out.loss.backward()
+                nn.utils.clip_grad_norm_(heads.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                grad = features.grad
+                assert grad is not None
+                if cfg.cut == "dense":
+                    msg = dense_codec.encode(grad)
+                else:
+                    if cfg.cut_accumulate == "none":
+                        sparsifier.reset()
+                    keys = mb if cfg.cut_accumulate == "sample" else None
+                    msg = sparsifier.encode(grad, keys=keys, dense=dense)
+                    densities.append(1.0 if sparsifier.last_dense else sparsifier.last_nnz / grad.numel())
+                chan.send(msg, "gradients")
+        stats = [out.policy.item(), out.value.item(), out.entropy.item(), out.approx_kl.item(),
+                 float(np.mean(clipfracs)), explained_variance(b_values, b_returns),
+                 float(np.mean(densities)) if densities else 1.0,
+                 float(sparsifier.residual().norm()) if cfg.cut == "topk" and sparsifier.steps else 0.0]
+        chan.send(cut.encode_dense(np.asarray(stats, dtype=np.float32), "fp32"), "control")
+        stop = _serve_eval(cfg, heads, chan) if cfg.evaluates_after(iteration) else False
+        if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0 and not stop:
+            _save(cfg, iteration, hello, parts, gens)
+        if stop:
+            iteration_done = iteration
+            break
+    else:
+        iteration_done = cfg.iterations
+    # Each stage keeps its own half: the heads stay on stage 1's machine (nothing extra on the wire).
+    _save(cfg, iteration_done, hello, parts, gens)
+
+
+def _serve_eval(cfg: PipelinePPOConfig, heads: Heads, chan: DistChannel) -> bool:
+    """Stage 1's side of an evaluation: the mode of the heads' distribution until stage 0 says each episode is
+    done; returns whether stage 0 stops the run (its target reached)."""
+    for _ in range(cfg.eval_episodes):
+        done = False
+        while not done:
+            features = cut.decode_cut(chan.recv("activations"))
+            with torch.no_grad():
+                action = heads.env_action(dists.mode(heads.dist_kind, heads.dist_params(features)))
+            chan.send(cut.encode_dense(action.reshape(1, -1), "fp32"), "actions")
+            done = bool(chan.recv_json()["done"])
+    return bool(chan.recv_json()["stop"])
+
+
+def _save(cfg: PipelinePPOConfig, iteration: int, hello: dict[str, Any], parts: dict[str, Any],
+          gens: dict[str, torch.Generator]) -> None:
+    payload = {"iteration": iteration, "feature_dim": int(hello["feature_dim"]), "action": hello["action"],
+               "head_hidden": cfg.head_hidden, **{k: v.state_dict() for k, v in parts.items()},
+               **{k: g.get_state() for k, g in gens.items()}}
+    path = stage1_dir(cfg) / "checkpoints"
+    path.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    write_atomic(path / HEADS_CHECKPOINT, buf.getvalue())
+
+
+def _load(cfg: PipelinePPOConfig, iteration: int, parts: dict[str, Any], gens: dict[str, torch.Generator]) -> None:
+    path = stage1_dir(cfg) / "checkpoints" / HEADS_CHECKPOINT
+    if not path.exists():
+        raise ValueError(f"stage 0 resumes at iteration {iteration} but stage 1 has no checkpoint at {path}")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if payload["iteration"] != iteration:
+        raise ValueError(f"stage 0 resumes at iteration {iteration} but stage 1's checkpoint ({path}) is at "
+                         f"iteration {payload['iteration']}")
+    for name, part in parts.items():
+        part.load_state_dict(payload[name])
+    for name, gen in gens.items():
+        gen.set_state(payload[name])

@@ -1,0 +1,108 @@
+"""Resume: a run killed with SIGKILL after a checkpoint continues from it and ends as if never stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from frugalrl.algos import resume
+from frugalrl.algos.ppo import PPOConfig, train
+from frugalrl.runs import read_checkpoint, read_metrics
+
+SMALL = dict(env="CartPole-v1", workers=2, envs_per_worker=2, num_steps=32, num_minibatches=2, update_epochs=2,
+             eval_every=10, eval_episodes=2, checkpoint_every=3, progress=False, plots=False)
+
+
+def _flags(cfg: dict) -> list[str]:
+    out = []
+    for k, v in cfg.items():
+        out += ["--" + k.replace("_", "-"), str(v).lower() if isinstance(v, bool) else str(v)]
+    return out
+
+
+def _start_and_kill(flags: list[str], run: Path, min_step: int = 1) -> int:
+    """Start ``frugalrl train ppo`` with ``flags``, SIGKILL it once a checkpoint at ``min_step`` or later exists;
+    return the step of the checkpoint it left."""
+    proc = subprocess.Popen([sys.executable, "-m", "frugalrl.cli", "train", "ppo", *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    ckpt = run / "checkpoints" / "latest.pt"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            if ckpt.exists() and read_checkpoint(run)["counters"]["env_steps"] >= min_step:
+                break
+            assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()}"
+            time.sleep(0.05)
+        else:
+            pytest.fail("no checkpoint appeared")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the head and, with the local backend, its workers' group leader
+        proc.wait(timeout=30)
+    return int(read_checkpoint(run)["counters"]["env_steps"])
+
+
+@pytest.mark.timeout(240)
+def test_killed_serial_run_resumes_to_bit_identical_weights(tmp_path):
+    """A PPO run (serial backend) SIGKILLed after a checkpoint and resumed ends with exactly the weights,
+    metrics and byte counts of the same run left alone."""
+    cfg = {**SMALL, "backend": "serial", "total_timesteps": 128 * 60, "seed": 5, "run_dir": str(tmp_path)}
+    straight = train(PPOConfig(**cfg, run_name="straight", tensorboard=False))
+
+    killed = tmp_path / "killed"
+    step = _start_and_kill([*_flags(cfg), "--run-name", "killed", "--no-tensorboard"], killed)
+    assert 0 < step < cfg["total_timesteps"]
+    resumed = resume(killed)
+
+    assert resumed["env_steps"] == straight["env_steps"] == cfg["total_timesteps"]
+    assert [r["step"] for r in resumed["resumes"]] == [step] and resumed["resumes"][0]["envs"] == "restored"
+    a = read_checkpoint(tmp_path / "straight")["parts"]
+    b = read_checkpoint(killed)["parts"]
+    for key in a["agent"]:
+        assert torch.equal(a["agent"][key], b["agent"][key]), key
+    assert resumed["eval_history"] == [{**e, "seconds": e2["seconds"]} for e, e2 in
+                                       zip(straight["eval_history"], resumed["eval_history"], strict=True)]
+    assert resumed["bytes"]["total"] == straight["bytes"]["total"]
+    assert resumed["weight_syncs"] == straight["weight_syncs"]
+    rows = read_metrics(killed)
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(set(steps)) == [r["step"] for r in read_metrics(tmp_path / "straight")]
+    for mine, theirs in zip(rows, read_metrics(tmp_path / "straight"), strict=True):
+        assert mine["losses/policy"] == theirs["losses/policy"]
+
+
+@pytest.mark.timeout(240)
+def test_cli_resume_after_sigkill_local_backend(tmp_path):
+    """`frugalrl train ppo --resume` after a SIGKILL (local worker processes): the requested step total, no
+    step logged twice, the summary names the resume, and no worker outlives its head."""
+    cfg = {**SMALL, "backend": "local", "total_timesteps": 128 * 45, "seed": 2, "run_dir": str(tmp_path)}
+    run = tmp_path / "r"
+    step = _start_and_kill([*_flags(cfg), "--run-name", "r"], run)
+    done = subprocess.run([sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--resume", str(run), "--no-progress"],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert f"resumed 1 time(s), last at step {step}" in done.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["env_steps"] == cfg["total_timesteps"]
+    assert summary["updates"] == 45
+    steps = [r["step"] for r in read_metrics(run)]
+    assert len(steps) == len(set(steps)) == 45 and steps == sorted(steps)
+    assert summary["resumes"][0]["step"] == step
+
+
+def test_resume_refuses_another_algorithm(tmp_path):
+    cfg = PPOConfig(**{**SMALL, "checkpoint_every": 0}, backend="serial", total_timesteps=128, run_dir=str(tmp_path),
+                    run_name="p", tensorboard=False)
+    train(cfg)
+    from frugalrl.algos.impala import IMPALAConfig
+    from frugalrl.algos.impala import train as train_impala
+
+    with pytest.raises(ValueError, match="ppo run"):
+        train_impala(IMPALAConfig(backend="serial", run_dir=str(tmp_path), progress=False), resume=tmp_path / "p")
