@@ -87,6 +87,30 @@ def test_config_validation_synchronous_needs_master_batch_equal_workers(tmp_path
         HSA2CConfig(global_updates=None).validate()
 
 
+def test_config_embeds_the_dpsgd_options():
+    """HSA2CConfig is DPSGDOptions with HSA2C's defaults and fields: every option reaches the DPSGD run, errors
+    name HSA2CConfig, and the CLI documents inherited options with DPSGD's docstrings."""
+    from dataclasses import fields
+
+    from frugalrl.cli import _field_docs
+    from frugalrl.dpsgd.config import DPSGDOptions
+
+    cfg = HSA2CConfig(processes=3, eta_decay=0.5, transport="ray", startup_timeout_s=7.0, pull_codec="bf16")
+    assert isinstance(cfg, DPSGDOptions) and (cfg.local_steps, cfg.eta, cfg.global_updates) == (10, 1e-3, 300)
+    dcfg = cfg.dpsgd_config()
+    for f in fields(DPSGDOptions):
+        assert getattr(dcfg, f.name) == getattr(cfg, f.name), f.name
+    assert (dcfg.seed, dcfg.log_every, dcfg.target_loss) == (cfg.seed, cfg.log_every, None)
+    with pytest.raises(ValueError, match=r"^HSA2CConfig\.workers must be an integer >= 1, got 0$"):
+        HSA2CConfig(workers=0).validate()
+    with pytest.raises(ValueError, match=r"HSA2CConfig\.transport must be one of \('local', 'ray'\)"):
+        HSA2CConfig(transport="mpi").validate()
+    docs = _field_docs(HSA2CConfig)
+    assert docs["local_steps"] == "Local steps of each Hogwild process per pull (B)."  # redeclared default
+    assert docs["processes"].startswith("Lock-free Hogwild processes per worker (p)")
+    assert docs["env"].startswith("Gymnasium id")
+
+
 def test_unknown_env_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="NoSuchEnv"):
         train(_cfg(tmp_path, env="NoSuchEnv-v0", global_updates=1))
@@ -99,7 +123,7 @@ def test_hsa2c_learns_cartpole(tmp_path):
         tmp_path,
         seed=1,
         workers=2,
-        threads=1,
+        processes=1,
         local_steps=10,
         master_batch=1,
         global_updates=150,

@@ -5,7 +5,7 @@
     frugalrl plots runs/<name>
     frugalrl train pipeline-ppo --cut topk --cut-percentile 0.99
     frugalrl pipeline-bytes                        # Table I of the pipeline paper, and ours
-    frugalrl lda fit reuters --n-topics 10 --workers 2 --threads 1 --local-steps 5
+    frugalrl lda fit reuters --n-topics 10 --workers 2 --processes 1 --local-steps 5
     frugalrl slurm --nodes 4 --partition cpu --submit -- frugalrl train ppo --env LunarLander-v3
 
 Every ``train`` flag is a field of the algorithm's dataclass config (``PPOConfig``): the CLI and the
@@ -44,6 +44,9 @@ def _field_parser(tp: Any):
     if origin is list:
         item = args[0] if args else str
         return lambda s: [item(x) for x in s.replace(",", " ").split()]
+    if origin is tuple:  # tuple[int, int, int]: "1,2,4"
+        item = args[0] if args else str
+        return lambda s: tuple(item(x) for x in s.replace(",", " ").split())
     if origin is dict or tp is dict:
         return _parse_json_dict
     return str
@@ -72,7 +75,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
     hints = typing.get_type_hints(cls)
     docs = _field_docs(cls)
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
         flag = "--" + f.name.replace("_", "-")
         help_text = docs.get(f.name, "")  # the parsers' ArgumentDefaultsHelpFormatter adds the default
         parser.add_argument(flag, dest=f.name, type=_field_parser(hints[f.name]), default=default,
@@ -80,19 +83,36 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def _field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings (the string literal right after a field) from the class source."""
+    """Attribute docstrings (the string literal right after a field) from the source of ``cls`` and of the
+    dataclasses it inherits from: a field redeclared only to change its default keeps its base's docstring."""
+    docs: dict[str, str] = {}
+    for klass in cls.__mro__:
+        if dataclasses.is_dataclass(klass):
+            for name, doc in _own_field_docs(klass).items():
+                docs.setdefault(name, doc)
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings written in the class body of ``cls`` itself."""
     import ast
     import inspect
+    import textwrap
 
     try:
-        tree = ast.parse(inspect.getsource(cls))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):
         return {}
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
     for node, nxt in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = str(nxt.value.value)  # type: ignore[union-attr]
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+        ):
+            docs[node.target.id] = str(nxt.value.value)
     return docs
 
 

@@ -14,7 +14,7 @@ A2C is cast as a DPSGD *problem* (:class:`A2CProblem`) and handed to :func:`frug
 
 The synchronous distributed A2C of Adamski et al. (DDRL A3C, the paper's ``B = 1`` baseline) is the
 same code with ``synchronous=True, local_steps=1, master_batch=workers``
-(:meth:`HSA2CConfig.as_synchronous_baseline`).
+(:meth:`HSA2CConfig.as_synchronous_baseline`, DPSGD's own).
 
 Choices and differences from the paper, and why:
 
@@ -54,6 +54,8 @@ import torch
 
 from frugalrl import dists
 from frugalrl.algos.common import check_fields, slug
+from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
+from frugalrl.dpsgd.run import run_dpsgd
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.evaluation import evaluate
 from frugalrl.nets import make_agent
@@ -256,28 +258,25 @@ def make_a2c_problem(**kwargs: Any) -> A2CProblem:
 
 # ------------------------------------------------------------------------------------ the config
 @dataclass
-class HSA2CConfig:
-    """Every knob of an HSA2C run (the paper's symbols in brackets). Field names are the CLI flags."""
+class HSA2CConfig(DPSGDOptions):
+    """Every knob of an HSA2C run (the paper's symbols in brackets). Field names are the CLI flags.
 
+    The DPSGD options (workers, processes, local steps, master batch, rates, stopping, codecs,
+    transport) are :class:`~frugalrl.dpsgd.config.DPSGDOptions`' own; HSA2C changes some defaults. Its
+    local rate ``eta`` is an RMSProp step size with ``grad_scaling='rmsprop'`` (1e-3 on CartPole), an SGD
+    one with 'none' (0.02-0.03 on CartPole); each Hogwild process has its own ``envs_per_process`` envs;
+    ``local_steps=1`` with ``synchronous`` is the DDRL A3C baseline; a target is ``target_return``.
+    """
+
+    local_steps: int = 10
+    eta: float = 1e-3
+    global_updates: int | None = 300
     env: str = "CartPole-v1"
     """Gymnasium id or 'module:function' env factory (flat observations: an MLP actor-critic)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the env (JSON on the CLI)."""
     seed: int = 1
     """Seed of the initial weights and of every process's envs and action sampling."""
-    workers: int = 2
-    """Worker processes (nW)."""
-    threads: int = 1
-    """Lock-free Hogwild processes per worker (p), each with its own ``envs_per_process`` envs."""
-    local_steps: int = 10
-    """Local steps of each Hogwild process per pull (B); 1 with ``synchronous`` is the DDRL A3C baseline."""
-    master_batch: int = 1
-    """Update vectors the master collects per global update (M)."""
-    rho: float = 1.0
-    """Global learning rate (ρ)."""
-    eta: float = 1e-3
-    """Local learning rate (η): an RMSProp step size with ``grad_scaling='rmsprop'`` (1e-3 on CartPole),
-    an SGD one with 'none' (0.02-0.03 on CartPole)."""
     k: int = 5
     """Steps rolled per env per gradient (k-step bootstrapped returns)."""
     envs_per_process: int = 8
@@ -294,22 +293,8 @@ class HSA2CConfig:
     rms_eps: float = 1e-5
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     """Widths of the actor's and the critic's hidden layers."""
-    global_updates: int | None = 300
-    """Stop after this many global updates (T); None: only ``time_limit_s`` stops the run."""
-    time_limit_s: float | None = None
-    """Stop after this many seconds of training (worker startup excluded)."""
     target_return: float | None = None
     """Stop once a logged greedy return reaches this (``time_to_target`` says when)."""
-    deferred_eval: bool = False
-    """Evaluate the logged parameters after the run, so that evaluation takes no CPU from the workers
-    (for timing on few cores); the run then does not stop at ``target_return``."""
-    synchronous: bool = False
-    """Synchronous master: each global update takes one update from every worker, all from the same θ
-    (needs ``master_batch == workers``)."""
-    update_codec: str = "fp32"
-    """Wire codec of the pushed update vectors: fp32, bf16 or fp16."""
-    pull_codec: str = "fp32"
-    """Wire codec of the pulled global parameters: fp32, bf16 or fp16."""
     log_every: int = 20
     """Evaluate (greedy, on the master) every this many global updates (0: only at the start and end)."""
     log_eval_episodes: int = 1
@@ -318,12 +303,6 @@ class HSA2CConfig:
     """Greedy episodes of the final evaluation of the returned parameters."""
     eval_max_steps: int = 1000
     """Step cap of an evaluation episode."""
-    worker_timeout_s: float | None = 300.0
-    """A worker silent for this long is declared hung; None: wait forever."""
-    backend: str = "local"
-    """Where the workers run: ``local`` processes, or ``ray`` actors (possibly on other machines)."""
-    ray_address: str | None = None
-    """``backend="ray"``: the Ray cluster to join (``"auto"``, ``"host:port"``); None: a local one."""
     run_dir: str = "runs"
     run_name: str | None = None
     progress: bool = True
@@ -334,9 +313,9 @@ class HSA2CConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field.
 
-        The HSA2C fields are checked here; the DPSGD ones (workers, threads, local_steps, master_batch,
-        rho, eta, seed, log_every, stopping, codecs, synchronous, worker_timeout_s) by
-        :meth:`DPSGDConfig.validate <frugalrl.dpsgd.DPSGDConfig.validate>` via :meth:`dpsgd_config`.
+        The HSA2C fields are checked here, the DPSGD options by
+        :meth:`~frugalrl.dpsgd.config.DPSGDOptions.validate_options` (``"HSA2CConfig.workers must be ..."``),
+        the rest of the DPSGD run (seed, log_every, target) by :meth:`dpsgd_config`.
         """
         check_fields(
             self,
@@ -357,11 +336,8 @@ class HSA2CConfig:
             isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden
         ):
             raise ValueError(f"hidden must list positive widths, got {self.hidden!r}")
+        self.validate_options()
         self.dpsgd_config()
-
-    def as_synchronous_baseline(self) -> HSA2CConfig:
-        """This config as the paper's B = 1 baseline (DDRL A3C): synchronous, ``B = 1``, ``M = workers``."""
-        return replace(self, synchronous=True, local_steps=1, master_batch=self.workers)
 
     @property
     def env_steps_per_gradient(self) -> int:
@@ -389,31 +365,15 @@ class HSA2CConfig:
             "progress": self.progress,
         }
 
-    def dpsgd_config(self) -> Any:
-        """The :class:`~frugalrl.dpsgd.DPSGDConfig` this run is."""
-        from frugalrl.dpsgd import DPSGDConfig
-
+    def dpsgd_config(self) -> DPSGDConfig:
+        """The :class:`~frugalrl.dpsgd.config.DPSGDConfig` this run is: the inherited options, the A2C problem."""
         return DPSGDConfig(
+            **self.options(),
             problem=PROBLEM,
             problem_kwargs=self.problem_kwargs(),
-            workers=self.workers,
-            threads=self.threads,
-            local_steps=self.local_steps,
-            master_batch=self.master_batch,
-            rho=self.rho,
-            eta=self.eta,
-            global_updates=self.global_updates,
-            time_limit_s=self.time_limit_s,
-            update_codec=self.update_codec,
-            pull_codec=self.pull_codec,
-            synchronous=self.synchronous,
             seed=self.seed,
             log_every=self.log_every,
             target_loss=None if self.target_return is None else -float(self.target_return),
-            deferred_eval=self.deferred_eval,
-            worker_timeout_s=self.worker_timeout_s,
-            backend=self.backend,
-            ray_address=self.ray_address,
         )
 
 
@@ -430,7 +390,6 @@ def train(cfg: HSA2CConfig) -> dict[str, Any]:
     global update), ``weight_syncs`` (pulls), ``pushes``, ``staleness``, ``stop_reason``, ``run_dir``.
     Raises ``ValueError`` for a bad config, :class:`~frugalrl.dpsgd.DPSGDError` if a worker fails.
     """
-    from frugalrl.dpsgd import run_dpsgd
     from frugalrl.runs import Run
 
     cfg.validate()
@@ -449,7 +408,7 @@ def train(cfg: HSA2CConfig) -> dict[str, Any]:
         run.finish({"algo": "hsa2c", "env_id": cfg.env, "seed": cfg.seed, "failed": True}, plots=False)
         raise
 
-    per_update = cfg.master_batch * cfg.local_steps * cfg.threads * cfg.env_steps_per_gradient
+    per_update = cfg.master_batch * cfg.local_steps * cfg.processes * cfg.env_steps_per_gradient
     history = []
     for seconds, version, loss in out["loss_curve"]:
         ret = -float(loss)
@@ -502,7 +461,7 @@ def train(cfg: HSA2CConfig) -> dict[str, Any]:
         "stop_reason": out["stop_reason"],
         "synchronous": cfg.synchronous,
         "workers": cfg.workers,
-        "threads": cfg.threads,
+        "processes": cfg.processes,
         "local_steps": cfg.local_steps,
         "master_batch": cfg.master_batch,
         "rho": out["rho"],
