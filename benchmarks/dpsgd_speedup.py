@@ -1,10 +1,10 @@
 """DPSGD speed-up tables (seed paper 002, Fig. 1-3): time to a target, by workers (nW) and Hogwild processes (p).
 
     python benchmarks/dpsgd_speedup.py                                 # this machine: nW, p in {1, 2}
-    python benchmarks/dpsgd_speedup.py --task lda --workers 1,2,4,8 --threads 1,2,4 --budget-s 300
+    python benchmarks/dpsgd_speedup.py --task lda --workers 1,2,4,8 --processes 1,2,4 --budget-s 300
     python benchmarks/dpsgd_speedup.py --task hsa2c --seeds 1 2 3 4 5 --workers 1,4,16
 
-Two tasks, each a grid over ``workers × threads`` (asynchronous DPSGD, ``M = 1``):
+Two tasks, each a grid over ``workers × processes`` (asynchronous DPSGD, ``M = 1``):
 
 - ``lda``: DPSVI on a synthetic corpus drawn from a known LDA model (no download); time to a fixed
   held-out perplexity. The reference is serial SVI (``nW = p = B = M = 1``), as in the paper's TSP
@@ -73,7 +73,7 @@ def lda_base(args: argparse.Namespace) -> LDAConfig:
         synthetic_docs=args.lda_docs,
         synthetic_vocab=args.lda_vocab,
         batch_size=64,
-        lr=args.lda_lr,
+        eta=args.lda_eta,
         rho=1.0,
         global_updates=None,
         time_limit_s=args.budget_s,
@@ -91,10 +91,10 @@ def lda_run(cfg: LDAConfig, target: float) -> dict[str, Any]:
     curve = [(t, p) for t, _, p in out["perplexity_curve"]]
     rec = {
         "workers": cfg.workers,
-        "threads": cfg.threads,
+        "processes": cfg.processes,
         "local_steps": cfg.local_steps,
         "seed": cfg.seed,
-        "lr": out["lr"],
+        "eta": out["eta"],
         "rho": out["rho"],
         "time_to_target_s": first_reach(curve, target, above=False),
         "final_perplexity": out["final_perplexity"],
@@ -109,7 +109,7 @@ def lda_run(cfg: LDAConfig, target: float) -> dict[str, Any]:
         "run_s": time.monotonic() - t0,
     }
     print(
-        f"  lda nW={cfg.workers} p={cfg.threads} B={cfg.local_steps} seed={cfg.seed}: "
+        f"  lda nW={cfg.workers} p={cfg.processes} B={cfg.local_steps} seed={cfg.seed}: "
         f"to {target:.0f} in {_fmt(rec['time_to_target_s'])} s, best {rec['best_perplexity']:.1f}, "
         f"{rec['svi_steps_per_s']:.1f} SVI steps/s",
         flush=True,
@@ -122,7 +122,7 @@ def lda_table(args: argparse.Namespace) -> dict[str, Any]:
     base = lda_base(args)
     serial = []
     for seed in args.seeds:
-        cfg = replace(base, seed=seed, workers=1, threads=1, local_steps=1, master_batch=1)
+        cfg = replace(base, seed=seed, workers=1, processes=1, local_steps=1, master_batch=1)
         serial.append(lda_run(cfg, args.lda_target or 0.0))
     target = args.lda_target
     if target is None:
@@ -135,18 +135,18 @@ def lda_table(args: argparse.Namespace) -> dict[str, Any]:
     rows = [{"label": "serial SVI (nW=1 p=1 B=1)", "runs": serial}]
     for B in args.lda_local_steps:
         for nw in args.workers:
-            for p in args.threads:
+            for p in args.processes:
                 if nw == p == B == 1:
                     continue  # that is serial SVI
                 runs = [
                     lda_run(
-                        replace(base, seed=seed, workers=nw, threads=p, local_steps=B, master_batch=1,
+                        replace(base, seed=seed, workers=nw, processes=p, local_steps=B, master_batch=1,
                                 rescale_from=(1, 1, 1), log_every=max(1, round(args.lda_log_steps / (B * p)))),
                         target,
                     )
                     for seed in args.seeds
                 ]
-                rows.append({"label": f"nW={nw} p={p} B={B}", "workers": nw, "threads": p, "runs": runs})
+                rows.append({"label": f"nW={nw} p={p} B={B}", "workers": nw, "processes": p, "runs": runs})
     return {"task": "lda", "target": target, "reference_s": ref, "rows": _summarise(rows, ref),
             "corpus": {"docs": args.lda_docs, "vocab": args.lda_vocab, "topics": args.lda_topics},
             "base_config": asdict(base)}
@@ -159,7 +159,7 @@ def hsa2c_run(cfg: HSA2CConfig, target: float) -> dict[str, Any]:
     curve = [(h["seconds"], h["mean"]) for h in s["eval_history"]]
     rec = {
         "workers": cfg.workers,
-        "threads": cfg.threads,
+        "processes": cfg.processes,
         "local_steps": cfg.local_steps,
         "master_batch": cfg.master_batch,
         "synchronous": cfg.synchronous,
@@ -178,7 +178,7 @@ def hsa2c_run(cfg: HSA2CConfig, target: float) -> dict[str, Any]:
         "curve": [[round(t, 3), round(v, 1)] for t, v in curve],
     }
     print(
-        f"  {cfg.env} nW={cfg.workers} p={cfg.threads} B={cfg.local_steps} M={cfg.master_batch}"
+        f"  {cfg.env} nW={cfg.workers} p={cfg.processes} B={cfg.local_steps} M={cfg.master_batch}"
         f"{' sync' if cfg.synchronous else ''} seed={cfg.seed}: to {target:g} in "
         f"{_fmt(rec['time_to_target_s'])} s, best {rec['best_return']:.1f}, {rec['env_steps_per_s']:.0f} steps/s, "
         f"{rec['bytes_per_update'] / 1e3:.1f} kB/update",
@@ -218,13 +218,13 @@ def hsa2c_table(args: argparse.Namespace) -> dict[str, Any]:
     base = hsa2c_base(args)
     rows = []
     for nw in args.workers:
-        for p in args.threads:
+        for p in args.processes:
             runs = [
-                hsa2c_run(replace(base, seed=seed, workers=nw, threads=p,
+                hsa2c_run(replace(base, seed=seed, workers=nw, processes=p,
                                   log_every=max(1, args.hsa2c_log_every // nw)), args.hsa2c_target)
                 for seed in args.seeds
             ]
-            rows.append({"label": f"nW={nw} p={p} B={base.local_steps}", "workers": nw, "threads": p, "runs": runs})
+            rows.append({"label": f"nW={nw} p={p} B={base.local_steps}", "workers": nw, "processes": p, "runs": runs})
     ref = stats([r["time_to_target_s"] for r in rows[0]["runs"]])["mean"]
     return {"task": "hsa2c", "env": base.env, "target": args.hsa2c_target, "reference_s": ref,
             "rows": _summarise(rows, ref), "base_config": asdict(base)}
@@ -240,8 +240,8 @@ def _summarise(rows: list[dict[str, Any]], ref: float | None) -> list[dict[str, 
     for row in rows:
         t = stats([r["time_to_target_s"] for r in row["runs"]])
         row["time_to_target"] = t
-        procs = row.get("workers", 1) * row.get("threads", 1)
-        row["processes"] = procs
+        procs = row.get("workers", 1) * row.get("processes", 1)
+        row["all_processes"] = procs
         row["speedup"] = ref / t["mean"] if ref and t["mean"] else None
         row["efficiency"] = row["speedup"] / procs if row["speedup"] else None
         row["bytes_total_mean"] = float(np.mean([r["bytes_total"] for r in row["runs"]]))
@@ -263,7 +263,7 @@ def markdown(table: dict[str, Any]) -> str:
         t = row["time_to_target"]
         time_txt = "—" if t["mean"] is None else f"{t['mean']:.2f} ± {t['std']:.2f}"
         lines.append(
-            f"| {row['label']} | {row['processes']} | {time_txt} | {t['reached']} | "
+            f"| {row['label']} | {row['all_processes']} | {time_txt} | {t['reached']} | "
             f"{_fmt(row['speedup'], '.2f')} | {_fmt(row['efficiency'], '.2f')} | "
             f"{np.mean([r[rate_key] for r in row['runs']]):.1f} | {row['bytes_total_mean'] / 1e6:.1f} |"
         )
@@ -290,14 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=["lda", "hsa2c", "both"], default="both")
     ap.add_argument("--workers", type=ints, default=[1, 2], help="worker counts nW (comma-separated)")
-    ap.add_argument("--threads", type=ints, default=[1, 2], help="Hogwild processes per worker p")
+    ap.add_argument("--processes", type=ints, default=[1, 2], help="Hogwild processes per worker p")
     ap.add_argument("--seeds", type=int, nargs="+", default=None,
                     help="seeds (default: 0 1 for lda, 1 2 3 for hsa2c)")
     ap.add_argument("--budget-s", type=float, default=20.0, help="LDA: optimisation seconds per run")
     ap.add_argument("--lda-docs", type=int, default=4000)
     ap.add_argument("--lda-vocab", type=int, default=1000)
     ap.add_argument("--lda-topics", type=int, default=20)
-    ap.add_argument("--lda-lr", type=float, default=0.1, help="serial SVI rate (the paper's best: 0.1)")
+    ap.add_argument("--lda-eta", type=float, default=0.1, help="serial SVI rate η (the paper's best: 0.1)")
     ap.add_argument("--lda-local-steps", type=ints, default=[1, 5], help="B values of the grid runs")
     ap.add_argument("--lda-log-steps", type=int, default=10, help="evaluate about every this many SVI steps")
     ap.add_argument("--lda-target", type=float, default=None,

@@ -44,7 +44,7 @@ ENVS: dict[str, dict[str, Any]] = {
 def variants(env: str, args: argparse.Namespace) -> list[tuple[str, HSA2CConfig]]:
     """The HSA2C config of ``env`` and its synchronous B = 1 baseline."""
     spec = ENVS[env]
-    hsa2c = timed_hsa2c(env, spec["budget_s"], spec["log_every"], workers=args.workers, threads=1,
+    hsa2c = timed_hsa2c(env, spec["budget_s"], spec["log_every"], workers=args.workers, processes=1,
                         local_steps=args.local_steps, **spec["settings"])
     # The baseline makes about B·nW times as many global updates per second (one per round of B = 1
     # steps from every worker): evaluate it after the same amount of training.

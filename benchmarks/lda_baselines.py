@@ -7,8 +7,8 @@
 
 Methods, on the same corpus, the same K and the same priors (``alpha = eta = 1/K`` unless given):
 
-- ``dpsvi-wWtT``: our DPSVI (:func:`frugalrl.dpsgd.lda.fit_lda`) with ``W`` workers of ``T`` Hogwild
-  processes (``--dpsvi WxT ...``), batch 64, its default rates (``rho=1``, ``lr=0.1``);
+- ``dpsvi-wWpP``: our DPSVI (:func:`frugalrl.dpsgd.lda.fit_lda`) with ``W`` workers of ``P`` Hogwild
+  processes (``--dpsvi WxP ...``), batch 64, its default rates (``rho=1``, ``eta=0.1``);
 - ``gensim-wW``: ``gensim.models.LdaMulticore`` with ``W`` worker processes (``--gensim-workers``),
   one ``update()`` call of ``--passes`` passes over the training documents, gensim's default schedule
   (``decay=0.5``, ``offset=1``), ``chunksize=2000`` (gensim's default; Reuters: 128, see ``PRESETS``),
@@ -25,7 +25,7 @@ sklearn: ``components_``; DPSVI: its λ clamped at ``eta``, as ``LDAProblem.perp
 builds its problem from the same ``LDAConfig`` fields, hence the same split, and its final perplexity is
 checked against ours, ``final_perplexity_check`` in the results). Every
 method processes the same number of documents (``--passes`` × the training set; DPSVI:
-``ceil(passes · D / (64 · T))`` global updates). BLAS runs one thread per process
+``ceil(passes · D / (64 · P))`` global updates). BLAS runs one thread per process
 (``OMP/OPENBLAS/MKL_NUM_THREADS=1`` unless set), so ``w1`` means one core of work.
 
 Clocks. Training time excludes every evaluation: the baselines keep a copy of λ at about ``--evals``
@@ -135,7 +135,7 @@ class Split:
         self.seconds = time.perf_counter() - t0
         p = self.problem
         self.k, self.v = p.shape
-        self.alpha, self.eta = p.alpha, p.eta
+        self.alpha, self.eta = p.alpha, p.topic_prior  # eta: gensim's name of the topic prior
         self.train = p.train
 
     def perplexity(self, lam: np.ndarray) -> float:
@@ -286,15 +286,15 @@ def run_dpsvi(
     base: LDAConfig,
     split: Split,
     workers: int,
-    threads: int,
+    processes: int,
     passes: int,
     evals: int,
     target: float | None,
     eval_mode: str,
     time_limit: float | None,
 ) -> dict[str, Any]:
-    """``fit_lda`` with ``workers`` × ``threads`` and the documents of ``passes`` passes."""
-    docs_per_update = base.batch_size * threads * base.local_steps * base.master_batch
+    """``fit_lda`` with ``workers`` × ``processes`` and the documents of ``passes`` passes."""
+    docs_per_update = base.batch_size * processes * base.local_steps * base.master_batch
     updates = max(1, math.ceil(passes * split.train.n_docs / docs_per_update))
     fields = {f.name for f in dataclasses.fields(LDAConfig)}
     extra: dict[str, Any] = {}
@@ -303,7 +303,7 @@ def run_dpsvi(
     cfg = dataclasses.replace(
         base,
         workers=workers,
-        threads=threads,
+        processes=processes,
         global_updates=updates,
         log_every=max(1, math.ceil(updates / evals)),
         target_perplexity=target,
@@ -329,12 +329,12 @@ def run_dpsvi(
         "call_seconds": total,
         "settings": {
             "workers": workers,
-            "threads": threads,
+            "processes": processes,
             "global_updates": out["global_updates"],
             "planned_updates": updates,
             "batch_size": base.batch_size,
             "rho": out["rho"],
-            "lr": out["lr"],
+            "eta": out["eta"],
             "log_every": cfg.log_every,
             "eval": (eval_mode if "deferred_eval" in fields else "live (no deferred_eval field)"),
             "updates_per_second": out["updates_per_second"],
@@ -345,14 +345,14 @@ def run_dpsvi(
 
 # --------------------------------------------------------------------------------------- the run
 def parse_pair(text: str) -> tuple[int, int]:
-    """``"2x1"`` → ``(2, 1)`` (workers × threads)."""
+    """``"2x1"`` → ``(2, 1)`` (workers × Hogwild processes)."""
     try:
-        w, t = (int(s) for s in text.lower().split("x"))
+        w, p = (int(s) for s in text.lower().split("x"))
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected WORKERSxTHREADS like 2x1, got {text!r}") from e
-    if w < 1 or t < 1:
-        raise argparse.ArgumentTypeError(f"workers and threads must be >= 1, got {text!r}")
-    return w, t
+        raise argparse.ArgumentTypeError(f"expected WORKERSxPROCESSES like 2x1, got {text!r}") from e
+    if w < 1 or p < 1:
+        raise argparse.ArgumentTypeError(f"workers and processes must be >= 1, got {text!r}")
+    return w, p
 
 
 def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -361,7 +361,7 @@ def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
     fields: dict[str, Any] = dict(preset["cfg"])
     if args.topics is not None:
         fields["n_topics"] = args.topics
-    fields.update(alpha=args.alpha, eta=args.eta, seed=args.seed, batch_size=args.batch)
+    fields.update(alpha=args.alpha, topic_prior=args.eta, seed=args.seed, batch_size=args.batch)
     fields.update(json.loads(args.dpsvi_extra))
     base = LDAConfig(**fields)
     passes = args.passes if args.passes is not None else preset["passes"]
@@ -376,7 +376,7 @@ def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
     plan: list[tuple[str, Any]] = [(f"gensim-w{w}", ("gensim", w)) for w in args.gensim_workers]
     if not args.no_sklearn:
         plan.append(("sklearn-online", ("sklearn", None)))
-    plan += [(f"dpsvi-w{w}t{t}", ("dpsvi", (w, t))) for w, t in args.dpsvi]
+    plan += [(f"dpsvi-w{w}p{p}", ("dpsvi", (w, p))) for w, p in args.dpsvi]
     target, rule = args.target, "given (--target)"
     rows = []
     for label, (kind, arg) in plan:
@@ -462,8 +462,8 @@ def main() -> None:
         nargs="*",
         type=parse_pair,
         default=[(1, 1), (2, 1)],
-        metavar="WxT",
-        help="DPSVI workers x Hogwild threads, one run each (default: 1x1 2x1)",
+        metavar="WxP",
+        help="DPSVI workers x Hogwild processes, one run each (default: 1x1 2x1)",
     )
     p.add_argument("--gensim-workers", nargs="*", type=int, default=[1, 2])
     p.add_argument("--no-sklearn", action="store_true")

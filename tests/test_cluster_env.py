@@ -1,14 +1,14 @@
-"""ClusterEnv as a Gymnasium vector env, on every backend, against Gymnasium's own SyncVectorEnv."""
+"""ClusterEnv as a Gymnasium vector env, on the serial and local backends, against Gymnasium's own SyncVectorEnv.
+
+What every backend (Ray's too) must do alike is tests/test_backend_contract.py.
+"""
 
 from __future__ import annotations
-
-import os
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import pid_alive, pid_exists, worker_children
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from frugalrl import ClusterEnv, make_agent
@@ -202,7 +202,7 @@ ROLLOUT_FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "d
 def test_same_seed_gives_same_trajectories(cartpole, closing):
     """Seeded resets repeat steps and rollouts exactly; so does a new env built with the same seed.
 
-    (The new env is serial; local == serial is checked by test_serial_and_local_give_identical_results.)
+    (The new env is serial; local == serial is checked by tests/test_backend_contract.py.)
     """
     agent = fresh_agent(cartpole)
     rng = np.random.default_rng(3)
@@ -341,63 +341,6 @@ def test_step_with_agent_detach(cartpole):
     assert [a - b for a, b in zip(after, syncs_before, strict=True)] == [1] * W
 
 
-def check_backend_matches_serial(backend: str, closing, **env_kwargs) -> None:
-    """The backend contract: same seed, same agent → the serial reference's observations, actions,
-    behaviour parameters, versions, syncs and bytes by kind (shared by every backend's tests)."""
-    names = ("serial", backend)
-    envs = {b: closing(ClusterEnv("CartPole-v1", W, K, backend=b, seed=7, **(env_kwargs if b == backend else {})))
-            for b in names}
-    agent = fresh_agent(envs["serial"], seed=4)
-    opt = torch.optim.SGD(agent.parameters(), lr=0.1)
-    rng = np.random.default_rng(5)
-    outs = {b: [] for b in names}
-    for b in names:
-        outs[b].append(envs[b].reset(seed=7)[0])
-    for _ in range(30):
-        actions = random_actions(envs["serial"].single_action_space, N, rng)
-        for b in names:
-            outs[b].append(envs[b].step(actions)[:4])
-    for _ in range(5):
-        for b in names:
-            o, r, te, tr, info = envs[b].step(agent)
-            outs[b].append((o, r, te, tr, info["actions"], info["policy_version"]))
-            outs[b].append(info["dist_params"])
-    for it in range(3):
-        rollouts = {b: envs[b].rollout(agent, 50) for b in names}
-        s, loc = rollouts["serial"], rollouts[backend]
-        assert loc.restarted_workers == []
-        for name in ("obs", "actions", "rewards", "terminations", "truncations", "versions", "final_idx", "final_obs"):
-            np.testing.assert_array_equal(getattr(s, name), getattr(loc, name), err_msg=f"rollout {it}: {name}")
-        np.testing.assert_allclose(s.dist_params, loc.dist_params, atol=1e-5, rtol=0)
-        np.testing.assert_array_equal(s.next_obs, loc.next_obs)
-        assert s.episode_returns == loc.episode_returns
-        # A small learner update between rollouts: both envs must sync it.
-        opt.zero_grad()
-        (-agent.dist_params(torch.from_numpy(s.obs.reshape(-1, 4))).logsumexp(-1).mean()).backward()
-        opt.step()
-    for a, b in zip(outs["serial"], outs[backend], strict=True):
-        if isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 2 and a.shape[1] == 2:
-            np.testing.assert_allclose(a, b, atol=1e-5)  # dist_params
-        else:
-            for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,), strict=True):
-                np.testing.assert_array_equal(x, y)
-    stats = {b: envs[b].stats() for b in names}
-    for key in ("weight_syncs", "learner_version", "worker_versions", "restarts"):
-        assert stats["serial"][key] == stats[backend][key], key
-    bs, bl = stats["serial"]["bytes"], stats[backend]["bytes"]
-    assert bs["weights"] > 0 and bs["observations"] > 0 and bs["behaviour"] > 0
-    for key in ("observations", "actions", "rewards", "behaviour", "weights", "info", "control", "total"):
-        assert bs[key] == bl[key], key
-    assert bs["up"] == bl["up"] and bs["down"] == bl["down"]
-    assert bs["per_worker"] == bl["per_worker"]
-    assert bs["messages"] == bl["messages"]
-
-
-def test_serial_and_local_give_identical_results(closing):
-    """Same seed, same agent: same observations, actions, behaviour parameters and bytes by kind."""
-    check_backend_matches_serial("local", closing)
-
-
 def test_box_actions_in_rollout(pendulum):
     agent = fresh_agent(pendulum, seed=5)
     assert agent.dist_kind == "gaussian"
@@ -428,23 +371,6 @@ def test_box_actions_in_step(pendulum):
     assert infos["actions"].shape == (n, 1) and infos["actions"].dtype == np.float32
     assert infos["dist_params"].shape == (n, 2)
     assert obs.shape == (n, 3)
-
-
-def test_close_leaves_no_processes():
-    env = ClusterEnv("CartPole-v1", 1, 2, backend="local", seed=0)
-    pids = list(env.backend.worker_pids().values())
-    assert len(pids) == 1 and all(pid_alive(p) for p in pids)
-    assert set(pids) <= set(worker_children())
-    env.rollout(fresh_agent(env), 500)  # shared memory in use
-    env.close()
-    shm = "/dev/shm"
-    if os.path.isdir(shm):
-        assert not [f for f in os.listdir(shm) if f.startswith(f"frugalrl-{os.getpid()}-")]
-    assert env.closed
-    assert not any(pid_exists(p) for p in pids), "worker processes survive close() (or were not reaped)"
-    assert not set(pids) & set(worker_children())
-    env.close()  # idempotent
-    assert env.backend.worker_pids() == {}
 
 
 def test_same_step_final_info_matches_gymnasium(closing):

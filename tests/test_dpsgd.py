@@ -2,13 +2,16 @@
 
 Runs are tiny (a few hundred parameters at most, a second or two each) so that the whole file stays
 well under a minute on a loaded two-core machine. Worker processes import this module to build the
-faulty test problems below (the tests directory is on their import path).
+faulty test problems below (the tests directory is on their import path). What every transport must do
+alike (the same run and bytes, dead or hung workers, clean closing) is tests/test_transport_contract.py,
+which builds its problems from this module too.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -18,7 +21,6 @@ import pytest
 
 from frugalrl.dpsgd import (
     DPSGDConfig,
-    DPSGDError,
     ParameterServer,
     SharedVector,
     apply_update,
@@ -28,7 +30,7 @@ from frugalrl.dpsgd import (
 )
 from frugalrl.dpsgd.problems import LeastSquares, least_squares, logistic_regression
 from frugalrl.dpsgd.rates import decayed_rate
-from frugalrl.dpsgd.worker import child_env, lean_command
+from frugalrl.process import child_env
 from frugalrl.wire.message import Message
 
 pytestmark = pytest.mark.timeout(120)
@@ -79,6 +81,13 @@ class Faulty(LeastSquares):
 def faulty(**kwargs) -> Faulty:
     """Factory of :class:`Faulty`."""
     return Faulty(**kwargs)
+
+
+def fails_in_worker(head_pid: int, **kwargs) -> LeastSquares:
+    """Least squares in the head, a ValueError in a worker."""
+    if os.getpid() != head_pid:
+        raise ValueError("this problem refuses to start in a worker")
+    return least_squares(**kwargs)
 
 
 def hogwild_pids() -> set[int]:
@@ -177,7 +186,7 @@ def _one_worker_cfg(codec: str) -> DPSGDConfig:
         problem=LSQ,
         problem_kwargs=LSQ_KW,
         workers=1,
-        threads=1,
+        processes=1,
         local_steps=5,
         master_batch=1,
         rho=0.8,
@@ -243,7 +252,7 @@ def test_shared_vector_is_shared_between_processes():
     try:
         procs = [
             subprocess.Popen(
-                lean_command(code, str(vec.fd), lo, hi, val), pass_fds=(vec.fd,), env=child_env()
+                [sys.executable, "-c", code, str(vec.fd), lo, hi, val], pass_fds=(vec.fd,), env=child_env()
             )
             for lo, hi, val in (("0", "5", "1.5"), ("5", "10", "-2.0"))
         ]
@@ -261,7 +270,7 @@ def test_hogwild_processes_update_one_shared_u():
         problem="test_dpsgd:constant_pull",
         problem_kwargs={"n": 10, "dim": 4},
         workers=1,
-        threads=2,
+        processes=2,
         local_steps=b,
         master_batch=1,
         rho=1.0,
@@ -274,13 +283,13 @@ def test_hogwild_processes_update_one_shared_u():
 
 
 # ------------------------------------------------------------------------------- convergence
-def test_convex_problem_converges_with_two_workers_two_threads():
+def test_convex_problem_converges_with_two_workers_two_processes():
     kw = {"n": 400, "dim": 10, "batch_size": 8, "noise": 0.1, "seed": 1}
     cfg = DPSGDConfig(
         problem=LSQ,
         problem_kwargs=kw,
         workers=2,
-        threads=2,
+        processes=2,
         local_steps=5,
         master_batch=2,
         rho=1.0,
@@ -306,7 +315,7 @@ def test_synchronous_baseline_has_no_staleness():
         problem="frugalrl.dpsgd.problems:logistic_regression",
         problem_kwargs=kw,
         workers=2,
-        threads=1,
+        processes=1,
         local_steps=4,
         rho=1.0,
         eta=0.5,
@@ -355,7 +364,7 @@ def test_scale_learning_rate_eq13():
     with pytest.raises(ValueError, match="ref"):
         scale_learning_rate(0.1, (0, 1, 1), (1, 1, 1))
     cfg = DPSGDConfig(
-        problem=LSQ, rho=1.0, eta=0.1, threads=2, local_steps=4, master_batch=2, rescale_from=(1, 1, 1)
+        problem=LSQ, rho=1.0, eta=0.1, processes=2, local_steps=4, master_batch=2, rescale_from=(1, 1, 1)
     )
     assert cfg.effective_rates() == pytest.approx((1.0 / 2, 0.1 / 2))
 
@@ -365,7 +374,7 @@ def test_scale_learning_rate_eq13():
     ("field", "value"),
     [
         ("workers", 0),
-        ("threads", -1),
+        ("processes", -1),
         ("local_steps", 1.5),
         ("master_batch", True),
         ("rho", 0.0),
@@ -376,7 +385,7 @@ def test_scale_learning_rate_eq13():
         ("pull_codec", "zip"),
         ("seed", -3),
         ("log_every", -1),
-        ("backend", "mpi"),
+        ("transport", "mpi"),
         ("target_loss", float("inf")),
         ("deferred_eval", 1),
         ("ray_address", ""),
@@ -421,39 +430,8 @@ def test_bad_problems_are_named():
 
 def test_nan_gradient_in_a_worker_is_reported_with_the_problem():
     kwargs = {"fault": "nan", "after": 30, "parent_pid": os.getpid(), **LSQ_KW}
-    cfg = DPSGDConfig(problem="test_dpsgd:faulty", problem_kwargs=kwargs, workers=1, threads=2, local_steps=5)
+    cfg = DPSGDConfig(problem="test_dpsgd:faulty", problem_kwargs=kwargs, workers=1, processes=2, local_steps=5)
     start = time.monotonic()
     with pytest.raises(ValueError, match=r"worker 0: .*test_dpsgd:faulty.*non-finite"):
         run_dpsgd(cfg)
     assert time.monotonic() - start < DETECT_S
-
-
-def _faulty_run_fails(fault: str, match: str, grace_s: float, **cfg_kw) -> None:
-    """Run a worker that turns ``fault`` after 30 steps: the run fails with ``match`` within seconds,
-    and no Hogwild helper outlives it by more than ``grace_s`` seconds."""
-    before = hogwild_pids()
-    kwargs = {"fault": fault, "after": 30, "parent_pid": os.getpid(), **LSQ_KW}
-    cfg = DPSGDConfig(
-        problem="test_dpsgd:faulty",
-        problem_kwargs=kwargs,
-        threads=2,
-        local_steps=5,
-        global_updates=10_000,
-        **cfg_kw,
-    )
-    start = time.monotonic()
-    with pytest.raises(DPSGDError, match=match):
-        run_dpsgd(cfg)
-    assert time.monotonic() - start < DETECT_S
-    deadline = time.monotonic() + grace_s
-    while hogwild_pids() - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not hogwild_pids() - before, "Hogwild helpers left behind"
-
-
-def test_dying_worker_fails_the_run_within_seconds():
-    _faulty_run_fails("die", r"worker \d: .*died.*exit code", grace_s=5.0, workers=2, time_limit_s=60.0)
-
-
-def test_hung_worker_fails_the_run_after_worker_timeout():
-    _faulty_run_fails("hang", r"worker 0: no message for 1 s", grace_s=0.0, workers=1, worker_timeout_s=1.0)

@@ -87,6 +87,30 @@ def test_config_validation_synchronous_needs_master_batch_equal_workers(tmp_path
         HSA2CConfig(global_updates=None).validate()
 
 
+def test_config_embeds_the_dpsgd_options():
+    """HSA2CConfig is DPSGDOptions with HSA2C's defaults and fields: every option reaches the DPSGD run, errors
+    name HSA2CConfig, and the CLI documents inherited options with DPSGD's docstrings."""
+    from dataclasses import fields
+
+    from frugalrl.config import field_docs as _field_docs
+    from frugalrl.dpsgd.config import DPSGDOptions
+
+    cfg = HSA2CConfig(processes=3, eta_decay=0.5, transport="ray", startup_timeout_s=7.0, pull_codec="bf16")
+    assert isinstance(cfg, DPSGDOptions) and (cfg.local_steps, cfg.eta, cfg.global_updates) == (10, 1e-3, 300)
+    dcfg = cfg.dpsgd_config()
+    for f in fields(DPSGDOptions):
+        assert getattr(dcfg, f.name) == getattr(cfg, f.name), f.name
+    assert (dcfg.seed, dcfg.log_every, dcfg.target_loss) == (cfg.seed, cfg.eval_every, None)
+    with pytest.raises(ValueError, match=r"^HSA2CConfig\.workers must be an integer >= 1, got 0$"):
+        HSA2CConfig(workers=0).validate()
+    with pytest.raises(ValueError, match=r"HSA2CConfig\.transport must be one of \('local', 'ray'\)"):
+        HSA2CConfig(transport="mpi").validate()
+    docs = _field_docs(HSA2CConfig)
+    assert docs["local_steps"] == "Local steps of each Hogwild process per pull (B)."  # redeclared default
+    assert docs["processes"].startswith("Lock-free Hogwild processes per worker (p)")
+    assert docs["env"].startswith("Gymnasium id")
+
+
 def test_unknown_env_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="NoSuchEnv"):
         train(_cfg(tmp_path, env="NoSuchEnv-v0", global_updates=1))
@@ -99,42 +123,45 @@ def test_hsa2c_learns_cartpole(tmp_path):
         tmp_path,
         seed=1,
         workers=2,
-        threads=1,
+        processes=1,
         local_steps=10,
         master_batch=1,
         global_updates=150,
-        log_every=15,
+        eval_every=15,
         target_return=195.0,
     )
     s = train(cfg)
     assert s["algo"] == "hsa2c" and s["env_id"] == "CartPole-v1"
     history = [h["mean"] for h in s["eval_history"]]
     assert history[0] < 100  # the seeded initial policy is poor
-    assert s["stop_reason"] == "target_loss", s["eval_history"]
+    assert s["stop_reason"] == "target_return", s["eval_history"]
+    d = s["details"]
+    assert d["dpsgd_stop_reason"] == "target_loss"
     first = next(h for h in s["eval_history"] if h["mean"] >= 195)
-    assert s["time_to_target"]["global_update"] == first["global_update"] <= s["global_updates"]
-    assert s["gradients"] >= s["time_to_target"]["global_update"] * 10
-    assert s["env_steps"] == s["gradients"] * cfg.k * cfg.envs_per_process
+    assert s["time_to_target"]["global_update"] == first["global_update"] <= d["global_updates"]
+    assert d["gradients"] >= s["time_to_target"]["global_update"] * 10
+    assert s["env_steps"] == d["gradients"] * cfg.k * cfg.envs_per_process
     assert s["eval_return_mean"] > 40, s["eval_history"]  # the weights a few updates after the target
     # wire accounting: pulls of weights down, pushes of update vectors up
     assert s["bytes"]["weights"] > 0 and s["bytes"]["gradients"] > 0
-    assert s["bytes_per_update"] == pytest.approx(s["bytes"]["total"] / s["global_updates"])
-    assert s["staleness"]["count"] == s["global_updates"]
+    assert d["bytes_per_update"] == pytest.approx(s["bytes"]["total"] / d["global_updates"])
+    assert d["staleness"]["count"] == d["global_updates"]
     run = tmp_path / "run"
     assert json.loads((run / "summary.json").read_text())["eval_return_mean"] == s["eval_return_mean"]
     assert json.loads((run / "config.json").read_text())["local_steps"] == 10
-    assert (run / "metrics.jsonl").read_text().count("\n") == len(history) + 1
+    assert (run / "metrics.jsonl").read_text().count("\n") == len(history)  # one row per evaluation, the final one included
     assert (run / "checkpoints" / "latest.pt").exists()
 
 
 def test_synchronous_baseline_runs(tmp_path):
     """The paper's B = 1 baseline (DDRL A3C): synchronous master, one step per pull, M = workers."""
     cfg = _cfg(
-        tmp_path, seed=1, workers=2, global_updates=40, log_every=0, eval_episodes=1
+        tmp_path, seed=1, workers=2, global_updates=40, eval_every=0, eval_episodes=1
     ).as_synchronous_baseline()
     s = train(cfg)
-    assert s["synchronous"] and s["local_steps"] == 1 and s["master_batch"] == 2
-    assert s["global_updates"] == 40
-    assert s["staleness"]["max"] == 0  # every update is computed from the current global weights
-    assert s["gradients"] >= 80 and s["env_steps"] == s["gradients"] * cfg.k * cfg.envs_per_process
+    d = s["details"]
+    assert d["synchronous"] and d["local_steps"] == 1 and d["master_batch"] == 2
+    assert d["global_updates"] == s["updates"] == 40
+    assert d["staleness"]["max"] == 0  # every update is computed from the current global weights
+    assert d["gradients"] >= 80 and s["env_steps"] == d["gradients"] * cfg.k * cfg.envs_per_process
     assert np.isfinite(s["eval_return_mean"])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import numpy as np
 import pytest
 
+from frugalrl.dpsgd.config import DPSGDOptions
 from frugalrl.dpsgd.corpora import (
     Corpus,
     load_corpus,
@@ -43,7 +45,7 @@ def test_digamma_known_values():
     np.testing.assert_allclose(digamma(x + 1) - digamma(x), 1 / x, rtol=1e-10)
 
 
-def _reference_lambda_hat(counts: np.ndarray, lam: np.ndarray, alpha: float, eta: float, scale: float):
+def _reference_lambda_hat(counts: np.ndarray, lam: np.ndarray, alpha: float, topic_prior: float, scale: float):
     """λ̂ by the textbook per-document, per-word loops (Hoffman et al. 2013, Fig. 6)."""
     k, v = lam.shape
     elog_beta = np.array([[digamma(lam[i, w]) - digamma(lam[i].sum()) for w in range(v)] for i in range(k)])
@@ -64,7 +66,7 @@ def _reference_lambda_hat(counts: np.ndarray, lam: np.ndarray, alpha: float, eta
             if done:
                 break
         s += (doc[:, None] * phi).T
-    return eta + scale * s
+    return topic_prior + scale * s
 
 
 def test_svi_step_matches_closed_form(tmp_path):
@@ -75,7 +77,7 @@ def test_svi_step_matches_closed_form(tmp_path):
         corpus=path,
         n_topics=2,
         alpha=0.3,
-        eta=0.2,
+        topic_prior=0.2,
         batch_size=3,
         heldout_fraction=0.25,
         e_step_iters=5000,
@@ -88,8 +90,8 @@ def test_svi_step_matches_closed_form(tmp_path):
     expected = _reference_lambda_hat(train, lam.astype(np.float64), 0.3, 0.2, scale=3 / 3)
     grad = problem.stochastic_grad(lam.ravel(), np.random.default_rng(0)).reshape(2, 3)
     np.testing.assert_allclose(grad, lam - expected, rtol=1e-5, atol=1e-5)
-    lr = 0.3  # the worker's step u - lr * grad is SVI's (1 - lr) λ + lr λ̂
-    np.testing.assert_allclose(lam - lr * grad, (1 - lr) * lam + lr * expected, rtol=1e-5, atol=1e-5)
+    eta = 0.3  # the worker's step u - eta * grad is SVI's (1 - eta) λ + eta λ̂
+    np.testing.assert_allclose(lam - eta * grad, (1 - eta) * lam + eta * expected, rtol=1e-5, atol=1e-5)
     # a batch of one document is scaled by D / |G| = 3
     single = problem.lambda_hat(lam.ravel(), np.array([1]))
     ref1 = _reference_lambda_hat(train[1:2], lam.astype(np.float64), 0.3, 0.2, scale=3.0)
@@ -107,12 +109,12 @@ def test_e_step_handles_empty_documents():
 
 
 # -------------------------------------------------------------------------------- perplexity / fit
-def _serial_svi(problem: LDAProblem, steps: int, lr: float, seed: int = 0):
+def _serial_svi(problem: LDAProblem, steps: int, eta: float, seed: int = 0):
     lam = problem.init_params()
     rng = np.random.default_rng(seed)
     curve = [problem.loss(lam)]
     for i in range(steps):
-        lam = lam - np.float32(lr) * problem.stochastic_grad(lam, rng)
+        lam = lam - np.float32(eta) * problem.stochastic_grad(lam, rng)
         assert lam.min() > 0
         if (i + 1) % 10 == 0:
             curve.append(problem.loss(lam))
@@ -123,7 +125,7 @@ def test_svi_recovers_synthetic_topics_and_perplexity_decreases():
     # Seeded, so deterministic. SVI can land in a local optimum that merges two true topics (about a
     # third of the seeds at this size); seed 0 does not.
     problem = LDAProblem(n_topics=5, batch_size=64, synthetic=SMALL, seed=0)
-    lam, curve = _serial_svi(problem, steps=40, lr=0.5)
+    lam, curve = _serial_svi(problem, steps=40, eta=0.5)
     assert curve[-1] < 0.5 * curve[0]
     assert curve[-1] < min(curve[:2])
     cos = match_topics(problem.topics(lam), problem.true_topics)
@@ -152,11 +154,11 @@ def test_fit_lda_runs_dpsgd(tmp_path):
     cfg = LDAConfig(
         n_topics=5,
         workers=1,
-        threads=2,
+        processes=2,
         local_steps=2,
         master_batch=1,
         rho=1.0,
-        lr=0.3,
+        eta=0.3,
         global_updates=8,
         log_every=4,
         synthetic_docs=400,
@@ -171,6 +173,8 @@ def test_fit_lda_runs_dpsgd(tmp_path):
     assert len(out["top_words"]) == 5 and len(out["top_words"][0]) == 10
     assert len(out["topic_recovery"]) == 5
     assert out["bytes"]["total"] > 0
+    assert out["eta"] == 0.3 and "lr" not in out  # DPSGD's local rate, under its own name
+    assert out["config"]["processes"] == 2 and out["config"]["topic_prior"] is None
     assert time_to_target([(0.0, 0, 9.0), (1.5, 4, 5.0)], 6.0) == 1.5
     assert time_to_target([(0.0, 0, 9.0)], 6.0) is None
 
@@ -182,6 +186,17 @@ def test_lda_config_validates():
         LDAConfig(corpus="/no/such/file.txt")
     with pytest.raises(ValueError, match="heldout_fraction"):
         LDAConfig(heldout_fraction=1.0)
+    with pytest.raises(ValueError, match="topic_prior"):
+        LDAConfig(topic_prior=0.0)
+    with pytest.raises(ValueError, match=r"^LDAConfig\.processes must be an integer >= 1, got 0$"):
+        LDAConfig(processes=0)
+    # The DPSGD options are inherited (LDA's defaults), and all of them reach the DPSGD run.
+    cfg = LDAConfig(processes=2, eta_decay=0.7, eta_offset=5.0, rescale_from=(1, 1, 1), pull_codec="fp16")
+    assert (cfg.workers, cfg.eta, cfg.global_updates) == (1, 0.1, 200)
+    dcfg = cfg.dpsgd_config()
+    for f in dataclasses.fields(DPSGDOptions):
+        assert getattr(dcfg, f.name) == getattr(cfg, f.name), f.name
+    assert dcfg.problem_kwargs["topic_prior"] is None and dcfg.target_loss is None
 
 
 # ------------------------------------------------------------------------------------- corpora

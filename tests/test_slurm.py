@@ -182,6 +182,11 @@ def test_ray_flags_only_for_frugalrl_train():
         "frugalrl train ppo --ray-address h:1 --backend ray"
     assert command_line(["frugalrl", "train", "ppo", "--backend", "ray", "--ray-address=h:1"]) == \
         "frugalrl train ppo --backend ray --ray-address=h:1"
+    # HSA2C's workers are DPSGD's: placed by --transport
+    assert command_line(["python", "-m", "frugalrl", "train", "hsa2c"]) == \
+        'python -m frugalrl train hsa2c --transport ray --ray-address "$ray_address"'
+    assert command_line(["frugalrl", "train", "hsa2c", "--transport=local"]) == \
+        'frugalrl train hsa2c --transport=local --ray-address "$ray_address"'
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -23,6 +23,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ class ConfigPart:
             value = getattr(self, f.name)
             if allowed is not None and value not in allowed and not (value is None and _optional(hints[f.name])):
                 doc = field_docs(type(self)).get(f.name, "").split("\n")[0]
-                raise ValueError(f"{f.name} must be one of {', '.join(map(repr, allowed))}, got {value!r}"
+                raise ValueError(f"{type(self).__name__}.{f.name} must be one of {allowed!r}, got {value!r}"
                                  + (f" ({doc})" if doc else ""))
 
 
@@ -177,13 +178,9 @@ class ClusterConfig(ConfigPart):
 
 
 @dataclass(kw_only=True)
-class OptimConfig(ConfigPart):
-    """The learner's optimisation settings shared by the actor-critic algorithms."""
+class ActorCriticConfig(ConfigPart):
+    """The actor-critic loss every actor-critic algorithm has: discount, entropy and value weights, clipping."""
 
-    learning_rate: float = 2.5e-4
-    """Adam step size."""
-    anneal_lr: bool = True
-    """Anneal the step size linearly to 0 over the run."""
     gamma: float = 0.99
     """Discount factor."""
     ent_coef: float = 0.01
@@ -194,10 +191,24 @@ class OptimConfig(ConfigPart):
     """Gradient norm clip (0: none)."""
 
     def validate(self) -> None:
+        """Check the loss weights."""
+        super().validate()
+        check_fields(self, nonneg=("ent_coef", "vf_coef", "max_grad_norm"), unit=("gamma",))
+
+
+@dataclass(kw_only=True)
+class OptimConfig(ActorCriticConfig):
+    """The learner's Adam optimiser (PPO, IMPALA, pipeline PPO), on top of the actor-critic loss."""
+
+    learning_rate: float = 2.5e-4
+    """Adam step size."""
+    anneal_lr: bool = True
+    """Anneal the step size linearly to 0 over the run."""
+
+    def validate(self) -> None:
         """Check the optimisation fields."""
         super().validate()
-        check_fields(self, positive=("learning_rate",), nonneg=("ent_coef", "vf_coef", "max_grad_norm"),
-                     unit=("gamma",))
+        check_fields(self, positive=("learning_rate",))
 
     def lr_at(self, update: int, num_updates: int) -> float:
         """The step size of update ``update`` (1-based) of ``num_updates``."""
@@ -217,7 +228,7 @@ def field_docs(cls: type) -> dict[str, str]:
         if not dataclasses.is_dataclass(klass):
             continue
         try:
-            tree = ast.parse(inspect.getsource(klass))
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         except (OSError, TypeError):
             continue
         body = tree.body[0].body  # type: ignore[attr-defined]

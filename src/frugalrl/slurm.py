@@ -12,7 +12,8 @@ The script follows the usual Ray-on-Slurm pattern (one task per node):
    --address="$head_ip:6379" --block &`` (skipped when N == 1);
 4. waits (a ``python3`` snippet polling ``ray.nodes()``, bounded by ``--ray-wait``) until N nodes are alive;
 5. runs the command in the batch step (on the head node); a ``frugalrl train`` command gets
-   ``--backend ray --ray-address "$head_ip:6379"`` appended unless it already passes them;
+   ``--backend ray --ray-address "$head_ip:6379"`` appended unless it already passes them (``--transport ray``
+   for ``train hsa2c``, whose DPSGD workers are placed by their transport);
 6. on exit (success, failure or ``scancel``) stops Ray on every node (``srun --overlap ... ray stop``)
    and ends the background ``srun`` steps. The script exits with the command's status.
 
@@ -135,12 +136,24 @@ def _passes(command: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in command)
 
 
+_RAY_FLAG = {"hsa2c": "--transport"}
+"""The flag that puts an algorithm's workers on Ray, where it is not ``--backend`` (ClusterEnv's): DPSGD's
+``--transport`` for the algorithms built on DPSGD."""
+
+
+def _ray_flag(command: list[str]) -> str:
+    """``--backend``, or the algorithm's own flag (:data:`_RAY_FLAG`) for ``frugalrl train ALGO``."""
+    algo = command[command.index("train") + 1] if command.index("train") + 1 < len(command) else ""
+    return _RAY_FLAG.get(algo, "--backend")
+
+
 def command_line(command: list[str]) -> str:
     """The shell line that runs ``command``: every argument quoted, plus the Ray flags for ``frugalrl train``."""
     line = shlex.join(command)
     if is_frugalrl_train(command):
-        if not _passes(command, "--backend"):
-            line += " --backend ray"
+        flag = _ray_flag(command)
+        if not _passes(command, flag):
+            line += f" {flag} ray"
         if not _passes(command, "--ray-address"):
             line += ' --ray-address "$ray_address"'
     return line

@@ -391,9 +391,23 @@ class Training:
         every = self.cfg.checkpoint_every
         return bool(every) and (self.updates + 1) % every == 0
 
-    def log(self, row: dict[str, Any], step: int | None = None) -> None:
+    def log(self, row: dict[str, Any], step: int | None = None, seconds: float | None = None) -> None:
         """Log an extra row (a fault, a monitor event) at ``step`` (default: the current env step)."""
-        self.run.log(self.env_steps if step is None else step, self.seconds(), row)
+        self.run.log(self.env_steps if step is None else step, self.seconds() if seconds is None else seconds, row)
+
+    def set_totals(self, env_steps: int, updates: int, seconds: float | None = None) -> None:
+        """Set the counters of a run whose loop is not :meth:`update`'s (HSA2C's asynchronous server);
+        ``seconds``: the training seconds so far, where the algorithm measures them itself."""
+        self.env_steps, self.updates = int(env_steps), int(updates)
+        if seconds is not None:
+            self._past_seconds = seconds + self._eval_seconds - (time.monotonic() - self._t0)
+
+    def progress_to(self, step: int) -> None:
+        """Move the progress bar to ``step`` env steps (for loops that do not call :meth:`update`)."""
+        if self._bar is not None:
+            if self._last_eval is not None:
+                self._bar.set_postfix({"eval": f"{self._last_eval.mean:.1f}"}, refresh=False)
+            self._bar.update(max(0, int(step) - self._bar.n))
 
     def evaluate(self) -> Evaluation:
         """Evaluate now (timed apart from training), record it, and stop if it reaches the target."""
@@ -406,14 +420,15 @@ class Training:
         self.record_eval(result, self.env_steps, seconds)
         return result
 
-    def record_eval(self, result: Evaluation, step: int, seconds: float) -> None:
-        """Record an evaluation made elsewhere (HSA2C's server-side ones); stop at the target."""
+    def record_eval(self, result: Evaluation, step: int, seconds: float, **extra: Any) -> None:
+        """Record an evaluation made elsewhere (HSA2C's server-side ones); stop at the target.
+        ``extra`` (e.g. ``global_update``) goes into the history entry and ``time_to_target``."""
         self._last_eval = result
         self.eval_history.append({"step": int(step), "seconds": round(seconds, 3), "mean": result.mean,
-                                  "std": result.std})
+                                  "std": result.std, **extra})
         target = self.cfg.target_return
         if target is not None and result.mean >= target and self.time_to_target is None:
-            self.time_to_target = {"step": int(step), "seconds": round(seconds, 3)}
+            self.time_to_target = {"step": int(step), "seconds": round(seconds, 3), **extra}
             self.stopped = True
             self.stop_reason = "target_return"
 
@@ -446,9 +461,10 @@ class Training:
 
     # ------------------------------------------------------------------ the end
     def finish(self, details: dict[str, Any] | None = None, traffic: dict[str, Any] | None = None,
-               final_eval: bool = True) -> dict[str, Any]:
-        """Final evaluation (unless the run stopped at its target with one), final checkpoint, summary.json
-        and plots; returns the summary as a dict.
+               always_evaluate: bool = False) -> dict[str, Any]:
+        """Final evaluation (unless an evaluation was made at the last step, e.g. the one that reached the
+        target; ``always_evaluate`` makes one anyway), final checkpoint, summary.json and plots; returns the
+        summary as a dict.
 
         ``traffic``: ``bytes``, ``weight_syncs`` and ``restarts`` (see :func:`cluster_traffic`).
         """
@@ -458,8 +474,10 @@ class Training:
         cfg = self.cfg
         last = self._last_eval
         at_end = bool(self.eval_history) and self.eval_history[-1]["step"] == self.env_steps
-        if final_eval and self._evaluate is not None and cfg.eval_episodes > 0 and not at_end:
+        if self._evaluate is not None and cfg.eval_episodes > 0 and (always_evaluate or not at_end):
+            reason = self.stop_reason
             last = self.evaluate()
+            self.stop_reason = reason  # the run stopped for its own reason, whatever this evaluation says
             self.run.log(self.env_steps, self.seconds(), {"eval/return_mean": last.mean, "eval/return_std": last.std})
         self.save()
         seconds = self.seconds()

@@ -14,7 +14,7 @@ A2C is cast as a DPSGD *problem* (:class:`A2CProblem`) and handed to :func:`frug
 
 The synchronous distributed A2C of Adamski et al. (DDRL A3C, the paper's ``B = 1`` baseline) is the
 same code with ``synchronous=True, local_steps=1, master_batch=workers``
-(:meth:`HSA2CConfig.as_synchronous_baseline`).
+(:meth:`HSA2CConfig.as_synchronous_baseline`, DPSGD's own).
 
 Choices and differences from the paper, and why:
 
@@ -30,39 +30,44 @@ Choices and differences from the paper, and why:
   than ``3e-3``); ``grad_scaling="none"`` gives plain SGD (``η`` about ``0.02``-``0.03`` on CartPole
   with clipping: it learns, but its greedy return oscillates more).
   The paper's master uses SGD with momentum 0.5; here the master is DPSGD's (no momentum, ``ρ``).
-- *Server-side loss*: :meth:`A2CProblem.loss` (called by the server every ``log_every`` global
+- *Server-side loss*: :meth:`A2CProblem.loss` (called by the server every ``eval_every`` global
   updates) is the negative mean return of ``log_eval_episodes`` greedy episodes on a separate
   evaluation env with fixed seeds, in the calling process. Training returns seen by workers never
   reach the server (DPSGD's wire carries only parameters and updates), so they are not reported.
-- *Stopping*: on ``global_updates``, ``time_limit_s``, or the first logged greedy return at or above
+- *Stopping*: on ``global_updates`` (or the global updates that ``total_timesteps`` env steps take,
+  whichever is fewer), ``time_limit_s``, or the first logged greedy return at or above
   ``target_return`` (DPSGD's ``target_loss``); the summary reports when (seconds, global update, env
   steps) it was reached. Time to target counts from the end of worker startup, as in the paper's
   figures; with ``deferred_eval`` the returns are computed after the run and do not stop it.
+- *Run*: :class:`~frugalrl.training.Training` owns the run directory, the summary and the checkpoints
+  (the global weights, written on the ``checkpoint_every`` cadence as the server's losses are recorded).
+  A resumed run starts DPSGD again from the checkpoint's weights for the remaining global updates; the
+  Hogwild processes' RMSProp statistics and env states start anew.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from frugalrl import dists
-from frugalrl.config import check_fields
-from frugalrl.training import slug
+from frugalrl.config import ActorCriticConfig, RunConfig, check_fields
+from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
+from frugalrl.dpsgd.run import run_dpsgd
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.evaluation import evaluate
 from frugalrl.nets import make_agent
+from frugalrl.training import EVAL_SEED, Evaluation, Training
 
 PROBLEM = "frugalrl.algos.hsa2c:make_a2c_problem"
 """The DPSGD problem factory every HSA2C process builds its :class:`A2CProblem` from."""
 
-GRAD_SCALINGS = ("rmsprop", "none")
 
 
 # ------------------------------------------------------------------------------------ the problem
@@ -92,10 +97,9 @@ class A2CProblem:
         seed: int = 0,
         log_eval_episodes: int = 1,
         eval_max_steps: int = 1000,
-        progress: bool = False,
     ) -> None:
-        if grad_scaling not in GRAD_SCALINGS:
-            raise ValueError(f"grad_scaling must be one of {GRAD_SCALINGS}, got {grad_scaling!r}")
+        if grad_scaling not in ("rmsprop", "none"):
+            raise ValueError(f"grad_scaling must be 'rmsprop' or 'none', got {grad_scaling!r}")
         self.env_spec: EnvSpec = to_env_spec(env, env_kwargs)
         self.m = int(envs)
         self.k = int(k)
@@ -109,7 +113,6 @@ class A2CProblem:
         self.seed = int(seed)
         self.log_eval_episodes = int(log_eval_episodes)
         self.eval_max_steps = int(eval_max_steps)
-        self.progress = bool(progress)
         probe = self.env_spec.make()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         probe.close()
@@ -129,7 +132,6 @@ class A2CProblem:
         self.gradients = 0
         self.generator: torch.Generator | None = None
         self.square_avg: np.ndarray | None = None
-        self.t0 = time.monotonic()
 
     # -- the Problem interface
     def init_params(self) -> np.ndarray:
@@ -222,14 +224,7 @@ class A2CProblem:
     def loss(self, params: np.ndarray) -> float:
         """Negative mean return of ``log_eval_episodes`` greedy episodes (fixed seeds) at ``params``."""
         self.load(params)
-        mean = self.evaluate(self.log_eval_episodes)
-        if self.progress:
-            print(
-                f"[hsa2c] {time.monotonic() - self.t0:7.1f} s  greedy return {mean:8.1f}",
-                file=sys.stderr,
-                flush=True,
-            )
-        return -mean
+        return -self.evaluate(self.log_eval_episodes)
 
     # -- helpers
     def _start_envs(self, rng: np.random.Generator) -> None:
@@ -256,118 +251,70 @@ def make_a2c_problem(**kwargs: Any) -> A2CProblem:
 
 
 # ------------------------------------------------------------------------------------ the config
-@dataclass
-class HSA2CConfig:
-    """Every knob of an HSA2C run (the paper's symbols in brackets). Field names are the CLI flags."""
+@dataclass(kw_only=True)
+class HSA2CConfig(ActorCriticConfig, RunConfig, DPSGDOptions):
+    """Every knob of an HSA2C run (the paper's symbols in brackets). Field names are the CLI flags.
 
-    env: str = "CartPole-v1"
-    """Gymnasium id or 'module:function' env factory (flat observations: an MLP actor-critic)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for the env (JSON on the CLI)."""
-    seed: int = 1
-    """Seed of the initial weights and of every process's envs and action sampling."""
-    workers: int = 2
-    """Worker processes (nW)."""
-    threads: int = 1
-    """Lock-free Hogwild processes per worker (p), each with its own ``envs_per_process`` envs."""
+    The DPSGD options (workers, processes, local steps, master batch, rates, stopping, codecs,
+    transport) are :class:`~frugalrl.dpsgd.config.DPSGDOptions`' own, the run's (env, seed, budget,
+    evaluation, checkpoints, output) :class:`~frugalrl.config.RunConfig`'s; HSA2C changes some defaults.
+    Its local rate ``eta`` is an RMSProp step size with ``grad_scaling='rmsprop'`` (1e-3 on CartPole), an
+    SGD one with 'none' (0.02-0.03 on CartPole); each Hogwild process has its own ``envs_per_process``
+    envs; ``local_steps=1`` with ``synchronous`` is the DDRL A3C baseline; ``eval_every`` counts global
+    updates (DPSGD's ``log_every``).
+    """
+
     local_steps: int = 10
-    """Local steps of each Hogwild process per pull (B); 1 with ``synchronous`` is the DDRL A3C baseline."""
-    master_batch: int = 1
-    """Update vectors the master collects per global update (M)."""
-    rho: float = 1.0
-    """Global learning rate (ρ)."""
     eta: float = 1e-3
-    """Local learning rate (η): an RMSProp step size with ``grad_scaling='rmsprop'`` (1e-3 on CartPole),
-    an SGD one with 'none' (0.02-0.03 on CartPole)."""
+    global_updates: int | None = 300
+    eval_every: int = 20
     k: int = 5
     """Steps rolled per env per gradient (k-step bootstrapped returns)."""
     envs_per_process: int = 8
     """Environments per Hogwild process: the local mini-batch (m); a gradient costs k × m env steps."""
-    gamma: float = 0.99
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    """Gradient norm clip of each local step (0: none)."""
-    grad_scaling: str = "rmsprop"
+    grad_scaling: Literal["rmsprop", "none"] = "rmsprop"
     """'rmsprop': divide each gradient by its per-process running RMS; 'none': plain SGD steps."""
     rms_alpha: float = 0.99
     """Decay of the RMSProp running mean of squared gradients."""
     rms_eps: float = 1e-5
+    """ε of the RMSProp denominator."""
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     """Widths of the actor's and the critic's hidden layers."""
-    global_updates: int | None = 300
-    """Stop after this many global updates (T); None: only ``time_limit_s`` stops the run."""
-    time_limit_s: float | None = None
-    """Stop after this many seconds of training (worker startup excluded)."""
-    target_return: float | None = None
-    """Stop once a logged greedy return reaches this (``time_to_target`` says when)."""
-    deferred_eval: bool = False
-    """Evaluate the logged parameters after the run, so that evaluation takes no CPU from the workers
-    (for timing on few cores); the run then does not stop at ``target_return``."""
-    synchronous: bool = False
-    """Synchronous master: each global update takes one update from every worker, all from the same θ
-    (needs ``master_batch == workers``)."""
-    update_codec: str = "fp32"
-    """Wire codec of the pushed update vectors: fp32, bf16 or fp16."""
-    pull_codec: str = "fp32"
-    """Wire codec of the pulled global parameters: fp32, bf16 or fp16."""
-    log_every: int = 20
-    """Evaluate (greedy, on the master) every this many global updates (0: only at the start and end)."""
     log_eval_episodes: int = 1
-    """Greedy episodes of each periodic evaluation."""
-    eval_episodes: int = 10
-    """Greedy episodes of the final evaluation of the returned parameters."""
+    """Greedy episodes of each periodic evaluation (the server-side loss)."""
     eval_max_steps: int = 1000
     """Step cap of an evaluation episode."""
-    worker_timeout_s: float | None = 300.0
-    """A worker silent for this long is declared hung; None: wait forever."""
-    backend: str = "local"
-    """Where the workers run: ``local`` processes, or ``ray`` actors (possibly on other machines)."""
-    ray_address: str | None = None
-    """``backend="ray"``: the Ray cluster to join (``"auto"``, ``"host:port"``); None: a local one."""
-    run_dir: str = "runs"
-    run_name: str | None = None
-    progress: bool = True
-    """Print each periodic evaluation to stderr."""
-    tensorboard: bool = True
-    plots: bool = True
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field.
 
-        The HSA2C fields are checked here; the DPSGD ones (workers, threads, local_steps, master_batch,
-        rho, eta, seed, log_every, stopping, codecs, synchronous, worker_timeout_s) by
-        :meth:`DPSGDConfig.validate <frugalrl.dpsgd.DPSGDConfig.validate>` via :meth:`dpsgd_config`.
+        The run and HSA2C fields are checked here, the DPSGD options by
+        :meth:`~frugalrl.dpsgd.config.DPSGDOptions.validate_options` (``"HSA2CConfig.workers must be ..."``),
+        the rest of the DPSGD run by :meth:`dpsgd_config`.
         """
-        check_fields(
-            self,
-            positive_ints=("k", "envs_per_process", "log_eval_episodes", "eval_max_steps"),
-            positive=("rms_eps",),
-            nonneg=("ent_coef", "vf_coef", "max_grad_norm"),
-            unit=("gamma", "rms_alpha"),
-        )
-        if (
-            isinstance(self.eval_episodes, bool)
-            or not isinstance(self.eval_episodes, int)
-            or self.eval_episodes < 0
-        ):
-            raise ValueError(f"eval_episodes must be an integer >= 0, got {self.eval_episodes!r}")
-        if self.grad_scaling not in GRAD_SCALINGS:
-            raise ValueError(f"grad_scaling must be one of {GRAD_SCALINGS}, got {self.grad_scaling!r}")
-        if not self.hidden or any(
-            isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden
-        ):
+        super().validate()
+        check_fields(self, positive_ints=("k", "envs_per_process", "log_eval_episodes", "eval_max_steps"),
+                     positive=("rms_eps",), unit=("rms_alpha",))
+        if not self.hidden or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden):
             raise ValueError(f"hidden must list positive widths, got {self.hidden!r}")
+        self.validate_options()
         self.dpsgd_config()
-
-    def as_synchronous_baseline(self) -> HSA2CConfig:
-        """This config as the paper's B = 1 baseline (DDRL A3C): synchronous, ``B = 1``, ``M = workers``."""
-        return replace(self, synchronous=True, local_steps=1, master_batch=self.workers)
 
     @property
     def env_steps_per_gradient(self) -> int:
         """Env steps behind one local gradient (k × m)."""
         return self.k * self.envs_per_process
+
+    @property
+    def env_steps_per_update(self) -> int:
+        """Env steps a global update stands for: M updates of B·p gradients of k × m steps."""
+        return self.master_batch * self.local_steps * self.processes * self.env_steps_per_gradient
+
+    @property
+    def budget_updates(self) -> int | None:
+        """Global updates of the run: ``global_updates`` or ``total_timesteps`` worth of them, the fewer."""
+        by_steps = math.ceil(self.total_timesteps / self.env_steps_per_update)
+        return by_steps if self.global_updates is None else min(self.global_updates, by_steps)
 
     def problem_kwargs(self) -> dict[str, Any]:
         """JSON keyword arguments of :func:`make_a2c_problem` (every process builds its problem from them)."""
@@ -387,127 +334,97 @@ class HSA2CConfig:
             "seed": self.seed,
             "log_eval_episodes": self.log_eval_episodes,
             "eval_max_steps": self.eval_max_steps,
-            "progress": self.progress,
         }
 
-    def dpsgd_config(self) -> Any:
-        """The :class:`~frugalrl.dpsgd.DPSGDConfig` this run is."""
-        from frugalrl.dpsgd import DPSGDConfig
-
+    def dpsgd_config(self, done_updates: int = 0) -> DPSGDConfig:
+        """The :class:`~frugalrl.dpsgd.config.DPSGDConfig` this run is: the inherited options, the A2C problem
+        (``done_updates``: global updates an earlier segment of a resumed run made)."""
+        budget = self.budget_updates
         return DPSGDConfig(
+            **{**self.options(), "global_updates": None if budget is None else max(1, budget - done_updates)},
             problem=PROBLEM,
             problem_kwargs=self.problem_kwargs(),
-            workers=self.workers,
-            threads=self.threads,
-            local_steps=self.local_steps,
-            master_batch=self.master_batch,
-            rho=self.rho,
-            eta=self.eta,
-            global_updates=self.global_updates,
-            time_limit_s=self.time_limit_s,
-            update_codec=self.update_codec,
-            pull_codec=self.pull_codec,
-            synchronous=self.synchronous,
-            seed=self.seed,
-            log_every=self.log_every,
+            seed=self.seed + done_updates,
+            log_every=self.eval_every,
             target_loss=None if self.target_return is None else -float(self.target_return),
-            deferred_eval=self.deferred_eval,
-            worker_timeout_s=self.worker_timeout_s,
-            backend=self.backend,
-            ray_address=self.ray_address,
         )
 
 
 # ------------------------------------------------------------------------------------ training
-def train(cfg: HSA2CConfig) -> dict[str, Any]:
+def train(cfg: HSA2CConfig, resume: str | Path | None = None) -> dict[str, Any]:
     """Train HSA2C as ``cfg`` says (DPSGD on :class:`A2CProblem`); write the run directory; return the summary.
 
-    Summary keys: ``algo`` ("hsa2c"), ``env_id``, ``seed``, ``env_steps`` (gradients × k × m),
-    ``gradients``, ``global_updates``, ``wall_seconds`` (training, worker startup excluded),
-    ``startup_seconds``, ``steps_per_second``, ``eval_return_mean``/``eval_return_std`` (greedy
-    episodes of the final parameters, here), ``eval_history`` (the master's periodic greedy returns),
-    ``target_return`` and ``time_to_target`` (``{seconds, global_update, env_steps}`` or None),
-    ``bytes`` (``total`` and by kind, plus ``up``/``down``), ``bytes_per_update`` (total bytes per
-    global update), ``weight_syncs`` (pulls), ``pushes``, ``staleness``, ``stop_reason``, ``run_dir``.
+    ``env_steps`` are gradients × k × m (exact); the steps of the ``eval_history`` are global updates ×
+    :attr:`HSA2CConfig.env_steps_per_update` (each entry also names its ``global_update``). ``details``:
+    ``gradients``, ``global_updates``, ``startup_seconds``, ``bytes_per_update``, ``pushes``,
+    ``applied_updates``, ``dropped_updates``, ``staleness``, ``dpsgd_stop_reason``, the parallelism and the
+    rates as used. ``train_seconds`` are DPSGD's optimisation seconds (worker startup excluded).
     Raises ``ValueError`` for a bad config, :class:`~frugalrl.dpsgd.DPSGDError` if a worker fails.
     """
-    from frugalrl.dpsgd import run_dpsgd
-    from frugalrl.runs import Run
-
-    cfg.validate()
+    run = Training("hsa2c", cfg, tag=f"B{cfg.local_steps}", resume=resume)
     env_spec = to_env_spec(cfg.env, cfg.env_kwargs)  # fails here, with the env's name, if unknown
-    dcfg = cfg.dpsgd_config()
-    name = cfg.run_name or (
-        f"hsa2c-{slug(env_spec.describe().split(':')[-1])}-B{cfg.local_steps}-s{cfg.seed}-"
-        f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    )
-    cfg = replace(cfg, run_name=name)
-    run = Run(cfg.run_dir, name, {**asdict(cfg), "algo": "hsa2c"}, tensorboard=cfg.tensorboard)
-    problem = A2CProblem(**cfg.problem_kwargs())  # scores the logged weights, then the final ones
-    try:
-        out = run_dpsgd(dcfg, problem)
-    except BaseException:
-        run.finish({"algo": "hsa2c", "env_id": cfg.env, "seed": cfg.seed, "failed": True}, plots=False)
-        raise
-
-    per_update = cfg.master_batch * cfg.local_steps * cfg.threads * cfg.env_steps_per_gradient
-    history = []
-    for seconds, version, loss in out["loss_curve"]:
-        ret = -float(loss)
-        steps = version * per_update  # estimate: each global update applies M updates of B·p gradients
-        history.append({"step": steps, "seconds": round(seconds, 3), "global_update": version, "mean": ret})
-        run.log(steps, {"eval/return_mean": ret, "global_update": version, "wall_seconds": seconds})
-
-    reached = out["target"]  # DPSGD's first logged loss at or below -target_return
-    problem.load(out["params"])
+    problem = A2CProblem(**cfg.problem_kwargs())  # scores the recorded weights, then the final ones
     agent = problem.agent
-    if cfg.eval_episodes > 0:
-        eval_mean, eval_std, _ = evaluate(
-            agent, env_spec, cfg.eval_episodes, seed=10_000 + cfg.seed, max_steps=cfg.eval_max_steps
-        )
-    else:
-        eval_mean, eval_std = history[-1]["mean"], 0.0
+
+    def final_evaluation() -> Evaluation:
+        mean, std, _ = evaluate(agent, env_spec, cfg.eval_episodes, seed=EVAL_SEED + cfg.seed,
+                                max_steps=cfg.eval_max_steps)
+        return Evaluation(mean, std, cfg.eval_episodes)
+
+    run.attach(agent=agent)
+    budget = cfg.budget_updates
+    per_update = cfg.env_steps_per_update
+    run.begin(final_evaluation, (budget or 0) * per_update)
+    done = run.updates  # global updates of earlier segments (a resumed run)
+    steps0, seconds0 = run.env_steps, run.seconds()
+    last_saved = done
+
+    def on_record(seconds: float, version: int, loss: float, params: np.ndarray) -> None:
+        nonlocal last_saved
+        update, step = done + version, steps0 + version * per_update  # steps: an estimate, see train()
+        if version == 0 and done:
+            return  # a resumed run's starting point was recorded by the segment before
+        run.record_eval(Evaluation(-loss, 0.0, cfg.log_eval_episodes), step, seconds0 + seconds,
+                        global_update=update)
+        run.log({"eval/return_mean": -loss, "global_update": update}, step=step, seconds=seconds0 + seconds)
+        run.progress_to(step)
+        every = cfg.checkpoint_every
+        if every and not cfg.deferred_eval and update // every > last_saved // every:
+            problem.load(params)
+            run.set_totals(step, update)
+            run.save()
+            last_saved = update
+
+    initial = torch.nn.utils.parameters_to_vector(agent.parameters()).detach().numpy() if done else None
+    out = run_dpsgd(cfg.dpsgd_config(done), problem, initial=initial, on_record=on_record)
+
+    problem.load(out["params"])
     gradients = int(out["gradient_steps"])
-    env_steps = gradients * cfg.env_steps_per_gradient
-    wall = float(out["wall_time_s"])
-    run.log(env_steps, {"eval/return_mean": eval_mean, "eval/return_std": eval_std})
-    run.save_checkpoint(agent, env_steps)
+    version = done + int(out["global_updates"])
+    run.set_totals(steps0 + gradients * cfg.env_steps_per_gradient, version, seconds=seconds0 + float(out["wall_time_s"]))
+    run.stop_reason = _STOP_REASONS.get(out["stop_reason"], out["stop_reason"])
     nbytes = out["bytes"]
-    version = int(out["global_updates"])
-    summary: dict[str, Any] = {
-        "algo": "hsa2c",
-        "env_id": cfg.env,
-        "seed": cfg.seed,
-        "env_steps": env_steps,
+    details = {
         "gradients": gradients,
         "global_updates": version,
-        "wall_seconds": round(wall, 3),
         "startup_seconds": round(float(out["startup_s"]), 3),
-        "steps_per_second": round(env_steps / max(wall, 1e-9), 1),
-        "eval_return_mean": eval_mean,
-        "eval_return_std": eval_std,
-        "eval_history": history,
-        "target_return": cfg.target_return,
-        "time_to_target": None if reached is None else {
-            "seconds": round(reached["seconds"], 3),
-            "global_update": reached["global_update"],
-            "env_steps": reached["global_update"] * per_update,
-        },
-        "bytes": nbytes,
-        "bytes_per_update": nbytes.get("total", 0) / max(version, 1),
-        "weight_syncs": {"total": int(out["pulls"]), "per_worker": []},
+        "bytes_per_update": nbytes.get("total", 0) / max(int(out["global_updates"]), 1),
         "pushes": int(out["pushes"]),
         "applied_updates": int(out["applied_updates"]),
         "dropped_updates": int(out["dropped_updates"]),
         "staleness": out["staleness"],
-        "stop_reason": out["stop_reason"],
+        "dpsgd_stop_reason": out["stop_reason"],
         "synchronous": cfg.synchronous,
         "workers": cfg.workers,
-        "threads": cfg.threads,
+        "processes": cfg.processes,
         "local_steps": cfg.local_steps,
         "master_batch": cfg.master_batch,
         "rho": out["rho"],
         "eta": out["eta"],
-        "run_dir": str(run.dir),
     }
-    return run.finish(summary, plots=cfg.plots)
+    traffic = {"bytes": nbytes, "weight_syncs": {"total": int(out["pulls"]), "per_worker": []}}
+    return run.finish(details, traffic=traffic, always_evaluate=True)
+
+
+_STOP_REASONS = {"global_updates": "budget", "target_loss": "target_return"}
+"""DPSGD's stop reasons in the run summary's words."""

@@ -6,11 +6,13 @@ float32). SVI (Hoffman, Blei, Wang & Paisley 2013, Alg. 1 and Sec. 4) samples a 
 
     λ̂ = η + (D / |G|) Σ_{d∈G} Σ_w n_dw φ_dw                                     (paper eq. 52)
 
+(``η`` here is LDA's topic prior, ``topic_prior`` in the code; the paper writes it ζ.)
+
 and steps ``λ ← (1 − ρ_t) λ + ρ_t λ̂``. As a DPSGD :class:`~frugalrl.dpsgd.problems.Problem`,
 :class:`LDAProblem` returns the negative natural gradient ``λ − λ̂`` (App. 7, Alg. 4, line 9), so
-that the worker's step ``u ← u − η (u − λ̂)`` *is* the SVI step with rate ``η``, and the master's
-``v ← v + ρ Σ_m w_m`` combines ``M`` of them. The expectations are taken at ``max(λ, η_prior)``:
-``λ̂ ≥ η_prior`` always, so any convex combination stays above the prior, and a clamp only matters
+that the worker's step ``u ← u − η (u − λ̂)`` *is* the SVI step with DPSGD's local rate ``η``, and
+the master's ``v ← v + ρ Σ_m w_m`` combines ``M`` of them. The expectations are taken at
+``max(λ, topic_prior)``: ``λ̂ ≥ topic_prior`` always, so any convex combination stays above the prior, and a clamp only matters
 when aggressive rates (``ρ · η · M > 1``) or stale Hogwild reads overshoot.
 
 The loss is the held-out perplexity by *document completion* (Hoffman et al. 2013, Sec. 4.1): each
@@ -30,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
 from frugalrl.dpsgd.corpora import Corpus, load_corpus, synthetic_corpus
+from frugalrl.dpsgd.run import run_dpsgd
 
 PROBLEM = "frugalrl.dpsgd.lda:lda_problem"
 """The factory DPSGD workers build :class:`LDAProblem` from."""
@@ -198,7 +202,7 @@ class LDAProblem:
         corpus: str = "synthetic",
         n_topics: int = 10,
         alpha: float | None = None,
-        eta: float | None = None,
+        topic_prior: float | None = None,
         batch_size: int = 64,
         heldout_fraction: float = 0.1,
         heldout_max_docs: int = 200,
@@ -209,7 +213,7 @@ class LDAProblem:
     ) -> None:
         self.n_topics = int(n_topics)
         self.alpha = float(alpha) if alpha is not None else 1.0 / self.n_topics
-        self.eta = float(eta) if eta is not None else 1.0 / self.n_topics
+        self.topic_prior = float(topic_prior) if topic_prior is not None else 1.0 / self.n_topics
         self.batch_size = int(batch_size)
         self.e_step_iters = int(e_step_iters)
         self.e_step_tol = float(e_step_tol)
@@ -236,8 +240,8 @@ class LDAProblem:
         return self.n_topics, self.n_words
 
     def topics(self, params: np.ndarray) -> np.ndarray:
-        """``λ`` as a ``K × V`` float64 matrix, clamped at the prior ``η``."""
-        return np.maximum(np.asarray(params, dtype=np.float64).reshape(self.shape), self.eta)
+        """``λ`` as a ``K × V`` float64 matrix, clamped at the topic prior."""
+        return np.maximum(np.asarray(params, dtype=np.float64).reshape(self.shape), self.topic_prior)
 
     def init_params(self) -> np.ndarray:
         """``λ ~ Gamma(100, 1/100)`` elementwise (Hoffman's initialisation), seeded."""
@@ -260,7 +264,7 @@ class LDAProblem:
         elog = digamma(lam[:, words]) - digamma(lam.sum(axis=1, keepdims=True))
         _, s = e_step(local_batch, np.exp(elog), self.alpha, self.e_step_iters, self.e_step_tol, rng=rng)
         assert s is not None
-        out = np.full(self.shape, self.eta)
+        out = np.full(self.shape, self.topic_prior)
         out[:, words] += (self.train.n_docs / max(1, len(docs))) * s
         return out
 
@@ -298,48 +302,31 @@ def lda_problem(**kwargs: Any) -> LDAProblem:
 
 # ------------------------------------------------------------------------------------- the run
 @dataclass
-class LDAConfig:
-    """A DPSVI run of LDA (the paper's symbols in brackets; defaults suit the synthetic corpus)."""
+class LDAConfig(DPSGDOptions):
+    """A DPSVI run of LDA (the paper's symbols in brackets; defaults suit the synthetic corpus).
 
+    The DPSGD options are :class:`~frugalrl.dpsgd.config.DPSGDOptions`' own, with LDA's defaults. DPSGD's
+    local rate ``eta`` is the SVI step ``λ ← (1 − η) λ + η λ̂`` (with ``eta_decay`` and ``eta_offset``:
+    SVI's Robbins-Monro schedule, as scikit-learn's online LDA uses; 0: the paper's constant rate); keep
+    ``rho * eta * master_batch <= 1`` so that λ stays a convex combination. The Dirichlet prior on the
+    topics, often written η too, is ``topic_prior`` here.
+    """
+
+    workers: int = 1
+    eta: float = 0.1
+    global_updates: int | None = 200
     corpus: str = "synthetic"
     """``"synthetic"``, ``"reuters"`` (needs the ``lda`` package), or a UCI docword / ``.ldac`` file."""
     n_topics: int = 10
     """Number of topics (K); the paper uses 50."""
     alpha: float | None = None
     """Dirichlet prior on each document's topic proportions (α); None: 1/K."""
-    eta: float | None = None
-    """Dirichlet prior on each topic's word distribution (η of LDA, ζ of eq. 52); None: 1/K.
-    Not the learning rate: that is ``lr``."""
+    topic_prior: float | None = None
+    """η of LDA (ζ of eq. 52): the Dirichlet prior on each topic's word distribution; None: 1/K."""
     batch_size: int = 64
     """Documents per stochastic gradient (G of eq. 52; the paper uses 64)."""
-    workers: int = 1
-    """Worker processes (nW)."""
-    threads: int = 1
-    """Lock-free Hogwild processes per worker (p)."""
-    local_steps: int = 1
-    """SVI steps of each Hogwild process per pull (B)."""
-    master_batch: int = 1
-    """Updates collected by the server per global update (M)."""
-    rho: float = 1.0
-    """Global learning rate (ρ); keep ``rho * lr * master_batch <= 1`` so λ stays a convex combination."""
-    lr: float = 0.1
-    """Local learning rate (η of DPSGD): the SVI step ``λ ← (1 − lr) λ + lr λ̂``."""
-    lr_decay: float = 0.0
-    """κ of the decaying rate ``lr_t = lr (1 + t/lr_offset)^(−κ)`` (t: global updates; SVI's Robbins-Monro
-    schedule, as scikit-learn's online LDA uses); 0: the paper's constant rate."""
-    lr_offset: float = 10.0
-    """τ of that schedule, in global updates."""
-    rescale_from: tuple[int, int, int] | None = None
-    """``(p, B, M)`` that ``rho`` and ``lr`` were tuned for; rescaled to this run's by eq. (13)."""
-    global_updates: int | None = 200
-    """Stop after this many global updates (T); None: only ``time_limit_s`` stops the run."""
-    time_limit_s: float | None = None
-    """Stop after this many seconds of optimisation (startup excluded)."""
     target_perplexity: float | None = None
     """Stop once the held-out perplexity reaches this (``time_to_target_s`` says when)."""
-    deferred_eval: bool = False
-    """Compute the logged perplexities after the run, so that they take no CPU from the workers (for
-    timing on few cores); the run then does not stop at ``target_perplexity``."""
     log_every: int = 10
     """Evaluate the held-out perplexity every this many global updates."""
     heldout_fraction: float = 0.1
@@ -361,24 +348,16 @@ class LDAConfig:
     synthetic_alpha: float = 0.1
     """Synthetic corpus: true α of the generating model."""
     synthetic_eta: float = 0.05
-    """Synthetic corpus: true η of the generating model."""
+    """Synthetic corpus: true η (topic prior) of the generating model."""
     top_words: int = 10
     """Words listed per topic in the summary."""
-    update_codec: str = "fp32"
-    """Wire codec of the pushed updates: fp32, bf16 or fp16."""
-    worker_timeout_s: float | None = 300.0
-    """A worker silent for this long is declared hung."""
-    backend: str = "local"
-    """Where the workers run: ``local`` processes, or ``ray`` actors (possibly on other machines)."""
-    ray_address: str | None = None
-    """``backend="ray"``: the Ray cluster to join (``"auto"``, ``"host:port"``); None: a local one."""
 
     def __post_init__(self) -> None:
         for name in ("n_topics", "batch_size", "heldout_max_docs", "e_step_iters", "top_words"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"LDAConfig.{name} must be an integer >= 1, got {value!r}")
-        for name in ("alpha", "eta", "target_perplexity"):
+        for name in ("alpha", "topic_prior", "target_perplexity"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"LDAConfig.{name} must be a number > 0 or None, got {value!r}")
@@ -386,6 +365,7 @@ class LDAConfig:
             raise ValueError(f"LDAConfig.heldout_fraction must lie in (0, 1), got {self.heldout_fraction!r}")
         if self.corpus not in ("synthetic", "reuters") and not os.path.exists(self.corpus):
             raise ValueError(f"LDAConfig.corpus: no file {self.corpus!r} (or use 'synthetic' / 'reuters')")
+        self.validate_options()
 
     def problem_kwargs(self) -> dict[str, Any]:
         """The JSON arguments of :func:`lda_problem`."""
@@ -394,7 +374,7 @@ class LDAConfig:
             "corpus": corpus,
             "n_topics": self.n_topics,
             "alpha": self.alpha,
-            "eta": self.eta,
+            "topic_prior": self.topic_prior,
             "batch_size": self.batch_size,
             "heldout_fraction": self.heldout_fraction,
             "heldout_max_docs": self.heldout_max_docs,
@@ -410,32 +390,15 @@ class LDAConfig:
             },
         }
 
-    def dpsgd_config(self) -> Any:
-        """The :class:`~frugalrl.dpsgd.optimizer.DPSGDConfig` of this run."""
-        from frugalrl.dpsgd.optimizer import DPSGDConfig  # noqa: PLC0415 - keeps this module light
-
+    def dpsgd_config(self) -> DPSGDConfig:
+        """The :class:`~frugalrl.dpsgd.config.DPSGDConfig` of this run: the inherited options, the LDA problem."""
         return DPSGDConfig(
+            **self.options(),
             problem=PROBLEM,
             problem_kwargs=self.problem_kwargs(),
-            workers=self.workers,
-            threads=self.threads,
-            local_steps=self.local_steps,
-            master_batch=self.master_batch,
-            rho=self.rho,
-            eta=self.lr,
-            eta_decay=self.lr_decay,
-            eta_offset=self.lr_offset,
-            global_updates=self.global_updates,
-            time_limit_s=self.time_limit_s,
-            update_codec=self.update_codec,
-            rescale_from=tuple(self.rescale_from) if self.rescale_from is not None else None,
             seed=self.seed,
             log_every=self.log_every,
             target_loss=self.target_perplexity,
-            deferred_eval=self.deferred_eval,
-            worker_timeout_s=self.worker_timeout_s,
-            backend=self.backend,
-            ray_address=self.ray_address,
         )
 
 
@@ -447,7 +410,7 @@ def time_to_target(curve: list[tuple[float, int, float]], target: float | None) 
 
 
 def fit_lda(cfg: LDAConfig) -> dict[str, Any]:
-    """Fit LDA by DPSVI (:func:`~frugalrl.dpsgd.optimizer.run_dpsgd` on :class:`LDAProblem`).
+    """Fit LDA by DPSVI (:func:`~frugalrl.dpsgd.run.run_dpsgd` on :class:`LDAProblem`).
 
     Returns the DPSGD summary's counters plus: ``perplexity_curve`` ``[(seconds, update,
     perplexity)]``, ``final_perplexity``, ``initial_perplexity``, ``time_to_target_s`` (None if not
@@ -455,8 +418,6 @@ def fit_lda(cfg: LDAConfig) -> dict[str, Any]:
     (``docs``, ``train_docs``, ``heldout_docs``, ``vocab``, ``tokens``), ``topic_recovery`` (synthetic
     only: the matched cosine of each true topic, see :func:`match_topics`) and ``config``.
     """
-    from frugalrl.dpsgd.optimizer import run_dpsgd  # noqa: PLC0415 - keeps this module light
-
     dcfg = cfg.dpsgd_config()
     problem = LDAProblem(**dcfg.problem_kwargs)
     summary = run_dpsgd(dcfg, problem)  # one corpus load in this process
@@ -500,5 +461,4 @@ def fit_lda(cfg: LDAConfig) -> dict[str, Any]:
         "eta",
     ):
         out[key] = summary[key]
-    out["lr"] = out.pop("eta")
     return out

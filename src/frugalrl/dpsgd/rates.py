@@ -1,6 +1,6 @@
 """Learning-rate rescaling of DPSGD (seed paper 002, Corollary 1 and eq. 13).
 
-When the amount of parallelism changes, from ``p`` threads, ``B`` local steps and a master batch of
+When the amount of parallelism changes, from ``p`` Hogwild processes, ``B`` local steps and a master batch of
 ``M`` updates to ``p'``, ``B'`` and ``M'``, the paper keeps the convergence bound by scaling both the
 global rate ``ρ`` and the local rate ``η`` with the fourth root of the ratio::
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 Parallelism = tuple[int, int, int]
-"""``(p, B, M)``: threads per worker, local steps per thread, master batch."""
+"""``(p, B, M)``: Hogwild processes per worker, local steps per process, master batch."""
 
 
 def _check_parallelism(value: Parallelism, name: str) -> tuple[int, int, int]:

@@ -1,15 +1,15 @@
 """The Ray transport of DPSGD: one Ray actor per worker, possibly on other machines of a Ray cluster.
 
 Design. The :class:`~frugalrl.dpsgd.server.ParameterServer` stays in the calling process, where
-:func:`~frugalrl.dpsgd.optimizer.run_dpsgd` builds it and polls it (``wait``, ``drain_snapshots``,
+:func:`~frugalrl.dpsgd.run.run_dpsgd` builds it and polls it (``wait``, ``drain_snapshots``,
 ``failure``, ``stop``, ``snapshot``...), exactly as with the local transport. A Ray actor cannot call
 a plain driver process back, and putting the server itself in an actor would mean proxying every one
 of those calls (and moving snapshots of ``v`` as extra traffic), so the calls go the other way: the
-head *drives* the workers. Each worker actor (:class:`_RayDPSGDWorker`) builds a
+head *drives* the workers. Each worker actor (:class:`DPSGDActor`, on the common body of :mod:`frugalrl.ray_actor`) builds a
 :class:`~frugalrl.dpsgd.worker.DPSGDWorker` (with its ``p - 1`` Hogwild helper processes on the
 actor's node, sharing ``u`` through shared memory as in the local transport) and runs its unchanged
 ``run(exchange)`` loop in a thread of the actor. ``exchange`` hands the request to the actor's
-:meth:`_RayDPSGDWorker.exchange` method and waits for the reply: the head calls
+:meth:`DPSGDActor.exchange` method and waits for the reply: the head calls
 ``actor.exchange(reply) -> next request`` in one thread per worker, and answers each request with
 :meth:`ParameterServer.handle` (which may block in synchronous pulls, as with the local transport's
 connection threads). So every message is still one trip between a worker and the server, the server
@@ -18,42 +18,43 @@ is the one the caller holds, and the head is the master machine of the paper's s
 Ray only ever moves ``bytes`` of encoded :class:`~frugalrl.wire.Message` s
 (:func:`~frugalrl.wire.message.encode_message`): nothing of ours is pickled, the worker's config
 travels as a JSON message, and the head counts on the :class:`~frugalrl.wire.ByteMeter` the same
-logical bytes as the local transport (``config`` down and ``ready`` up at start, then pulls as
-``weights`` down, pushes as ``gradients`` up, headers and commands as ``control``).
+logical bytes as the local transport (``config`` down and ``ready`` up at start, the same handshake
+as a local child's, then pulls as ``weights`` down, pushes as ``gradients`` up, headers and commands as
+``control``): a run counts exactly the same bytes on both transports.
 
 Failures. A worker actor that dies (its process killed, ``os._exit``, its node lost) makes its
 pending ``exchange`` call fail with a Ray error at once, which goes to :meth:`ParameterServer.fail`
 naming the worker; so does a worker that sends nothing for ``worker_timeout`` seconds. A worker that
 cannot build its problem answers ``error`` at start: a ``ValueError`` of the worker comes back as
 ``ValueError("worker N could not start: ...")``, anything else as a
-:class:`~frugalrl.dpsgd.optimizer.DPSGDError`. :meth:`RayTransport.close` lets the workers finish
+:class:`~frugalrl.dpsgd.transport.DPSGDError`. :meth:`RayTransport.close` lets the workers finish
 their round (after a normal stop), closes their Hogwild helpers and kills every actor.
 
 Ray itself is :mod:`frugalrl.ray_session`, shared with ClusterEnv's Ray backend: an instance the user
 initialised is used and left running; otherwise ``ray_address`` joins an existing cluster (``"auto"`` or
 ``"host:port"``), and without it a private single-machine instance is started (no dashboard, a small
-object store); the last frugalrl user of either shuts it down (or disconnects). Actors are spread across nodes
-(``scheduling_strategy="SPREAD"``) and reserve ``num_cpus`` CPUs each (by default ``threads``, one
-per Hogwild process). The head's ``sys.path`` travels to the actors (and to their helpers), so
+object store); the last frugalrl user of either shuts it down (or disconnects). Actors are spread across
+nodes (``scheduling_strategy="SPREAD"``) and reserve ``num_cpus`` CPUs each (by default ``processes``,
+one per Hogwild process). The head's ``sys.path`` travels to the actors (and to their helpers), so
 problem factories in modules the head imports from a shared file system (tests, user code) import
 there too.
 """
 
 from __future__ import annotations
 
-import os
 import queue
-import sys
 import threading
 import time
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import RayActorError, RayError
 
 from frugalrl import ray_session
-from frugalrl.dpsgd.optimizer import DPSGDError, Transport
-from frugalrl.dpsgd.worker import DPSGDWorker, ServerGone, error_message
+from frugalrl.dpsgd.transport import DPSGDError, Transport
+from frugalrl.dpsgd.worker import DPSGDWorker
+from frugalrl.process import ParentGone, error_message
+from frugalrl.ray_actor import ActorBody, await_ready, first_line, kill_actor, start_actor
 from frugalrl.wire.message import Message, WireError, decode_message, encode_message
 from frugalrl.wire.meter import DOWN, UP
 
@@ -62,39 +63,22 @@ _POLL_S = 0.5  # how often a waiting head thread looks at the clock and at close
 
 
 # ---------------------------------------------------------------------------------------- the actor
-class _RayDPSGDWorker:
-    """The body of a worker actor (wrapped with ``ray.remote`` by :class:`RayTransport`).
-
-    Builds its :class:`DPSGDWorker` from the encoded ``config`` message and, on the first
-    :meth:`exchange`, runs its loop in a thread whose ``exchange`` is the pair of queues below.
-    """
+class DPSGDActor(ActorBody[DPSGDWorker]):
+    """The body of a worker actor: a :class:`DPSGDWorker` built from the config (see
+    :class:`~frugalrl.ray_actor.ActorBody`) whose loop, on the first :meth:`exchange`, runs in a thread
+    whose ``exchange`` is the pair of queues below."""
 
     def __init__(self, config: bytes, paths: list[str], startup_timeout: float) -> None:
-        # Modules the head can import (tests, the user's own) on a node that shares its file system;
-        # the Hogwild helpers inherit this path (child_env).
-        for p in reversed(paths):
-            if p not in sys.path and os.path.isdir(p):
-                sys.path.insert(0, p)
+        self.startup_timeout = startup_timeout
         self._requests: queue.Queue[bytes | None] = queue.Queue()  # worker -> head; None: loop ended
         self._replies: queue.Queue[bytes | None] = queue.Queue()  # head -> worker; None: closing
         self._closing = False
         self._thread: threading.Thread | None = None
-        self.worker: DPSGDWorker | None = None
-        self.error: bytes | None = None
-        try:
-            self.worker = DPSGDWorker(decode_message(config)[0].meta, startup_timeout)
-        except Exception as e:  # noqa: BLE001 - reported to the head by ready()
-            self.error = encode_message(error_message(e))[0]
+        super().__init__(config, paths)
 
-    def ready(self) -> bytes:
-        """``ready`` (with the pid), or the ``error`` the worker could not be built with."""
-        if self.error is not None:
-            return self.error
-        return encode_message(Message("ready", {"pid": os.getpid()}))[0]
-
-    def node(self) -> dict[str, str]:
-        """Ray node id and IP address of this actor."""
-        return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+    def build(self, config: dict[str, Any]) -> DPSGDWorker:
+        """The worker and its Hogwild helper processes (on this actor's node)."""
+        return DPSGDWorker(config, self.startup_timeout)
 
     def exchange(self, reply: bytes | None) -> bytes:
         """Give the worker the server's ``reply`` (None: start the loop) and return its next request
@@ -110,8 +94,10 @@ class _RayDPSGDWorker:
 
     def _run(self) -> None:
         try:
+            if self.worker is None:
+                raise RuntimeError("the worker could not be built")
             self.worker.run(self._exchange)
-        except ServerGone:
+        except ParentGone:
             pass
         except BaseException as e:  # noqa: BLE001 - the head fails the run with it
             self._requests.put(encode_message(error_message(e))[0])
@@ -121,11 +107,11 @@ class _RayDPSGDWorker:
     def _exchange(self, msg: Message) -> Message:
         """The worker's ``exchange``: hand ``msg`` to the head's pending call, wait for the reply."""
         if self._closing:
-            raise ServerGone("the transport is closing")
+            raise ParentGone("the transport is closing")
         self._requests.put(encode_message(msg)[0])
         reply = self._replies.get()
         if reply is None:
-            raise ServerGone("the transport is closing")
+            raise ParentGone("the transport is closing")
         return decode_message(reply)[0]
 
     def shutdown(self, timeout: float) -> None:
@@ -136,7 +122,7 @@ class _RayDPSGDWorker:
             self._thread.join(timeout)
             if self._thread.is_alive() and self.worker is not None:
                 for helper in self.worker.pool.helpers:  # a hung helper: its worker then sees it die
-                    helper.process.kill()
+                    helper.kill()
                 self._thread.join(1.0)
             if self._thread.is_alive():
                 return  # stuck in the problem's own code: ray.kill ends it (helpers exit with it)
@@ -164,7 +150,7 @@ class RayTransport(Transport):
         self.address = ray_address
         self.num_cpus = num_cpus
         self.actors: list[Any] = [None] * len(self.configs)
-        self._pids: dict[int, int] = {}
+        self._info: dict[int, dict[str, Any]] = {}  # worker -> pid, node_id, node_ip of its actor
         self._threads: list[threading.Thread] = []
         self._done = [False] * len(self.configs)
         self._last: dict[int, Any] = {}  # worker -> its final exchange call (the one that carried ``stop``)
@@ -173,7 +159,7 @@ class RayTransport(Transport):
         self._closed = False
 
     def _cpus(self, cfg: dict[str, Any]) -> float:
-        return float(cfg["threads"]) if self.num_cpus is None else float(self.num_cpus)
+        return float(cfg["processes"]) if self.num_cpus is None else float(self.num_cpus)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -182,42 +168,25 @@ class RayTransport(Transport):
             self._counted = ray_session.acquire(
                 self.address, sum(self._cpus(c) for c in self.configs), _OBJECT_STORE_BYTES
             )
-            cls = ray.remote(_RayDPSGDWorker)
-            paths = [p for p in sys.path if p]
             for w, cfg in enumerate(self.configs):
-                blob, sizes = encode_message(Message("config", cfg))
-                self.actors[w] = cls.options(
+                self.actors[w], sizes = start_actor(
+                    DPSGDActor,
+                    Message("config", cfg),
+                    self.startup_timeout,
                     num_cpus=self._cpus(cfg),
                     max_concurrency=4,  # exchange blocks while the worker computes; ready/node/shutdown get through
-                    scheduling_strategy="SPREAD",
-                    max_restarts=0,
-                    max_task_retries=0,
-                ).remote(blob, paths, self.startup_timeout)
+                )
                 self.meter.add_message(sizes, w, DOWN)
             deadline = time.monotonic() + self.startup_timeout
-            refs = [actor.ready.remote() for actor in self.actors]
-            for w, ref in enumerate(refs):
-                self._await_ready(w, ref, deadline)
+            for w, actor in enumerate(self.actors):
+                _, sizes, self._info[w] = await_ready(
+                    actor, f"worker {w}", self.startup_timeout, deadline=deadline, error=DPSGDError,
+                    keep_value_error=True, hint="see num_cpus",
+                )
+                self.meter.add_message(sizes, w, UP)
         except BaseException:
             self.close()
             raise
-
-    def _await_ready(self, w: int, ref: Any, deadline: float) -> None:
-        try:
-            blob = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-        except GetTimeoutError:
-            raise DPSGDError(
-                f"worker {w} (Ray actor) did not start within {self.startup_timeout:g} s "
-                "(not enough free CPUs in the Ray cluster? see num_cpus)"
-            ) from None
-        except RayError as e:
-            raise DPSGDError(f"worker {w} (Ray actor) died while starting: {_first_line(e)}") from e
-        msg, sizes = decode_message(blob)
-        self.meter.add_message(sizes, w, UP)
-        if msg.op == "error":
-            text = f"worker {w} could not start: {msg.meta.get('error')}"
-            raise ValueError(text) if msg.meta.get("type") == "ValueError" else DPSGDError(text)
-        self._pids[w] = int(msg.meta["pid"])
 
     def serve(self) -> None:
         """Start every worker's loop and one head thread per worker answering its requests."""
@@ -266,11 +235,11 @@ class RayTransport(Transport):
             blob = ray.get(ref)
         except RayActorError as e:
             if not self._closing:
-                self.server.fail(w, f"Ray actor (pid {self._pids.get(w)}) died: {_first_line(e)}")
+                self.server.fail(w, f"Ray actor (pid {self._info.get(w, {}).get('pid')}) died: {first_line(e)}")
             return None
         except RayError as e:
             if not self._closing:
-                self.server.fail(w, f"Ray error: {type(e).__name__}: {_first_line(e)}")
+                self.server.fail(w, f"Ray error: {type(e).__name__}: {first_line(e)}")
             return None
         if not blob:
             if not self._closing:
@@ -305,10 +274,7 @@ class RayTransport(Transport):
             if refs:
                 ray.wait(refs, num_returns=len(refs), timeout=5.0)
             for actor in live:
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
+                kill_actor(actor)
         self.actors = [None] * len(self.configs)
         ray_session.release(self._counted)
         self._counted = False
@@ -316,15 +282,12 @@ class RayTransport(Transport):
     # ------------------------------------------------------------------ introspection
     def worker_pids(self) -> dict[int, int]:
         """Process id of each worker actor (on its own node)."""
-        return dict(self._pids)
+        return {w: int(info["pid"]) for w, info in self._info.items()}
 
     def worker_nodes(self) -> dict[int, dict[str, str]]:
         """Ray node id and IP address of each live worker actor."""
-        live = {w: a for w, a in enumerate(self.actors) if a is not None}
-        return dict(zip(live, ray.get([a.node.remote() for a in live.values()]), strict=True))
-
-
-def _first_line(e: BaseException) -> str:
-    """The first line of a (often long, multi-line) Ray error."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+        return {
+            w: {"node_id": info["node_id"], "node_ip": info["node_ip"]}
+            for w, info in self._info.items()
+            if self.actors[w] is not None
+        }

@@ -2,10 +2,10 @@
 
 A frame is an 8-byte little-endian length and the bytes. :func:`send_frame` writes a small frame with
 one system call (prefix and bytes together up to :data:`SMALL_FRAME`) and a big one without copying it
-to prepend the prefix. :class:`Channel` adds a reusable receive buffer for the hot path of the local
-ClusterEnv backend; :func:`recv_frame` is the plain blocking read for occasional large messages (the
-DPSGD parameter server and its workers). Only numpy-free standard-library modules are used, so a
-process that imports this starts fast.
+to prepend the prefix. :class:`Channel` adds a reusable receive buffer: every connection of the process
+layer (:mod:`frugalrl.process`: the local ClusterEnv backend's workers, DPSGD's workers and their Hogwild
+helpers) is one. :func:`recv_frame` is the plain blocking read, for a socket without a Channel. Only
+numpy-free standard-library modules are used, so a process that imports this starts fast.
 """
 
 from __future__ import annotations
@@ -51,11 +51,6 @@ def recv_frame(sock: socket.socket) -> bytearray:
     return recv_exact(sock, n)
 
 
-FRAME = struct.Struct("<Q")
-SMALL_FRAME = 1 << 16
-POLLIN = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
-
-
 class Channel:
     """One end of a socket pair carrying length-prefixed frames.
 
@@ -72,7 +67,7 @@ class Channel:
     def _new_buffer(self, size: int, keep: memoryview | None = None) -> None:
         buf = bytearray(size)
         n = 0 if keep is None else len(keep)
-        if n:
+        if keep is not None and n:
             buf[:n] = keep
         self._buf = buf
         self._view = memoryview(buf)
@@ -109,6 +104,10 @@ class Channel:
         begin = self._start + FRAME.size
         self._start = begin + n
         return self._view[begin : begin + n]
+
+    def pending(self) -> bool:
+        """Whether bytes of a next frame are already buffered (a socket poll would not see them)."""
+        return self._end > self._start
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Whether a frame (or EOF) can be read without blocking for longer than ``timeout`` seconds."""

@@ -100,6 +100,8 @@ def worker_from_json(cfg: dict[str, Any]) -> EnvWorker:
         import importlib.util
 
         spec = importlib.util.spec_from_file_location("__frugalrl_main__", cfg["main_path"])
+        if spec is None or spec.loader is None:
+            raise ValueError(f"cannot import the script {cfg['main_path']!r} that defines the env factory")
         module = importlib.util.module_from_spec(spec)
         sys.modules["__frugalrl_main__"] = module
         spec.loader.exec_module(module)

@@ -1,6 +1,8 @@
 """The Ray backend: one Ray actor per worker, possibly on other machines of a Ray cluster.
 
-Each actor wraps an :class:`~frugalrl.envs.worker.EnvWorker`. Its one method takes the bytes of an
+Each actor (:class:`EnvActor`, on the common body of :mod:`frugalrl.ray_actor`, which also gives the
+start, the ready/error handshake and the errors naming a worker) wraps an
+:class:`~frugalrl.envs.worker.EnvWorker`. Its one method takes the bytes of an
 encoded :class:`~frugalrl.wire.Message` (:func:`~frugalrl.wire.message.encode_message`) and returns
 the encoded reply, so Ray only ever moves ``bytes``: nothing of ours is pickled and the byte meter
 counts exactly the logical bytes the local backend counts. The worker's config travels as a JSON
@@ -16,54 +18,41 @@ If this process has already initialised Ray, that instance is used (and left run
 ``ray_address`` joins an existing cluster (``"auto"`` or ``"host:port"``; :meth:`RayBackend.close`
 disconnects), and without it a private single-machine instance is started (and shut down by
 :meth:`RayBackend.close`). That instance and its count of users are :mod:`frugalrl.ray_session`'s,
-shared with DPSGD's Ray transport: the last user shuts it down. Actors are spread across nodes (``scheduling_strategy="SPREAD"``) and
-reserve ``num_cpus`` CPUs each (1 by default).
+shared with DPSGD's Ray transport: the last user shuts it down. Actors are spread across nodes
+(``scheduling_strategy="SPREAD"``) and reserve ``num_cpus`` CPUs each (1 by default).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import RayActorError, RayError
 
 from frugalrl import ray_session
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, config_to_json, worker_from_json
+from frugalrl.ray_actor import ActorBody, await_ready, kill_actor, start_actor
 from frugalrl.wire.message import Message, decode_message, encode_message
-from frugalrl.wire.meter import DOWN, UP
+from frugalrl.wire.meter import DOWN, UP, ByteMeter
+
+if TYPE_CHECKING:
+    from frugalrl.envs.worker import EnvWorker
 
 
-class _RayWorker:
-    """The body of a worker actor (wrapped with ``ray.remote`` by :class:`RayBackend`)."""
+class EnvActor(ActorBody["EnvWorker"]):
+    """The body of a worker actor: an :class:`~frugalrl.envs.worker.EnvWorker` answering encoded requests."""
 
-    def __init__(self, config: bytes, paths: list[str]) -> None:
+    def build(self, config: dict[str, Any]) -> EnvWorker:
+        """The worker of a :func:`~frugalrl.envs.backends.base.config_to_json` config (one torch thread)."""
         import torch
 
         torch.set_num_threads(1)
-        # Modules the head can import (tests, the user's own) on a node that shares its file system.
-        for p in reversed(paths):
-            if p not in sys.path and os.path.isdir(p):
-                sys.path.insert(0, p)
-        self.worker = None
-        self.error: str | None = None
-        try:
-            self.worker = worker_from_json(decode_message(config)[0].meta)
-        except Exception as e:  # noqa: BLE001 - reported to the head by ready()
-            self.error = f"{type(e).__name__}: {e}"
-
-    def ready(self) -> bytes:
-        """``ready`` (pid, node id and IP) or ``error`` if the envs could not be built."""
-        if self.error is not None:
-            return encode_message(Message("error", {"error": self.error}))[0]
-        ctx = ray.get_runtime_context()
-        meta = {"pid": os.getpid(), "node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
-        return encode_message(Message("ready", meta))[0]
+        return worker_from_json(config)
 
     def handle(self, blob: bytes) -> bytes:
         """Decode a request, answer it, encode the reply."""
+        assert self.worker is not None, "handle() on an actor whose worker could not be built"
         msg, _ = decode_message(blob)
         return encode_message(self.worker.handle(msg))[0]
 
@@ -81,7 +70,7 @@ class RayBackend(Backend):
     def __init__(
         self,
         configs: list[WorkerConfig],
-        meter,
+        meter: ByteMeter,
         timeout: float,
         address: str | None = None,
         num_cpus: float = 1.0,
@@ -91,18 +80,16 @@ class RayBackend(Backend):
             raise ValueError(f"ray_num_cpus must be >= 0, got {num_cpus!r}")
         self.address = address
         self.num_cpus = float(num_cpus)
-        self._configs = [encode_message(Message("config", config_to_json(c, "ray")))[0] for c in configs]
+        self._configs = [Message("config", config_to_json(c, "ray")) for c in configs]
         self.actors: list[Any] = [None] * len(configs)
         self._info: list[dict[str, Any]] = [{} for _ in configs]
         self._owns_ray = False
         self._closed = False
-        self._actor_cls = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Connect to (or start) Ray, start every actor and wait until each has built its envs."""
         self._owns_ray = ray_session.acquire(self.address, self.num_workers * self.num_cpus)
-        self._actor_cls = ray.remote(_RayWorker)
         try:
             for w in range(self.num_workers):
                 self._spawn(w)
@@ -113,24 +100,10 @@ class RayBackend(Backend):
             raise
 
     def _spawn(self, w: int) -> None:
-        paths = [p for p in sys.path if p]
-        self.actors[w] = self._actor_cls.options(
-            num_cpus=self.num_cpus, scheduling_strategy="SPREAD", max_restarts=0, max_task_retries=0,
-        ).remote(self._configs[w], paths)
+        self.actors[w], _ = start_actor(EnvActor, self._configs[w], num_cpus=self.num_cpus)
 
     def _await_ready(self, w: int) -> None:
-        ref = self.actors[w].ready.remote()
-        try:
-            blob = ray.get(ref, timeout=max(self.timeout, 60.0))
-        except GetTimeoutError:
-            raise RuntimeError(f"worker {w} (Ray actor) did not start within {max(self.timeout, 60.0):.0f} s "
-                               "(not enough free CPUs in the cluster? see ray_num_cpus)") from None
-        except RayError as e:
-            raise RuntimeError(f"worker {w} (Ray actor) died while starting: {e}") from e
-        msg, _ = decode_message(blob)
-        if msg.op == "error":
-            raise RuntimeError(f"worker {w} could not start: {msg.meta.get('error')}")
-        self._info[w] = dict(msg.meta)
+        _, _, self._info[w] = await_ready(self.actors[w], f"worker {w}", max(self.timeout, 60.0), hint="see ray_num_cpus")
 
     def restart(self, worker: int) -> None:
         """Kill (if needed) and replace one actor."""
@@ -142,10 +115,7 @@ class RayBackend(Backend):
         actor, self.actors[w] = self.actors[w], None
         self._info[w] = {}
         if actor is not None:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            kill_actor(actor)
 
     def close(self) -> None:
         """Kill every actor; shut Ray down (or disconnect) if frugalrl started it and this is its last user."""

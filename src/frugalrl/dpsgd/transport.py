@@ -1,0 +1,195 @@
+"""DPSGD's transports: how the workers are started and how their messages reach the parameter server.
+
+The server (:class:`~frugalrl.dpsgd.server.ParameterServer`) lives in the calling process. A
+:class:`Transport` starts the workers and carries their messages to it; every message is a
+:class:`~frugalrl.wire.Message` counted on a :class:`~frugalrl.wire.ByteMeter` (the ``config`` down and
+the ``ready`` up at start, then pulls as ``weights`` down, pushes as ``gradients`` up, headers and
+commands as ``control``): the same logical bytes on every transport.
+
+:class:`LocalTransport` runs each worker (:class:`~frugalrl.dpsgd.worker.DPSGDWorker`) as a child of
+:mod:`frugalrl.process` (its own process group, with its Hogwild helpers; one BLAS thread) with a socket
+pair to the server and one server thread per connection. A worker that dies is seen at once (its pidfd)
+and the run fails with a :class:`DPSGDError` naming it; it is not restarted. A worker that sends nothing
+for ``worker_timeout`` seconds is treated the same way. The Ray transport
+(:class:`~frugalrl.dpsgd.ray_transport.RayTransport`) runs the workers in Ray actors instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from frugalrl.dpsgd.server import ParameterServer
+from frugalrl.process import Child, spawn
+from frugalrl.wire.message import Message, WireError
+from frugalrl.wire.meter import DOWN, UP, ByteMeter
+
+_ENTRY = "frugalrl.dpsgd.worker:worker_entry"
+
+
+class DPSGDError(RuntimeError):
+    """A DPSGD run failed: a worker died, hung, or broke the protocol."""
+
+
+class Transport(ABC):
+    """Starts the workers and carries their messages to :meth:`ParameterServer.handle`.
+
+    Every message is counted on ``meter`` (``UP``: worker to server, ``DOWN``: server to worker).
+    Failures (a dead or silent worker) go to :meth:`ParameterServer.fail`, which stops the run.
+    """
+
+    name = "base"
+
+    def __init__(
+        self,
+        server: ParameterServer,
+        meter: ByteMeter,
+        configs: list[dict[str, Any]],
+        startup_timeout: float,
+        worker_timeout: float | None,
+    ) -> None:
+        self.server = server
+        self.meter = meter
+        self.configs = configs
+        self.startup_timeout = startup_timeout
+        self.worker_timeout = worker_timeout
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start every worker and return once all are ready; raise a clear error otherwise."""
+
+    @abstractmethod
+    def serve(self) -> None:
+        """Begin answering the workers' requests (returns at once)."""
+
+    @abstractmethod
+    def finished(self) -> bool:
+        """Whether every worker has been told to stop (or has failed)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop every worker and release everything; idempotent."""
+
+    def worker_pids(self) -> dict[int, int]:
+        """Operating-system process ids of the workers, where there are any."""
+        return {}
+
+    def answer(self, w: int, msg: Message, sizes: dict[str, int]) -> Message:
+        """Count request ``msg`` of worker ``w`` (``sizes`` by byte-meter kind) and return the server's reply;
+        a request the server refuses fails the run and is answered ``stop``."""
+        self.meter.add_message(sizes, w, UP)
+        try:
+            return self.server.handle(w, msg)
+        except (ValueError, RuntimeError, KeyError) as e:
+            kind = "ValueError" if isinstance(e, ValueError) else "RuntimeError"
+            self.server.fail(None, str(e), kind)
+            return Message("stop", {"reason": "failure"})
+
+
+class LocalTransport(Transport):
+    """Worker processes on this machine, a socket pair each, one server thread per connection."""
+
+    name = "local"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.children: list[Child] = []
+        self._threads: list[threading.Thread] = []
+        self._done: list[bool] = []
+        self._closing = False
+        self._closed = False
+
+    def start(self) -> None:
+        """Spawn every worker (they start in parallel), send its config, wait for its ``ready``."""
+        try:
+            for w, cfg in enumerate(self.configs):
+                child = spawn(_ENTRY, cfg, name=f"worker {w}", one_blas_thread=True)
+                self.children.append(child)
+                self.meter.add_message(child.config_sizes, w, DOWN)
+            deadline = time.monotonic() + self.startup_timeout
+            for w, child in enumerate(self.children):
+                _, sizes = child.await_ready(deadline, error=DPSGDError, keep_value_error=True)
+                self.meter.add_message(sizes, w, UP)
+        except BaseException:
+            self.close()
+            raise
+
+    def serve(self) -> None:
+        """One thread per worker connection, each running :meth:`_serve`."""
+        self._done = [False] * len(self.children)
+        for w, child in enumerate(self.children):
+            thread = threading.Thread(target=self._serve, args=(w, child), name=f"dpsgd-conn-{w}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, w: int, child: Child) -> None:
+        """Answer worker ``w`` until it is told to stop, dies, goes silent, or the transport closes."""
+        last = time.monotonic()
+        try:
+            while not self._closing:
+                state = child.poll(0.5)
+                if state == "message":
+                    if not self._answer(w, child):
+                        return
+                    last = time.monotonic()
+                elif state == "exited":
+                    self.server.fail(w, self._lost(child, None))
+                    return
+                elif self.worker_timeout is not None and time.monotonic() - last > self.worker_timeout:
+                    self.server.fail(w, f"no message for {self.worker_timeout:g} s: the worker is hung")
+                    return
+        finally:
+            self._done[w] = True
+
+    def _answer(self, w: int, child: Child) -> bool:
+        """Receive one request of worker ``w`` and send the server's reply; False once the connection is done."""
+        try:
+            msg, sizes = child.recv()
+        except (EOFError, OSError, WireError) as e:
+            self.server.fail(w, self._lost(child, e))
+            return False
+        reply = self.answer(w, msg, sizes)
+        try:
+            self.meter.add_message(child.send(reply), w, DOWN)
+        except OSError as e:
+            if reply.op != "stop":
+                self.server.fail(w, self._lost(child, e))
+            return False
+        return reply.op != "stop"
+
+    @staticmethod
+    def _lost(child: Child, error: BaseException | None) -> str:
+        """What happened to a worker whose connection broke: it died (its Hogwild helpers are killed with
+        it, as one process group), or only the connection is gone."""
+        if child.exited(0.0 if error is None else 0.5):
+            child.kill()
+            return f"process {child.pid} died (exit code {child.reap()})"
+        return f"connection lost ({type(error).__name__}: {error})"
+
+    def finished(self) -> bool:
+        """Whether every connection thread has ended."""
+        return bool(self._done) and all(self._done)
+
+    def close(self) -> None:
+        """End the connection threads, let the workers exit (up to 3 s), then kill their process groups."""
+        if self._closed:
+            return
+        self._closed = self._closing = True
+        self.server.stop("closed")  # releases connection threads waiting in a synchronous pull
+        for thread in self._threads:
+            thread.join(timeout=2.0)
+        # Workers told to stop exit by themselves; after a failure nothing is worth waiting for.
+        deadline = time.monotonic() + (0.0 if self.server.failure is not None else 3.0)
+        for child in self.children:
+            with contextlib.suppress(OSError):
+                child.channel.sock.shutdown(socket.SHUT_RDWR)  # a worker waiting for a reply sees EOF
+        for child in self.children:
+            child.stop(max(0.0, deadline - time.monotonic()))
+
+    def worker_pids(self) -> dict[int, int]:
+        """Process id of each worker."""
+        return {w: child.pid for w, child in enumerate(self.children)}
