@@ -99,38 +99,37 @@ def test_bad_configs_raise_before_any_process_starts(tmp_path):
         train(_car_cfg(tmp_path, env="FrozenLake-v1", env_kwargs={}))
 
 
-def _stage_cmd(cfg_path: Path, rank: int) -> list[str]:
-    return [sys.executable, "-m", "frugalrl.pipeline.launcher", str(cfg_path), str(rank)]
-
-
 def test_stages_with_different_configs_refuse_to_train(tmp_path):
-    """Two separately started stages (as on two machines) must agree on the config."""
+    """Two separately started stages (as on two machines: ``frugalrl train pipeline-ppo --rank R``) must agree on
+    the config."""
     port = free_port("127.0.0.1")
     procs = []
     for rank, lr in ((0, 1e-3), (1, 2e-3)):
-        cfg = _car_cfg(tmp_path, env="CartPole-v1", env_kwargs={}, learning_rate=lr, master_port=port,
-                       run_name="mismatch", timeout=60)
-        path = tmp_path / f"cfg{rank}.json"
-        path.write_text(json.dumps(cfg.__dict__))
-        procs.append(subprocess.Popen(_stage_cmd(path, rank), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    codes = [p.wait(timeout=120) for p in procs]
-    assert codes[0] != 0 and codes[1] != 0
-    errors = [(tmp_path / f"stage{r}.error").read_text() for r in (0, 1)]
+        flags = ["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2",
+                 "--total-timesteps", "128", "--learning-rate", str(lr), "--rank", str(rank), "--master-port", str(port),
+                 "--timeout", "60", "--run-dir", str(tmp_path), "--run-name", "mismatch", "--no-progress",
+                 "--no-tensorboard", "--no-plots"]
+        procs.append(subprocess.Popen([sys.executable, "-m", "frugalrl.cli", "train", "pipeline-ppo", *flags],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode != 0 for p in procs)
+    errors = [err for _, err in results]
     assert all("digest mismatch" in e for e in errors), errors
 
 
 def _stage_pids(marker: str, rank: int) -> list[int]:
-    """Pids of stage processes whose command line names ``marker`` (the run directory) and ``rank``."""
+    """Pids of the launcher's stage processes of rank ``rank`` in run directory ``marker`` (stage 1 writes to
+    its ``stage1.log``, stage 0 to the terminal)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+            out = os.readlink(entry / "fd" / "1")
         except OSError:
             continue
-        args = [c.decode(errors="replace") for c in cmd if c]
-        if "frugalrl.pipeline.launcher" in args and args[-1] == str(rank) and any(marker in a for a in args):
+        if "frugalrl.pipeline.launcher import stage_entry" in cmd and (marker in out) == (rank == 1):
             pids.append(int(entry.name))
     return pids
 

@@ -1,8 +1,9 @@
 """Starting split-model PPO: both stages on this machine, or the one stage ``torchrun`` / ``--rank`` gives.
 
-:func:`train` spawns two fresh Python processes (``python -m frugalrl.pipeline.launcher CONFIG RANK``) that
-join a ``torch.distributed`` group over loopback; if either fails, the other is stopped and its error is
-raised in the caller (a ``ValueError`` stays one). With ``cfg.rank`` set, or under ``torchrun`` (``RANK`` in
+:func:`train` spawns two fresh Python processes through :mod:`frugalrl.process` (the config and rank travel
+in its handshake, each stage reports ``done`` or its error) that join a ``torch.distributed`` group over
+loopback; if either fails or dies, the other is stopped and its error is raised in the caller (a
+``ValueError`` stays one). With ``cfg.rank`` set, or under ``torchrun`` (``RANK`` in
 the environment), only that stage runs in this process (stage 1 returns ``{}``).
 """
 
@@ -12,8 +13,6 @@ import dataclasses
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -23,9 +22,11 @@ import torch
 import torch.distributed as dist
 
 from frugalrl.pipeline.config import PipelinePPOConfig
+from frugalrl.process import ChildExited, ParentGone, ParentLink, child_error, error_message, poll_children, spawn
 from frugalrl.pipeline.stage0 import check_spaces, run_stage0
 from frugalrl.pipeline.stage1 import run_stage1
 from frugalrl.training import Training
+from frugalrl.wire.message import Message
 from frugalrl.wire.torchdist import DistChannel
 
 
@@ -103,62 +104,57 @@ def train(cfg: PipelinePPOConfig, resume: str | Path | None = None) -> dict[str,
 
 
 def _launch_both(cfg: PipelinePPOConfig, run_dir: Path, resume: str | Path | None) -> None:
-    """Start both stages as subprocesses and wait; stop the other and raise if one fails."""
-    for rank in (0, 1):
-        (run_dir / f"stage{rank}.error").unlink(missing_ok=True)
-    cfg_path = run_dir / "stage_config.json"
-    cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
-    procs = []
-    try:
-        for r in (0, 1):
-            log = None if r == 0 else open(run_dir / "stage1.log", "w")  # noqa: SIM115 - closed below
-            cmd = [sys.executable, "-m", "frugalrl.pipeline.launcher", str(cfg_path), str(r)]
-            if resume is not None:
-                cmd.append(str(resume))
-            procs.append((subprocess.Popen(cmd, stdout=log, stderr=log), log))
-        while True:
-            codes = [p.poll() for p, _ in procs]
-            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                raise _stage_error(run_dir, failed[0], codes[failed[0]])
-            if all(c == 0 for c in codes):
-                return
-            time.sleep(0.1)
-    finally:
-        for p, log in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            if log is not None:
-                log.close()
+    """Start both stages (:func:`frugalrl.process.spawn`) and wait for their ``done``; if one fails (reports an
+    error, or dies), stop the other and raise. Stage 1's output goes to ``<run dir>/stage1.log``."""
+    config = {"config": dataclasses.asdict(cfg), "resume": None if resume is None else str(resume)}
+    with open(run_dir / "stage1.log", "w") as log:
+        children = [spawn(STAGE_ENTRY, {**config, "rank": r}, name=f"pipeline stage {r}", log=None if r == 0 else log)
+                    for r in (0, 1)]
+        try:
+            deadline = time.monotonic() + cfg.timeout
+            for child in children:
+                child.await_ready(deadline, keep_value_error=True)
+            done: set[str] = set()
+            while len(done) < 2:
+                for child in poll_children(children, 1.0):
+                    try:
+                        got = child.wait_message(0)
+                    except ChildExited as e:
+                        raise RuntimeError(f"{child.name} failed: exited with code {e.exitcode} "
+                                           f"(see {run_dir}/stage1.log)") from None
+                    if got is None:
+                        continue
+                    msg, _ = got
+                    if msg.op == "error":
+                        raise child_error(child.name, msg.meta, keep_value_error=True, what="failed")
+                    done.add(child.name)
+        finally:
+            for child in children:
+                child.stop(10.0)
 
 
-def _stage_error(run_dir: Path, rank: int, code: int) -> Exception:
-    """The error a failed stage recorded (a ``ValueError`` stays one, so the CLI reports it cleanly)."""
-    path = run_dir / f"stage{rank}.error"
-    message = path.read_text().strip() if path.exists() else f"exited with code {code} (see {run_dir}/stage1.log)"
-    if message.startswith("ValueError: "):
-        return ValueError(f"pipeline stage {rank}: {message.removeprefix('ValueError: ')}")
-    return RuntimeError(f"pipeline stage {rank} failed: {message}")
+STAGE_ENTRY = "frugalrl.pipeline.launcher:stage_entry"
 
 
-def _stage_main(argv: list[str]) -> int:
-    """``python -m frugalrl.pipeline.launcher CONFIG_JSON RANK [RESUME_DIR]``: one stage, as :func:`train` starts it."""
+def stage_entry() -> None:
+    """A stage as :func:`train` starts it (a child of :func:`frugalrl.process.spawn`): the config and rank come
+    in the handshake; the stage reports ``done`` or its error, then waits for the launcher to let it go."""
     from frugalrl.config import config_from_dict
 
-    cfg_path, rank = Path(argv[0]), int(argv[1])
-    resume = argv[2] if len(argv) > 2 else None
+    link = ParentLink.from_argv()
     try:
-        cfg = config_from_dict(PipelinePPOConfig, json.loads(cfg_path.read_text()), where=str(cfg_path))
-        run_stage(cfg, rank, resume)
-    except BaseException as e:
-        (cfg_path.parent / f"stage{rank}.error").write_text(f"{type(e).__name__}: {e}\n")
-        raise
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_stage_main(sys.argv[1:]))
+        job = link.start(lambda meta: (config_from_dict(PipelinePPOConfig, meta["config"]), int(meta["rank"]),
+                                       meta.get("resume")))
+        if job is None:
+            return
+        link.watch_parent()
+        cfg, rank, resume = job
+        try:
+            run_stage(cfg, rank, resume)
+        except Exception as e:  # noqa: BLE001 - reported to the launcher, which raises it
+            link.send(error_message(e))
+        else:
+            link.send(Message("done", {"rank": rank}))
+        link.recv()  # the launcher closes the connection once both stages are done
+    except ParentGone:
+        return
