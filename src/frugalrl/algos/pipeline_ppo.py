@@ -18,7 +18,7 @@ update, every minibatch  features 0→1 with the encoder's graph kept on stage 0
                          through the encoder
 update, end              a vector of loss statistics 1→0 (``control``)
 
-The cut gradient goes through a codec: dense (fp32 / bf16 / fp16), or :class:`~frugalrl.wire.cut.
+The cut gradient goes through a codec: dense (fp32 / bf16 / fp16), or :class:`~frugalrl.wire.sparsify.
 TopPercentile`, the paper's accumulate-and-send-the-top-(1−p) rule with error feedback (eq. 3–6), dense
 during a warm start. Both stages draw the minibatch order from the same seeded generator, so indices
 never travel. Every message has a size the estimator :mod:`frugalrl.pipeline_bytes` predicts.
@@ -63,6 +63,7 @@ from frugalrl.envs.spec import to_env_spec
 from frugalrl.nets import action_desc, layer_init
 from frugalrl.wire import cut
 from frugalrl.wire.meter import DOWN, UP, ByteMeter
+from frugalrl.wire.sparsify import DenseCut, TopPercentile
 from frugalrl.wire.torchdist import DistChannel
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance",
@@ -546,9 +547,9 @@ def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
     optimizer = torch.optim.Adam(heads.parameters(), lr=cfg.learning_rate, eps=1e-5)
     sample_gen = torch.Generator().manual_seed(cfg.seed + 2)
     order_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    sparsifier = cut.TopPercentile(cfg.cut_percentile, index=cfg.cut_index, values=cfg.cut_values,
-                                   warmup_dtype=cfg.cut_dense_dtype)
-    dense_codec = cut.DenseCut(cfg.cut_dense_dtype)
+    sparsifier = TopPercentile(cfg.cut_percentile, index=cfg.cut_index, values=cfg.cut_values,
+                               warmup_dtype=cfg.cut_dense_dtype)
+    dense_codec = DenseCut(cfg.cut_dense_dtype)
     T, N = cfg.num_steps, cfg.num_envs
     n_act = 1 if heads.dist_kind == "categorical" else math.prod(hello["action"]["shape"])
     u_buf = torch.zeros((T, N) if heads.dist_kind == "categorical" else (T, N, n_act))
