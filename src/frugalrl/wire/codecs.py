@@ -84,6 +84,7 @@ def decode(buf: bytes | memoryview, shape: tuple[int, ...], dtype: str, codec: s
     shape = tuple(int(s) for s in shape)
     if codec == "raw":
         return np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape).copy()
+    out: np.ndarray
     if codec == "fp32":
         out = np.frombuffer(buf, dtype=np.float32).reshape(shape)
     elif codec == "fp16":
