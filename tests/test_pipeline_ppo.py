@@ -53,7 +53,7 @@ def test_two_stage_carracing_bytes_equal_the_estimator(tmp_path, index):
     summary = train(cfg)
     assert summary["env_steps"] == 128 and summary["details"]["feature_dim"] == 4096
     ckpt = Path(summary["run_dir"]) / "checkpoints"
-    assert (ckpt / "encoder.pt").exists() and (ckpt / "heads.pt").exists()  # each stage keeps its half
+    assert (ckpt / "latest.pt").exists() and (ckpt / "heads.pt").exists()  # each stage keeps its half
     predicted = predict_bytes(cfg)
     assert predicted["exact"]
     measured = {k: v for k, v in summary["bytes"].items() if v and k not in ("up", "down", "per_worker", "messages")}

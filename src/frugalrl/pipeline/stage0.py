@@ -10,7 +10,9 @@ go through the pipeline too, on a meter of their own: the run's ``bytes`` are th
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -91,12 +93,17 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Training) -> dict
     order_gen = torch.Generator().manual_seed(cfg.seed + 1)
     eval_meter = ByteMeter()
 
-    def evaluate() -> Evaluation:
+    @contextlib.contextmanager
+    def evaluation_traffic() -> Iterator[None]:
         train_meter, chan.meter = chan.meter, eval_meter  # evaluation traffic is kept apart
         try:
-            return _evaluate(cfg, encoder, chan)
+            yield
         finally:
             chan.meter = train_meter
+
+    def evaluate() -> Evaluation:
+        with evaluation_traffic():
+            return _evaluate(cfg, encoder, chan)
 
     run.attach(encoder=encoder, optimizer=optimizer, order_gen=order_gen, meter=chan.meter)
     run.begin(evaluate, cfg.iterations * cfg.batch_size, cfg.iterations)
@@ -163,7 +170,8 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Training) -> dict
                **{f"bytes/{k}": v for k, v in chan.meter.by_kind().items()}, "bytes/total": chan.meter.total()}
         run.update(T * N, row, episode_returns=ended, postfix={"MB": f"{chan.meter.total() / 1e6:.1f}"})
         if cfg.evaluates_after(iteration):
-            chan.send_json({"stop": run.stopped})  # stage 1 stops with us at the target
+            with evaluation_traffic():
+                chan.send_json({"stop": run.stopped})  # stage 1 stops with us at the target
     envs.close()
     details = {
         "feature_dim": encoder.feature_dim,
@@ -195,7 +203,7 @@ def _evaluate(cfg: PipelinePPOConfig, encoder: nn.Module, chan: DistChannel) -> 
                     chan.send(encode_features(cfg, encoder(torch.as_tensor(obs)[None])), "activations")
                 action = cut.decode_cut(chan.recv("actions")).numpy()[0]
                 if isinstance(env.action_space, gym.spaces.Discrete):
-                    action = int(action)
+                    action = int(action.reshape(-1)[0])
                 obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
                 done = terminated or truncated
