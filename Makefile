@@ -32,6 +32,7 @@ test-all: install
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/mypy src
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

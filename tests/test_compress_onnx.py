@@ -15,13 +15,8 @@ import torch
 from torch import nn
 
 from frugalrl import ClusterEnv
-from frugalrl.compress.chain import (
-    Artifact,
-    CompressContext,
-    CompressorChain,
-    policy_kl,
-    wire_bytes,
-)
+from frugalrl.compress.base import Artifact, CompressContext
+from frugalrl.compress.chain import CompressorChain, policy_kl, wire_bytes
 from frugalrl.compress.export import Export, export_onnx
 from frugalrl.compress.quantize import Quantize, quantize_int8, to_fp16
 from frugalrl.compress.runtime import OnnxPolicy

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from frugalrl.compress.chain import Artifact, CompressContext, CompressorChain, count_params, policy_kl
+from frugalrl.compress.base import Artifact, CompressContext
+from frugalrl.compress.chain import CompressorChain, count_params, policy_kl
 from frugalrl.compress.distill import Distill, distill
 from frugalrl.compress.prune import Prune, kept_units, n_kept, prune_agent
 from frugalrl.evaluation import random_states

@@ -2,7 +2,8 @@
 
 GAE (Schulman et al. 2016) is the on-policy estimator. For data collected by a *behaviour* policy
 (e.g. a compressed actor) and learned by a *target* policy (the learner's full network), AcceRL
-(section 2.3, eq. 2-4, Code 2) corrects the bias with a chain of responsibility of correctors:
+(Zhang 2022, section 2.3, eq. 2-4, Code 2) corrects the bias with a chain of responsibility of
+correctors:
 
 * :func:`vtrace` / :class:`VTraceCorrector`: V-trace value targets and policy-gradient advantages
   (IMPALA, Espeholt et al. 2018, eq. 1), truncated importance weights ``ρ̄`` and ``c̄``;
@@ -24,8 +25,8 @@ Log-probabilities are ``log π(a_t | s_t)`` of the action actually taken.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 
@@ -57,7 +58,11 @@ def gae(
 
 
 def bootstrap_values(
-    value_fn, obs: torch.Tensor, next_obs: torch.Tensor, final_idx: torch.Tensor, final_obs: torch.Tensor
+    value_fn: Callable[[torch.Tensor], torch.Tensor],
+    obs: torch.Tensor,
+    next_obs: torch.Tensor,
+    final_idx: torch.Tensor,
+    final_obs: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``values[t, n] = V(obs[t, n])`` and ``next_values[t, n] = V(s'_{t, n})`` for a rollout.
 
@@ -251,7 +256,7 @@ class CorrectionBatch:
         if self.pg_weights is None:
             self.pg_weights = torch.ones_like(self.rewards)
 
-    def replace(self, **changes) -> CorrectionBatch:
+    def replace(self, **changes: Any) -> CorrectionBatch:
         """A copy with ``changes`` applied (correctors never mutate their input)."""
         return dataclasses.replace(self, **changes)
 
@@ -289,7 +294,12 @@ class VTraceCorrector(Corrector):
         return f"vtrace(rho_bar={self.rho_bar}, c_bar={self.c_bar})"
 
 
-def _trace_inputs(batch: CorrectionBatch) -> tuple:
+_TraceInputs = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float
+]
+
+
+def _trace_inputs(batch: CorrectionBatch) -> _TraceInputs:
     """The positional inputs of :func:`vtrace` / :func:`retrace`, taken from a batch."""
     return (batch.behaviour_logp, batch.target_logp, batch.rewards, batch.values, batch.next_values,
             batch.terminations, batch.dones, batch.gamma)
@@ -310,6 +320,7 @@ class ISCorrector(Corrector):
     def correct(self, batch: CorrectionBatch) -> CorrectionBatch:
         """Scale ``pg_weights`` by the clipped importance weights."""
         w = importance_weights(batch.target_logp, batch.behaviour_logp, self.clip)
+        assert batch.pg_weights is not None  # CorrectionBatch.__post_init__ fills it
         return batch.replace(pg_weights=batch.pg_weights * w.to(batch.pg_weights.dtype))
 
     def describe(self) -> str:

@@ -13,11 +13,14 @@ the worker's weights.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
-KINDS = ("categorical", "gaussian")
+DistKind = Literal["categorical", "gaussian"]
+"""The action distributions: ``categorical`` (Discrete actions) and ``gaussian`` (Box actions)."""
+KINDS: tuple[DistKind, ...] = get_args(DistKind)
 
 
 def _split(params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,7 +28,7 @@ def _split(params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return params[..., :d], params[..., d:]
 
 
-def sample(kind: str, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(kind: DistKind, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one action per row of ``params`` (categorical: int64 indices; gaussian: float32)."""
     if kind == "categorical":
         probs = torch.softmax(params, dim=-1)
@@ -39,14 +42,14 @@ def sample(kind: str, params: torch.Tensor, generator: torch.Generator | None = 
     raise ValueError(f"unknown distribution kind {kind!r}; expected one of {KINDS}")
 
 
-def mode(kind: str, params: torch.Tensor) -> torch.Tensor:
+def mode(kind: DistKind, params: torch.Tensor) -> torch.Tensor:
     """The most likely action (for deterministic evaluation)."""
     if kind == "categorical":
         return params.argmax(dim=-1)
     return _split(params)[0]
 
 
-def log_prob(kind: str, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+def log_prob(kind: DistKind, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
     """log π(a | params), summed over action dimensions for the Gaussian."""
     if kind == "categorical":
         logp = F.log_softmax(params, dim=-1)
@@ -56,7 +59,7 @@ def log_prob(kind: str, params: torch.Tensor, actions: torch.Tensor) -> torch.Te
     return (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
-def entropy(kind: str, params: torch.Tensor) -> torch.Tensor:
+def entropy(kind: DistKind, params: torch.Tensor) -> torch.Tensor:
     """Entropy of each distribution."""
     if kind == "categorical":
         logp = F.log_softmax(params, dim=-1)
@@ -65,7 +68,7 @@ def entropy(kind: str, params: torch.Tensor) -> torch.Tensor:
     return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
 
 
-def kl(kind: str, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def kl(kind: DistKind, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Closed-form KL(p ‖ q) per row, for parameters of the same kind and shape."""
     if p.shape != q.shape:
         raise ValueError(f"KL between parameters of different shapes {tuple(p.shape)} and {tuple(q.shape)}")
@@ -82,7 +85,7 @@ def kl(kind: str, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def kl_monte_carlo(
-    kind: str, p: torch.Tensor, q: torch.Tensor, n: int = 10_000, generator: torch.Generator | None = None
+    kind: DistKind, p: torch.Tensor, q: torch.Tensor, n: int = 10_000, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """Monte-Carlo estimate of KL(p ‖ q): mean of log p(a) - log q(a) over ``n`` samples a ~ p."""
     expanded = p.unsqueeze(0).expand(n, *p.shape)

@@ -8,10 +8,11 @@ import torch
 
 from frugalrl import dists
 from frugalrl.envs.spec import EnvSpec
+from frugalrl.nets import ActorCritic
 
 
 def evaluate(
-    agent: torch.nn.Module,
+    agent: ActorCritic,
     env_spec: EnvSpec,
     episodes: int = 10,
     seed: int = 10_000,
@@ -24,7 +25,7 @@ def evaluate(
     distribution's mode, else actions are sampled.
     """
     env = env_spec.make()
-    box = isinstance(env.action_space, gym.spaces.Box)
+    action_space = env.action_space
     generator = torch.Generator().manual_seed(seed)
     returns: list[float] = []
     try:
@@ -38,11 +39,12 @@ def evaluate(
                         action = dists.mode(agent.dist_kind, params)[0].numpy()
                     else:
                         action = dists.sample(agent.dist_kind, params, generator)[0].numpy()
-                if box:
-                    action = np.clip(action, env.action_space.low, env.action_space.high)
+                env_action: np.ndarray | int
+                if isinstance(action_space, gym.spaces.Box):
+                    env_action = np.clip(action, action_space.low, action_space.high)
                 else:
-                    action = int(action)
-                obs, r, term, trunc, _ = env.step(action)
+                    env_action = int(action)
+                obs, r, term, trunc, _ = env.step(env_action)
                 total += float(r)
                 done = term or trunc
                 steps += 1
@@ -59,7 +61,7 @@ def random_states(env: gym.Env, n: int, seed: int, close: bool = True) -> np.nda
     """
     env.action_space.seed(seed)
     obs, _ = env.reset(seed=seed)
-    out = []
+    out: list[np.ndarray] = []
     while len(out) < n:
         out.append(np.asarray(obs))
         obs, _, term, trunc, _ = env.step(env.action_space.sample())

@@ -1,7 +1,7 @@
 """AcceRL's Monitor: indicators on the compressed actor, and strategies that change the compression.
 
-Actors run a compressed copy of the learner's policy. The Monitor (AcceRL, section 2.4) watches how
-far that copy has drifted and adjusts the compression:
+Actors run a compressed copy of the learner's policy. The Monitor (AcceRL, Zhang 2022, section 2.4)
+watches how far that copy has drifted and adjusts the compression:
 
 Indicators (plain functions of real policies and states)
 
@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from frugalrl import dists
-from frugalrl.nets import PolicySpec, build_policy, check_agent
+from frugalrl.compress.runtime import PRECISIONS, Precision, check_precision
+from frugalrl.nets import ActorCritic, PolicySpec, as_agent, build_policy
 
 logger = logging.getLogger("frugalrl.monitor")
 
@@ -81,7 +82,7 @@ def _as_obs(observations: torch.Tensor | np.ndarray | Sequence[Any]) -> torch.Te
 
 
 def per_state_kl(
-    learner: nn.Module, actor: nn.Module, observations: torch.Tensor | np.ndarray
+    learner: ActorCritic, actor: ActorCritic, observations: torch.Tensor | np.ndarray
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-state KL(learner ‖ actor) and the actor's per-state entropy, both shape ``(batch,)``."""
     if learner.dist_kind != actor.dist_kind:
@@ -96,7 +97,7 @@ def per_state_kl(
 
 
 def compute_kl_indicators(
-    learner: nn.Module, actor: nn.Module, observations: torch.Tensor | np.ndarray
+    learner: ActorCritic, actor: ActorCritic, observations: torch.Tensor | np.ndarray
 ) -> KLIndicators:
     """:class:`KLIndicators` of ``actor`` against ``learner`` on ``observations``."""
     kl, ent = per_state_kl(learner, actor, observations)
@@ -111,7 +112,7 @@ def compute_kl_indicators(
 
 
 def kl_indicators(
-    learner: nn.Module, actor: nn.Module, observations: torch.Tensor | np.ndarray
+    learner: ActorCritic, actor: ActorCritic, observations: torch.Tensor | np.ndarray
 ) -> dict[str, float]:
     """``{"kl_mean", "kl_max", "kl_var", "entropy"}`` of ``actor`` against ``learner`` on recent states."""
     return compute_kl_indicators(learner, actor, observations).to_dict()
@@ -202,14 +203,14 @@ class PrecisionLadder(Strategy):
     """
 
     epsilon: float
-    ladder: tuple[str, ...] = ("int8", "fp16", "fp32")
+    ladder: tuple[Precision, ...] = ("int8", "fp16", "fp32")
     patience: int = 1
-    current: str | None = None
+    current: Precision | None = None
     streak: int = field(default=0, init=False)
     indicators = ("kl_max",)
 
     def __post_init__(self) -> None:
-        self.ladder = tuple(self.ladder)
+        self.ladder = tuple(check_precision(p) for p in self.ladder)
         if not self.ladder:
             raise ValueError("PrecisionLadder needs a non-empty ladder")
         if int(self.patience) < 1:
@@ -387,8 +388,8 @@ class Monitor:
 
     def indicators(
         self,
-        learner: nn.Module,
-        actor: nn.Module,
+        learner: ActorCritic,
+        actor: ActorCritic,
         observations: torch.Tensor | np.ndarray,
         reference_return: float | None = None,
     ) -> dict[str, Any]:
@@ -402,8 +403,8 @@ class Monitor:
     def observe(
         self,
         step: int,
-        learner: nn.Module,
-        actor: nn.Module,
+        learner: ActorCritic,
+        actor: ActorCritic,
         observations: torch.Tensor | np.ndarray,
         episode_returns: Iterable[float] = (),
         reference_return: float | None = None,
@@ -454,14 +455,13 @@ class Monitor:
 # --------------------------------------------------------------------------------------------------
 
 
-def _agent(agent: dict[str, Any] | PolicySpec | nn.Module) -> nn.Module:
+def _agent(agent: dict[str, Any] | PolicySpec | nn.Module) -> ActorCritic:
     if isinstance(agent, nn.Module):
-        check_agent(agent)
-        return agent
+        return as_agent(agent)
     return build_policy(agent)
 
 
-class MixPolicy(nn.Module):
+class MixPolicy(ActorCritic):
     """Actor agent that acts with ``small`` with probability ``alpha`` and with ``large`` otherwise.
 
     AcceRL Fig. 9: each :meth:`dist_params` call draws once (own seedable ``torch.Generator``) and
@@ -469,6 +469,9 @@ class MixPolicy(nn.Module):
     :meth:`value` always uses ``large``. ``alpha`` is a buffer, so it travels in the state dict;
     :meth:`set_alpha` changes it in place. ``small`` and ``large`` may be modules or their specs.
     """
+
+    alpha: torch.Tensor
+    """Probability of acting with ``small``: a 0-d float32 buffer."""
 
     def __init__(
         self,
@@ -510,6 +513,10 @@ class MixPolicy(nn.Module):
             },
         )
 
+    @spec.setter
+    def spec(self, value: PolicySpec) -> None:
+        raise AttributeError("MixPolicy.spec is derived from its two networks and alpha; it cannot be set")
+
     def reseed(self, seed: int) -> None:
         """Restart the network-choice random stream from ``seed``."""
         self.seed = int(seed)
@@ -521,7 +528,7 @@ class MixPolicy(nn.Module):
         with torch.no_grad():
             self.alpha.fill_(float(alpha))
 
-    def choose(self) -> nn.Module:
+    def choose(self) -> ActorCritic:
         """Draw which network acts next: ``small`` with probability ``alpha``."""
         use_small = bool(torch.rand((), generator=self.generator) < self.alpha.float())
         self.last_choice = "small" if use_small else "large"
@@ -568,7 +575,7 @@ def parse_monitor(text: str, precision: str | None = None, sparsity: float | Non
             if name == "ladder":
                 if not nums:
                     raise ValueError("ladder needs a KL threshold, e.g. ladder:0.05")
-                current = precision if precision in ("int8", "fp16", "fp32") else None
+                current = check_precision(precision) if precision in PRECISIONS else None
                 strategies.append(PrecisionLadder(nums[0], patience=int(nums[1]) if len(nums) > 1 else 1,
                                                   current=current))
             elif name == "alpha":

@@ -2,23 +2,29 @@
 
 Agents cross the wire as weights, not code: a worker builds its policy once from a
 :class:`PolicySpec` (an importable ``"module:function"`` and JSON keyword arguments) and from
-then on only receives tensors. Any ``torch.nn.Module`` can be used as an agent if it has
+then on only receives tensors. An agent is a ``torch.nn.Module`` with
 
 - ``spec``: a :class:`PolicySpec` that rebuilds an identical module,
-- ``dist_kind``: ``"categorical"`` or ``"gaussian"`` (see :mod:`frugalrl.dists`),
+- ``dist_kind``: ``"categorical"`` or ``"gaussian"`` (:data:`frugalrl.dists.DistKind`),
 - ``dist_params(obs) -> Tensor`` and ``value(obs) -> Tensor``.
+
+:class:`ActorCritic` declares these, and every agent class of frugalrl derives from it, so that
+type checkers know what an agent has. At run time the check is duck-typed (:func:`check_agent`):
+a user's module with those attributes works without deriving from :class:`ActorCritic`.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
+
+from frugalrl.dists import DistKind
 
 
 @dataclass(frozen=True)
@@ -51,13 +57,40 @@ def import_string(path: str) -> Any:
     return obj
 
 
-def build_policy(spec: PolicySpec | dict[str, Any]) -> nn.Module:
-    """Build the module a spec describes."""
+class ActorCritic(nn.Module):
+    """What an agent is: a module with ``spec``, ``dist_kind``, ``dist_params(obs)`` and ``value(obs)``.
+
+    Subclasses set ``spec`` and ``dist_kind`` in ``__init__`` (or define them as properties) and
+    implement both methods. Deriving from this class is how frugalrl's own agents say what they are;
+    a user's module need not (see :func:`check_agent`), it is then an ``ActorCritic`` by duck typing.
+    """
+
+    spec: PolicySpec
+    """Rebuilds an identical module anywhere (:func:`build_policy`)."""
+    dist_kind: DistKind
+    """The action distribution :meth:`dist_params` parameterises (see :mod:`frugalrl.dists`)."""
+
+    def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
+        """Parameters of the action distribution for each state, shape ``(batch, P)``."""
+        raise NotImplementedError
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """State value, shape ``(batch,)``."""
+        raise NotImplementedError
+
+
+def build_policy(spec: PolicySpec | dict[str, Any]) -> ActorCritic:
+    """Build the module a spec describes (``TypeError`` unless it passes :func:`check_agent`)."""
     if isinstance(spec, dict):
         spec = PolicySpec(**spec)
     module = import_string(spec.factory)(**spec.kwargs)
+    return as_agent(module)
+
+
+def as_agent(module: Any) -> ActorCritic:
+    """``module`` typed as an :class:`ActorCritic` once :func:`check_agent` accepted it (duck typing)."""
     check_agent(module)
-    return module
+    return cast(ActorCritic, module)
 
 
 def check_agent(agent: Any) -> None:
@@ -84,14 +117,18 @@ def action_desc(space: gym.Space) -> dict[str, Any]:
     raise TypeError(f"unsupported action space {space}; frugalrl supports Discrete and Box")
 
 
-def layer_init(layer: nn.Linear, std: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Linear:
+_Layer = TypeVar("_Layer", nn.Linear, nn.Conv2d)
+
+
+def layer_init(layer: _Layer, std: float = float(np.sqrt(2)), bias: float = 0.0) -> _Layer:
     """Orthogonal weights and constant bias, as in CleanRL."""
     nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
+    if layer.bias is not None:
+        nn.init.constant_(layer.bias, bias)
     return layer
 
 
-class MLPActorCritic(nn.Module):
+class MLPActorCritic(ActorCritic):
     """Separate actor and critic MLPs (CleanRL's PPO agent) for flat observations.
 
     Categorical head for Discrete actions; state-independent log-std Gaussian for Box actions.
@@ -153,7 +190,7 @@ def conv_out_size(size: int, n_convs: int) -> int:
     return size
 
 
-class NatureCNNActorCritic(nn.Module):
+class NatureCNNActorCritic(ActorCritic):
     """Nature-CNN trunk (Mnih et al. 2015) with a categorical actor head and a value head.
 
     ``channels`` are the output channels of the first ``len(channels)`` convolutions (8x8 s4, 4x4 s2,
@@ -218,7 +255,7 @@ class NatureCNNActorCritic(nn.Module):
 
 def make_agent(
     observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64)
-) -> nn.Module:
+) -> ActorCritic:
     """A default actor-critic for the given single-env spaces: Nature-CNN for (C, H, W) uint8 frames, else an MLP."""
     if not isinstance(observation_space, gym.spaces.Box):
         raise TypeError(f"MLPActorCritic needs a Box observation space, got {observation_space}")

@@ -10,12 +10,15 @@ the behaviour distribution's parameters and the policy version that chose its ac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from frugalrl import dists
+from frugalrl.dists import DistKind
+from frugalrl.nets import ActorCritic
 
 
 @dataclass
@@ -32,7 +35,7 @@ class Rollout:
     next_obs: np.ndarray  # (N, *obs_shape) state after the last step
     final_idx: np.ndarray  # (K, 2) [t, env] of every finished episode
     final_obs: np.ndarray  # (K, *obs_shape) its last observation
-    dist_kind: str
+    dist_kind: DistKind
     valid: np.ndarray | None = None  # (T, N) False for steps to ignore (NEXT_STEP reset steps)
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
@@ -60,7 +63,9 @@ class Rollout:
         return self.learner_version - self.versions
 
 
-def collect_rollout(envs: gym.vector.VectorEnv, agent: torch.nn.Module, num_steps: int, state: dict) -> Rollout:
+def collect_rollout(
+    envs: gym.vector.VectorEnv, agent: ActorCritic, num_steps: int, state: dict[str, Any]
+) -> Rollout:
     """Collect a :class:`Rollout` from a plain Gymnasium vector env with head-side inference.
 
     ``state`` carries the current observation and autoreset flags between calls (start with ``{}``;
@@ -74,7 +79,7 @@ def collect_rollout(envs: gym.vector.VectorEnv, agent: torch.nn.Module, num_step
         state["obs"], _ = envs.reset(seed=state.get("seed"))
         state["resetting"] = np.zeros(envs.num_envs, dtype=bool)
     n = envs.num_envs
-    box = isinstance(envs.single_action_space, gym.spaces.Box)
+    action_space = envs.single_action_space
     obs_buf, act_buf, par_buf = [], [], []
     rewards = np.zeros((num_steps, n), np.float32)
     terms = np.zeros((num_steps, n), bool)
@@ -96,7 +101,10 @@ def collect_rollout(envs: gym.vector.VectorEnv, agent: torch.nn.Module, num_step
         obs_buf.append(np.asarray(obs).copy())
         act_buf.append(action)
         par_buf.append(params.float().numpy())
-        env_action = np.clip(action, envs.single_action_space.low, envs.single_action_space.high) if box else action
+        if isinstance(action_space, gym.spaces.Box):
+            env_action = np.clip(action, action_space.low, action_space.high)
+        else:
+            env_action = action
         next_obs, r, te, tr, infos = envs.step(env_action)
         rewards[t], terms[t], truncs[t] = r, te, tr
         done = np.logical_or(te, tr)

@@ -1,14 +1,12 @@
-"""The Compressor chain (AcceRL, seed paper 004, Code 1): stages that turn the learner's policy into an actor.
+"""The Compressor chain (AcceRL, Zhang 2022, Code 1): stages that turn the learner's policy into an actor.
 
     chain = CompressorChain().add(Prune(0.5)).add(Distill()).add(Quantize("int8")).add(Export("onnx"))
     actor = chain.build(learner_agent, recent_obs)      # an agent ClusterEnv workers can run
     chain.reports                                       # params, wire bytes, latency, KL per stage
 
-A stage (:class:`Compressor`) takes an :class:`Artifact` and returns a new one. An artifact holds a
-torch agent (fp32; pruning and distillation change it) and, once a stage has exported it, the
-serialized ONNX graph the actor runs instead (quantization and export produce it). ``artifact.actor()``
-is the agent sent to workers: the torch module itself, or an
-:class:`~frugalrl.compress.runtime.OnnxPolicy` holding the graph bytes.
+A stage (:class:`~frugalrl.compress.base.Compressor`) takes an
+:class:`~frugalrl.compress.base.Artifact` and returns a new one (see :mod:`frugalrl.compress.base`,
+which the stages import; this module imports the stages, for :func:`parse_chain`).
 
 Every stage is measured on the same recent observations: parameters, bytes of the weights message
 that would carry the actor to a worker, inference latency at batch 1 and 16, and KL(teacher ‖ actor).
@@ -26,51 +24,14 @@ import torch
 from torch import nn
 
 from frugalrl import dists
+from frugalrl.compress.base import Artifact, CompressContext, Compressor
+from frugalrl.compress.distill import Distill
+from frugalrl.compress.export import Export, check_format
+from frugalrl.compress.prune import Prune, check_sparsity
+from frugalrl.compress.quantize import Quantize
+from frugalrl.compress.runtime import Precision, check_precision
+from frugalrl.nets import ActorCritic
 from frugalrl.wire.message import encode_state_dict, message_sizes
-
-PRECISIONS = ("fp32", "fp16", "int8")
-
-
-@dataclass
-class Artifact:
-    """What one stage hands to the next."""
-
-    module: nn.Module
-    """A torch agent (``spec``, ``dist_kind``, ``dist_params``, ``value``) in fp32."""
-    onnx: bytes | None = None
-    """The serialized ONNX graph the actor runs, once a stage exported one (else the actor is ``module``)."""
-    precision: str = "fp32"
-    """Precision of the exported graph's weights: fp32, fp16 or int8."""
-
-    def actor(self) -> nn.Module:
-        """The agent a worker runs: ``module`` or an ``OnnxPolicy`` over ``onnx``."""
-        if self.onnx is None:
-            return self.module
-        from frugalrl.compress.runtime import OnnxPolicy
-
-        return OnnxPolicy.from_bytes(self.onnx, self.module.dist_kind, precision=self.precision)
-
-
-@dataclass
-class CompressContext:
-    """What every stage may use: the teacher (a frozen snapshot of the learner) and recent states."""
-
-    teacher: nn.Module
-    observations: torch.Tensor
-    """Recent states, shape ``(N, *obs_shape)``: calibration, distillation and KL measurement data."""
-    seed: int = 0
-
-
-class Compressor:
-    """Base class of a chain stage. Subclasses implement :meth:`apply` and :meth:`describe`."""
-
-    def apply(self, art: Artifact, ctx: CompressContext) -> Artifact:
-        """Return the compressed artifact (never modify ``art.module`` in place)."""
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        """Short name for logs and reports, e.g. ``prune:0.5``."""
-        return type(self).__name__.lower()
 
 
 @dataclass
@@ -115,27 +76,28 @@ class CompressorChain:
         self.stages.append(stage)
         return self
 
-    def configure(self, precision: str | None = None, sparsity: float | None = None) -> None:
+    def configure(self, precision: Precision | None = None, sparsity: float | None = None) -> None:
         """Change the stages for the next :meth:`build` (what the Monitor's strategies do).
 
-        ``precision`` (fp32, fp16, int8) goes to every quantization stage, ``sparsity`` to every
-        pruning stage; None leaves a setting as it is.
+        ``precision`` (fp32, fp16, int8) goes to every stage with a ``precision`` attribute (the
+        quantization stages), ``sparsity`` to every stage with a ``sparsity`` attribute (the pruning
+        stages); None leaves a setting as it is.
         """
-        if precision is not None and precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if precision is not None:
+            precision = check_precision(precision)
+        if sparsity is not None:
+            sparsity = check_sparsity(sparsity)
         for stage in self.stages:
             if precision is not None and hasattr(stage, "precision"):
                 stage.precision = precision
             if sparsity is not None and hasattr(stage, "sparsity"):
-                if not 0 <= sparsity < 1:
-                    raise ValueError(f"sparsity must be in [0, 1), got {sparsity!r}")
-                stage.sparsity = float(sparsity)
+                stage.sparsity = sparsity
 
     def describe(self) -> str:
         """The stages, comma-separated (the ``--compress`` syntax)."""
         return ",".join(s.describe() for s in self.stages) or "none"
 
-    def build(self, teacher: nn.Module, observations: torch.Tensor | np.ndarray, seed: int = 0) -> nn.Module:
+    def build(self, teacher: ActorCritic, observations: torch.Tensor | np.ndarray, seed: int = 0) -> ActorCritic:
         """Run every stage on a frozen copy of ``teacher``; return the actor (also ``self.policy``).
 
         ``self.reports`` gets one entry for the original and one per stage.
@@ -159,7 +121,7 @@ class CompressorChain:
         return art.actor()
 
     @property
-    def policy(self) -> nn.Module:
+    def policy(self) -> ActorCritic:
         """The actor from the last :meth:`build`."""
         if self.artifact is None:
             raise RuntimeError("CompressorChain.policy: call build(teacher, observations) first")
@@ -185,14 +147,14 @@ def count_params(module: nn.Module) -> int:
     return int(sum(p.numel() for p in module.parameters()))
 
 
-def wire_bytes(actor: nn.Module, codec: str = "fp32") -> int:
+def wire_bytes(actor: ActorCritic, codec: str = "fp32") -> int:
     """Bytes of the weights message that sends ``actor`` to one worker (what ClusterEnv would send)."""
     msg = encode_state_dict(actor.state_dict(), codec)
     msg.meta = {"version": 0, "spec": actor.spec.to_json()}
     return sum(message_sizes(msg).values())
 
 
-def policy_kl(teacher: nn.Module, actor: nn.Module, observations: torch.Tensor) -> torch.Tensor:
+def policy_kl(teacher: ActorCritic, actor: ActorCritic, observations: torch.Tensor) -> torch.Tensor:
     """Per-state KL(teacher ‖ actor) on ``observations``."""
     with torch.inference_mode():
         p = teacher.dist_params(observations).float()
@@ -200,7 +162,7 @@ def policy_kl(teacher: nn.Module, actor: nn.Module, observations: torch.Tensor) 
     return dists.kl(teacher.dist_kind, p, q)
 
 
-def measure_latency(actor: nn.Module, observations: torch.Tensor, batch: int, repeats: int = 50) -> float:
+def measure_latency(actor: ActorCritic, observations: torch.Tensor, batch: int, repeats: int = 50) -> float:
     """Median milliseconds of one ``actor.dist_params`` call on ``batch`` states, on one thread."""
     idx = torch.arange(batch) % observations.shape[0]
     x = observations[idx].contiguous()
@@ -226,11 +188,6 @@ def parse_chain(text: str, distill_steps: int | None = None, **options: Any) -> 
     Stage words: ``prune:S`` (sparsity S), ``distill`` or ``distill:STEPS``, ``int8``/``fp16`` (or
     ``quantize:int8``), ``onnx`` (or ``export:onnx``). ``options`` go to :class:`CompressorChain`.
     """
-    from frugalrl.compress.distill import Distill
-    from frugalrl.compress.export import Export
-    from frugalrl.compress.prune import Prune
-    from frugalrl.compress.quantize import Quantize
-
     chain = CompressorChain(**options)
     for word in [w.strip() for w in (text or "").split(",") if w.strip()]:
         name, _, arg = word.partition(":")
@@ -244,11 +201,11 @@ def parse_chain(text: str, distill_steps: int | None = None, **options: Any) -> 
                 steps = int(arg) if arg else distill_steps
                 chain.add(Distill(steps=steps) if steps is not None else Distill())
             elif name in ("int8", "fp16"):
-                chain.add(Quantize(name))
+                chain.add(Quantize(check_precision(name)))
             elif name == "quantize":
-                chain.add(Quantize(arg or "int8"))
+                chain.add(Quantize(check_precision(arg or "int8")))
             elif name in ("onnx", "export"):
-                chain.add(Export(arg or "onnx") if name == "export" else Export("onnx"))
+                chain.add(Export(check_format(arg or "onnx")) if name == "export" else Export("onnx"))
             else:
                 raise ValueError(f"unknown stage {name!r}")
         except ValueError as e:

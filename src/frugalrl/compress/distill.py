@@ -1,4 +1,4 @@
-"""Knowledge distillation (AcceRL, seed paper 004, equation 1): teach a smaller policy to act like the learner's.
+"""Knowledge distillation (AcceRL, Zhang 2022, equation 1): teach a smaller policy to act like the learner's.
 
 The student is trained on recent states to match the teacher's action distribution and value:
 
@@ -15,6 +15,7 @@ into a fresh, smaller network of the teacher's class (``Distill(student={"hidden
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -22,8 +23,8 @@ import torch
 from torch import nn
 
 from frugalrl import dists
-from frugalrl.compress.chain import Artifact, CompressContext, Compressor
-from frugalrl.nets import build_policy
+from frugalrl.compress.base import Artifact, CompressContext, Compressor
+from frugalrl.nets import ActorCritic, build_policy
 
 DEFAULT_STEPS = 300
 _CHUNK = 1024  # states per forward pass when labelling / measuring the whole observation set
@@ -36,7 +37,7 @@ def _check_positive(name: str, value: float, allow_zero: bool = False) -> None:
         raise ValueError(f"{name} must be {bound}, got {value!r}")
 
 
-def _chunked(fn: Any, obs: torch.Tensor) -> torch.Tensor:
+def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
     return torch.cat([fn(obs[i : i + _CHUNK]) for i in range(0, obs.shape[0], _CHUNK)])
 
 
@@ -58,8 +59,8 @@ def _check_options(steps: int, batch_size: int, lr: float, beta: float, value_co
 
 
 def distill(
-    teacher: nn.Module,
-    student: nn.Module,
+    teacher: ActorCritic,
+    student: ActorCritic,
     observations: torch.Tensor,
     steps: int = DEFAULT_STEPS,
     batch_size: int = 256,
@@ -98,7 +99,8 @@ def distill(
 
     with torch.no_grad():
         t_params = _chunked(teacher.dist_params, obs).float().to(device)
-        t_value = _chunked(teacher.value, obs).float().to(device) if use_value else None
+        # Not read when use_value is False.
+        t_value = _chunked(teacher.value, obs).float().to(device) if use_value else torch.empty(0)
     obs = obs.to(device)
     with torch.no_grad():
         s_params = student.dist_params(obs[:1])
@@ -179,7 +181,7 @@ class Distill(Compressor):
         self.last_stats: dict[str, float] | None = None
         """What :func:`distill` returned on the last :meth:`apply`."""
 
-    def make_student(self, art: Artifact, ctx: CompressContext) -> nn.Module:
+    def make_student(self, art: Artifact, ctx: CompressContext) -> ActorCritic:
         """The network to train: a deep copy of ``art.module``, or a fresh one from the teacher's spec."""
         if self.student is None:
             return copy.deepcopy(art.module).float()

@@ -1,4 +1,4 @@
-"""Static-graph export of an agent to ONNX (AcceRL's "ONNX()" stage, seed paper 004).
+"""Static-graph export of an agent to ONNX (AcceRL's "ONNX()" stage, Zhang 2022).
 
 :func:`export_onnx` traces a torch agent into an ONNX graph with one input ``obs`` (dynamic batch, the
 dtype the agent is fed: uint8 frames stay uint8 and are scaled inside the graph) and two outputs,
@@ -10,28 +10,40 @@ already produced the graph, which it then keeps. Workers run the graph with
 
 from __future__ import annotations
 
-import io
+import os
+import tempfile
 import warnings
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 from torch import nn
 
-from frugalrl.compress.chain import Artifact, CompressContext, Compressor
+from frugalrl.compress.base import Artifact, CompressContext, Compressor
 from frugalrl.compress.runtime import DIST_OUTPUT, VALUE_OUTPUT, make_session
+from frugalrl.nets import ActorCritic
 
 OPSET = 17
 """ONNX opset of exported graphs."""
-FORMATS = ("onnx",)
-"""Export formats :class:`Export` supports."""
+ExportFormat = Literal["onnx"]
+"""An export format :class:`Export` supports."""
+FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
 EXAMPLE_STATES = 32
 """States of the context the :class:`Export` stage traces with and checks the graph on."""
+
+
+def check_format(format: str) -> ExportFormat:
+    """``format`` as an :data:`ExportFormat`; ``ValueError`` naming it unless :class:`Export` supports it."""
+    for known in FORMATS:
+        if format == known:
+            return known
+    raise ValueError(f"unsupported export format {format!r}; supported: {', '.join(FORMATS)}")
 
 
 class _Heads(nn.Module):
     """``obs -> (dist_params, value)`` of an agent, sharing the trunk when the agent can."""
 
-    def __init__(self, agent: nn.Module):
+    def __init__(self, agent: ActorCritic):
         super().__init__()
         self.agent = agent
 
@@ -45,7 +57,7 @@ class _Heads(nn.Module):
 
 
 def export_onnx(
-    module: nn.Module,
+    module: ActorCritic,
     example_obs: torch.Tensor | np.ndarray,
     opset: int = OPSET,
     rtol: float = 1e-3,
@@ -63,26 +75,27 @@ def export_onnx(
     wrapper = _Heads(module)
     modes = {m: m.training for m in module.modules()}
     wrapper.eval()
-    buf = io.BytesIO()
     try:
         with torch.no_grad():
             expected = wrapper(obs)
-        with warnings.catch_warnings():
+        with tempfile.TemporaryDirectory(prefix="frugalrl-export-") as tmp, warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            path = os.path.join(tmp, "model.onnx")
             torch.onnx.export(
                 wrapper,
                 (obs,),
-                buf,
+                path,
                 dynamo=False,
                 opset_version=opset,
                 input_names=["obs"],
                 output_names=[DIST_OUTPUT, VALUE_OUTPUT],
                 dynamic_axes={"obs": {0: "batch"}, DIST_OUTPUT: {0: "batch"}, VALUE_OUTPUT: {0: "batch"}},
             )
+            with open(path, "rb") as f:
+                data = f.read()
     finally:
         for m, training in modes.items():
             m.training = training
-    data = buf.getvalue()
     check_onnx(data, obs, expected, rtol=rtol, atol=atol)
     return data
 
@@ -97,8 +110,8 @@ def check_onnx(
     """Raise ``RuntimeError`` unless ONNX Runtime's outputs of ``data`` on ``obs`` match ``expected``."""
     session = make_session(data)
     got = session.run([DIST_OUTPUT, VALUE_OUTPUT], {session.get_inputs()[0].name: obs.numpy()})
-    for name, g, e in zip((DIST_OUTPUT, VALUE_OUTPUT), got, expected, strict=True):
-        e = e.detach().numpy()
+    for name, g, t in zip((DIST_OUTPUT, VALUE_OUTPUT), got, expected, strict=True):
+        e = t.detach().numpy()
         err = float(np.max(np.abs(g.reshape(e.shape) - e))) if e.size else 0.0
         tol = atol + rtol * float(np.max(np.abs(e), initial=0.0))
         if not np.isfinite(err) or err > tol:
@@ -114,10 +127,8 @@ class Export(Compressor):
     graph already exported (for example the int8 one of ``Quantize``) unchanged.
     """
 
-    def __init__(self, format: str = "onnx"):
-        if format not in FORMATS:
-            raise ValueError(f"unsupported export format {format!r}; supported: {', '.join(FORMATS)}")
-        self.format = format
+    def __init__(self, format: ExportFormat = "onnx"):
+        self.format = check_format(format)
 
     def apply(self, art: Artifact, ctx: CompressContext) -> Artifact:
         """An artifact whose actor runs the ONNX graph (exported here if ``art.onnx`` is None)."""

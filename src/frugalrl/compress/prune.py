@@ -1,4 +1,4 @@
-"""Structured pruning (AcceRL, seed paper 004): delete whole neurons and feature maps.
+"""Structured pruning (AcceRL, Zhang 2022): delete whole neurons and feature maps.
 
 Unstructured (weight-level) sparsity only pays off on hardware with sparse kernels; AcceRL instead
 deletes entire rows and columns of the parameter matrices, so the result is a *smaller dense network*
@@ -18,12 +18,13 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import replace
+from typing import TypeVar
 
 import torch
 from torch import nn
 
-from frugalrl.compress.chain import Artifact, CompressContext, Compressor
-from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic, build_policy
+from frugalrl.compress.base import Artifact, CompressContext, Compressor
+from frugalrl.nets import ActorCritic, MLPActorCritic, NatureCNNActorCritic, PolicySpec, build_policy
 
 SUPPORTED = (MLPActorCritic, NatureCNNActorCritic)
 
@@ -43,6 +44,17 @@ def check_sparsity(sparsity: float) -> float:
 def n_kept(n: int, sparsity: float) -> int:
     """How many of ``n`` units a layer keeps: ``max(1, round((1 - sparsity) * n))``."""
     return max(1, round((1.0 - sparsity) * n))
+
+
+_Agent = TypeVar("_Agent", MLPActorCritic, NatureCNNActorCritic)
+
+
+def _build_like(agent: _Agent, spec: PolicySpec) -> _Agent:
+    """The module ``spec`` builds, checked to be of ``agent``'s class."""
+    built = build_policy(spec)
+    if not isinstance(built, type(agent)):
+        raise TypeError(f"{spec.factory} built a {type(built).__name__}, expected a {type(agent).__name__}")
+    return built
 
 
 def _check_supported(agent: nn.Module) -> None:
@@ -65,7 +77,7 @@ def _linear_layers(seq: nn.Sequential) -> list[tuple[str, nn.Linear]]:
     return [(str(i), m) for i, m in enumerate(seq) if isinstance(m, nn.Linear)]
 
 
-def kept_units(agent: nn.Module, sparsity: float) -> dict[str, torch.Tensor]:
+def kept_units(agent: ActorCritic, sparsity: float) -> dict[str, torch.Tensor]:
     """The units :func:`prune_agent` keeps, by layer: ``{"actor.0": indices, "trunk.3": indices, ...}``.
 
     Keys are the module paths (as in ``named_modules``) of the layers whose *outputs* are pruned:
@@ -80,7 +92,7 @@ def kept_units(agent: nn.Module, sparsity: float) -> dict[str, torch.Tensor]:
         for part in ("actor", "critic"):
             for name, layer in _linear_layers(getattr(agent, part))[:-1]:
                 kept[f"{part}.{name}"] = _top_units(layer.weight, n_kept(layer.out_features, s))
-    else:
+    elif isinstance(agent, NatureCNNActorCritic):
         for i, m in enumerate(agent.trunk):
             if isinstance(m, (nn.Conv2d, nn.Linear)):
                 kept[f"trunk.{i}"] = _top_units(m.weight, n_kept(m.weight.shape[0], s))
@@ -89,7 +101,13 @@ def kept_units(agent: nn.Module, sparsity: float) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def _copy(dst: nn.Module, src: nn.Module, rows: torch.Tensor | None, cols: torch.Tensor | None) -> None:
-    """dst.weight = src.weight[rows][:, cols]; dst.bias = src.bias[rows] (``None``: keep all)."""
+    """dst.weight = src.weight[rows][:, cols]; dst.bias = src.bias[rows] (``None``: keep all).
+
+    ``src`` and ``dst`` are layers of one class, ``nn.Linear`` or ``nn.Conv2d``, with a bias.
+    """
+    if not isinstance(src, (nn.Linear, nn.Conv2d)) or type(dst) is not type(src):
+        raise TypeError(f"cannot copy a pruned {type(src).__name__} into a {type(dst).__name__}")
+    assert isinstance(dst, (nn.Linear, nn.Conv2d)) and src.bias is not None and dst.bias is not None
     w = src.weight
     if rows is not None:
         w = w.index_select(0, rows)
@@ -102,7 +120,7 @@ def _copy(dst: nn.Module, src: nn.Module, rows: torch.Tensor | None, cols: torch
 
 def _prune_mlp(agent: MLPActorCritic, s: float, kept: dict[str, torch.Tensor]) -> MLPActorCritic:
     hidden = [n_kept(h, s) for h in agent.hidden]
-    pruned = build_policy(replace(agent.spec, kwargs={**agent.spec.kwargs, "hidden": hidden}))
+    pruned = _build_like(agent, replace(agent.spec, kwargs={**agent.spec.kwargs, "hidden": hidden}))
     for part in ("actor", "critic"):
         src_layers = _linear_layers(getattr(agent, part))
         dst_layers = _linear_layers(getattr(pruned, part))
@@ -120,7 +138,7 @@ def _prune_mlp(agent: MLPActorCritic, s: float, kept: dict[str, torch.Tensor]) -
 def _prune_cnn(agent: NatureCNNActorCritic, s: float, kept: dict[str, torch.Tensor]) -> NatureCNNActorCritic:
     channels = [n_kept(c, s) for c in agent.channels]
     kwargs = {**agent.spec.kwargs, "channels": channels, "hidden": n_kept(agent.hidden, s)}
-    pruned = build_policy(replace(agent.spec, kwargs=kwargs))
+    pruned = _build_like(agent, replace(agent.spec, kwargs=kwargs))
     cols: torch.Tensor | None = None
     for i, (src, dst) in enumerate(zip(agent.trunk, pruned.trunk, strict=True)):
         if isinstance(src, nn.Conv2d):
@@ -140,7 +158,7 @@ def _prune_cnn(agent: NatureCNNActorCritic, s: float, kept: dict[str, torch.Tens
     return pruned
 
 
-def prune_agent(agent: nn.Module, sparsity: float) -> nn.Module:
+def prune_agent(agent: ActorCritic, sparsity: float) -> ActorCritic:
     """A smaller dense copy of ``agent`` with ``sparsity`` of every hidden layer's units removed.
 
     Supports :class:`~frugalrl.nets.MLPActorCritic` (the actor and critic share the ``hidden`` widths,
@@ -156,7 +174,13 @@ def prune_agent(agent: nn.Module, sparsity: float) -> nn.Module:
     kept = kept_units(agent, s)
     src = copy.deepcopy(agent).float().cpu()
     kept = {k: v.cpu() for k, v in kept.items()}
-    pruned = _prune_mlp(src, s, kept) if isinstance(src, MLPActorCritic) else _prune_cnn(src, s, kept)
+    pruned: ActorCritic
+    if isinstance(src, MLPActorCritic):
+        pruned = _prune_mlp(src, s, kept)
+    elif isinstance(src, NatureCNNActorCritic):
+        pruned = _prune_cnn(src, s, kept)
+    else:  # pragma: no cover - _check_supported rejected every other class
+        raise TypeError(f"cannot prune a {type(src).__name__}")
     try:
         device = next(agent.parameters()).device
     except StopIteration:  # pragma: no cover - both supported classes have parameters

@@ -1,4 +1,4 @@
-"""Post-training quantization of an exported agent graph (AcceRL's "Quantilizer('INT8')", seed paper 004).
+"""Post-training quantization of an exported agent graph (AcceRL's "Quantilizer('INT8')", Zhang 2022).
 
 - **int8**: ONNX Runtime static quantization in QDQ form, weights int8 per output channel, activations
   uint8, ranges calibrated (min/max) on recent states of the learner (:func:`quantize_int8`). ONNX
@@ -22,19 +22,14 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from frugalrl.compress.chain import PRECISIONS, Artifact, CompressContext, Compressor
+from frugalrl.compress.base import Artifact, CompressContext, Compressor
 from frugalrl.compress.export import EXAMPLE_STATES, export_onnx
+from frugalrl.compress.runtime import Precision, check_precision
 
 CALIBRATION_BATCH = 32
 """States per calibration batch fed to ONNX Runtime's calibrator."""
 FP16_MIN_ELEMENTS = 16
 """Initializers with fewer elements stay fp32 in :func:`to_fp16` (scalars, scales: no bytes to save)."""
-
-
-def _check_precision(precision: str) -> str:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return precision
 
 
 class _Calibration:
@@ -75,8 +70,8 @@ def quantize_int8(
 
     with tempfile.TemporaryDirectory(prefix="frugalrl-quant-") as tmp:
         src, pre, dst = (os.path.join(tmp, n) for n in ("model.onnx", "pre.onnx", "int8.onnx"))
-        with open(src, "wb") as f:
-            f.write(bytes(onnx_bytes))
+        with open(src, "wb") as out:
+            out.write(bytes(onnx_bytes))
         quant_pre_process(src, pre)
         quantize_static(
             pre,
@@ -87,8 +82,8 @@ def quantize_int8(
             weight_type=QuantType.QInt8,
             per_channel=per_channel,
         )
-        with open(dst, "rb") as f:
-            return f.read()
+        with open(dst, "rb") as result:
+            return result.read()
 
 
 def to_fp16(onnx_bytes: bytes) -> bytes:
@@ -136,8 +131,8 @@ class Quantize(Compressor):
     between builds (``CompressorChain.configure``).
     """
 
-    def __init__(self, precision: str = "int8", per_channel: bool = True, calibration_size: int = 256):
-        self.precision = _check_precision(precision)
+    def __init__(self, precision: Precision = "int8", per_channel: bool = True, calibration_size: int = 256):
+        self.precision: Precision = check_precision(precision)
         self.per_channel = bool(per_channel)
         if int(calibration_size) < 1:
             raise ValueError(f"calibration_size must be >= 1, got {calibration_size!r}")
@@ -145,7 +140,7 @@ class Quantize(Compressor):
 
     def apply(self, art: Artifact, ctx: CompressContext) -> Artifact:
         """An artifact holding the quantized graph (``module`` unchanged)."""
-        precision = _check_precision(self.precision)
+        precision = check_precision(self.precision)
         obs = ctx.observations
         if art.onnx is not None and art.precision == "fp32":
             graph = art.onnx

@@ -15,13 +15,25 @@ provider with ``threads`` intra-op threads, one inter-op thread and every graph 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
-from torch import nn
 
-from frugalrl.nets import PolicySpec
+from frugalrl.dists import KINDS, DistKind
+from frugalrl.nets import ActorCritic, PolicySpec
+
+Precision = Literal["fp32", "fp16", "int8"]
+"""Precision of an exported graph's weights (what :mod:`frugalrl.compress.quantize` produces)."""
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+
+
+def check_precision(precision: str) -> Precision:
+    """``precision`` as a :data:`Precision`; ``ValueError`` naming it unless it is fp32, fp16 or int8."""
+    for known in PRECISIONS:
+        if precision == known:
+            return known
+    raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
 
 # ONNX Runtime's input type names -> NumPy dtypes the graph input may expect.
 _ORT_DTYPES: dict[str, np.dtype] = {
@@ -61,7 +73,7 @@ def make_session(data: bytes, threads: int = 1) -> Any:
         raise ValueError(f"not a valid ONNX model ({len(data)} bytes): {type(e).__name__}: {e}") from e
 
 
-class OnnxPolicy(nn.Module):
+class OnnxPolicy(ActorCritic):
     """An agent that runs a serialized ONNX graph (inputs ``obs``; outputs ``dist_params``, ``value``).
 
     Build it with :meth:`from_bytes` on the learner side; a worker builds an empty one from ``spec``
@@ -69,14 +81,17 @@ class OnnxPolicy(nn.Module):
     ``precision`` (fp32, fp16, int8) only describes the graph's weights; it is part of the spec.
     """
 
-    def __init__(self, dist_kind: str, precision: str = "fp32", threads: int = 1):
+    model: torch.Tensor
+    """The serialized ONNX graph, a 1-D uint8 buffer (empty until weights arrive)."""
+
+    def __init__(self, dist_kind: DistKind, precision: Precision = "fp32", threads: int = 1):
         super().__init__()
-        if dist_kind not in ("categorical", "gaussian"):
-            raise ValueError(f"dist_kind must be 'categorical' or 'gaussian', got {dist_kind!r}")
         if int(threads) < 1:
             raise ValueError(f"threads must be >= 1, got {threads!r}")
+        if dist_kind not in KINDS:
+            raise ValueError(f"dist_kind must be one of {KINDS}, got {dist_kind!r}")
         self.dist_kind = dist_kind
-        self.precision = str(precision)
+        self.precision: Precision = check_precision(precision)
         self.threads = int(threads)
         self.spec = PolicySpec(
             "frugalrl.compress.runtime:OnnxPolicy",
@@ -90,7 +105,9 @@ class OnnxPolicy(nn.Module):
         self._outputs: tuple[str, ...] = ()
 
     @classmethod
-    def from_bytes(cls, data: bytes, dist_kind: str, precision: str = "fp32", threads: int = 1) -> OnnxPolicy:
+    def from_bytes(
+        cls, data: bytes, dist_kind: DistKind, precision: Precision = "fp32", threads: int = 1
+    ) -> OnnxPolicy:
         """An agent running the serialized ONNX graph ``data`` (``ValueError`` if it is not one)."""
         policy = cls(dist_kind, precision=precision, threads=threads)
         policy.set_model(data)

@@ -9,6 +9,8 @@ the paper does not use (default 1).
 
 from __future__ import annotations
 
+from typing import Any, SupportsFloat
+
 import gymnasium as gym
 
 
@@ -19,7 +21,7 @@ class _ActionRepeat(gym.Wrapper):
         super().__init__(env)
         self.k = k
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         total = 0.0
         for _ in range(self.k):
             obs, reward, terminated, truncated, info = self.env.step(action)
@@ -33,7 +35,7 @@ def make_car_racing(frame_stack: int = 4, frame_skip: int = 1, max_episode_steps
     """One preprocessed CarRacing-v3 env: grayscale, ``frame_stack`` frames, optional action repeat."""
     if frame_stack < 1 or frame_skip < 1:
         raise ValueError(f"frame_stack and frame_skip must be >= 1, got {frame_stack}, {frame_skip}")
-    kwargs = {} if max_episode_steps is None else {"max_episode_steps": int(max_episode_steps)}
+    kwargs: dict[str, Any] = {} if max_episode_steps is None else {"max_episode_steps": int(max_episode_steps)}
     env = gym.make("CarRacing-v3", continuous=True, **kwargs)
     if frame_skip > 1:
         env = _ActionRepeat(env, frame_skip)

@@ -27,6 +27,8 @@ class EnvSpec:
         """Build one environment."""
         if self.id is not None:
             return gym.make(self.id, **self.kwargs)
+        if self.factory is None:
+            raise ValueError("EnvSpec has neither an id nor a factory; set exactly one of them")
         fn = import_string(self.factory) if isinstance(self.factory, str) else self.factory
         env = fn(**self.kwargs)
         if not isinstance(env, gym.Env):
