@@ -85,8 +85,8 @@ def main() -> None:
                 "compress": compress or "none", "seed": seed, "steps_to_target": steps, "seconds_to_target": seconds,
                 "final_return": s["eval_return_mean"], "train_seconds": s["train_seconds"],
                 "sps": s["steps_per_second"], "weight_bytes": s["bytes"]["weights"], "total_bytes": s["bytes"]["total"],
-                "syncs": s["weight_syncs"]["total"], "compress_builds": s["compress_builds"],
-                "compress_seconds": s["compress_seconds"],
+                "syncs": s["weight_syncs"]["total"], "compress_builds": s["details"]["compress_builds"],
+                "compress_seconds": s["details"]["compress_seconds"],
             })
     print(f"\n{args.env}, target {args.target}, {args.total_timesteps} steps max\n")
     print("| actors | seed | steps to target | s to target | final return | steps/s | weight MB | builds |")

@@ -1,4 +1,4 @@
-"""AcceRL's Table 6 (seed paper 004) on this CPU: network size, bytes on the wire and inference time.
+"""AcceRL's Table 6 (AcceRL, Zhang 2022) on this CPU: network size, bytes on the wire and inference time.
 
 Rows (all on 4x84x84 uint8 Pong frames, 6 actions):
 

@@ -1,4 +1,4 @@
-"""DPSGD speed-up tables (seed paper 002, Fig. 1-3): time to a target, by workers (nW) and Hogwild processes (p).
+"""DPSGD speed-up tables (the DPSGD paper, Fig. 1-3): time to a target, by workers (nW) and Hogwild processes (p).
 
     python benchmarks/dpsgd_speedup.py                                 # this machine: nW, p in {1, 2}
     python benchmarks/dpsgd_speedup.py --task lda --workers 1,2,4,8 --processes 1,2,4 --budget-s 300
@@ -168,13 +168,13 @@ def hsa2c_run(cfg: HSA2CConfig, target: float) -> dict[str, Any]:
         "starts_at_target": curve[0][1] >= target,  # the initial weights already do it: time 0 says nothing
         "best_return": max(v for _, v in curve),
         "final_eval_return": s["eval_return_mean"],
-        "global_updates": s["global_updates"],
+        "global_updates": s["details"]["global_updates"],
         "env_steps": s["env_steps"],
         "env_steps_per_s": s["steps_per_second"],
         "bytes_total": s["bytes"]["total"],
-        "bytes_per_update": s["bytes_per_update"],
-        "staleness_mean": s["staleness"]["mean"],
-        "startup_s": s["startup_seconds"],
+        "bytes_per_update": s["details"]["bytes_per_update"],
+        "staleness_mean": s["details"]["staleness"]["mean"],
+        "startup_s": s["details"]["startup_seconds"],
         "curve": [[round(t, 3), round(v, 1)] for t, v in curve],
     }
     print(

@@ -24,7 +24,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
-
 from frugalrl.algos.pipeline_ppo import PipelinePPOConfig, train
 
 RESULTS = Path(__file__).parent / "results"
@@ -99,7 +98,7 @@ def main() -> None:
             "total_bytes": float(np.mean([r["bytes"]["total"] for r in runs.values()])),
             "gradient_bytes": float(np.mean([r["bytes"]["gradients"] for r in runs.values()])),
             "activation_bytes": float(np.mean([r["bytes"]["activations"] for r in runs.values()])),
-            "iteration_seconds_median": float(np.median([np.median(r["iteration_seconds"]) for r in runs.values()])),
+            "iteration_seconds_median": float(np.median([np.median(r["details"]["iteration_seconds"]) for r in runs.values()])),
         }
         if dense:
             d_total = np.mean([r["bytes"]["total"] for r in dense.values()])
@@ -118,8 +117,8 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "config": asdict(base),
         "table": table,
-        "runs": {v: {str(s): {k: r[k] for k in ("eval_return_mean", "bytes", "bytes_by_direction", "return_curve",
-                                                "iteration_seconds", "wall_seconds", "episodes")}
+        "runs": {v: {str(s): {**{k: r[k] for k in ("eval_return_mean", "bytes", "wall_seconds", "episodes")},
+                              **{k: r["details"][k] for k in ("return_curve", "iteration_seconds")}}
                      for s, r in runs.items()} for v, runs in results.items()},
     }
     RESULTS.mkdir(exist_ok=True)
@@ -137,7 +136,7 @@ def _plot(results: dict, path: Path) -> None:
     for (variant, runs), color in zip(results.items(), ("k", "tab:blue", "tab:orange", "tab:green", "tab:red"),
                                       strict=False):
         for i, r in enumerate(runs.values()):
-            curve = np.asarray(r["return_curve"])
+            curve = np.asarray(r["details"]["return_curve"])
             if len(curve):
                 ax.plot(curve[:, 0], curve[:, 2], color=color, alpha=0.7, label=variant if i == 0 else None)
     ax.set_xlabel("env steps")

@@ -4,10 +4,10 @@
     python benchmarks/pipeline_shaped_link.py --rates none --variants dense --iterations 1   # smoke test
 
 Two network namespaces (:class:`frugalrl.netem.TestHosts`) joined by a veth pair, ``tbf`` on both
-hosts' egress (this kernel has no netem, so no delay). Stage 0 of :mod:`frugalrl.algos.pipeline_ppo`
+hosts' egress (this kernel has no netem, so no delay). Stage 0 of :mod:`frugalrl.pipeline`
 (env + encoder) runs in host 0 (10.213.0.1, the rendezvous), stage 1 (heads + loss) in host 1, each
-started exactly as on two machines: ``ip netns exec NS env GLOO_SOCKET_IFNAME=veth0 python -m
-frugalrl.algos.pipeline_ppo CFG.json RANK``. Variants: ``dense`` (fp32 cut gradients), ``p0.9`` /
+started exactly as on two machines: ``ip netns exec NS env GLOO_SOCKET_IFNAME=veth0 frugalrl train
+pipeline-ppo FLAGS --rank RANK``. Variants: ``dense`` (fp32 cut gradients), ``p0.9`` /
 ``p0.99`` (TopPercentile, ``auto`` index encoding, bf16 values, no warm start); activations bf16 in all.
 Per (rate, variant) one short run; stage 0's ``summary.json`` gives the seconds of each iteration (the
 median drops the first when there are at least 3), the rollout/update split, stage 0's time waiting on
@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _ppo_runs import config_flags  # noqa: E402 - benchmarks/ is on the path when a script runs
 
 from frugalrl import netem
-from frugalrl.algos.pipeline_ppo import PipelinePPOConfig
+from frugalrl.pipeline import PipelinePPOConfig
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -62,7 +63,7 @@ def _other_benchmarks() -> list[str]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if "benchmarks/" in cmd or "frugalrl.algos.pipeline_ppo" in cmd:
+        if "benchmarks/" in cmd or "pipeline-ppo" in cmd:
             out.append(cmd)
     return sorted(out)
 
@@ -71,15 +72,13 @@ def run_one(hosts: netem.TestHosts, cfg: PipelinePPOConfig, timeout: float) -> t
     """Run stage 0 in host 0 and stage 1 in host 1; return stage 0's summary and the two commands."""
     stage_dir = Path(cfg.run_dir) / RUN_NAME
     stage_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = stage_dir / "stage_config.json"
-    cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
     # torchrun's variables would override the config's rendezvous: keep them out of the stages' env
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     procs, logs, cmds = [], [], []
     try:
         for r in (0, 1):
-            argv = ["env", "GLOO_SOCKET_IFNAME=veth0", sys.executable, "-m", "frugalrl.algos.pipeline_ppo",
-                    str(cfg_path), str(r)]
+            argv = ["env", "GLOO_SOCKET_IFNAME=veth0", sys.executable, "-m", "frugalrl.cli", "train", "pipeline-ppo",
+                    *config_flags(dataclasses.replace(cfg, rank=r))]
             cmds.append(" ".join(shlex.quote(a) for a in [*hosts.exec_prefix(r), *argv]))
             log = open(stage_dir / f"stage{r}.log", "w")  # noqa: SIM115 - closed below
             logs.append(log)
@@ -90,10 +89,8 @@ def run_one(hosts: netem.TestHosts, cfg: PipelinePPOConfig, timeout: float) -> t
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 r = failed[0]
-                err = stage_dir / f"stage{r}.error"
-                why = err.read_text().strip() if err.exists() else f"exited with code {codes[r]}"
                 tail = (stage_dir / f"stage{r}.log").read_text()[-3000:]
-                raise RuntimeError(f"stage {r} failed: {why}\n--- stage{r}.log (tail) ---\n{tail}")
+                raise RuntimeError(f"stage {r} exited with code {codes[r]}\n--- stage{r}.log (tail) ---\n{tail}")
             if all(c == 0 for c in codes):
                 break
             if time.monotonic() > deadline:
@@ -115,7 +112,8 @@ def run_one(hosts: netem.TestHosts, cfg: PipelinePPOConfig, timeout: float) -> t
 
 def row_from(rate: str, variant: str, summary: dict[str, Any], wall: float, cmds: list[str]) -> dict[str, Any]:
     """One table row: median iteration seconds, the rollout/update split and bytes per iteration."""
-    its = summary["iteration_seconds"]
+    d = summary["details"]
+    its = d["iteration_seconds"]
     kept = its[1:] if len(its) >= 3 else its
     n = len(its)
     b = summary["bytes"]
@@ -124,13 +122,13 @@ def row_from(rate: str, variant: str, summary: dict[str, Any], wall: float, cmds
         "iteration_seconds": its,
         "median_iteration_s": statistics.median(kept),
         "median_over": f"iterations {n - len(kept) + 1}..{n}",
-        "rollout_s_per_iter": summary["rollout_seconds"] / n,
-        "update_s_per_iter": summary["update_seconds"] / n,
-        "comm_wait_s_per_iter_stage0": summary["comm_wait_seconds_stage0"] / n,
+        "rollout_s_per_iter": d["rollout_seconds"] / n,
+        "update_s_per_iter": d["update_seconds"] / n,
+        "comm_wait_s_per_iter_stage0": d["comm_wait_seconds_stage0"] / n,
         "bytes_per_iter": {"total": b["total"] / n, "gradients": b.get("gradients", 0) / n,
                            "activations": b.get("activations", 0) / n},
         "bytes": b,
-        "bytes_by_direction": summary["bytes_by_direction"],
+        "bytes_by_direction": {"up": summary["bytes"]["up"], "down": summary["bytes"]["down"]},
         "train_wall_s": summary["wall_seconds"],
         "run_wall_s": wall,
         "stage_commands": cmds,

@@ -1,4 +1,4 @@
-"""DPSGD (seed paper 002): the server's update, Hogwild shared memory, convergence, eq. 13, bytes, errors.
+"""DPSGD (the DPSGD paper): the server's update, Hogwild shared memory, convergence, eq. 13, bytes, errors.
 
 Runs are tiny (a few hundred parameters at most, a second or two each) so that the whole file stays
 well under a minute on a loaded two-core machine. Worker processes import this module to build the

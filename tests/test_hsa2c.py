@@ -1,4 +1,4 @@
-"""HSA2C (seed paper 002, Alg. 8 and 9): A2C as a DPSGD problem.
+"""HSA2C (the DPSGD paper, Alg. 8 and 9): A2C as a DPSGD problem.
 
 Runs are short (two worker processes, a few thousand to some ten thousand CartPole steps) so that the
 file stays well under 90 s on a loaded two-core machine.

@@ -148,16 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_args(fit, LDAConfig, skip=("corpus",))
     sl = sub.add_parser("slurm", help="write (and --submit) an sbatch script: Ray on the allocation, then a command",
                         usage="frugalrl slurm --nodes N --partition P [options] -- COMMAND...")
-    sl.add_argument("--nodes", type=int, required=True, help="nodes: one Ray head, the rest Ray workers")
-    sl.add_argument("--partition", required=True)
-    sl.add_argument("--time", default=None, help="wall-time limit, e.g. 02:00:00")
-    sl.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per node (also ray start --num-cpus)")
-    sl.add_argument("--job-name", default="frugalrl")
-    sl.add_argument("--output", default=None, help="Slurm output file (%%j = job id)")
-    sl.add_argument("--ray-auth-token", action="store_true", help="export RAY_AUTH_MODE=token in the script")
-    sl.add_argument("--script-out", default=None, help="where to write the script (default: stdout, "
-                    "or <job-name>.sbatch with --submit)")
-    sl.add_argument("--submit", action="store_true", help="run sbatch on the script and print the job id")
+    from frugalrl.slurm import SlurmConfig
+
+    add_dataclass_args(sl, SlurmConfig)
     sl.add_argument("train_command", nargs=argparse.REMAINDER, help="the command to run, after '--'")
     return parser
 
@@ -294,21 +287,19 @@ def _slurm(args: argparse.Namespace) -> int:
     from frugalrl.slurm import SlurmConfig, render_sbatch, submit
 
     command = args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command
-    cfg = SlurmConfig(nodes=args.nodes, partition=args.partition, time=args.time, cpus_per_task=args.cpus_per_task,
-                      job_name=args.job_name, output=args.output, ray_auth_token=args.ray_auth_token)
     try:
+        cfg = SlurmConfig(**given(args, SlurmConfig))
         script = render_sbatch(cfg, command)
     except ValueError as e:
-        print(f"frugalrl: error: {e}", file=sys.stderr)
-        return 2
-    path = args.script_out or (f"{args.job_name}.sbatch" if args.submit else None)
+        return _error(str(e))
+    path = cfg.script_out or (f"{cfg.job_name}.sbatch" if cfg.submit else None)
     if path is None:
         sys.stdout.write(script)
         return 0
     with open(path, "w") as f:
         f.write(script)
     print(f"wrote {path}", file=sys.stderr)
-    if args.submit:
+    if cfg.submit:
         try:
             print(submit(path))
         except (FileNotFoundError, RuntimeError) as e:

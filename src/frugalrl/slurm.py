@@ -101,6 +101,10 @@ class SlurmConfig:
     """Interpreter (with ``ray`` installed) that runs the wait snippet."""
     ray_auth_token: bool = False
     """Export ``RAY_AUTH_MODE=token`` in the script (the token itself must be set up beforehand)."""
+    script_out: str | None = None
+    """Where ``frugalrl slurm`` writes the script (None: standard output, or ``<job_name>.sbatch`` with ``submit``)."""
+    submit: bool = False
+    """Run ``sbatch`` on the script and print the job id."""
 
     def validate(self) -> None:
         """Raise ValueError for options Slurm or Ray would reject (or misread)."""
@@ -136,15 +140,14 @@ def _passes(command: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in command)
 
 
-_RAY_FLAG = {"hsa2c": "--transport"}
-"""The flag that puts an algorithm's workers on Ray, where it is not ``--backend`` (ClusterEnv's): DPSGD's
-``--transport`` for the algorithms built on DPSGD."""
+def _ray_flag(command: list[str]) -> str | None:
+    """The flag that puts ``frugalrl train ALGO``'s workers on Ray (the algorithm table's ``ray_flag``:
+    ClusterEnv's ``--backend``, DPSGD's ``--transport``; None for one that has no Ray workers)."""
+    from frugalrl.algos import ALGORITHMS
 
-
-def _ray_flag(command: list[str]) -> str:
-    """``--backend``, or the algorithm's own flag (:data:`_RAY_FLAG`) for ``frugalrl train ALGO``."""
-    algo = command[command.index("train") + 1] if command.index("train") + 1 < len(command) else ""
-    return _RAY_FLAG.get(algo, "--backend")
+    i = command.index("train") + 1
+    entry = ALGORITHMS.get(command[i]) if i < len(command) else None
+    return "--backend" if entry is None else entry.ray_flag
 
 
 def command_line(command: list[str]) -> str:
@@ -152,6 +155,8 @@ def command_line(command: list[str]) -> str:
     line = shlex.join(command)
     if is_frugalrl_train(command):
         flag = _ray_flag(command)
+        if flag is None:
+            return line
         if not _passes(command, flag):
             line += f" {flag} ray"
         if not _passes(command, "--ray-address"):

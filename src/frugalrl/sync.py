@@ -4,7 +4,7 @@ A sync rule sees, for each worker, the policy version it holds and (for AAPS) a 
 KL(behaviour ‖ learner) on that worker's recent states, and returns the workers to send the
 current weights to. Only those workers receive weights, so a skipped sync saves its bytes.
 
-AAPS (Adaptive Actor Policy Synchronization, seed paper 003) is :class:`AdaptiveKL`. Unlike the
+AAPS (Adaptive Actor Policy Synchronization, Lafuente-Mercado's ClusterEnv paper) is :class:`AdaptiveKL`. Unlike the
 paper's public code, the KL is measured on the *same* states for both policies: the states a
 worker visited in its last fragment and the behaviour-distribution parameters it recorded there,
 against the learner's distribution on those states. It is a mean per worker, not a sum over envs.

@@ -23,7 +23,13 @@ import torch
 
 from frugalrl import dists
 from frugalrl.sync import SyncContext, SyncRule
-from frugalrl.wire.message import Message, decode_message, decode_state_dict, encode_message, encode_state_dict
+from frugalrl.wire.message import (
+    Message,
+    decode_message,
+    decode_state_dict,
+    encode_message,
+    encode_state_dict,
+)
 
 
 class PolicySync:

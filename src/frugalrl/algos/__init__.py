@@ -20,6 +20,8 @@ class Algorithm:
     module: str
     config: str
     help: str
+    ray_flag: str | None = "--backend"
+    """The flag that puts its workers on Ray (``frugalrl slurm`` adds it with ``--ray-address``); None: none."""
 
     def load(self) -> tuple[Any, type]:
         """The algorithm's module and its config class."""
@@ -33,9 +35,11 @@ ALGORITHMS: dict[str, Algorithm] = {
     "impala": Algorithm("frugalrl.algos.impala", "IMPALAConfig",
                         "AcceRL: V-trace learner, actors running a compressed policy, a Monitor tuning compression"),
     "pipeline-ppo": Algorithm("frugalrl.pipeline", "PipelinePPOConfig",
-                              "split-model PPO over torch.distributed with sparse, accumulated cut gradients"),
+                              "split-model PPO over torch.distributed with sparse, accumulated cut gradients",
+                              ray_flag=None),
     "hsa2c": Algorithm("frugalrl.algos.hsa2c", "HSA2CConfig",
-                       "A2C optimised by DPSGD: a parameter server and lock-free Hogwild workers"),
+                       "A2C optimised by DPSGD: a parameter server and lock-free Hogwild workers",
+                       ray_flag="--transport"),
 }
 
 

@@ -1,4 +1,4 @@
-"""HSA2C: highly scalable advantage actor-critic, i.e. A2C optimised by DPSGD (seed paper 002, Alg. 8 and 9).
+"""HSA2C: highly scalable advantage actor-critic, i.e. A2C optimised by DPSGD (the DPSGD paper, Alg. 8 and 9).
 
 A2C is cast as a DPSGD *problem* (:class:`A2CProblem`) and handed to :func:`frugalrl.dpsgd.run_dpsgd`:
 

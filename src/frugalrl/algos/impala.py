@@ -1,4 +1,4 @@
-"""IMPALA-style actor-critic with V-trace whose actors run a compressed policy (AcceRL, seed paper 004).
+"""IMPALA-style actor-critic with V-trace whose actors run a compressed policy (AcceRL, Zhang 2022).
 
 Read top to bottom: :class:`IMPALAConfig` (shared by the CLI and the Python API), :class:`ActorBuilder`
 (turns the learner's policy into the actors' policy with the Compressor chain, optionally in a

@@ -1,4 +1,4 @@
-"""DPSGD: Distributed Parallel SGD with lock-free (Hogwild) workers (seed paper 002, Alg. 1 and 2).
+"""DPSGD: Distributed Parallel SGD with lock-free (Hogwild) workers (the DPSGD paper, Alg. 1 and 2).
 
 A parameter server keeps the global parameters ``v`` and applies ``v ← v + ρ Σ_m w_m`` once it has
 ``M`` update vectors; each worker process pulls ``v``, lets ``p`` lock-free processes take ``B``

@@ -1,4 +1,4 @@
-"""DPSVI: stochastic variational inference for LDA run by DPSGD (seed paper 002, Sec. 4.1, App. 7).
+"""DPSVI: stochastic variational inference for LDA run by DPSGD (the DPSGD paper, Sec. 4.1, App. 7).
 
 The global variational parameter is ``λ`` (``K × V`` Dirichlet parameters of the topics, flattened to
 float32). SVI (Hoffman, Blei, Wang & Paisley 2013, Alg. 1 and Sec. 4) samples a batch ``G`` of

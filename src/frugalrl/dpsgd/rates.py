@@ -1,4 +1,4 @@
-"""Learning-rate rescaling of DPSGD (seed paper 002, Corollary 1 and eq. 13).
+"""Learning-rate rescaling of DPSGD (the DPSGD paper, Corollary 1 and eq. 13).
 
 When the amount of parallelism changes, from ``p`` Hogwild processes, ``B`` local steps and a master batch of
 ``M`` updates to ``p'``, ``B'`` and ``M'``, the paper keeps the convergence bound by scaling both the

@@ -1,6 +1,6 @@
 """DPSGD: :func:`run_dpsgd` and the registry of transports.
 
-Distributed Parallel SGD (seed paper 002, Alg. 1 and 2)::
+Distributed Parallel SGD (the DPSGD paper, Alg. 1 and 2)::
 
     cfg = DPSGDConfig(problem="frugalrl.dpsgd.problems:least_squares", problem_kwargs={"dim": 20},
                       workers=2, processes=2, local_steps=10, master_batch=2, rho=1.0, eta=0.01,

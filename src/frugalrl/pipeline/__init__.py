@@ -70,12 +70,11 @@ def load_policy(run_dir: str | Path) -> tuple[Any, dict[str, Any]]:
     ``latest.pt``, stage 1's heads from ``heads.pt``), and stage 0's counters."""
     import torch
 
+    from frugalrl.config import config_from_dict
     from frugalrl.nets import SplitPolicy, space_desc
     from frugalrl.pipeline.stage0 import check_spaces
     from frugalrl.pipeline.stage1 import HEADS_CHECKPOINT
     from frugalrl.runs import read_checkpoint, read_config
-
-    from frugalrl.config import config_from_dict
 
     cfg = config_from_dict(PipelinePPOConfig, read_config(run_dir), where=f"{run_dir}/config.json")
     payload = read_checkpoint(run_dir)

@@ -22,9 +22,17 @@ import torch
 import torch.distributed as dist
 
 from frugalrl.pipeline.config import PipelinePPOConfig
-from frugalrl.process import ChildExited, ParentGone, ParentLink, child_error, error_message, poll_children, spawn
 from frugalrl.pipeline.stage0 import check_spaces, run_stage0
 from frugalrl.pipeline.stage1 import run_stage1
+from frugalrl.process import (
+    ChildExited,
+    ParentGone,
+    ParentLink,
+    child_error,
+    error_message,
+    poll_children,
+    spawn,
+)
 from frugalrl.training import Training
 from frugalrl.wire.message import Message
 from frugalrl.wire.torchdist import DistChannel

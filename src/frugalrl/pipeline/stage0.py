@@ -119,6 +119,7 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Training) -> dict
     running = np.zeros(N)
     curve: list[tuple[int, float, float]] = []  # (step, seconds, mean return of episodes that ended)
     timings = {"rollout": 0.0, "update": 0.0}
+    iteration_seconds: list[float] = []
     stats: dict[str, float] = {}
     while run.updates < cfg.iterations and not run.stopped:
         iteration = run.updates + 1
@@ -163,6 +164,7 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Training) -> dict
         stats = dict(zip(STAT_NAMES, cut.decode_cut(chan.recv("control")).tolist(), strict=True))
         now = time.perf_counter()
         timings["update"] += now - t_update
+        iteration_seconds.append(now - t_iter)
         if ended:
             curve.append((run.env_steps + T * N, run.seconds(), float(np.mean(ended))))
         row = {"charts/lr": lr, "charts/iteration_seconds": now - t_iter, "charts/comm_wait_seconds": chan.wait_seconds,
@@ -177,6 +179,7 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Training) -> dict
         "feature_dim": encoder.feature_dim,
         "iterations": cfg.iterations,
         "return_curve": curve,
+        "iteration_seconds": iteration_seconds,
         "rollout_seconds": timings["rollout"],
         "update_seconds": timings["update"],
         "comm_wait_seconds_stage0": chan.wait_seconds,
