@@ -333,8 +333,15 @@ class Heads(nn.Module):
 
     Discrete actions: a categorical over logits. Box actions: a Gaussian over an unbounded ``u`` with a
     state-independent log-std; the env action is ``tanh(u)`` rescaled to the box (:meth:`env_action`).
-    Log-probabilities are those of ``u`` (the tanh Jacobian cancels in PPO's ratio).
+    Log-probabilities are those of ``u`` (the tanh Jacobian cancels in PPO's ratio). Not an
+    :class:`ActorCritic`: it acts on features, not observations, and has no spec of its own.
     """
+
+    dist_kind: DistKind
+    scale: torch.Tensor
+    """Box actions: half the box's width (a buffer)."""
+    offset: torch.Tensor
+    """Box actions: the box's centre (a buffer)."""
 
     def __init__(self, feature_dim: int, action: dict[str, Any], hidden: int = 512) -> None:
         super().__init__()
@@ -370,7 +377,7 @@ class Heads(nn.Module):
         return torch.tanh(u) * self.scale + self.offset
 
 
-class SplitPolicy(nn.Module):
+class SplitPolicy(ActorCritic):
     """Both halves of the split model in one module, to act with outside the pipeline (``frugalrl eval``).
 
     ``dist_params``/``value`` are those of the heads on the encoder's features; :meth:`env_action` maps a

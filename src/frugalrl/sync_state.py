@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from frugalrl import dists
+from frugalrl.nets import ActorCritic
 from frugalrl.sync import SyncContext, SyncRule
 from frugalrl.wire.message import (
     Message,
@@ -45,17 +46,17 @@ class PolicySync:
         self.last_kl: list[float | None] = [None] * num_workers
         self.recent: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_workers
         self._fingerprint: tuple[int, ...] | None = None
-        self._tracked: weakref.ref[torch.nn.Module] | None = None
+        self._tracked: weakref.ref[ActorCritic] | None = None
         self._message: Message | None = None
-        self._held: torch.nn.Module | None = None
+        self._held: ActorCritic | None = None
 
     # ------------------------------------------------------------------ versions
-    def is_new_agent(self, agent: torch.nn.Module) -> bool:
+    def is_new_agent(self, agent: ActorCritic) -> bool:
         """Whether ``agent`` is not the one tracked so far (the caller then checks it fits the env)."""
         tracked = self._tracked() if self._tracked is not None else None
         return tracked is not agent
 
-    def track(self, agent: torch.nn.Module) -> None:
+    def track(self, agent: ActorCritic) -> None:
         """Bump the learner's version if ``agent`` changed since the last call (or is another agent).
 
         Every in-place change of a tensor bumps its ``_version`` (an optimizer step, ``load_state_dict``...);
@@ -73,12 +74,12 @@ class PolicySync:
         """Workers that do not hold the learner's version."""
         return [w for w, v in enumerate(self.worker_versions) if v != self.learner_version]
 
-    def select(self, agent: torch.nn.Module) -> list[int]:
+    def select(self, agent: ActorCritic) -> list[int]:
         """The workers the rule sends the (tracked) agent's weights to now."""
         ctx = SyncContext(self.learner_version, list(self.worker_versions), self._kl_estimator(agent))
         return self.rule.select(ctx)
 
-    def message(self, agent: torch.nn.Module) -> Message:
+    def message(self, agent: ActorCritic) -> Message:
         """The weights message of the learner's version (encoded once per version)."""
         if self._message is None:
             msg = encode_state_dict(agent.state_dict(), self.weights_codec)
@@ -86,7 +87,7 @@ class PolicySync:
             self._message = msg
         return self._message
 
-    def sent(self, agent: torch.nn.Module, workers: list[int]) -> None:
+    def sent(self, agent: ActorCritic, workers: list[int]) -> None:
         """Record that ``workers`` now hold the learner's version.
 
         AAPS compares the learner with the policy a worker *holds*: after a sync, the behaviour recorded
@@ -120,7 +121,7 @@ class PolicySync:
             s, p = s[idx], p[idx]
         self.recent[w] = (s, p)
 
-    def _kl_estimator(self, agent: torch.nn.Module) -> Callable[[int], float | None]:
+    def _kl_estimator(self, agent: ActorCritic) -> Callable[[int], float | None]:
         def kl(w: int) -> float | None:
             recent = self.recent[w]
             if recent is None:
@@ -134,7 +135,7 @@ class PolicySync:
 
         return kl
 
-    def _held_policy(self, agent: torch.nn.Module) -> torch.nn.Module:
+    def _held_policy(self, agent: ActorCritic) -> ActorCritic:
         """The policy the workers run after receiving the current weights message."""
         if self.weights_codec == "fp32":
             return agent

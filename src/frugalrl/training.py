@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from frugalrl.config import RunConfig
+from frugalrl.nets import ActorCritic
 from frugalrl.runs import Run, jsonable, read_checkpoint, read_config
 
 log = logging.getLogger("frugalrl")
@@ -167,7 +168,7 @@ def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40]
 
 
-def policy_evaluator(agent: torch.nn.Module, env_spec: Any, cfg: RunConfig, deterministic: bool = True) -> Evaluator:
+def policy_evaluator(agent: ActorCritic, env_spec: Any, cfg: RunConfig, deterministic: bool = True) -> Evaluator:
     """An :data:`Evaluator` running ``cfg.eval_episodes`` episodes of ``agent`` on fresh envs in this process."""
     from frugalrl.evaluation import evaluate
 
@@ -203,7 +204,7 @@ class Training:
         torch.set_num_threads(cfg.torch_threads)
         self._checkpoint: dict[str, Any] | None = None
         self._resumed = resume is not None
-        config = {"algo": algo, **jsonable(dataclasses.asdict(cfg))}  # type: ignore[call-overload]
+        config = {"algo": algo, **jsonable(dataclasses.asdict(cfg))}
         if resume is not None:
             path = Path(resume)
             self._checkpoint = read_checkpoint(path)

@@ -147,6 +147,7 @@ class A2CProblem:
         """Roll ``k`` steps in each env with ``params``; return the (clipped, scaled) A2C gradient."""
         if self.envs is None:
             self._start_envs(rng)
+        assert self.envs is not None  # built by _start_envs
         self.load(params)
         obs_buf, act_buf, rew_buf, done_buf = [], [], [], []
         with torch.no_grad():
@@ -158,7 +159,7 @@ class A2CProblem:
                 dones = np.zeros(self.m, dtype=np.float32)
                 truncated: list[tuple[int, np.ndarray]] = []
                 acts = actions.numpy()
-                if self.box:
+                if isinstance(self.action_space, gym.spaces.Box):
                     acts = np.clip(acts, self.action_space.low, self.action_space.high)
                 for i, env in enumerate(self.envs):
                     a = acts[i] if self.box else int(acts[i])
@@ -175,8 +176,8 @@ class A2CProblem:
                     self.obs[i] = np.asarray(nxt)
                 if truncated:  # time limit: bootstrap from the last observation of the episode
                     last = torch.as_tensor(np.stack([o for _, o in truncated]), dtype=torch.float32)
-                    values = self.agent.value(last).numpy()
-                    for (i, _), v in zip(truncated, values, strict=True):
+                    last_values = self.agent.value(last).numpy()
+                    for (i, _), v in zip(truncated, last_values, strict=True):
                         rewards[i] += self.gamma * float(v)
                 obs_buf.append(obs)
                 act_buf.append(actions)

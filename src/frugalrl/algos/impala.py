@@ -41,7 +41,7 @@ from frugalrl.config import ClusterConfig, OptimConfig, RunConfig, check_fields
 from frugalrl.correct import CorrectionBatch, CorrectorChain, bootstrap_values, parse_correctors
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.monitor import parse_monitor
-from frugalrl.nets import make_agent
+from frugalrl.nets import ActorCritic, make_agent
 from frugalrl.rollout import Rollout
 from frugalrl.sync import make_sync_rule
 from frugalrl.training import Training, cluster_traffic, policy_evaluator
@@ -115,7 +115,7 @@ def make_envs(cfg: IMPALAConfig, replayable: bool = False) -> ClusterEnv:
     )
 
 
-def build_learner(cfg: IMPALAConfig, envs: ClusterEnv) -> nn.Module:
+def build_learner(cfg: IMPALAConfig, envs: ClusterEnv) -> ActorCritic:
     """The learner's actor-critic for the env's spaces."""
     from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic, action_desc
 
@@ -145,14 +145,14 @@ class ActorBuilder:
         self.first_reports: list[dict[str, Any]] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(1) if self.async_build else None
         self._pending: concurrent.futures.Future | None = None
-        self._ready: nn.Module | None = None
+        self._ready: ActorCritic | None = None
 
     @property
     def compressing(self) -> bool:
         """True when actors run a compressed policy."""
         return self.chain is not None and bool(self.chain.stages)
 
-    def request(self, agent: nn.Module, observations: torch.Tensor) -> None:
+    def request(self, agent: ActorCritic, observations: torch.Tensor) -> None:
         """Start building an actor from a snapshot of ``agent`` (skipped while a build is running)."""
         if self._pending is not None:
             if not self._pending.done():
@@ -165,7 +165,7 @@ class ActorBuilder:
         else:
             self._pending = self._pool.submit(self._build, teacher, observations.clone())
 
-    def poll(self, wait: bool = False) -> nn.Module | None:
+    def poll(self, wait: bool = False) -> ActorCritic | None:
         """The newest finished actor (once), or None; ``wait`` blocks for a running build."""
         if self._pending is not None and (wait or self._pending.done()):
             self._ready = self._pending.result()
@@ -185,7 +185,7 @@ class ActorBuilder:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _build(self, teacher: nn.Module, observations: torch.Tensor) -> nn.Module:
+    def _build(self, teacher: ActorCritic, observations: torch.Tensor) -> ActorCritic:
         t0 = time.perf_counter()
         if not self.compressing:
             actor = teacher
@@ -205,7 +205,7 @@ class ActorBuilder:
 
 
 def impala_loss(
-    agent: nn.Module, batch: Rollout, correctors: CorrectorChain, cfg: IMPALAConfig
+    agent: ActorCritic, batch: Rollout, correctors: CorrectorChain, cfg: IMPALAConfig
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The corrected actor-critic loss (paper eq. 4) on one rollout; returns (loss, statistics).
 
@@ -238,11 +238,13 @@ def impala_loss(
             gamma=cfg.gamma,
         )
         cb = correctors.correct(cb)
-    advantages = cb.pg_advantages
+    # The chain's contract: every output a corrector left unset is filled, and pg_weights defaults to ones.
+    advantages, pg_weights, value_targets = cb.pg_advantages, cb.pg_weights, cb.value_targets
+    assert advantages is not None and pg_weights is not None and value_targets is not None
     if cfg.norm_adv and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    pg_loss = -(cb.pg_weights * advantages * target_logp).mean()
-    v_loss = 0.5 * ((cb.value_targets - values) ** 2).mean()
+    pg_loss = -(pg_weights * advantages * target_logp).mean()
+    v_loss = 0.5 * ((value_targets - values) ** 2).mean()
     ent = entropy.mean()
     loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * ent
     with torch.no_grad():
@@ -253,7 +255,7 @@ def impala_loss(
         "losses/entropy": ent.item(),
         "corrector/ratio_mean": ratio.mean().item(),
         "corrector/ratio_max": ratio.max().item(),
-        "corrector/pg_weight_mean": cb.pg_weights.float().mean().item(),
+        "corrector/pg_weight_mean": pg_weights.float().mean().item(),
     }
     return loss, stats
 
@@ -293,7 +295,7 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run: Training) -> dict[str,
 
     # The first rollouts use an exact copy of the learner; the first compressed actor is built after the
     # first update, from the states of a real rollout (calibration and distillation need them).
-    actor: nn.Module = copy.deepcopy(agent).eval()
+    actor: ActorCritic = copy.deepcopy(agent).eval()
     if not builder.compressing and not cfg.overlap:
         actor = agent  # nothing runs while the learner trains: the actors can use it directly
     pool = concurrent.futures.ThreadPoolExecutor(1) if cfg.overlap else None

@@ -39,7 +39,7 @@ from frugalrl.correct import bootstrap_values, gae
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.losses import PPOLossConfig, explained_variance, ppo_loss
-from frugalrl.nets import make_agent
+from frugalrl.nets import ActorCritic, make_agent
 from frugalrl.rollout import Rollout, collect_rollout
 from frugalrl.sync import make_sync_rule
 from frugalrl.training import Training, cluster_traffic, policy_evaluator
@@ -94,7 +94,7 @@ def make_envs(cfg: PPOConfig, replayable: bool = False) -> ClusterEnv | gym.vect
 
 
 def ppo_update(
-    agent: nn.Module, optimizer: torch.optim.Optimizer, batch: Rollout, cfg: PPOConfig, generator: torch.Generator
+    agent: ActorCritic, optimizer: torch.optim.Optimizer, batch: Rollout, cfg: PPOConfig, generator: torch.Generator
 ) -> dict[str, float]:
     """One PPO update (``update_epochs`` × ``num_minibatches``) on a rollout; returns loss statistics."""
     obs = torch.as_tensor(batch.obs)
@@ -176,22 +176,22 @@ def train(
     own_envs = envs is None
     envs = make_envs(cfg, replayable=run.checkpointing) if envs is None else envs
     try:
-        cluster = isinstance(envs, ClusterEnv)
+        cluster = envs if isinstance(envs, ClusterEnv) else None  # None: a plain Gymnasium vector env
         agent = make_agent(envs.single_observation_space, envs.single_action_space, tuple(cfg.hidden))
         optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
         generator = torch.Generator().manual_seed(cfg.seed)
         num_updates = max(1, cfg.total_timesteps // (envs.num_envs * cfg.num_steps))
         gym_state: dict[str, Any] = {"seed": cfg.seed}  # a plain vector env's next observation, between rollouts
-        run.attach(agent=agent, optimizer=optimizer, generator=generator, envs=envs if cluster else None)
-        eval_spec = envs.env_spec if cluster else to_env_spec(cfg.env, cfg.env_kwargs)
+        run.attach(agent=agent, optimizer=optimizer, generator=generator, envs=cluster)
+        eval_spec = cluster.env_spec if cluster is not None else to_env_spec(cfg.env, cfg.env_kwargs)
         run.begin(policy_evaluator(agent, eval_spec, cfg), num_updates * envs.num_envs * cfg.num_steps, num_updates)
-        if cluster and not run.resumed:
-            envs.reset(seed=cfg.seed)
+        if cluster is not None and not run.resumed:
+            cluster.reset(seed=cfg.seed)
 
         while run.updates < num_updates and not run.stopped:
             lr = optimizer.param_groups[0]["lr"] = cfg.lr_at(run.updates + 1, num_updates)
-            if cluster:
-                batch = envs.rollout(agent, cfg.num_steps)
+            if cluster is not None:
+                batch = cluster.rollout(agent, cfg.num_steps)
             else:
                 batch = collect_rollout(envs, agent, cfg.num_steps, gym_state)
             stats = ppo_update(agent, optimizer, batch, cfg, generator)
@@ -199,13 +199,13 @@ def train(
                 stats["faults/restarted_workers"] = len(batch.restarted_workers)
             run.update(batch.num_steps * batch.num_envs, {**stats, "charts/lr": lr},
                        episode_returns=batch.episode_returns, episode_lengths=batch.episode_lengths,
-                       policy_lag=batch.policy_lag(), cluster=envs if cluster else None)
+                       policy_lag=batch.policy_lag(), cluster=cluster)
 
-        details = {"vector_env": cfg.vector_env, "backend": cfg.backend if cluster else None,
-                   "sync_rule": envs.sync_rule.describe() if cluster else "none (head-side inference)",
+        details = {"vector_env": cfg.vector_env, "backend": cfg.backend if cluster is not None else None,
+                   "sync_rule": cluster.sync_rule.describe() if cluster is not None else "none (head-side inference)",
                    "workers": cfg.workers, "envs_per_worker": cfg.envs_per_worker}
-        if cluster:
-            details["restart_events"] = envs.stats()["restart_events"]
+        if cluster is not None:
+            details["restart_events"] = cluster.stats()["restart_events"]
         return run.finish(details, traffic=cluster_traffic(envs))
     finally:
         if own_envs:

@@ -161,7 +161,7 @@ class DPSGDConfig(DPSGDOptions):
         if callable(self.problem):
             self.problem = _factory_path(self.problem)
         if isinstance(self.rescale_from, list):  # from JSON or the command line
-            self.rescale_from = tuple(self.rescale_from)  # type: ignore[assignment]
+            self.rescale_from = tuple(self.rescale_from)
         self.validate()
 
     def validate(self) -> None:
@@ -209,7 +209,7 @@ class DPSGDConfig(DPSGDOptions):
 
 def _parallelism(value: Any) -> tuple[int, int, int]:
     """``rescale_from`` as the ``(p, B, M)`` triple :func:`scale_learning_rate` checks (as given otherwise)."""
-    return tuple(value) if isinstance(value, (tuple, list)) else value  # type: ignore[return-value]
+    return tuple(value) if isinstance(value, (tuple, list)) else value
 
 
 def _check_int(where: str, name: str, value: Any, minimum: int) -> None:

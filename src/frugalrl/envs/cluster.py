@@ -34,8 +34,8 @@ from gymnasium.vector.utils import batch_space
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure
 from frugalrl.envs.spec import EnvSpec, to_env_spec
-from frugalrl.envs.worker import compact_int_dtype
-from frugalrl.nets import check_agent
+from frugalrl.envs.worker import compact_int_dtype, space_shape
+from frugalrl.nets import ActorCritic, as_agent
 from frugalrl.rollout import Rollout
 from frugalrl.sync import EveryUpdate, SyncRule
 from frugalrl.sync_state import PolicySync
@@ -153,14 +153,15 @@ class ClusterEnv(gym.vector.VectorEnv):
             probe = self.env_spec.make()
         except Exception as e:
             raise ValueError(f"could not build environment {self.env_spec.describe()!r}: {type(e).__name__}: {e}") from e
-        self.single_observation_space = probe.observation_space
-        self.single_action_space = probe.action_space
+        obs_space, act_space = probe.observation_space, probe.action_space
         self.spec = probe.spec
         probe.close()
-        if not isinstance(self.single_observation_space, gym.spaces.Box):
-            raise TypeError(f"ClusterEnv supports Box observation spaces, got {self.single_observation_space}")
-        if not isinstance(self.single_action_space, gym.spaces.Discrete | gym.spaces.Box):
-            raise TypeError(f"ClusterEnv supports Discrete and Box action spaces, got {self.single_action_space}")
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise TypeError(f"ClusterEnv supports Box observation spaces, got {obs_space}")
+        if not isinstance(act_space, gym.spaces.Discrete | gym.spaces.Box):
+            raise TypeError(f"ClusterEnv supports Discrete and Box action spaces, got {act_space}")
+        self.single_observation_space: gym.spaces.Box = obs_space
+        self.single_action_space: gym.spaces.Discrete | gym.spaces.Box = act_space
 
         self._action_wire_dtype = (
             compact_int_dtype(self.single_action_space)
@@ -177,7 +178,11 @@ class ClusterEnv(gym.vector.VectorEnv):
         self.policies = PolicySync(
             self.num_workers, sync if sync is not None else EveryUpdate(), weights_codec, self.kl_states
         )
-        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2**31))
+        if seed is None:
+            entropy = np.random.SeedSequence().entropy  # drawn from the OS: an int when none is given
+            assert isinstance(entropy, int)
+            seed = entropy % (2**31)
+        self.seed = int(seed)
         self.weights_codec = weights_codec
         self.max_restarts = int(max_restarts)
         self.backend_name = backend
@@ -259,7 +264,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         if self._obs is None:
             raise RuntimeError("call reset() before step()")
         if isinstance(actions, torch.nn.Module):
-            return self._step_agent(actions)
+            return self._step_agent(as_agent(actions))
         actions = self._check_actions(actions)
         k = self.envs_per_worker
         if self._action_wire_dtype is not None:
@@ -276,7 +281,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         """
         self._check_open()
         num_steps = _positive_int("num_steps", num_steps)
-        check_agent(agent)
+        agent = as_agent(agent)
         first_event = len(self.restart_events)
         if self._obs is None:
             self.reset(seed=self.seed)
@@ -307,7 +312,7 @@ class ClusterEnv(gym.vector.VectorEnv):
     def sync(self, agent: torch.nn.Module, force: bool = False) -> list[int]:
         """Send the agent's weights to the workers the sync rule picks (all of them if ``force``)."""
         self._check_open()
-        check_agent(agent)
+        agent = as_agent(agent)
         if self.policies.is_new_agent(agent):
             self._check_agent_fits(agent)
         self.policies.track(agent)
@@ -316,11 +321,13 @@ class ClusterEnv(gym.vector.VectorEnv):
             self._send_weights(agent, chosen)
         return chosen
 
-    def _check_agent_fits(self, agent: torch.nn.Module) -> None:
+    def _check_agent_fits(self, agent: ActorCritic) -> None:
         """Fail on the head, with a clear message, for an agent built for other spaces."""
         space = self.single_action_space
-        discrete = isinstance(space, gym.spaces.Discrete)
-        kind, size = ("categorical", int(space.n)) if discrete else ("gaussian", 2 * int(np.prod(space.shape)))
+        if isinstance(space, gym.spaces.Discrete):
+            kind, size = "categorical", int(space.n)
+        else:
+            kind, size = "gaussian", 2 * int(np.prod(space.shape))
         if agent.dist_kind != kind:
             raise ValueError(f"agent.dist_kind is {agent.dist_kind!r} but this env's action space {space} needs {kind!r}")
         obs = torch.as_tensor(np.stack([self.single_observation_space.sample()]))
@@ -337,7 +344,7 @@ class ClusterEnv(gym.vector.VectorEnv):
                 f"the action space {space} needs ({size},)"
             )
 
-    def _send_weights(self, agent: torch.nn.Module, workers: list[int]) -> None:
+    def _send_weights(self, agent: ActorCritic, workers: list[int]) -> None:
         msg = self.policies.message(agent)
 
         def recover(w: int, reason: str) -> Message:
@@ -547,8 +554,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         self._obs = obs
         return obs.copy(), rewards, terms, truncs, infos
 
-    def _step_agent(self, agent: torch.nn.Module) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        check_agent(agent)
+    def _step_agent(self, agent: ActorCritic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         first_event = len(self.restart_events)
         self.sync(agent)
         # A worker replaced while syncing lost its episodes: it is reported like one that fails
@@ -559,6 +565,7 @@ class ClusterEnv(gym.vector.VectorEnv):
                 self._reset_worker(w, seed=None, defer=True)
         msg = Message("act_step")
         states = self._obs
+        assert states is not None, "step() checked that reset() was called"
         replies, restarted = self._request_step({w: msg for w in range(self.num_workers) if w not in cut})
         restarted = sorted(set(restarted) | set(cut))
         # A replaced worker needs weights again before its next act_step.
@@ -567,7 +574,7 @@ class ClusterEnv(gym.vector.VectorEnv):
                 self._send_weights(agent, [w])
         n, k = self.num_envs, self.envs_per_worker
         params_dim = next(iter(replies.values())).arrays["dist_params"].shape[-1] if replies else 0
-        actions = np.zeros((n, *self.single_action_space.shape), dtype=self._action_dtype())
+        actions = np.zeros((n, *space_shape(self.single_action_space)), dtype=self._action_dtype())
         params = np.zeros((n, params_dim), dtype=np.float32)
         versions = np.full(n, -1, dtype=np.int64)
         for w, reply in replies.items():
@@ -632,7 +639,7 @@ class ClusterEnv(gym.vector.VectorEnv):
     def _rollout_bound(self, T: int) -> int:
         """Largest rollout reply expected from one worker (sizes its shared-memory arena)."""
         obs_bytes = int(np.prod(self.single_observation_space.shape)) * self.single_observation_space.dtype.itemsize
-        act_bytes = 8 * max(1, int(np.prod(self.single_action_space.shape)))
+        act_bytes = 8 * max(1, int(np.prod(space_shape(self.single_action_space))))
         params = (
             self.single_action_space.n
             if isinstance(self.single_action_space, gym.spaces.Discrete)
@@ -641,7 +648,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         per_step = self.envs_per_worker * (obs_bytes + act_bytes + 4 * int(params) + 8)
         return T * per_step + T * self.envs_per_worker * obs_bytes // 4 + (1 << 16)
 
-    def _assemble_rollout(self, replies: dict[int, Message], agent: torch.nn.Module, restarted: list[int]) -> Rollout:
+    def _assemble_rollout(self, replies: dict[int, Message], agent: ActorCritic, restarted: list[int]) -> Rollout:
         W, k = self.num_workers, self.envs_per_worker
         parts = [replies[w].arrays for w in range(W)]
 

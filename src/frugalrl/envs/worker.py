@@ -40,7 +40,7 @@ import torch
 
 from frugalrl import dists
 from frugalrl.envs.spec import EnvSpec
-from frugalrl.nets import PolicySpec, build_policy
+from frugalrl.nets import ActorCritic, PolicySpec, build_policy
 from frugalrl.wire.message import Message, decode_state_dict
 
 NEXT_STEP = "NextStep"
@@ -78,12 +78,12 @@ class EnvWorker:
         first = self.envs[0]
         self.obs_space = first.observation_space
         self.act_space = first.action_space
-        self.obs = np.zeros((num_envs, *self.obs_space.shape), dtype=self.obs_space.dtype)
+        self.obs = np.zeros((num_envs, *space_shape(self.obs_space)), dtype=self.obs_space.dtype)
         self.needs_reset = np.ones(num_envs, dtype=bool)
         self.ep_return = np.zeros(num_envs, dtype=np.float64)
         self.ep_length = np.zeros(num_envs, dtype=np.int64)
         self.ep_start = np.full(num_envs, time.perf_counter())
-        self.policy: torch.nn.Module | None = None
+        self.policy: ActorCritic | None = None
         self.policy_spec: dict[str, Any] | None = None
         self.version = -1
         self.generator = torch.Generator().manual_seed(_seed_for(seed, index))
@@ -139,7 +139,9 @@ class EnvWorker:
         """
         if rewards is None or not self._float_obs or not np.isfinite(self.obs).all():
             return True
-        return bool(extra_obs) and not all(np.isfinite(np.asarray(o)).all() for o in extra_obs)
+        if not extra_obs:
+            return False
+        return not all(np.isfinite(np.asarray(o)).all() for o in extra_obs)
 
     def _reset_env(self, i: int, seed: int | None = None, options: dict | None = None) -> dict[str, Any]:
         if self._actions is not None:
@@ -159,7 +161,7 @@ class EnvWorker:
             self._reset_env(int(i))
 
     def _env_action(self, action: np.ndarray) -> np.ndarray:
-        if self._box:
+        if isinstance(self.act_space, gym.spaces.Box):
             return np.clip(action, self.act_space.low, self.act_space.high)
         return action
 
@@ -169,8 +171,8 @@ class EnvWorker:
         # inference_mode skips autograd's bookkeeping (version counters, views): same numbers, less time.
         with torch.inference_mode():
             params = self.policy.dist_params(torch.from_numpy(obs))
-            action = dists.sample(self.policy.dist_kind, params, self.generator)
-        action = action.numpy()
+            sampled = dists.sample(self.policy.dist_kind, params, self.generator)
+        action = sampled.numpy()
         if not self._box:
             action = action.astype(np.int64, copy=False)  # a categorical sample already is int64
         return action, params.float().numpy()
@@ -321,7 +323,7 @@ class EnvWorker:
             "needs_reset": self.needs_reset.copy(),
             "generator": self.generator.get_state().numpy(),
         }
-        act_shape = self.act_space.shape
+        act_shape = space_shape(self.act_space)
         act_dtype = self.act_space.dtype if self._box else np.int64
         for i, actions in enumerate(self._actions):
             arrays[f"actions/{i}"] = (
@@ -412,7 +414,7 @@ class EnvWorker:
         for t in range(T):
             obs_buf[t] = obs_now
             actions, params = self._infer(obs_now)
-            if act_buf is None:
+            if act_buf is None or params_buf is None:  # the first step (both are made together)
                 act_buf = np.empty((T, *actions.shape), dtype=actions.dtype)
                 params_buf = np.empty((T, *params.shape), dtype=np.float32)
             act_buf[t] = actions
@@ -498,8 +500,17 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def compact_int_dtype(space: gym.spaces.Discrete) -> np.dtype:
-    """The smallest integer dtype holding every action of a Discrete space."""
+def space_shape(space: gym.Space) -> tuple[int, ...]:
+    """``space.shape``, which every space a worker steps (Box, Discrete) has; ``TypeError`` if it is None."""
+    if space.shape is None:
+        raise TypeError(f"the space {space} has no shape; ClusterEnv supports Box and Discrete spaces")
+    return space.shape
+
+
+def compact_int_dtype(space: gym.Space) -> np.dtype:
+    """The smallest integer dtype holding every action of a Discrete space (``TypeError`` for another space)."""
+    if not isinstance(space, gym.spaces.Discrete):
+        raise TypeError(f"ClusterEnv supports Discrete and Box action spaces, got {space}")
     lo, hi = int(space.start), int(space.start + space.n - 1)
     for dtype in (np.uint8, np.int8, np.uint16, np.int16, np.int32):
         info = np.iinfo(dtype)
