@@ -22,7 +22,7 @@ TINY: dict[str, tuple[dict, dict]] = {
             {"total_timesteps": 128}),
     "impala": ({"backend": "serial", "workers": 1, "envs_per_worker": 2, "num_steps": 8, "total_timesteps": 32,
                 "overlap": False}, {"total_timesteps": 64}),
-    "pipeline-ppo": ({"env": "CartPole-v1", "num_envs": 2, "num_steps": 16, "num_minibatches": 2, "update_epochs": 1,
+    "pipeline-ppo": ({"num_envs": 2, "num_steps": 16, "num_minibatches": 2, "update_epochs": 1,
                       "total_timesteps": 32, "head_hidden": 16, "warmup_timesteps": 0}, {"total_timesteps": 64}),
     "hsa2c": ({"workers": 1, "local_steps": 2, "global_updates": 3, "eval_every": 1, "envs_per_process": 2},
               {"global_updates": 6}),

@@ -128,6 +128,42 @@ def layer_init(layer: _Layer, std: float = float(np.sqrt(2)), bias: float = 0.0)
     return layer
 
 
+# (kernel, stride) of the Nature-CNN's convolutions, in order; a network may use the first 1-3.
+NATURE_CONVS = ((8, 4), (4, 2), (3, 1))
+
+
+def conv_out_size(size: int, n_convs: int) -> int:
+    """Side length after the first ``n_convs`` Nature-CNN convolutions (no padding)."""
+    for kernel, stride in NATURE_CONVS[:n_convs]:
+        size = (size - kernel) // stride + 1
+    return size
+
+
+# ------------------------------------------------------------------ building blocks (every network here)
+def mlp_layers(in_dim: int, hidden: list[int] | tuple[int, ...], activation: type[nn.Module] = nn.Tanh) -> tuple[list[nn.Module], int]:
+    """Orthogonally initialised ``Linear`` + ``activation`` layers of widths ``hidden``, and the output width."""
+    layers: list[nn.Module] = []
+    width = int(in_dim)
+    for h in hidden:
+        layers += [layer_init(nn.Linear(width, int(h))), activation()]
+        width = int(h)
+    return layers, width
+
+
+def conv_layers(obs_shape: list[int] | tuple[int, ...], channels: list[int] | tuple[int, ...]) -> tuple[list[nn.Module], int]:
+    """The first ``len(channels)`` Nature-CNN convolutions (ReLU after each) on (C, H, W) frames, flattened,
+    and the number of features they give."""
+    layers: list[nn.Module] = []
+    width = int(obs_shape[0])
+    for c, (kernel, stride) in zip(channels, NATURE_CONVS, strict=False):
+        layers += [layer_init(nn.Conv2d(width, int(c), kernel, stride)), nn.ReLU()]
+        width = int(c)
+    h, w = (conv_out_size(int(s), len(channels)) for s in obs_shape[1:])
+    if h <= 0 or w <= 0:
+        raise ValueError(f"observations {list(obs_shape)} are too small for {len(channels)} convolutions")
+    return [*layers, nn.Flatten()], width * h * w
+
+
 class MLPActorCritic(ActorCritic):
     """Separate actor and critic MLPs (CleanRL's PPO agent) for flat observations.
 
@@ -153,13 +189,8 @@ class MLPActorCritic(ActorCritic):
             raise ValueError(f"unsupported action description {action!r}")
 
         def mlp(last: int, last_std: float) -> nn.Sequential:
-            layers: list[nn.Module] = []
-            width = self.obs_dim
-            for h in self.hidden:
-                layers += [layer_init(nn.Linear(width, h)), nn.Tanh()]
-                width = h
-            layers.append(layer_init(nn.Linear(width, last), std=last_std))
-            return nn.Sequential(*layers)
+            layers, width = mlp_layers(self.obs_dim, self.hidden)
+            return nn.Sequential(*layers, layer_init(nn.Linear(width, last), std=last_std))
 
         self.critic = mlp(1, 1.0)
         self.actor = mlp(out, 0.01)
@@ -177,17 +208,6 @@ class MLPActorCritic(ActorCritic):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State value, shape ``(batch,)``."""
         return self.critic(obs.reshape(obs.shape[0], -1).float()).squeeze(-1)
-
-
-# (kernel, stride) of the Nature-CNN's convolutions, in order; a network may use the first 1-3.
-NATURE_CONVS = ((8, 4), (4, 2), (3, 1))
-
-
-def conv_out_size(size: int, n_convs: int) -> int:
-    """Side length after the first ``n_convs`` Nature-CNN convolutions (no padding)."""
-    for kernel, stride in NATURE_CONVS[:n_convs]:
-        size = (size - kernel) // stride + 1
-    return size
 
 
 class NatureCNNActorCritic(ActorCritic):
@@ -222,16 +242,8 @@ class NatureCNNActorCritic(ActorCritic):
             {"obs_shape": self.obs_shape, "action": self.action, "channels": self.channels, "hidden": self.hidden},
         )
         self.dist_kind = "categorical"
-        layers: list[nn.Module] = []
-        width = self.obs_shape[0]
-        for c, (kernel, stride) in zip(self.channels, NATURE_CONVS, strict=False):
-            layers += [layer_init(nn.Conv2d(width, c, kernel, stride)), nn.ReLU()]
-            width = c
-        h, w = (conv_out_size(s, len(self.channels)) for s in self.obs_shape[1:])
-        if h <= 0 or w <= 0:
-            raise ValueError(f"observations {self.obs_shape} are too small for {len(self.channels)} convolutions")
-        layers += [nn.Flatten(), layer_init(nn.Linear(width * h * w, self.hidden)), nn.ReLU()]
-        self.trunk = nn.Sequential(*layers)
+        convs, n_features = conv_layers(self.obs_shape, self.channels)
+        self.trunk = nn.Sequential(*convs, layer_init(nn.Linear(n_features, self.hidden)), nn.ReLU())
         self.actor = layer_init(nn.Linear(self.hidden, int(action["n"])), std=0.01)
         self.critic = layer_init(nn.Linear(self.hidden, 1), std=1.0)
 
@@ -265,30 +277,6 @@ def make_agent(
 
 
 # ------------------------------------------------------------------ the split model (pipeline PPO)
-def mlp_layers(in_dim: int, hidden: list[int] | tuple[int, ...], activation: type[nn.Module] = nn.Tanh) -> tuple[list[nn.Module], int]:
-    """Orthogonally initialised ``Linear`` + ``activation`` layers of widths ``hidden``, and the output width."""
-    layers: list[nn.Module] = []
-    width = int(in_dim)
-    for h in hidden:
-        layers += [layer_init(nn.Linear(width, int(h))), activation()]
-        width = int(h)
-    return layers, width
-
-
-def conv_layers(obs_shape: list[int] | tuple[int, ...], channels: list[int] | tuple[int, ...]) -> tuple[list[nn.Module], int]:
-    """The first ``len(channels)`` Nature-CNN convolutions (ReLU after each) on (C, H, W) frames, flattened,
-    and the number of features they give."""
-    layers: list[nn.Module] = []
-    width = int(obs_shape[0])
-    for c, (kernel, stride) in zip(channels, NATURE_CONVS, strict=False):
-        layers += [layer_init(nn.Conv2d(width, int(c), kernel, stride)), nn.ReLU()]
-        width = int(c)
-    h, w = (conv_out_size(int(s), len(channels)) for s in obs_shape[1:])
-    if h <= 0 or w <= 0:
-        raise ValueError(f"observations {list(obs_shape)} are too small for {len(channels)} convolutions")
-    return [*layers, nn.Flatten()], width * h * w
-
-
 class PixelEncoder(nn.Module):
     """Stage 0's CNN of the split model: uint8 frames (C, H, W) → flat features (4096 on 4×96×96): the three
     Nature-CNN convolutions without the fully connected layer, as the pipeline paper cuts the network."""

@@ -33,6 +33,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure
+from frugalrl.envs.batching import assemble_rollout, check_actions, merge_infos, rollout_bound
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype, space_shape
 from frugalrl.nets import ActorCritic, as_agent
@@ -249,7 +250,7 @@ class ClusterEnv(gym.vector.VectorEnv):
 
         replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
         obs = np.concatenate([replies[w].arrays["obs"] for w in range(self.num_workers)])
-        infos = self._merge_infos(replies)
+        infos = merge_infos(replies, self.num_envs, self.envs_per_worker)
         self._obs = obs
         return obs.copy(), infos
 
@@ -265,7 +266,7 @@ class ClusterEnv(gym.vector.VectorEnv):
             raise RuntimeError("call reset() before step()")
         if isinstance(actions, torch.nn.Module):
             return self._step_agent(as_agent(actions))
-        actions = self._check_actions(actions)
+        actions = check_actions(self.single_action_space, self.num_envs, actions)
         k = self.envs_per_worker
         if self._action_wire_dtype is not None:
             actions = actions.astype(self._action_wire_dtype)  # uint8 for most Discrete spaces
@@ -286,7 +287,9 @@ class ClusterEnv(gym.vector.VectorEnv):
         if self._obs is None:
             self.reset(seed=self.seed)
         self.sync(agent)
-        self.backend.reserve(self._rollout_bound(num_steps), 0)
+        self.backend.reserve(
+            rollout_bound(self.single_observation_space, self.single_action_space, self.envs_per_worker, num_steps), 0
+        )
         msg = Message("rollout", {"num_steps": num_steps})
 
         def recover(w: int, reason: str) -> Message:
@@ -298,7 +301,12 @@ class ClusterEnv(gym.vector.VectorEnv):
         replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
         # Every worker replaced during this call (in its sync too: its envs were reset) is reported.
         restarted = [e["worker"] for e in self.restart_events[first_event:]]
-        return self._assemble_rollout(replies, agent, restarted)
+        for w in range(self.num_workers):
+            self._remember(w, replies[w].arrays["obs"], replies[w].arrays["dist_params"])
+        batch = assemble_rollout([replies[w] for w in range(self.num_workers)], self._action_dtype(), agent.dist_kind,
+                                 restarted, self.learner_version)
+        self._obs = batch.next_obs.copy()
+        return batch
 
     def close_extras(self, **kwargs: Any) -> None:
         """Stop every worker (no orphan processes)."""
@@ -437,33 +445,6 @@ class ClusterEnv(gym.vector.VectorEnv):
         if self.closed:
             raise RuntimeError("this ClusterEnv is closed")
 
-    def _check_actions(self, actions: Any) -> np.ndarray:
-        space = self.single_action_space
-        try:
-            arr = np.asarray(actions)
-        except Exception as e:  # noqa: BLE001
-            raise ValueError(f"actions could not be read as an array: {e}") from e
-        if isinstance(space, gym.spaces.Discrete):
-            if arr.shape != (self.num_envs,):
-                raise ValueError(
-                    f"actions must have shape ({self.num_envs},) for {self.num_envs} envs with a Discrete "
-                    f"action space, got shape {arr.shape}"
-                )
-            if arr.dtype.kind not in "iu":
-                raise ValueError(f"actions for a Discrete action space must be integers, got dtype {arr.dtype}")
-            if (arr < space.start).any() or (arr >= space.start + space.n).any():
-                raise ValueError(f"actions out of range [{space.start}, {space.start + space.n}): {arr}")
-            return arr.astype(np.int64)
-        expected = (self.num_envs, *space.shape)
-        if arr.shape != expected:
-            raise ValueError(f"actions must have shape {expected} for this Box action space, got shape {arr.shape}")
-        if arr.dtype.kind not in "fiu":
-            raise ValueError(f"actions for a Box action space must be numeric, got dtype {arr.dtype}")
-        arr = arr.astype(space.dtype)
-        if not np.isfinite(arr).all():
-            raise ValueError("actions contain NaN or inf")
-        return arr
-
     def _request(
         self, requests: dict[int, Message], on_failure: Callable[[int, str], Message | None]
     ) -> dict[int, Message]:
@@ -534,7 +515,7 @@ class ClusterEnv(gym.vector.VectorEnv):
             rewards[sl] = reply.arrays["rewards"]
             terms[sl] = reply.arrays["terminations"]
             truncs[sl] = reply.arrays["truncations"]
-        infos = self._merge_infos(replies)
+        infos = merge_infos(replies, self.num_envs, self.envs_per_worker)
         if restarted:
             mask = np.zeros(n, dtype=bool)
             for w in restarted:
@@ -597,98 +578,6 @@ class ClusterEnv(gym.vector.VectorEnv):
         """Keep worker ``w``'s recent states and behaviour parameters for AAPS."""
         s = torch.as_tensor(np.asarray(states)).reshape(-1, *self.single_observation_space.shape)
         self.policies.remember(w, s, torch.as_tensor(np.asarray(params, dtype=np.float32)), append)
-
-    def _merge_infos(self, replies: dict[int, Message]) -> dict[str, Any]:
-        n, k = self.num_envs, self.envs_per_worker
-        infos: dict[str, Any] = {}
-        for w, reply in replies.items():
-            base = w * k
-            a = reply.arrays
-            for name, value in a.items():
-                if name.startswith("info/"):
-                    key = name[5:]
-                    if key not in infos:
-                        infos[key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
-                    infos[key][base : base + k] = value
-            if "ep_mask" in a:
-                if "episode" not in infos:
-                    infos["episode"] = {"r": np.zeros(n), "l": np.zeros(n, np.int64), "t": np.zeros(n)}
-                    infos["_episode"] = np.zeros(n, dtype=bool)
-                infos["episode"]["r"][base : base + k] = a["ep_r"]
-                infos["episode"]["l"][base : base + k] = a["ep_l"]
-                infos["episode"]["t"][base : base + k] = a["ep_t"]
-                infos["_episode"][base : base + k] = a["ep_mask"]
-            if "final_idx" in a and a["final_idx"].ndim == 1:
-                if "final_obs" not in infos:
-                    infos["final_obs"] = np.full(n, None, dtype=object)
-                    infos["_final_obs"] = np.zeros(n, dtype=bool)
-                    infos["final_info"] = {}
-                    infos["_final_info"] = np.zeros(n, dtype=bool)
-                for j, i in enumerate(a["final_idx"]):
-                    infos["final_obs"][base + int(i)] = a["final_obs"][j]
-                    infos["_final_obs"][base + int(i)] = True
-                    infos["_final_info"][base + int(i)] = True
-                for name, value in a.items():
-                    if name.startswith("finfo/"):
-                        key = name[6:]
-                        if key not in infos["final_info"]:
-                            infos["final_info"][key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
-                        infos["final_info"][key][base : base + k] = value
-        return infos
-
-    def _rollout_bound(self, T: int) -> int:
-        """Largest rollout reply expected from one worker (sizes its shared-memory arena)."""
-        obs_bytes = int(np.prod(self.single_observation_space.shape)) * self.single_observation_space.dtype.itemsize
-        act_bytes = 8 * max(1, int(np.prod(space_shape(self.single_action_space))))
-        params = (
-            self.single_action_space.n
-            if isinstance(self.single_action_space, gym.spaces.Discrete)
-            else 2 * int(np.prod(self.single_action_space.shape))
-        )
-        per_step = self.envs_per_worker * (obs_bytes + act_bytes + 4 * int(params) + 8)
-        return T * per_step + T * self.envs_per_worker * obs_bytes // 4 + (1 << 16)
-
-    def _assemble_rollout(self, replies: dict[int, Message], agent: ActorCritic, restarted: list[int]) -> Rollout:
-        W, k = self.num_workers, self.envs_per_worker
-        parts = [replies[w].arrays for w in range(W)]
-
-        def cat(name: str) -> np.ndarray:
-            return np.concatenate([p[name] for p in parts], axis=1)
-
-        T = parts[0]["rewards"].shape[0]
-        versions = np.concatenate(
-            [np.full((T, k), replies[w].meta["version"], dtype=np.int64) for w in range(W)], axis=1
-        )
-        final_idx, final_obs = [], []
-        ep_r: list[float] = []
-        ep_l: list[int] = []
-        for w, p in enumerate(parts):
-            fi = p["final_idx"].astype(np.int64)
-            fi[:, 1] += w * k
-            final_idx.append(fi)
-            final_obs.append(p["final_obs"])
-            ep_r += p["ep_r"].tolist()
-            ep_l += p["ep_l"].tolist()
-            self._remember(w, p["obs"], p["dist_params"])
-        next_obs = np.concatenate([p["next_obs"] for p in parts])
-        self._obs = next_obs
-        return Rollout(
-            obs=cat("obs"),
-            actions=cat("actions").astype(self._action_dtype(), copy=False),
-            rewards=cat("rewards"),
-            terminations=cat("terminations"),
-            truncations=cat("truncations"),
-            dist_params=cat("dist_params"),
-            versions=versions,
-            next_obs=next_obs.copy(),
-            final_idx=np.concatenate(final_idx),
-            final_obs=np.concatenate(final_obs),
-            dist_kind=agent.dist_kind,
-            episode_returns=ep_r,
-            episode_lengths=ep_l,
-            restarted_workers=sorted(set(restarted)),
-            learner_version=self.learner_version,
-        )
 
     def __del__(self) -> None:
         try:
