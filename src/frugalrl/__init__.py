@@ -10,8 +10,7 @@ that needs only a small part of the library does not pay for torch and gymnasium
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from frugalrl.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -33,14 +32,4 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'frugalrl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_PUBLIC])
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

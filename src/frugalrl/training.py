@@ -299,7 +299,7 @@ class Training:
             if part is None:
                 continue
             if name == "envs":
-                envs_state = self._restore_envs(part, state)
+                envs_state = self._restore_envs(part, state, resumes=len(ckpt["counters"]["resumes"]) + 1)
                 continue
             if state is None:
                 raise ValueError(f"the checkpoint has no {name!r} to resume from")
@@ -310,18 +310,20 @@ class Training:
         self._lag_sum, self._lag_n = float(c["lag_sum"]), int(c["lag_n"])
         self._past_seconds, self._eval_seconds = float(c["seconds"]), float(c["eval_seconds"])
         self.eval_history = list(c["eval_history"])
+        self.time_to_target = c.get("time_to_target")
         self.resumes = list(c["resumes"]) + [{"step": self.env_steps, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                "envs": envs_state}]
         set_rng_state(ckpt["rng"])
 
-    def _restore_envs(self, envs: Any, state: Any) -> Any:
-        """Rebuild the envs; a checkpoint without their state (or envs that cannot hold it) resets them."""
+    def _restore_envs(self, envs: Any, state: Any, resumes: int) -> Any:
+        """Rebuild the envs; a checkpoint without their state (or envs that cannot hold it) resets them, with
+        seeds no earlier segment used (``resumes``: this resume's number)."""
         if state is not None and getattr(envs, "replayable", False):
             inexact = envs.load_state_dict(state)
             return [int(i) for i in inexact] if inexact else "restored"
         log.warning("frugalrl: the checkpoint holds no env state; the envs start new episodes")
         if hasattr(envs, "reset"):
-            envs.reset(seed=self.cfg.seed + 1_000_003 * (len(self.resumes) + 1))
+            envs.reset(seed=self.cfg.seed + 1_000_003 * resumes)
         return "reset"
 
     # ------------------------------------------------------------------ the loop
@@ -446,7 +448,7 @@ class Training:
                 "env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
                 "recent_returns": list(self._recent), "lag_sum": self._lag_sum, "lag_n": self._lag_n,
                 "seconds": self._past_seconds + (time.monotonic() - self._t0), "eval_seconds": self._eval_seconds,
-                "eval_history": self.eval_history, "resumes": self.resumes,
+                "eval_history": self.eval_history, "time_to_target": self.time_to_target, "resumes": self.resumes,
             },
         }
         agent = self._parts.get("agent")

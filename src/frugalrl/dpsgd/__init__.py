@@ -15,8 +15,9 @@ process, which imports ``frugalrl.dpsgd.worker``, starts in a fraction of a seco
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from frugalrl.lazy import lazy_names
 
 if TYPE_CHECKING:  # the names as the type checker sees them; at run time they come from __getattr__
     from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
@@ -72,14 +73,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'frugalrl.dpsgd' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_PUBLIC])
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

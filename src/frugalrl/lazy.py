@@ -1,0 +1,30 @@
+"""Public names imported on first use (PEP 562), for the package ``__init__`` modules.
+
+``frugalrl`` and ``frugalrl.dpsgd`` expose their public names lazily, so that a worker process that needs
+only a small part of the library does not pay for torch and gymnasium at startup.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def lazy_names(package: str, public: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The module ``__getattr__`` and ``__dir__`` of ``package`` whose names ``public`` maps to the modules
+    defining them; a name is imported at its first use and then kept in the package's namespace."""
+
+    def getattr_(name: str) -> Any:
+        module = public.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def dir_() -> list[str]:
+        return sorted([*vars(sys.modules[package]), *public])
+
+    return getattr_, dir_
