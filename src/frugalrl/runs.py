@@ -25,6 +25,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 CHECKPOINT = "latest.pt"
@@ -39,6 +40,8 @@ def jsonable(obj: Any) -> Any:
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
     if hasattr(obj, "item") and callable(obj.item):
         return obj.item()
     if isinstance(obj, float | int | str | bool) or obj is None:

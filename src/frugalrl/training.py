@@ -168,13 +168,15 @@ def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40]
 
 
-def policy_evaluator(agent: ActorCritic, env_spec: Any, cfg: RunConfig, deterministic: bool = True) -> Evaluator:
-    """An :data:`Evaluator` running ``cfg.eval_episodes`` episodes of ``agent`` on fresh envs in this process."""
+def policy_evaluator(agent: ActorCritic, env_spec: Any, cfg: RunConfig, deterministic: bool = True,
+                     max_steps: int = 100_000) -> Evaluator:
+    """An :data:`Evaluator` running ``cfg.eval_episodes`` episodes of ``agent`` (at most ``max_steps`` steps
+    each) on fresh envs in this process."""
     from frugalrl.evaluation import evaluate
 
     def run() -> Evaluation:
         mean, std, _ = evaluate(agent, env_spec, cfg.eval_episodes, seed=EVAL_SEED + cfg.seed,
-                                deterministic=deterministic)
+                                deterministic=deterministic, max_steps=max_steps)
         return Evaluation(mean, std, cfg.eval_episodes, deterministic)
 
     return run

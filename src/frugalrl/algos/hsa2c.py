@@ -63,7 +63,7 @@ from frugalrl.dpsgd.run import run_dpsgd
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.evaluation import evaluate
 from frugalrl.nets import make_agent
-from frugalrl.training import EVAL_SEED, Evaluation, Training
+from frugalrl.training import Evaluation, Training, policy_evaluator
 
 PROBLEM = "frugalrl.algos.hsa2c:make_a2c_problem"
 """The DPSGD problem factory every HSA2C process builds its :class:`A2CProblem` from."""
@@ -367,15 +367,10 @@ def train(cfg: HSA2CConfig, resume: str | Path | None = None) -> dict[str, Any]:
     problem = A2CProblem(**cfg.problem_kwargs())  # scores the recorded weights, then the final ones
     agent = problem.agent
 
-    def final_evaluation() -> Evaluation:
-        mean, std, _ = evaluate(agent, env_spec, cfg.eval_episodes, seed=EVAL_SEED + cfg.seed,
-                                max_steps=cfg.eval_max_steps)
-        return Evaluation(mean, std, cfg.eval_episodes)
-
     run.attach(agent=agent)
     budget = cfg.budget_updates
     per_update = cfg.env_steps_per_update
-    run.begin(final_evaluation, (budget or 0) * per_update)
+    run.begin(policy_evaluator(agent, env_spec, cfg, max_steps=cfg.eval_max_steps), (budget or 0) * per_update)
     done = run.updates  # global updates of earlier segments (a resumed run)
     steps0, seconds0 = run.env_steps, run.seconds()
     last_saved = done

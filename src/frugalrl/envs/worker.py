@@ -41,6 +41,7 @@ import torch
 from frugalrl import dists
 from frugalrl.envs.spec import EnvSpec
 from frugalrl.nets import ActorCritic, PolicySpec, build_policy
+from frugalrl.runs import jsonable
 from frugalrl.wire.message import Message, decode_state_dict
 
 NEXT_STEP = "NextStep"
@@ -482,22 +483,12 @@ class EnvWorker:
 
 def _rng_state(env: gym.Env) -> dict[str, Any]:
     """The state of ``env``'s ``np_random`` generator, as JSON (big integers stay Python ints)."""
-    return _jsonable(env.unwrapped.np_random.bit_generator.state)
+    return jsonable(env.unwrapped.np_random.bit_generator.state)
 
 
 def _set_rng_state(env: gym.Env, state: dict[str, Any]) -> None:
     """Put ``env``'s ``np_random`` generator in ``state`` (from :func:`_rng_state`)."""
     env.unwrapped.np_random.bit_generator.state = state
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 def space_shape(space: gym.Space) -> tuple[int, ...]:
