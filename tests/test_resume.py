@@ -57,7 +57,7 @@ def test_killed_serial_run_resumes_to_bit_identical_weights(tmp_path):
     straight = train(PPOConfig(**cfg, run_name="straight", tensorboard=False))
 
     killed = tmp_path / "killed"
-    step = _start_and_kill([*_flags(cfg), "--run-name", "killed", "--no-tensorboard"], killed)
+    step = _start_and_kill([*_flags(cfg), "--run-name", "killed", "--no-tensorboard", "--preset", "none"], killed)
     assert 0 < step < cfg["total_timesteps"]
     resumed = resume(killed)
 

@@ -36,7 +36,7 @@ def _field_parser(tp: Any) -> Any:
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType) and type(None) in args:
         inner = _field_parser(next(a for a in args if a is not type(None)))
-        return lambda s: None if s.lower() in ("none", "null", "") else inner(s)
+        return lambda s: None if s.lower() in ("none", "null", "", "auto") else inner(s)
     if tp is bool:
         return _parse_bool
     if origin is typing.Literal:
@@ -50,6 +50,10 @@ def _field_parser(tp: Any) -> Any:
     if origin is dict or tp is dict:
         return _parse_json_dict
     return str
+
+
+def _is_optional_bool(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {bool, type(None)}
 
 
 def _parse_bool(s: str) -> bool:
@@ -94,12 +98,13 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[s
         help_text = f"{docs.get(f.name, '')} ({shown})".strip().replace("%", "%%")
         choices = literal_choices(hints[f.name])
         common: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
-        if hints[f.name] is bool:
-            parser.add_argument(flag, nargs="?", const=True, type=_parse_bool, metavar="BOOL", **common)
+        if hints[f.name] is bool or _is_optional_bool(hints[f.name]):
+            parser.add_argument(flag, nargs="?", const=True, type=_field_parser(hints[f.name]),
+                                metavar="BOOL" if hints[f.name] is bool else "BOOL|auto", **common)
             parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
                                 default=argparse.SUPPRESS, help=f"same as {flag} false")
             continue
-        parser.add_argument(flag, type=_field_parser(hints[f.name]), required=required,
+        parser.add_argument(flag, type=str if f.name == "preset" else _field_parser(hints[f.name]), required=required,
                             metavar="{" + ",".join(map(str, choices)) + "}" if choices else f.name.upper(),
                             choices=list(choices) + ([None] if None not in choices else []) if choices else None,
                             **common)
@@ -194,7 +199,7 @@ def _train(args: argparse.Namespace) -> int:
                 return _error(f"{args.resume} is a {saved.get('algo')} run, not {args.algo}")
             cfg = config_from_dict(cls, {**saved, **changes}, where=f"{args.resume}/config.json")
         else:
-            cfg = cls(**changes)
+            cfg = _with_preset(args.algo, cls, changes)
         summary = mod.train(cfg, resume=args.resume)
     except (ValueError, TypeError, FileNotFoundError) as e:
         return _error(str(e))
@@ -204,6 +209,22 @@ def _train(args: argparse.Namespace) -> int:
     if summary:  # a lone pipeline stage 1 has nothing to report
         _print_summary(summary)
     return 0
+
+
+def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
+    """The config from the preset ``--preset`` names (the env's own by default), then the flags given."""
+    from frugalrl import presets
+
+    choice = changes.pop("preset", presets.AUTO)
+    env = changes.get("env", next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
+    values, name = presets.resolve(algo, env, choice)
+    if name is None and choice == presets.AUTO:
+        print(f"frugalrl: note: no {algo} preset for {env}; using the defaults of {cls.__name__} and your flags",
+              file=sys.stderr)
+    elif name is not None:
+        shown = {k: v for k, v in values.items() if k not in changes}
+        print(f"frugalrl: preset {name}: {json.dumps(shown)}", file=sys.stderr)
+    return config_from_dict(cls, {**values, **changes, "preset": name}, where=f"preset {name}")
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -325,6 +346,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         per_worker = f" (per worker {syncs['per_worker']})" if syncs.get("per_worker") else ""
         lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}")
     lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")
+    for stall in summary.get("sync_stalls") or []:
+        lines.append(f"  WARNING at step {stall['step']}: {stall['message']}")
     if summary.get("resumes"):
         lines.append(f"  resumed {len(summary['resumes'])} time(s), last at step {summary['resumes'][-1]['step']}")
     lines.append(f"  run directory: {summary['run_dir']}")

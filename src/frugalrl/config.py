@@ -29,6 +29,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from frugalrl.sync import SyncRule, make_sync_rule
+
 Backend = Literal["serial", "local", "ray"]
 """Where ClusterEnv's workers run: in this process, in local processes, or in Ray actors."""
 SyncName = Literal["every", "interval", "aaps"]
@@ -104,6 +106,9 @@ class RunConfig(ConfigPart):
     """Gymnasium id or 'module:function' env factory."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the env (JSON on the command line)."""
+    preset: str | None = None
+    """The preset the settings start from (frugalrl.presets): on the command line the env's own by default,
+    'none', another env id, or a .json file; here, the one that was applied (None: the defaults)."""
     seed: int = 1
     """Seed of the network, the envs, action sampling and minibatch order."""
     total_timesteps: int = 500_000
@@ -159,6 +164,10 @@ class ClusterConfig(ConfigPart):
     KL(worker policy ‖ learner) on the worker's recent states exceeds kl_threshold)."""
     kl_threshold: float = 0.05
     """δ of AAPS."""
+    max_policy_lag: int | None = 20
+    """AAPS's guard: a worker whose policy is this many learner updates old gets the weights whatever the KL
+    (its KL is measured on states its own stale policy visits, and can stay under δ while the learner has
+    moved on); None: KL only."""
     sync_interval: int = 1
     """n of the 'interval' rule."""
     weights_codec: WeightsCodec = "fp32"
@@ -168,6 +177,9 @@ class ClusterConfig(ConfigPart):
         """Check the cluster fields."""
         super().validate()
         check_fields(self, positive_ints=("workers", "envs_per_worker", "sync_interval"), positive=("kl_threshold",))
+        if self.max_policy_lag is not None:
+            check_fields(self, positive_ints=("max_policy_lag",))
+        self.sync_rule()
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be a non-empty string or None, got {self.ray_address!r}")
 
@@ -175,6 +187,10 @@ class ClusterConfig(ConfigPart):
     def num_envs(self) -> int:
         """Environments in all."""
         return self.workers * self.envs_per_worker
+
+    def sync_rule(self) -> SyncRule:
+        """The weight-sync rule these fields describe."""
+        return make_sync_rule(self.sync, self.kl_threshold, self.sync_interval, self.max_policy_lag)
 
 
 @dataclass(kw_only=True)
@@ -215,6 +231,48 @@ class OptimConfig(ActorCriticConfig):
         if not self.anneal_lr:
             return self.learning_rate
         return (1.0 - (update - 1.0) / num_updates) * self.learning_rate
+
+
+@dataclass(kw_only=True)
+class NetConfig(ConfigPart):
+    """The actor-critic MLP (for flat observations; uint8 frames get the Nature-CNN)."""
+
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    """Hidden widths of the actor's and the critic's MLPs."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Activation of the hidden layers."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of a Gaussian policy (Box actions)."""
+    ortho_init: bool = True
+    """Orthogonal initialisation (CleanRL, SB3); False: PyTorch's default."""
+
+    def validate(self) -> None:
+        """Check the network fields."""
+        super().validate()
+        if not self.hidden or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden):
+            raise ValueError(f"hidden must list positive widths, got {self.hidden!r}")
+
+    def mlp_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`~frugalrl.nets.MLPActorCritic` (and :func:`~frugalrl.nets.make_agent`)."""
+        return {"activation": self.activation, "log_std_init": self.log_std_init, "ortho_init": self.ortho_init}
+
+
+@dataclass(kw_only=True)
+class NormConfig(ConfigPart):
+    """Running normalisation of observations (inside the agent) and rewards (on the learner)."""
+
+    norm_obs: bool | None = None
+    """Normalise observations by running mean and variance inside the agent (the statistics travel with the
+    weights); None: on for continuous (Box) actions, off for discrete ones."""
+    norm_reward: bool | None = None
+    """Divide rewards by the running standard deviation of the discounted return (learner side); None: as
+    norm_obs resolves."""
+
+    def normalization(self, continuous_actions: bool) -> tuple[bool, bool]:
+        """``(norm_obs, norm_reward)`` as used for an env with (or without) continuous actions."""
+        obs = continuous_actions if self.norm_obs is None else bool(self.norm_obs)
+        reward = obs if self.norm_reward is None else bool(self.norm_reward)
+        return obs, reward
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -29,8 +29,12 @@ class PPOLossConfig(ConfigPart):
     """Normalise advantages per minibatch."""
     clip_coef: float = 0.2
     """Clip range of the probability ratio (and of the value change with clip_vloss)."""
-    clip_vloss: bool = True
-    """Clip the value loss around the old values (CleanRL's default)."""
+    anneal_clip: bool = False
+    """Anneal the clip range linearly to 0 over the run (rl-zoo's ``lin_`` clip ranges)."""
+    clip_vloss: bool = False
+    """Clip the value loss around the old values (CleanRL clips; SB3 does not, and on unnormalised returns
+    clipping stalls the critic: a continuous-control run of the learning suite ended near −1100 with it,
+    −180 without)."""
     target_kl: float | None = None
     """Stop an update's epochs early once the approximate KL exceeds this."""
 
@@ -39,6 +43,12 @@ class PPOLossConfig(ConfigPart):
         super().validate()
         check_fields(self, positive_ints=("num_minibatches", "update_epochs"), nonneg=("clip_coef",),
                      unit=("gae_lambda",), positive=("target_kl",))
+
+    def clip_at(self, update: int, num_updates: int) -> float:
+        """The clip range of update ``update`` (1-based) of ``num_updates``."""
+        if not self.anneal_clip:
+            return self.clip_coef
+        return (1.0 - (update - 1.0) / num_updates) * self.clip_coef
 
 
 @dataclass
@@ -65,24 +75,27 @@ def ppo_loss(
     old_value: torch.Tensor,
     returns: torch.Tensor,
     weights: torch.Tensor | None = None,
+    clip_coef: float | None = None,
 ) -> PPOLoss:
     """The clipped-surrogate PPO loss of one minibatch.
 
     ``weights`` (optional) multiply each sample's surrogate: the truncated importance weights
-    min(π_old/μ, c) of decoupled PPO; None is plain PPO.
+    min(π_old/μ, c) of decoupled PPO; None is plain PPO. ``clip_coef``: this update's clip range (an
+    annealed one, :meth:`PPOLossConfig.clip_at`); None: ``cfg.clip_coef``.
     """
+    clip = cfg.clip_coef if clip_coef is None else clip_coef
     logratio = new_logp - old_logp
     ratio = logratio.exp()
     with torch.no_grad():
         approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean().item()
+        clipfrac = ((ratio - 1.0).abs() > clip).float().mean().item()
     adv = advantages
     if cfg.norm_adv and adv.numel() > 1:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef))
+    surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))
     pg_loss = surrogate.mean() if weights is None else (weights * surrogate).mean()
     if cfg.clip_vloss:
-        v_clipped = old_value + (new_value - old_value).clamp(-cfg.clip_coef, cfg.clip_coef)
+        v_clipped = old_value + (new_value - old_value).clamp(-clip, clip)
         v_loss = 0.5 * torch.max((new_value - returns) ** 2, (v_clipped - returns) ** 2).mean()
     else:
         v_loss = 0.5 * ((new_value - returns) ** 2).mean()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from frugalrl.dists import DistKind
+from frugalrl.normalize import ObsNormalizer
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class ActorCritic(nn.Module):
     """Rebuilds an identical module anywhere (:func:`build_policy`)."""
     dist_kind: DistKind
     """The action distribution :meth:`dist_params` parameterises (see :mod:`frugalrl.dists`)."""
+    exact_tensors: tuple[str, ...] = ()
+    """State-dict keys that must travel losslessly whatever the weights codec (running statistics)."""
 
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
         """Parameters of the action distribution for each state, shape ``(batch, P)``."""
@@ -140,12 +143,15 @@ def conv_out_size(size: int, n_convs: int) -> int:
 
 
 # ------------------------------------------------------------------ building blocks (every network here)
-def mlp_layers(in_dim: int, hidden: list[int] | tuple[int, ...], activation: type[nn.Module] = nn.Tanh) -> tuple[list[nn.Module], int]:
-    """Orthogonally initialised ``Linear`` + ``activation`` layers of widths ``hidden``, and the output width."""
+def mlp_layers(in_dim: int, hidden: list[int] | tuple[int, ...], activation: type[nn.Module] = nn.Tanh,
+               ortho_init: bool = True) -> tuple[list[nn.Module], int]:
+    """``Linear`` + ``activation`` layers of widths ``hidden`` (orthogonally initialised unless not
+    ``ortho_init``), and the output width."""
     layers: list[nn.Module] = []
     width = int(in_dim)
     for h in hidden:
-        layers += [layer_init(nn.Linear(width, int(h))), activation()]
+        linear = nn.Linear(width, int(h))
+        layers += [layer_init(linear) if ortho_init else linear, activation()]
         width = int(h)
     return layers, width
 
@@ -164,21 +170,51 @@ def conv_layers(obs_shape: list[int] | tuple[int, ...], channels: list[int] | tu
     return [*layers, nn.Flatten()], width * h * w
 
 
+def copy_obs_norm(src: nn.Module, dst: nn.Module) -> None:
+    """Give ``dst`` the observation statistics of ``src`` (a network rebuilt from ``src``'s spec, pruned or
+    distilled, must normalise its inputs as ``src`` does)."""
+    a, b = getattr(src, "obs_norm", None), getattr(dst, "obs_norm", None)
+    if a is not None and b is not None:
+        b.load_state_dict(a.state_dict())
+
+
+Activation = Literal["tanh", "relu"]
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
 class MLPActorCritic(ActorCritic):
     """Separate actor and critic MLPs (CleanRL's PPO agent) for flat observations.
 
     Categorical head for Discrete actions; state-independent log-std Gaussian for Box actions.
+    ``activation`` of the hidden layers, ``log_std_init`` (the Gaussian's initial log-std) and ``ortho_init``
+    (orthogonal weights, as CleanRL and SB3 by default; False: PyTorch's default initialisation) are the
+    options rl-zoo's hyperparameter files set; ``obs_norm`` puts an :class:`ObsNormalizer` in front.
     """
 
-    def __init__(self, obs_dim: int, action: dict[str, Any], hidden: list[int] | tuple[int, ...] = (64, 64)):
+    def __init__(
+        self,
+        obs_dim: int,
+        action: dict[str, Any],
+        hidden: list[int] | tuple[int, ...] = (64, 64),
+        activation: Activation = "tanh",
+        log_std_init: float = 0.0,
+        ortho_init: bool = True,
+        obs_norm: bool = False,
+    ):
         super().__init__()
         self.obs_dim = int(obs_dim)
         self.action = dict(action)
         self.hidden = [int(h) for h in hidden]
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
         self.spec = PolicySpec(
             "frugalrl.nets:MLPActorCritic",
-            {"obs_dim": self.obs_dim, "action": self.action, "hidden": self.hidden},
+            {"obs_dim": self.obs_dim, "action": self.action, "hidden": self.hidden, "activation": activation,
+             "log_std_init": float(log_std_init), "ortho_init": bool(ortho_init), "obs_norm": bool(obs_norm)},
         )
+        self.obs_norm = ObsNormalizer((self.obs_dim,)) if obs_norm else None
+        if self.obs_norm is not None:
+            self.exact_tensors = ("obs_norm.mean", "obs_norm.var", "obs_norm.count")
         if action["type"] == "discrete":
             self.dist_kind = "categorical"
             out = int(action["n"])
@@ -189,25 +225,29 @@ class MLPActorCritic(ActorCritic):
             raise ValueError(f"unsupported action description {action!r}")
 
         def mlp(last: int, last_std: float) -> nn.Sequential:
-            layers, width = mlp_layers(self.obs_dim, self.hidden)
-            return nn.Sequential(*layers, layer_init(nn.Linear(width, last), std=last_std))
+            layers, width = mlp_layers(self.obs_dim, self.hidden, ACTIVATIONS[activation], ortho_init)
+            head = nn.Linear(width, last)
+            return nn.Sequential(*layers, layer_init(head, std=last_std) if ortho_init else head)
 
         self.critic = mlp(1, 1.0)
         self.actor = mlp(out, 0.01)
         if self.dist_kind == "gaussian":
-            self.log_std = nn.Parameter(torch.zeros(out))
+            self.log_std = nn.Parameter(torch.full((out,), float(log_std_init)))
+
+    def _inputs(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.reshape(obs.shape[0], -1)
+        return x.float() if self.obs_norm is None else self.obs_norm(x)
 
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
         """Logits, or mean and log-std concatenated."""
-        x = obs.reshape(obs.shape[0], -1).float()
-        out = self.actor(x)
+        out = self.actor(self._inputs(obs))
         if self.dist_kind == "gaussian":
             out = torch.cat([out, self.log_std.expand_as(out)], dim=-1)
         return out
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State value, shape ``(batch,)``."""
-        return self.critic(obs.reshape(obs.shape[0], -1).float()).squeeze(-1)
+        return self.critic(self._inputs(obs)).squeeze(-1)
 
 
 class NatureCNNActorCritic(ActorCritic):
@@ -266,14 +306,15 @@ class NatureCNNActorCritic(ActorCritic):
 
 
 def make_agent(
-    observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64)
+    observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64), **mlp_options: Any
 ) -> ActorCritic:
-    """A default actor-critic for the given single-env spaces: Nature-CNN for (C, H, W) uint8 frames, else an MLP."""
+    """A default actor-critic for the given single-env spaces: Nature-CNN for (C, H, W) uint8 frames, else an
+    MLP (``mlp_options``: :class:`MLPActorCritic`'s ``activation``, ``log_std_init``, ``ortho_init``, ``obs_norm``)."""
     if not isinstance(observation_space, gym.spaces.Box):
         raise TypeError(f"MLPActorCritic needs a Box observation space, got {observation_space}")
     if len(observation_space.shape) == 3 and observation_space.dtype == np.uint8:
         return NatureCNNActorCritic(observation_space.shape, action_desc(action_space))
-    return MLPActorCritic(int(np.prod(observation_space.shape)), action_desc(action_space), hidden)
+    return MLPActorCritic(int(np.prod(observation_space.shape)), action_desc(action_space), hidden, **mlp_options)
 
 
 # ------------------------------------------------------------------ the split model (pipeline PPO)

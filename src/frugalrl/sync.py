@@ -111,17 +111,17 @@ class AdaptiveKL(SyncRule):
         return chosen
 
     def describe(self) -> str:
-        """``aaps(δ)``."""
-        return f"aaps({self.delta:g})"
+        """``aaps(δ)``, or ``aaps(δ, lag≤L)`` with a max lag."""
+        return f"aaps({self.delta:g})" if self.max_lag is None else f"aaps({self.delta:g}, lag<={self.max_lag})"
 
 
-def make_sync_rule(name: str, kl_threshold: float = 0.05, interval: int = 1) -> SyncRule:
-    """Build a rule from its CLI name: ``every``, ``interval`` or ``aaps``."""
+def make_sync_rule(name: str, kl_threshold: float = 0.05, interval: int = 1, max_lag: int | None = None) -> SyncRule:
+    """Build a rule from its CLI name: ``every``, ``interval`` or ``aaps`` (with ``max_lag``, its guard)."""
     name = name.lower()
     if name in ("every", "everyupdate", "every-update"):
         return EveryUpdate()
     if name == "interval":
         return Interval(interval)
     if name in ("aaps", "kl", "adaptive", "adaptivekl"):
-        return AdaptiveKL(kl_threshold)
+        return AdaptiveKL(kl_threshold, max_lag)
     raise ValueError(f"unknown sync rule {name!r}; expected 'every', 'interval' or 'aaps'")

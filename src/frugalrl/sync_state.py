@@ -82,7 +82,7 @@ class PolicySync:
     def message(self, agent: ActorCritic) -> Message:
         """The weights message of the learner's version (encoded once per version)."""
         if self._message is None:
-            msg = encode_state_dict(agent.state_dict(), self.weights_codec)
+            msg = encode_state_dict(agent.state_dict(), self.weights_codec, getattr(agent, "exact_tensors", ()))
             msg.meta = {"version": self.learner_version, "spec": agent.spec.to_json()}
             self._message = msg
         return self._message
@@ -175,3 +175,47 @@ class PolicySync:
         self.last_kl = list(state["last_kl"])
         self.recent = [None if r is None else (r[0], r[1]) for r in state["recent"]]
         self._fingerprint = self._tracked = self._message = self._held = None
+
+
+class StallWatch:
+    """Notices a run whose training return stopped improving while its workers act with an old policy.
+
+    A sync rule that sends no weights (AAPS whose KL stays under δ, a long interval) leaves the workers on
+    the policy they hold: the learner may still improve on their data, but the episodes they play (the
+    training return) do not. After every update the watch takes the batch's mean policy lag (learner
+    updates between the data's policy and the learner) and the mean training return; it reports once per
+    stall, when over the last ``window`` updates the lag stayed at ``min_lag`` or more and the training
+    return did not rise above what it was ``window`` updates earlier.
+    """
+
+    def __init__(self, window: int = 10, min_lag: float = 10.0) -> None:
+        self.window = int(window)
+        self.min_lag = float(min_lag)
+        self.lags: list[float] = []
+        self.returns: list[float | None] = []
+        self.stalled = False
+        self.events: list[dict[str, Any]] = []
+
+    def observe(self, step: int, lag: float, train_return: float | None, rule: str) -> str | None:
+        """Record one update; return a message the first time a stall shows (None otherwise)."""
+        self.lags.append(float(lag))
+        self.returns.append(train_return)
+        w = self.window
+        if len(self.lags) < 2 * w:
+            return None
+        lagging = min(self.lags[-w:]) >= self.min_lag
+        if not lagging:
+            self.stalled = False
+            return None
+        now = [r for r in self.returns[-w:] if r is not None]
+        before = [r for r in self.returns[-2 * w : -w] if r is not None]
+        improving = bool(now) and (not before or np.mean(now) > np.mean(before) + 0.01 * abs(np.mean(before)))
+        if improving or self.stalled:
+            return None
+        self.stalled = True
+        message = (f"training has not improved for {w} updates while the workers act with a policy "
+                   f"{np.mean(self.lags[-w:]):.0f} updates old: the sync rule {rule} is not sending weights "
+                   "(set a max policy lag, a smaller KL threshold, or sync every update)")
+        self.events.append({"step": int(step), "lag": round(float(np.mean(self.lags[-w:])), 2),
+                            "train_return": None if not now else round(float(np.mean(now)), 3), "message": message})
+        return message

@@ -45,6 +45,7 @@ import torch
 from frugalrl.config import RunConfig
 from frugalrl.nets import ActorCritic
 from frugalrl.runs import Run, jsonable, read_checkpoint, read_config
+from frugalrl.sync_state import StallWatch
 
 log = logging.getLogger("frugalrl")
 
@@ -98,6 +99,9 @@ class RunSummary:
     eval_episodes: int
     eval_deterministic: bool
     """Whether ``eval_return_mean`` comes from deterministic (mode) actions."""
+    stochastic_return_mean: float | None
+    """Mean return of a final evaluation that samples its actions from the policy (None where not made)."""
+    stochastic_return_std: float | None
     eval_history: list[dict[str, Any]]
     """Every evaluation: ``{step, seconds, mean, std}`` (seconds of training)."""
     train_return_mean_last100: float | None
@@ -119,6 +123,9 @@ class RunSummary:
     """Mean learner-minus-behaviour policy version of the training data (None where it has no meaning)."""
     resumes: list[dict[str, Any]]
     """One entry per resume: ``{step, at, envs}`` (``envs``: 'restored', 'reset' or a list of envs reset)."""
+    sync_stalls: list[dict[str, Any]]
+    """Times the run noticed that its training return stopped improving while the workers acted with an old
+    policy (``{step, lag, train_return, message}``; see :class:`~frugalrl.sync_state.StallWatch`)."""
     run_dir: str
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -233,12 +240,15 @@ class Training:
         self._lag_n = 0
         self._parts: dict[str, Stateful | None] = {}
         self._evaluate: Evaluator | None = None
+        self._evaluate_stochastic: Evaluator | None = None
         self._total_updates: int | None = None
         self._last_eval: Evaluation | None = None
         self._eval_seconds = 0.0
         self._past_seconds = 0.0
         self._t0 = time.monotonic()
         self._bar: Any = None
+        self.stall_watch = StallWatch()
+        """Notices a sync rule that leaves the workers on an old policy while training stops improving."""
 
     @property
     def dir(self) -> Path:
@@ -275,12 +285,16 @@ class Training:
         for name, part in parts.items():
             self._parts[name] = _GeneratorState(part) if isinstance(part, torch.Generator) else part
 
-    def begin(self, evaluate: Evaluator | None, total_steps: int, total_updates: int | None = None) -> None:
+    def begin(self, evaluate: Evaluator | None, total_steps: int, total_updates: int | None = None,
+              evaluate_stochastic: Evaluator | None = None) -> None:
         """Restore the checkpoint when resuming (after the parts are built: building consumed the RNG as
         it did in the first run), start the clocks and the progress bar.
 
-        ``total_updates``: the update that ends the run (its row then carries the final evaluation)."""
+        ``evaluate``: the (deterministic) evaluation of the cadence and the end; ``evaluate_stochastic``: one
+        more at the end, sampling actions; ``total_updates``: the update that ends the run (its row then
+        carries the final evaluation)."""
         self._evaluate = evaluate
+        self._evaluate_stochastic = evaluate_stochastic
         self._total_updates = total_updates
         if self._checkpoint is not None:
             self._restore(self._checkpoint)
@@ -313,6 +327,7 @@ class Training:
         self._past_seconds, self._eval_seconds = float(c["seconds"]), float(c["eval_seconds"])
         self.eval_history = list(c["eval_history"])
         self.time_to_target = c.get("time_to_target")
+        self.stall_watch.events = list(c.get("sync_stalls", []))
         self.resumes = list(c["resumes"]) + [{"step": self.env_steps, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                "envs": envs_state}]
         set_rng_state(ckpt["rng"])
@@ -365,6 +380,12 @@ class Training:
             row["charts/policy_lag"] = float(policy_lag.mean())
         if cluster is not None and hasattr(cluster, "stats"):
             st = cluster.stats()
+            if policy_lag is not None and policy_lag.size:
+                stall = self.stall_watch.observe(self.env_steps, float(policy_lag.mean()),
+                                                 row.get("train/episode_return"), st["sync_rule"])
+                if stall is not None:
+                    log.warning("frugalrl: %s", stall)
+                    row["health/sync_stall"] = 1
             row["syncs/total"] = st["weight_syncs"]["total"]
             row["bytes/total"] = st["bytes"]["total"]
             row["bytes/weights"] = st["bytes"]["weights"]
@@ -451,6 +472,7 @@ class Training:
                 "recent_returns": list(self._recent), "lag_sum": self._lag_sum, "lag_n": self._lag_n,
                 "seconds": self._past_seconds + (time.monotonic() - self._t0), "eval_seconds": self._eval_seconds,
                 "eval_history": self.eval_history, "time_to_target": self.time_to_target, "resumes": self.resumes,
+                "sync_stalls": self.stall_watch.events,
             },
         }
         agent = self._parts.get("agent")
@@ -484,6 +506,11 @@ class Training:
             last = self.evaluate()
             self.stop_reason = reason  # the run stopped for its own reason, whatever this evaluation says
             self.run.log(self.env_steps, self.seconds(), {"eval/return_mean": last.mean, "eval/return_std": last.std})
+        stochastic = None
+        if self._evaluate_stochastic is not None and cfg.eval_episodes > 0:
+            t0 = time.monotonic()
+            stochastic = self._evaluate_stochastic()  # in the summary (the metrics keep one row per step)
+            self._eval_seconds += time.monotonic() - t0
         self.save()
         seconds = self.seconds()
         wall = seconds + self._eval_seconds
@@ -501,6 +528,8 @@ class Training:
             eval_return_std=last.std if last is not None else math.nan,
             eval_episodes=last.episodes if last is not None else 0,
             eval_deterministic=last.deterministic if last is not None else True,
+            stochastic_return_mean=None if stochastic is None else stochastic.mean,
+            stochastic_return_std=None if stochastic is None else stochastic.std,
             eval_history=self.eval_history,
             train_return_mean_last100=float(np.mean(self._recent)) if self._recent else None,
             episodes=self.episodes,
@@ -512,6 +541,7 @@ class Training:
             restarts=int(traffic.get("restarts", 0)),
             policy_lag_mean=self._lag_sum / self._lag_n if self._lag_n else None,
             resumes=self.resumes,
+            sync_stalls=self.stall_watch.events,
             run_dir=str(self.run.dir),
             details=details or {},
         ).to_json()

@@ -48,7 +48,7 @@ Choices and differences from the paper, and why:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from frugalrl import dists
-from frugalrl.config import ActorCriticConfig, RunConfig, check_fields
+from frugalrl.config import ActorCriticConfig, NetConfig, RunConfig, check_fields
 from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
 from frugalrl.dpsgd.run import run_dpsgd
 from frugalrl.envs.spec import EnvSpec, to_env_spec
@@ -91,6 +91,7 @@ class A2CProblem:
         vf_coef: float = 0.5,
         max_grad_norm: float = 0.5,
         hidden: list[int] | tuple[int, ...] = (64, 64),
+        mlp_options: dict[str, Any] | None = None,
         grad_scaling: str = "rmsprop",
         rms_alpha: float = 0.99,
         rms_eps: float = 1e-5,
@@ -119,7 +120,8 @@ class A2CProblem:
         self.box = isinstance(self.action_space, gym.spaces.Box)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            self.agent = make_agent(self.observation_space, self.action_space, tuple(int(h) for h in hidden))
+            self.agent = make_agent(self.observation_space, self.action_space, tuple(int(h) for h in hidden),
+                                    **(mlp_options or {}))
         self.params = list(self.agent.parameters())
         self.size = int(sum(p.numel() for p in self.params))
         self._init = torch.nn.utils.parameters_to_vector(self.params).detach().numpy().astype(np.float32)
@@ -253,7 +255,7 @@ def make_a2c_problem(**kwargs: Any) -> A2CProblem:
 
 # ------------------------------------------------------------------------------------ the config
 @dataclass(kw_only=True)
-class HSA2CConfig(ActorCriticConfig, RunConfig, DPSGDOptions):
+class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
     """Every knob of an HSA2C run (the paper's symbols in brackets). Field names are the CLI flags.
 
     The DPSGD options (workers, processes, local steps, master batch, rates, stopping, codecs,
@@ -279,8 +281,6 @@ class HSA2CConfig(ActorCriticConfig, RunConfig, DPSGDOptions):
     """Decay of the RMSProp running mean of squared gradients."""
     rms_eps: float = 1e-5
     """ε of the RMSProp denominator."""
-    hidden: list[int] = field(default_factory=lambda: [64, 64])
-    """Widths of the actor's and the critic's hidden layers."""
     log_eval_episodes: int = 1
     """Greedy episodes of each periodic evaluation (the server-side loss)."""
     eval_max_steps: int = 1000
@@ -296,8 +296,6 @@ class HSA2CConfig(ActorCriticConfig, RunConfig, DPSGDOptions):
         super().validate()
         check_fields(self, positive_ints=("k", "envs_per_process", "log_eval_episodes", "eval_max_steps"),
                      positive=("rms_eps",), unit=("rms_alpha",))
-        if not self.hidden or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden):
-            raise ValueError(f"hidden must list positive widths, got {self.hidden!r}")
         self.validate_options()
         self.dpsgd_config()
 
@@ -329,6 +327,7 @@ class HSA2CConfig(ActorCriticConfig, RunConfig, DPSGDOptions):
             "vf_coef": self.vf_coef,
             "max_grad_norm": self.max_grad_norm,
             "hidden": list(self.hidden),
+            "mlp_options": self.mlp_options(),
             "grad_scaling": self.grad_scaling,
             "rms_alpha": self.rms_alpha,
             "rms_eps": self.rms_eps,
@@ -370,7 +369,8 @@ def train(cfg: HSA2CConfig, resume: str | Path | None = None) -> dict[str, Any]:
     run.attach(agent=agent)
     budget = cfg.budget_updates
     per_update = cfg.env_steps_per_update
-    run.begin(policy_evaluator(agent, env_spec, cfg, max_steps=cfg.eval_max_steps), (budget or 0) * per_update)
+    run.begin(policy_evaluator(agent, env_spec, cfg, max_steps=cfg.eval_max_steps), (budget or 0) * per_update,
+              evaluate_stochastic=policy_evaluator(agent, env_spec, cfg, False, cfg.eval_max_steps))
     done = run.updates  # global updates of earlier segments (a resumed run)
     steps0, seconds0 = run.env_steps, run.seconds()
     last_saved = done

@@ -27,7 +27,7 @@ import concurrent.futures
 import copy
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,20 +37,19 @@ from torch import nn
 
 from frugalrl import dists
 from frugalrl.compress.chain import CompressorChain, parse_chain
-from frugalrl.config import ClusterConfig, OptimConfig, RunConfig, check_fields
+from frugalrl.config import ClusterConfig, NetConfig, OptimConfig, RunConfig, check_fields
 from frugalrl.correct import CorrectionBatch, CorrectorChain, bootstrap_values, parse_correctors
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.monitor import parse_monitor
 from frugalrl.nets import ActorCritic, make_agent
 from frugalrl.rollout import Rollout
-from frugalrl.sync import make_sync_rule
 from frugalrl.training import Training, cluster_traffic, policy_evaluator
 
 log = logging.getLogger("frugalrl.impala")
 
 
 @dataclass(kw_only=True)
-class IMPALAConfig(OptimConfig, ClusterConfig, RunConfig):
+class IMPALAConfig(NetConfig, OptimConfig, ClusterConfig, RunConfig):
     """Every knob of an IMPALA/AcceRL run. Field names are the CLI flags (``--recompress-every`` ...)."""
 
     env: str = "CartPole-v1"
@@ -80,8 +79,6 @@ class IMPALAConfig(OptimConfig, ClusterConfig, RunConfig):
     """Run the next rollout while the learner trains on the previous one (IMPALA's decoupling)."""
     net: Literal["auto", "mlp", "cnn"] = "auto"
     """'auto' (Nature-CNN for uint8 frames, MLP otherwise), 'mlp' or 'cnn'."""
-    hidden: list[int] = field(default_factory=lambda: [64, 64])
-    """MLP hidden widths."""
     norm_adv: bool = False
     """Normalise the corrected advantages per batch (helps with large reward scales, e.g. LunarLander)."""
 
@@ -89,7 +86,6 @@ class IMPALAConfig(OptimConfig, ClusterConfig, RunConfig):
         """Raise ``ValueError`` naming the first invalid field (including a bad --compress/--correct)."""
         super().validate()
         check_fields(self, positive_ints=("num_steps", "recompress_every", "calib_size"), nonneg=("distill_steps",))
-        make_sync_rule(self.sync, self.kl_threshold, self.sync_interval)
         parse_chain(self.compress)
         parse_correctors(self.correct)
         parse_monitor(self.monitor)
@@ -107,12 +103,7 @@ class IMPALAConfig(OptimConfig, ClusterConfig, RunConfig):
 
 def make_envs(cfg: IMPALAConfig, replayable: bool = False) -> ClusterEnv:
     """The ClusterEnv a config asks for (actors always act on the workers)."""
-    return ClusterEnv(
-        cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
-        sync=make_sync_rule(cfg.sync, cfg.kl_threshold, cfg.sync_interval), seed=cfg.seed,
-        env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec, ray_address=cfg.ray_address,
-        replayable=replayable,
-    )
+    return ClusterEnv.from_config(cfg, replayable)
 
 
 def build_learner(cfg: IMPALAConfig, envs: ClusterEnv) -> ActorCritic:
@@ -123,8 +114,9 @@ def build_learner(cfg: IMPALAConfig, envs: ClusterEnv) -> ActorCritic:
     if cfg.net == "cnn":
         return NatureCNNActorCritic(obs_space.shape, action_desc(act_space))
     if cfg.net == "mlp":
-        return MLPActorCritic(int(np.prod(obs_space.shape)), action_desc(act_space), tuple(cfg.hidden))
-    return make_agent(obs_space, act_space, tuple(cfg.hidden))
+        return MLPActorCritic(int(np.prod(obs_space.shape)), action_desc(act_space), tuple(cfg.hidden),
+                              **cfg.mlp_options())
+    return make_agent(obs_space, act_space, tuple(cfg.hidden), **cfg.mlp_options())
 
 
 class ActorBuilder:
@@ -280,7 +272,7 @@ def train(cfg: IMPALAConfig, envs: ClusterEnv | None = None, resume: str | Path 
 
 def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run: Training) -> dict[str, Any]:
     agent = build_learner(cfg, envs)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
     correctors = parse_correctors(cfg.correct)
     chain = parse_chain(cfg.compress, distill_steps=cfg.distill_steps)
     monitor = parse_monitor(cfg.monitor, precision=_chain_setting(chain, "precision"),
@@ -288,7 +280,8 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run: Training) -> dict[str,
     builder = ActorBuilder(chain, cfg.async_compress, cfg.seed)
     num_updates = cfg.num_updates
     run.attach(agent=agent, optimizer=optimizer, envs=envs)
-    run.begin(policy_evaluator(agent, envs.env_spec, cfg), num_updates * cfg.batch_size, num_updates)
+    run.begin(policy_evaluator(agent, envs.env_spec, cfg), num_updates * cfg.batch_size, num_updates,
+              evaluate_stochastic=policy_evaluator(agent, envs.env_spec, cfg, deterministic=False))
     if not run.resumed:
         envs.reset(seed=cfg.seed)
     recent_obs = torch.as_tensor(envs.observations)

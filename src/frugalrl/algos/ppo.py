@@ -25,7 +25,7 @@ What differs from CleanRL's ``ppo.py``, and why:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,19 +34,19 @@ import torch
 from torch import nn
 
 from frugalrl import dists
-from frugalrl.config import ClusterConfig, OptimConfig, RunConfig, check_fields
+from frugalrl.config import ClusterConfig, NetConfig, NormConfig, OptimConfig, RunConfig, check_fields
 from frugalrl.correct import bootstrap_values, gae
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.losses import PPOLossConfig, explained_variance, ppo_loss
 from frugalrl.nets import ActorCritic, make_agent
+from frugalrl.normalize import ReturnScaler
 from frugalrl.rollout import Rollout, collect_rollout
-from frugalrl.sync import make_sync_rule
 from frugalrl.training import Training, cluster_traffic, policy_evaluator
 
 
 @dataclass(kw_only=True)
-class PPOConfig(PPOLossConfig, OptimConfig, ClusterConfig, RunConfig):
+class PPOConfig(NormConfig, NetConfig, PPOLossConfig, OptimConfig, ClusterConfig, RunConfig):
     """Every knob of a PPO run. Field names are the CLI flags (``--envs-per-worker`` ...)."""
 
     vector_env: Literal["cluster", "gym"] = "cluster"
@@ -58,14 +58,11 @@ class PPOConfig(PPOLossConfig, OptimConfig, ClusterConfig, RunConfig):
     """'decoupled': clip π/π_old, weight by min(π_old/μ, is_clip); 'behaviour': clip π/μ."""
     is_clip: float = 1.0
     """Truncation of the importance weight π_old/μ (decoupled ratio)."""
-    hidden: list[int] = field(default_factory=lambda: [64, 64])
-    """Hidden widths of the actor's and the critic's MLPs."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field."""
         super().validate()
         check_fields(self, positive_ints=("num_steps",), positive=("is_clip",))
-        make_sync_rule(self.sync, self.kl_threshold, self.sync_interval)
         if self.batch_size < self.num_minibatches:
             raise ValueError("num_minibatches exceeds the batch size (workers * envs_per_worker * num_steps)")
 
@@ -85,20 +82,32 @@ def make_envs(cfg: PPOConfig, replayable: bool = False) -> ClusterEnv | gym.vect
     if cfg.vector_env == "gym":
         spec = to_env_spec(cfg.env, cfg.env_kwargs)
         return gym.vector.SyncVectorEnv([spec.make for _ in range(cfg.num_envs)])
-    return ClusterEnv(
-        cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
-        sync=make_sync_rule(cfg.sync, cfg.kl_threshold, cfg.sync_interval), seed=cfg.seed,
-        env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec, ray_address=cfg.ray_address,
-        replayable=replayable,
-    )
+    return ClusterEnv.from_config(cfg, replayable)
 
 
 def ppo_update(
-    agent: ActorCritic, optimizer: torch.optim.Optimizer, batch: Rollout, cfg: PPOConfig, generator: torch.Generator
+    agent: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    batch: Rollout,
+    cfg: PPOConfig,
+    generator: torch.Generator,
+    reward_scaler: ReturnScaler | None = None,
+    clip_coef: float | None = None,
 ) -> dict[str, float]:
-    """One PPO update (``update_epochs`` × ``num_minibatches``) on a rollout; returns loss statistics."""
+    """One PPO update (``update_epochs`` × ``num_minibatches``) on a rollout; returns loss statistics.
+
+    The agent's observation statistics (if it normalises) take in the batch first; ``reward_scaler`` (if
+    given) scales the rewards before GAE; ``clip_coef`` is this update's clip range (default ``cfg``'s).
+    """
     obs = torch.as_tensor(batch.obs)
     T, N = batch.num_steps, batch.num_envs
+    valid = None if batch.valid is None else torch.as_tensor(batch.valid)
+    obs_norm = getattr(agent, "obs_norm", None)
+    if obs_norm is not None:
+        obs_norm.update(obs[valid] if valid is not None else obs)
+    rewards = batch.rewards
+    if reward_scaler is not None:
+        rewards = reward_scaler.scale(rewards, batch.terminations | batch.truncations, batch.valid)
     with torch.no_grad():
         values, next_values = bootstrap_values(
             agent.value, obs, torch.as_tensor(batch.next_obs),
@@ -106,7 +115,7 @@ def ppo_update(
         )
         dones = torch.as_tensor(batch.terminations | batch.truncations)
         advantages, returns = gae(
-            torch.as_tensor(batch.rewards), values, next_values, torch.as_tensor(batch.terminations), dones,
+            torch.as_tensor(rewards), values, next_values, torch.as_tensor(batch.terminations), dones,
             cfg.gamma, cfg.gae_lambda,
         )
         behaviour_logp = batch.behaviour_log_prob()
@@ -120,7 +129,7 @@ def ppo_update(
             weights = torch.ones_like(old_logp)
 
     # Flatten (T, N) and drop invalid steps (reset steps of a NEXT_STEP plain vector env).
-    keep = torch.ones(T * N, dtype=torch.bool) if batch.valid is None else torch.as_tensor(batch.valid).reshape(-1)
+    keep = torch.ones(T * N, dtype=torch.bool) if valid is None else valid.reshape(-1)
     b_obs = flat_obs[keep]
     b_actions = flat_actions[keep]
     b_logp = old_logp[keep]
@@ -142,12 +151,12 @@ def ppo_update(
                 new_logp=dists.log_prob(agent.dist_kind, params, b_actions[mb]), old_logp=b_logp[mb],
                 advantages=b_adv[mb], entropy=dists.entropy(agent.dist_kind, params),
                 new_value=agent.value(b_obs[mb]), old_value=b_values[mb], returns=b_returns[mb],
-                weights=b_weights[mb],
+                weights=b_weights[mb], clip_coef=clip_coef,
             )
             clipfracs.append(out.clipfrac)
             optimizer.zero_grad()
             out.loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
             optimizer.step()
         if cfg.target_kl is not None and out.approx_kl > cfg.target_kl:
             break
@@ -177,31 +186,37 @@ def train(
     envs = make_envs(cfg, replayable=run.checkpointing) if envs is None else envs
     try:
         cluster = envs if isinstance(envs, ClusterEnv) else None  # None: a plain Gymnasium vector env
-        agent = make_agent(envs.single_observation_space, envs.single_action_space, tuple(cfg.hidden))
-        optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
+        norm_obs, norm_reward = cfg.normalization(isinstance(envs.single_action_space, gym.spaces.Box))
+        agent = make_agent(envs.single_observation_space, envs.single_action_space, tuple(cfg.hidden),
+                           **cfg.mlp_options(), obs_norm=norm_obs)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
         generator = torch.Generator().manual_seed(cfg.seed)
+        scaler = ReturnScaler(cfg.gamma, envs.num_envs) if norm_reward else None
         num_updates = max(1, cfg.total_timesteps // (envs.num_envs * cfg.num_steps))
         gym_state: dict[str, Any] = {"seed": cfg.seed}  # a plain vector env's next observation, between rollouts
-        run.attach(agent=agent, optimizer=optimizer, generator=generator, envs=cluster)
+        run.attach(agent=agent, optimizer=optimizer, generator=generator, reward_scaler=scaler, envs=cluster)
         eval_spec = cluster.env_spec if cluster is not None else to_env_spec(cfg.env, cfg.env_kwargs)
-        run.begin(policy_evaluator(agent, eval_spec, cfg), num_updates * envs.num_envs * cfg.num_steps, num_updates)
+        run.begin(policy_evaluator(agent, eval_spec, cfg), num_updates * envs.num_envs * cfg.num_steps, num_updates,
+                  evaluate_stochastic=policy_evaluator(agent, eval_spec, cfg, deterministic=False))
         if cluster is not None and not run.resumed:
             cluster.reset(seed=cfg.seed)
 
         while run.updates < num_updates and not run.stopped:
-            lr = optimizer.param_groups[0]["lr"] = cfg.lr_at(run.updates + 1, num_updates)
+            update = run.updates + 1
+            lr = optimizer.param_groups[0]["lr"] = cfg.lr_at(update, num_updates)
             if cluster is not None:
                 batch = cluster.rollout(agent, cfg.num_steps)
             else:
                 batch = collect_rollout(envs, agent, cfg.num_steps, gym_state)
-            stats = ppo_update(agent, optimizer, batch, cfg, generator)
+            stats = ppo_update(agent, optimizer, batch, cfg, generator, scaler, cfg.clip_at(update, num_updates))
             if batch.restarted_workers:
                 stats["faults/restarted_workers"] = len(batch.restarted_workers)
             run.update(batch.num_steps * batch.num_envs, {**stats, "charts/lr": lr},
                        episode_returns=batch.episode_returns, episode_lengths=batch.episode_lengths,
                        policy_lag=batch.policy_lag(), cluster=cluster)
 
-        details = {"vector_env": cfg.vector_env, "backend": cfg.backend if cluster is not None else None,
+        details = {"norm_obs": norm_obs, "norm_reward": norm_reward,
+                   "vector_env": cfg.vector_env, "backend": cfg.backend if cluster is not None else None,
                    "sync_rule": cluster.sync_rule.describe() if cluster is not None else "none (head-side inference)",
                    "workers": cfg.workers, "envs_per_worker": cfg.envs_per_worker}
         if cluster is not None:

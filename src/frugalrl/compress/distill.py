@@ -24,7 +24,7 @@ from torch import nn
 
 from frugalrl import dists
 from frugalrl.compress.base import Artifact, CompressContext, Compressor
-from frugalrl.nets import ActorCritic, build_policy
+from frugalrl.nets import ActorCritic, build_policy, copy_obs_norm
 
 DEFAULT_STEPS = 300
 _CHUNK = 1024  # states per forward pass when labelling / measuring the whole observation set
@@ -195,6 +195,7 @@ class Distill(Compressor):
                 raise TypeError(
                     f"cannot build a student from {spec.factory} with overrides {self.student}: {e}"
                 ) from e
+        copy_obs_norm(ctx.teacher, student)
         return student.to(_device(ctx.teacher))
 
     def apply(self, art: Artifact, ctx: CompressContext) -> Artifact:

@@ -24,7 +24,14 @@ import torch
 from torch import nn
 
 from frugalrl.compress.base import Artifact, CompressContext, Compressor
-from frugalrl.nets import ActorCritic, MLPActorCritic, NatureCNNActorCritic, PolicySpec, build_policy
+from frugalrl.nets import (
+    ActorCritic,
+    MLPActorCritic,
+    NatureCNNActorCritic,
+    PolicySpec,
+    build_policy,
+    copy_obs_norm,
+)
 
 SUPPORTED = (MLPActorCritic, NatureCNNActorCritic)
 
@@ -132,6 +139,7 @@ def _prune_mlp(agent: MLPActorCritic, s: float, kept: dict[str, torch.Tensor]) -
     if agent.dist_kind == "gaussian":
         with torch.no_grad():
             pruned.log_std.copy_(agent.log_std)
+    copy_obs_norm(agent, pruned)
     return pruned
 
 

@@ -209,6 +209,14 @@ class ClusterEnv(gym.vector.VectorEnv):
         """The current observation of every env (a copy; None before the first reset)."""
         return None if self._obs is None else self._obs.copy()
 
+    @classmethod
+    def from_config(cls, cfg: Any, replayable: bool = False) -> ClusterEnv:
+        """The ClusterEnv a run config describes (its :class:`~frugalrl.config.RunConfig` env and seed, its
+        :class:`~frugalrl.config.ClusterConfig` workers, backend, sync rule and codec)."""
+        return cls(cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
+                   sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec,
+                   ray_address=cfg.ray_address, replayable=replayable)
+
     # ------------------------------------------------------------------ the sync state, read-only
     @property
     def sync_rule(self) -> SyncRule:

@@ -31,6 +31,7 @@ class PipelinePPOConfig(PPOLossConfig, OptimConfig, RunConfig):
     """Adam step size of both stages (the paper uses 5e-5 for the encoder)."""
     anneal_lr: bool = False
     ent_coef: float = 0.0
+    clip_vloss: bool = True
     max_grad_norm: float = 0.5
     """Gradient clipping, applied to each stage's parameters separately."""
     num_minibatches: int = 32

@@ -90,7 +90,7 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Training) -> dict
     obs_space, act_space = envs.single_observation_space, envs.single_action_space
     encoder = make_encoder(obs_space, cfg.encoder_hidden)
     assert isinstance(obs_space, gym.spaces.Box)  # make_encoder accepts Box spaces only
-    optimizer = torch.optim.Adam(encoder.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    optimizer = torch.optim.Adam(encoder.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
     order_gen = torch.Generator().manual_seed(cfg.seed + 1)
     eval_meter = ByteMeter()
 

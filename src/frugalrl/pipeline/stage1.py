@@ -48,7 +48,7 @@ def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
                          "give both the same flags")
     chan.send_json({"digest": cfg.digest()})
     heads = Heads(int(hello["feature_dim"]), hello["action"], cfg.head_hidden)
-    optimizer = torch.optim.Adam(heads.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    optimizer = torch.optim.Adam(heads.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
     sample_gen = torch.Generator().manual_seed(cfg.seed + 2)
     order_gen = torch.Generator().manual_seed(cfg.seed + 1)
     sparsifier = sparsify.TopPercentile(cfg.cut_percentile, index=cfg.cut_index, values=cfg.cut_values,
@@ -101,6 +101,7 @@ def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
                     new_logp=dists.log_prob(heads.dist_kind, params, b_u[mb]), old_logp=b_logp[mb],
                     advantages=b_adv[mb], entropy=dists.entropy(heads.dist_kind, params),
                     new_value=heads.value(features), old_value=b_values[mb], returns=b_returns[mb],
+                    clip_coef=cfg.clip_at(iteration, cfg.iterations),
                 )
                 clipfracs.append(out.clipfrac)
                 optimizer.zero_grad()

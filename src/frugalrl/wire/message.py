@@ -183,15 +183,16 @@ def decode_message(buf: bytes | bytearray | memoryview) -> tuple[Message, dict[s
     return Message(op, meta, arrays, msg_codecs, kinds), sizes
 
 
-def encode_state_dict(state: dict[str, Any], codec: str = "fp32") -> Message:
-    """A ``weights`` message holding a PyTorch state dict; floating tensors use ``codec``."""
+def encode_state_dict(state: dict[str, Any], codec: str = "fp32", exact: tuple[str, ...] = ()) -> Message:
+    """A ``weights`` message holding a PyTorch state dict; floating tensors use ``codec``, except the keys in
+    ``exact`` (running statistics), which travel as they are."""
     arrays: dict[str, np.ndarray] = {}
     msg_codecs: dict[str, str] = {}
     for key, tensor in state.items():
         arr = tensor.detach().cpu().numpy() if hasattr(tensor, "detach") else np.asarray(tensor)
         name = f"w/{key}"
         arrays[name] = arr
-        msg_codecs[name] = codec if np.issubdtype(arr.dtype, np.floating) else "raw"
+        msg_codecs[name] = codec if np.issubdtype(arr.dtype, np.floating) and key not in exact else "raw"
     return Message("weights", {}, arrays, msg_codecs)
 
 
