@@ -48,7 +48,8 @@ def test_adaptive_kl_selects_by_kl():
     # 0: never synced; 3: KL above δ; 4: no recent data; 2, 5: KL at or below δ; 1: current.
     assert rule.select(c) == [0, 3, 4]
     assert sorted(c.asked) == [2, 3, 4, 5]  # KL is only evaluated for stale workers that hold weights
-    assert rule.describe() == "aaps(0.05)"
+    assert rule.describe() == "aaps(0.05, lag<=20)"
+    assert AdaptiveKL(0.05, max_lag=None).describe() == "aaps(0.05)"
 
 
 def test_adaptive_kl_max_lag():
@@ -129,7 +130,7 @@ def test_aaps_syncs_less_than_every_update():
     # Every worker's rollout data came from the version it held: lag > 0 only under AAPS.
     assert all((v == i + 1).all() for i, v in enumerate(every["versions"]))
     assert any((v < i + 1).any() for i, v in enumerate(aaps["versions"]))
-    assert aaps["sync_rule"] == "aaps(0.05)" and every["sync_rule"] == "every"
+    assert aaps["sync_rule"] == "aaps(0.05, lag<=20)" and every["sync_rule"] == "every"
     assert all(k is None or k >= 0 for k in aaps["last_kl"])
 
 

@@ -35,10 +35,11 @@ def evaluate(
             while not done and steps < max_steps:
                 with torch.no_grad():
                     params = agent.dist_params(torch.as_tensor(np.asarray(obs))[None])
-                    if deterministic:
-                        action = dists.mode(agent.dist_kind, params)[0].numpy()
-                    else:
-                        action = dists.sample(agent.dist_kind, params, generator)[0].numpy()
+                    u = (dists.mode(agent.dist_kind, params) if deterministic
+                         else dists.sample(agent.dist_kind, params, generator))
+                    # a squashed policy (the split model's tanh-Gaussian) maps its sample to the env's action
+                    squash = getattr(agent, "env_action", None)
+                    action = (u if squash is None else squash(u))[0].numpy()
                 env_action: np.ndarray | int
                 if isinstance(action_space, gym.spaces.Box):
                     env_action = np.clip(action, action_space.low, action_space.high)

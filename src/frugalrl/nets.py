@@ -335,24 +335,27 @@ class PixelEncoder(nn.Module):
 class VectorEncoder(nn.Module):
     """Stage 0's MLP of the split model for flat observations (tanh layers, as CleanRL's PPO trunk)."""
 
-    def __init__(self, obs_dim: int, hidden: list[int] | tuple[int, ...]) -> None:
+    def __init__(self, obs_dim: int, hidden: list[int] | tuple[int, ...], obs_norm: bool = False) -> None:
         super().__init__()
         layers, self.feature_dim = mlp_layers(obs_dim, hidden)
         self.net = nn.Sequential(*layers)
+        self.obs_norm = ObsNormalizer((int(obs_dim),)) if obs_norm else None
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Features of a batch of observations."""
-        return self.net(obs.float())
+        """Features of a batch of observations (normalised first with ``obs_norm``)."""
+        return self.net(obs.float() if self.obs_norm is None else self.obs_norm(obs))
 
 
-def make_encoder(obs_space: gym.Space, hidden: list[int] | tuple[int, ...]) -> PixelEncoder | VectorEncoder:
-    """The encoder for ``obs_space``: the CNN for uint8 (C, H, W) frames, an MLP for flat Box vectors."""
+def make_encoder(obs_space: gym.Space, hidden: list[int] | tuple[int, ...],
+                 obs_norm: bool = False) -> PixelEncoder | VectorEncoder:
+    """The encoder for ``obs_space``: the CNN for uint8 (C, H, W) frames, an MLP for flat Box vectors (with an
+    :class:`~frugalrl.normalize.ObsNormalizer` in front if ``obs_norm``; frames are scaled, not normalised)."""
     if not isinstance(obs_space, gym.spaces.Box):
         raise ValueError(f"the split model needs a Box observation space, got {obs_space}")
     if len(obs_space.shape) == 3 and obs_space.dtype == np.uint8:
         return PixelEncoder(tuple(obs_space.shape))
     if len(obs_space.shape) == 1:
-        return VectorEncoder(int(obs_space.shape[0]), list(hidden))
+        return VectorEncoder(int(obs_space.shape[0]), list(hidden), obs_norm)
     raise ValueError(f"the split model needs uint8 (C, H, W) frames or flat vectors, got shape {obs_space.shape} "
                      f"dtype {obs_space.dtype} (stack frames channel-first, e.g. FrameStackObservation)")
 
@@ -414,17 +417,17 @@ class SplitPolicy(ActorCritic):
     """
 
     def __init__(self, obs_space: dict[str, Any], action: dict[str, Any], encoder_hidden: list[int],
-                 head_hidden: int) -> None:
+                 head_hidden: int, obs_norm: bool = False) -> None:
         super().__init__()
         dtype = np.dtype(obs_space["dtype"])
         bound = 255 if dtype == np.uint8 else np.inf
         space = gym.spaces.Box(0 if dtype == np.uint8 else -bound, bound, tuple(obs_space["shape"]), dtype=dtype)
-        self.encoder = make_encoder(space, encoder_hidden)
+        self.encoder = make_encoder(space, encoder_hidden, obs_norm)
         self.heads = Heads(self.encoder.feature_dim, action, head_hidden)
         self.dist_kind = self.heads.dist_kind
         self.spec = PolicySpec("frugalrl.nets:SplitPolicy", {"obs_space": obs_space, "action": action,
                                                              "encoder_hidden": list(encoder_hidden),
-                                                             "head_hidden": int(head_hidden)})
+                                                             "head_hidden": int(head_hidden), "obs_norm": obs_norm})
 
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
         """The heads' distribution parameters on the encoder's features."""

@@ -381,6 +381,11 @@ class Training:
         if cluster is not None and hasattr(cluster, "stats"):
             st = cluster.stats()
             if policy_lag is not None and policy_lag.size:
+                # A rule that bounds the lag (AAPS's max lag, an interval) keeps the data fresher than that
+                # by design: only a lag beyond the bound is a stall.
+                rule = getattr(cluster, "sync_rule", None)
+                bound = getattr(rule, "max_lag", None) or getattr(rule, "n", None)
+                self.stall_watch.min_lag = max(10.0, float(bound or 0))
                 stall = self.stall_watch.observe(self.env_steps, float(policy_lag.mean()),
                                                  row.get("train/episode_return"), st["sync_rule"])
                 if stall is not None:

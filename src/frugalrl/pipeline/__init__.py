@@ -84,7 +84,9 @@ def load_policy(run_dir: str | Path) -> tuple[Any, dict[str, Any]]:
                                 "copy its checkpoints/heads.pt here")
     heads = torch.load(heads_path, map_location="cpu", weights_only=True)
     obs_space, _ = check_spaces(cfg)
-    policy = SplitPolicy(space_desc(obs_space), heads["action"], list(cfg.encoder_hidden), int(heads["head_hidden"]))
+    obs_norm = "obs_norm.mean" in payload["parts"]["encoder"]
+    policy = SplitPolicy(space_desc(obs_space), heads["action"], list(cfg.encoder_hidden), int(heads["head_hidden"]),
+                         obs_norm)
     policy.encoder.load_state_dict(payload["parts"]["encoder"])
     policy.heads.load_state_dict(heads["heads"])
     policy.eval()

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from frugalrl.config import OptimConfig, RunConfig, check_fields
+from frugalrl.config import NormConfig, OptimConfig, RunConfig, check_fields
 from frugalrl.losses import PPOLossConfig
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance",
@@ -20,7 +20,7 @@ CutDtype = Literal["bf16", "fp16", "fp32"]
 
 
 @dataclass(kw_only=True)
-class PipelinePPOConfig(PPOLossConfig, OptimConfig, RunConfig):
+class PipelinePPOConfig(NormConfig, PPOLossConfig, OptimConfig, RunConfig):
     """Every knob of a split-model PPO run. Field names are the CLI flags (``--cut-percentile`` ...)."""
 
     env: str = "frugalrl.envs.carracing:make_car_racing"

@@ -88,7 +88,8 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Training) -> dict
     """Stage 0's loop; returns the run summary (and writes the run directory)."""
     envs = make_vector_env(cfg, cfg.seed)
     obs_space, act_space = envs.single_observation_space, envs.single_action_space
-    encoder = make_encoder(obs_space, cfg.encoder_hidden)
+    norm_obs, norm_reward = cfg.normalization(isinstance(act_space, gym.spaces.Box))
+    encoder = make_encoder(obs_space, cfg.encoder_hidden, obs_norm=norm_obs)
     assert isinstance(obs_space, gym.spaces.Box)  # make_encoder accepts Box spaces only
     optimizer = torch.optim.Adam(encoder.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
     order_gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -163,6 +164,9 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Training) -> dict
                 nn.utils.clip_grad_norm_(encoder.parameters(), cfg.max_grad_norm)
                 optimizer.step()
         stats = dict(zip(STAT_NAMES, cut.decode_cut(chan.recv("control")).tolist(), strict=True))
+        obs_norm = getattr(encoder, "obs_norm", None)
+        if obs_norm is not None:  # after the update: a rollout and its update see the same statistics
+            obs_norm.update(b_obs)
         now = time.perf_counter()
         timings["update"] += now - t_update
         iteration_seconds.append(now - t_iter)
@@ -178,6 +182,8 @@ def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Training) -> dict
     envs.close()
     details = {
         "feature_dim": encoder.feature_dim,
+        "norm_obs": norm_obs and getattr(encoder, "obs_norm", None) is not None,
+        "norm_reward": norm_reward,
         "iterations": cfg.iterations,
         "return_curve": curve,
         "iteration_seconds": iteration_seconds,

@@ -24,6 +24,7 @@ from frugalrl import dists
 from frugalrl.correct import gae
 from frugalrl.losses import explained_variance, ppo_loss
 from frugalrl.nets import Heads
+from frugalrl.normalize import ReturnScaler
 from frugalrl.pipeline.config import PipelinePPOConfig
 from frugalrl.pipeline.stage0 import is_dense_update
 from frugalrl.runs import write_atomic
@@ -54,7 +55,11 @@ def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
     sparsifier = sparsify.TopPercentile(cfg.cut_percentile, index=cfg.cut_index, values=cfg.cut_values,
                                         warmup_dtype=cfg.cut_dense_dtype)
     dense_codec = sparsify.DenseCut(cfg.cut_dense_dtype)
-    parts = {"heads": heads, "optimizer": optimizer}
+    norm_reward = cfg.normalization(hello["action"]["type"] == "box")[1]
+    scaler = ReturnScaler(cfg.gamma, cfg.num_envs) if norm_reward else None
+    parts: dict[str, Any] = {"heads": heads, "optimizer": optimizer}
+    if scaler is not None:
+        parts["reward_scaler"] = scaler
     gens = {"sample_gen": sample_gen, "order_gen": order_gen}
     start = int(hello.get("start_iteration", 0))
     if start:
@@ -79,8 +84,11 @@ def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
         with torch.no_grad():
             last_value = heads.value(cut.decode_cut(chan.recv("activations")))
             next_values = torch.cat([value_buf[1:], last_value[None]])
+            rewards = reward_buf
+            if scaler is not None:
+                rewards = torch.from_numpy(scaler.scale(reward_buf.numpy(), done_buf.numpy() > 0))
             # A finished env's next observation is its reset one: no bootstrap across the boundary.
-            advantages, returns = gae(reward_buf, value_buf, next_values * (1 - done_buf), term_buf, done_buf,
+            advantages, returns = gae(rewards, value_buf, next_values * (1 - done_buf), term_buf, done_buf,
                                       cfg.gamma, cfg.gae_lambda)
         b_u = u_buf.reshape(T * N, *u_buf.shape[2:])
         b_logp, b_adv = logp_buf.reshape(-1), advantages.reshape(-1)

@@ -36,7 +36,7 @@ def resolve(algo: str, env: str, preset: str | None = AUTO) -> tuple[dict[str, A
     ``.json`` file (its fields, or the entry for ``env`` in a mapping env -> fields). ``ValueError`` names
     an unknown preset.
     """
-    if preset in (None, NONE):
+    if preset is None or preset.lower() in (NONE, "null", ""):
         return {}, None
     table = presets(algo)
     if preset == AUTO:

@@ -1,0 +1,52 @@
+"""The learning suite's CI-sized subset: frugal settings on (AAPS, bf16 weights), presets as a user gets them.
+
+The full suite (benchmarks/learning_suite.py) compares with Stable-Baselines3 on eight envs and three seeds;
+these runs check, in a couple of minutes, that the frugal defaults learn a discrete and a continuous task and
+that AAPS cannot leave its workers on a stale policy.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from frugalrl import presets
+from frugalrl.algos.ppo import PPOConfig, train
+
+QUIET = {"progress": False, "tensorboard": False, "plots": False}
+
+
+@pytest.mark.timeout(300)
+def test_continuous_control_learns_with_aaps_and_bf16(tmp_path):
+    """Pendulum-v1 with its preset (normalised observations and rewards): random play scores about −1200."""
+    cfg = presets.make_config("ppo", "Pendulum-v1", sync="aaps", weights_codec="bf16", seed=1, eval_every=0,
+                              run_dir=str(tmp_path), **QUIET)
+    s = train(cfg)
+    assert s["details"]["norm_obs"] and s["details"]["norm_reward"]
+    assert s["eval_return_mean"] >= -400, s["eval_history"]
+    assert s["stochastic_return_mean"] is not None and s["eval_deterministic"]
+    assert s["weight_syncs"]["total"] < 2 * s["updates"]  # AAPS skipped syncs
+    assert not s["sync_stalls"]
+
+
+@pytest.mark.timeout(300)
+def test_discrete_task_learns_with_aaps_and_bf16(tmp_path):
+    cfg = presets.make_config("ppo", "CartPole-v1", sync="aaps", weights_codec="bf16", seed=2, eval_every=10,
+                              target_return=475.0, run_dir=str(tmp_path), **QUIET)
+    s = train(cfg)
+    assert s["eval_return_mean"] >= 475, s["eval_history"]
+
+
+@pytest.mark.timeout(300)
+def test_aaps_guard_prevents_a_stale_policy_and_the_run_reports_one(tmp_path):
+    """Acrobot-v1 (reward −1 per step until the goal): AAPS's KL, measured on the states a stale policy
+    visits, stays under δ while the learner improves. Without the max-lag guard the workers keep their first
+    policy (1 sync each) and the run says so; with it (the default) the training return improves."""
+    base = dict(env="Acrobot-v1", sync="aaps", norm_obs=False, total_timesteps=81_920, seed=1, eval_episodes=1,
+                run_dir=str(tmp_path), **QUIET)
+    stale = train(PPOConfig(**base, max_policy_lag=None, run_name="stale"))
+    assert stale["weight_syncs"]["per_worker"] == [1, 1]
+    assert stale["sync_stalls"] and "not sending weights" in stale["sync_stalls"][0]["message"]
+    guarded = train(PPOConfig(**base, run_name="guarded"))
+    assert min(guarded["weight_syncs"]["per_worker"]) >= 2
+    assert not guarded["sync_stalls"]
+    assert guarded["train_return_mean_last100"] > stale["train_return_mean_last100"] + 50

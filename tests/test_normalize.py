@@ -1,0 +1,66 @@
+"""Running normalisation: exact statistics, inside the agent, on the wire losslessly, on the learner for rewards."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from frugalrl.nets import MLPActorCritic, build_policy
+from frugalrl.normalize import ObsNormalizer, ReturnScaler, RunningMeanStd
+from frugalrl.sync import EveryUpdate
+from frugalrl.sync_state import PolicySync
+from frugalrl.wire.message import decode_message, decode_state_dict, encode_message
+
+BOX = {"type": "box", "shape": [2], "low": [-1.0, -1.0], "high": [1.0, 1.0]}
+
+
+def test_running_mean_std_equals_numpy_over_batches():
+    rng = np.random.default_rng(0)
+    rms = RunningMeanStd((3,), eps=0.0)
+    chunks = [rng.normal(5.0, 3.0, size=(n, 3)) for n in (1, 7, 64, 200)]
+    for c in chunks:
+        rms.update(torch.from_numpy(c))
+    data = np.concatenate(chunks)
+    np.testing.assert_allclose(rms.mean.numpy(), data.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(rms.var.numpy(), data.var(0), rtol=1e-10)
+    assert rms.count.item() == len(data)
+
+
+def test_obs_normalizer_clips_and_centres():
+    norm = ObsNormalizer((2,), clip=5.0)
+    norm.update(torch.tensor([[10.0, -4.0], [12.0, -2.0], [14.0, 0.0]]))
+    out = norm(torch.tensor([[12.0, -2.0], [1000.0, -2.0]]))
+    assert out.dtype == torch.float32
+    np.testing.assert_allclose(out[0].numpy(), [0.0, 0.0], atol=1e-3)  # count starts at 1e-4, as in SB3
+    assert out[1, 0] == 5.0  # clipped
+
+
+def test_statistics_travel_exactly_with_lossy_weights_and_rebuild_anywhere():
+    torch.manual_seed(0)
+    agent = MLPActorCritic(4, BOX, [16], obs_norm=True)
+    agent.obs_norm.update(torch.randn(100, 4) * 7 + 3)
+    msg = PolicySync(1, EveryUpdate(), "bf16", 16).message(agent)
+    assert msg.codecs["w/obs_norm.mean"] == "raw" and msg.codecs["w/actor.0.weight"] == "bf16"
+    decoded, sizes = decode_message(encode_message(msg)[0])
+    worker_copy = build_policy(agent.spec)  # how a worker builds it: from the spec, then the tensors
+    worker_copy.load_state_dict(decode_state_dict(decoded))
+    assert torch.equal(worker_copy.obs_norm.mean, agent.obs_norm.mean)
+    assert torch.equal(worker_copy.obs_norm.var, agent.obs_norm.var)
+    obs = torch.randn(8, 4) * 7 + 3
+    assert torch.allclose(worker_copy.dist_params(obs), agent.dist_params(obs), atol=0.05)  # bf16 weights only
+    assert sizes["weights"] > 0
+
+
+def test_return_scaler_divides_by_the_discounted_return_std():
+    scaler = ReturnScaler(gamma=0.5, num_envs=2)
+    rewards = np.ones((4, 2), dtype=np.float32) * 10
+    dones = np.zeros((4, 2), dtype=bool)
+    dones[1, 0] = True
+    scaled = scaler.scale(rewards, dones)
+    seen = np.array([[10, 10], [15, 15], [10, 17.5], [15, 18.75]])  # env 0 resets after step 1
+    assert np.allclose(scaled, np.clip(10 / np.sqrt(seen.var() + 1e-8), -10, 10), rtol=1e-3)  # count starts at 1e-4
+    state = scaler.state_dict()
+    other = ReturnScaler(gamma=0.5, num_envs=2)
+    other.load_state_dict(state)
+    assert np.array_equal(other.returns, scaler.returns)
+    assert torch.equal(other.rms.var, scaler.rms.var)
