@@ -339,13 +339,17 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"{summary['train_seconds']:.1f} s of training ({summary['steps_per_second']:.0f} steps/s), "
         f"{summary['updates']} updates, stopped by {summary['stop_reason']}",
         f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f} "
-        f"({summary['eval_episodes']} {how} episodes)",
+        f"({summary['eval_episodes']} {how} episodes)"
+        + ("" if summary.get("stochastic_return_mean") is None else
+           f"; sampling actions {summary['stochastic_return_mean']:.1f} ± {summary['stochastic_return_std']:.1f}"),
     ]
     syncs = summary.get("weight_syncs") or {}
     if syncs.get("total"):
         per_worker = f" (per worker {syncs['per_worker']})" if syncs.get("per_worker") else ""
         lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}")
     lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")
+    if summary.get("eval_disagreement"):
+        lines.append(f"  WARNING: {summary['eval_disagreement']['message']}")
     for stall in summary.get("sync_stalls") or []:
         lines.append(f"  WARNING at step {stall['step']}: {stall['message']}")
     if summary.get("resumes"):

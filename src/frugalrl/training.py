@@ -123,6 +123,8 @@ class RunSummary:
     """Mean learner-minus-behaviour policy version of the training data (None where it has no meaning)."""
     resumes: list[dict[str, Any]]
     """One entry per resume: ``{step, at, envs}`` (``envs``: 'restored', 'reset' or a list of envs reset)."""
+    eval_disagreement: dict[str, Any] | None
+    """Set when the final evaluation contradicts the training curve (see :func:`evaluation_disagreement`)."""
     sync_stalls: list[dict[str, Any]]
     """Times the run noticed that its training return stopped improving while the workers acted with an old
     policy (``{step, lag, train_return, message}``; see :class:`~frugalrl.sync_state.StallWatch`)."""
@@ -132,6 +134,33 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return jsonable(dataclasses.asdict(self))
+
+
+def evaluation_disagreement(deterministic: Evaluation | None, stochastic: Evaluation | None,
+                            train_return: float | None, tolerance: float = 0.5) -> dict[str, Any] | None:
+    """What is wrong when the final evaluations contradict the training return, else None.
+
+    The training return is the mean of the last 100 training episodes, played by the workers' (sampling,
+    possibly stale or compressed) policy. The learner's stochastic evaluation plays the same kind of policy,
+    so it should land near it; the deterministic one (the mode) may differ, but a mode far below both says the
+    policy only works while sampling. A gap counts when it exceeds ``tolerance`` × the largest of the three
+    magnitudes (at least 1).
+    """
+    if train_return is None or deterministic is None:
+        return None
+    values = [deterministic.mean, train_return] + ([] if stochastic is None else [stochastic.mean])
+    scale = max(1.0, *(abs(v) for v in values if math.isfinite(v)))
+    problems = []
+    if stochastic is not None and abs(stochastic.mean - train_return) > tolerance * scale:
+        problems.append(f"the learner sampling actions scores {stochastic.mean:.1f} where the training episodes "
+                        f"scored {train_return:.1f} (stale or lossy actors?)")
+    if deterministic.mean < train_return - tolerance * scale:
+        problems.append(f"the deterministic evaluation ({deterministic.mean:.1f}) is far below the training return "
+                        f"({train_return:.1f}): the policy's mode does not do what its samples do")
+    if not problems:
+        return None
+    return {"deterministic": deterministic.mean, "stochastic": None if stochastic is None else stochastic.mean,
+            "train_return": train_return, "message": "evaluation contradicts training: " + "; ".join(problems)}
 
 
 def seed_everything(seed: int) -> None:
@@ -520,6 +549,10 @@ class Training:
         seconds = self.seconds()
         wall = seconds + self._eval_seconds
         traffic = traffic or {}
+        train_mean = float(np.mean(self._recent)) if self._recent else None
+        disagreement = evaluation_disagreement(last, stochastic, train_mean)
+        if disagreement is not None:
+            log.warning("frugalrl: %s", disagreement["message"])
         summary = RunSummary(
             algo=self.algo,
             env_id=str(cfg.env_kwargs.get("env_id", cfg.env)),
@@ -547,6 +580,7 @@ class Training:
             policy_lag_mean=self._lag_sum / self._lag_n if self._lag_n else None,
             resumes=self.resumes,
             sync_stalls=self.stall_watch.events,
+            eval_disagreement=disagreement,
             run_dir=str(self.run.dir),
             details=details or {},
         ).to_json()
