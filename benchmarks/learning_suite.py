@@ -52,10 +52,10 @@ ENVS: dict[str, dict[str, Any]] = {
     "MountainCar-v0": {"env": "MountainCar-v0", "steps": 500_000, "reference": -120},  # (1e6)
     "LunarLander-v3": {"env": "LunarLander-v3", "steps": 1_000_000, "reference": 200},  # (1e6)
     "LunarLanderContinuous-v3": {"env": "LunarLanderContinuous-v3", "steps": 1_000_000, "reference": 200},  # (1e6)
-    "BipedalWalker-v3": {"env": "BipedalWalker-v3", "steps": 1_000_000, "reference": 100},  # (5e6)
-    "HalfCheetah-v5": {"env": "HalfCheetah-v5", "steps": 300_000, "reference": 1500},  # (1e6)
-    "Walker2d-v5": {"env": "Walker2d-v5", "steps": 300_000, "reference": 1000},  # (1e6)
-    "MinAtar-Breakout": {"env": MINATAR, "env_kwargs": {"game": "breakout"}, "steps": 1_000_000, "reference": 10},
+    "BipedalWalker-v3": {"env": "BipedalWalker-v3", "steps": 300_000, "reference": 0},  # (5e6)
+    "HalfCheetah-v5": {"env": "HalfCheetah-v5", "steps": 100_000, "reference": 1000},  # (1e6)
+    "Walker2d-v5": {"env": "Walker2d-v5", "steps": 100_000, "reference": 500},  # (1e6)
+    "MinAtar-Breakout": {"env": MINATAR, "env_kwargs": {"game": "breakout"}, "steps": 250_000, "reference": 5},  # (no zoo)
 }
 
 # rl-baselines3-zoo hyperparams/ppo.yml (commit 22e3ff2), for SB3; v4 entries for the v5 MuJoCo envs.
@@ -256,6 +256,12 @@ def stuck_fraction(curve: list[tuple[int, float]], total: int) -> float:
     return float(steps[first + 2] / total)
 
 
+def at_budget(run: dict[str, Any], key: str) -> bool:
+    """Whether a cached run was made at the env's current budget (runs of an older budget are not mixed in)."""
+    budget = run.get("budget", run["env_steps"])
+    return abs(budget - ENVS[key]["steps"]) <= 0.1 * ENVS[key]["steps"]
+
+
 def first_reach(history: list[dict[str, Any]], reference: float) -> tuple[int | None, float | None]:
     """Steps and training seconds of the first evaluation at or above ``reference``."""
     for e in history:
@@ -313,6 +319,10 @@ def _ratio(ours: float, ref: float) -> float:
     return ref / ours if ours < 0 else math.inf
 
 
+def _x(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio:.2f}"
+
+
 def markdown(table: dict[str, Any], command: str) -> str:
     """The suite's table."""
     lines = [f"`{command}`", "",
@@ -324,17 +334,17 @@ def markdown(table: dict[str, Any], command: str) -> str:
             secs = [t for t in r["seconds_to_reference"] if t is not None]
             lines.append(
                 f"| {key} ({entry['steps'] / 1e3:.0f}k) | {variant} | {r['final_return_mean']:.1f} ± "
-                f"{r['final_return_std']:.1f} | {r.get('return_vs_sb3', float('nan')):.2f} | "
+                f"{r['final_return_std']:.1f} | {_x(r.get('return_vs_sb3'))} | "
                 f"{r['stochastic_return_mean']:.1f} | {r['reached_reference']}/{len(r['seeds'])} (≥ {entry['reference']}) | "
-                f"{np.mean(secs):.0f} | {r['train_seconds_mean']:.0f} | {r.get('train_seconds_vs_sb3', float('nan')):.2f} | "
-                f"{r['wall_seconds_mean']:.0f} | {r.get('wall_vs_sb3', float('nan')):.2f} | "
+                f"{np.mean(secs):.0f} | {r['train_seconds_mean']:.0f} | {_x(r.get('train_seconds_vs_sb3'))} | "
+                f"{r['wall_seconds_mean']:.0f} | {_x(r.get('wall_vs_sb3'))} | "
                 f"{r['bytes_total_mean'] / 1e6:.1f} | {r['bytes_weights_mean'] / 1e6:.2f} | {r['weight_syncs_mean']:.0f} | "
                 f"{r['stuck_fraction_max']:.0%} |" if secs else
                 f"| {key} ({entry['steps'] / 1e3:.0f}k) | {variant} | {r['final_return_mean']:.1f} ± "
-                f"{r['final_return_std']:.1f} | {r.get('return_vs_sb3', float('nan')):.2f} | "
+                f"{r['final_return_std']:.1f} | {_x(r.get('return_vs_sb3'))} | "
                 f"{r['stochastic_return_mean']:.1f} | 0/{len(r['seeds'])} (≥ {entry['reference']}) | — | "
-                f"{r['train_seconds_mean']:.0f} | {r.get('train_seconds_vs_sb3', float('nan')):.2f} | "
-                f"{r['wall_seconds_mean']:.0f} | {r.get('wall_vs_sb3', float('nan')):.2f} | "
+                f"{r['train_seconds_mean']:.0f} | {_x(r.get('train_seconds_vs_sb3'))} | "
+                f"{r['wall_seconds_mean']:.0f} | {_x(r.get('wall_vs_sb3'))} | "
                 f"{r['bytes_total_mean'] / 1e6:.1f} | {r['bytes_weights_mean'] / 1e6:.2f} | {r['weight_syncs_mean']:.0f} | "
                 f"{r['stuck_fraction_max']:.0%} |")
     return "\n".join(lines) + "\n"
@@ -393,17 +403,20 @@ def main() -> int:
             for key in args.envs:
                 for variant in args.variants:
                     path = CACHE / f"{key}-{variant}-s{seed}.json"
-                    if path.exists() and not args.force:
+                    if path.exists() and not args.force and at_budget(json.loads(path.read_text()), key):
                         continue
                     t0 = time.monotonic()
                     out = run_sb3(key, seed) if variant == "sb3-zoo" else run_frugal(key, variant, seed)
-                    out.update(env=key, variant=variant, seed=seed, date=time.strftime("%Y-%m-%d %H:%M"))
+                    out.update(env=key, variant=variant, seed=seed, budget=ENVS[key]["steps"],
+                               date=time.strftime("%Y-%m-%d %H:%M"))
                     path.write_text(json.dumps(out, indent=1))
                     print(f"[{time.strftime('%H:%M:%S')}] {key} {variant} seed {seed}: final {out['final_return']:.1f}, "
                           f"wall {out['wall_seconds']:.0f} s ({time.monotonic() - t0:.0f} s)", flush=True)
-    results = {p.stem: json.loads(p.read_text()) for p in sorted(CACHE.glob("*.json"))}
+    cached = {p.stem: json.loads(p.read_text()) for p in sorted(CACHE.glob("*.json"))}
+    results = {name: r for name, r in cached.items() if at_budget(r, r["env"])}
     table = aggregate(results)
-    command = "python benchmarks/learning_suite.py " + " ".join(sys.argv[1:])
+    # The command that makes the cached runs (--report only reads them).
+    command = "python benchmarks/learning_suite.py " + " ".join(a for a in sys.argv[1:] if a != "--report")
     out = {"command": command, "machine": {"cpus": 2, "processor": platform.processor() or platform.machine(),
                                            "python": platform.python_version()},
            "envs": ENVS, "zoo": ZOO, "table": table, "runs": results}

@@ -62,7 +62,9 @@ class PipelinePPOConfig(NormConfig, PPOLossConfig, OptimConfig, RunConfig):
     cut_accumulate: Literal["position", "sample", "none"] = "position"
     """'position': one accumulator of the minibatch's shape (the paper); 'sample': each sample's residual
     is replayed when that sample recurs in a later epoch (reset every iteration); 'none': no error feedback,
-    the unsent entries are dropped."""
+    the unsent entries are dropped. Settled on CartPole-v1 at p = 0.99, 3 seeds
+    (``benchmarks/results/pipeline_accumulator.json``): 'position' and 'sample' both learn, 'none' fails on
+    one seed in three; 'position' stays the default (the paper's, within noise of 'sample')."""
     warmup_timesteps: int = 30_000
     """'topk' sends dense gradients while the env steps collected so far are at most this (the paper: 30,000)."""
     dist_backend: Literal["gloo", "nccl"] = "gloo"
