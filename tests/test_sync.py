@@ -282,3 +282,13 @@ def test_weights_codec_shrinks_weight_bytes(codec, ratio):
     finally:
         for env in envs.values():
             env.close()
+
+
+def test_lag_bound_says_how_stale_a_rule_lets_a_worker_get():
+    """The stall watch only calls a lag beyond the rule's own bound a stall."""
+    from frugalrl.sync import AdaptiveKL, EveryUpdate, Interval
+
+    assert EveryUpdate().lag_bound == 1
+    assert Interval(3).lag_bound == 3
+    assert AdaptiveKL(0.05).lag_bound == 20
+    assert AdaptiveKL(0.05, None).lag_bound is None

@@ -35,8 +35,11 @@ def _field_parser(tp: Any) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType) and type(None) in args:
-        inner = _field_parser(next(a for a in args if a is not type(None)))
-        return lambda s: None if s.lower() in ("none", "null", "", "auto") else inner(s)
+        inner_type = next(a for a in args if a is not type(None))
+        inner = _field_parser(inner_type)
+        # None spells "off" for most optional fields; an optional boolean's None is "auto" (decided per env)
+        nones = ("none", "null", "", "auto") if inner_type is bool else ("none", "null", "")
+        return lambda s: None if s.lower() in nones else inner(s)
     if tp is bool:
         return _parse_bool
     if origin is typing.Literal:
@@ -104,7 +107,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[s
             parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
                                 default=argparse.SUPPRESS, help=f"same as {flag} false")
             continue
-        parser.add_argument(flag, type=str if f.name == "preset" else _field_parser(hints[f.name]), required=required,
+        parser.add_argument(flag, type=_field_parser(hints[f.name]), required=required,
                             metavar="{" + ",".join(map(str, choices)) + "}" if choices else f.name.upper(),
                             choices=list(choices) + ([None] if None not in choices else []) if choices else None,
                             **common)

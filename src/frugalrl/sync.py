@@ -32,6 +32,11 @@ class SyncRule:
         """Workers to sync now."""
         raise NotImplementedError
 
+    @property
+    def lag_bound(self) -> int | None:
+        """The most learner updates a worker's policy can lag under this rule (None: unbounded)."""
+        return None
+
     def describe(self) -> str:
         """Short name for logs."""
         return type(self).__name__
@@ -44,6 +49,11 @@ def _stale(ctx: SyncContext) -> list[int]:
 @dataclass
 class EveryUpdate(SyncRule):
     """Send weights to every worker whenever the learner's weights changed (the baseline)."""
+
+    @property
+    def lag_bound(self) -> int | None:
+        """1: the workers act with the policy of the last update."""
+        return 1
 
     def select(self, ctx: SyncContext) -> list[int]:
         """Every worker that does not hold the current version."""
@@ -59,6 +69,11 @@ class Interval(SyncRule):
     """Send weights to a worker once it is ``n`` or more learner versions behind."""
 
     n: int = 1
+
+    @property
+    def lag_bound(self) -> int | None:
+        """``n``."""
+        return self.n
 
     def __post_init__(self) -> None:
         if int(self.n) < 1:
@@ -92,6 +107,11 @@ class AdaptiveKL(SyncRule):
 
     delta: float = 0.05
     max_lag: int | None = 20
+
+    @property
+    def lag_bound(self) -> int | None:
+        """The guard's ``max_lag`` (None without it)."""
+        return self.max_lag
 
     def __post_init__(self) -> None:
         if not self.delta > 0:

@@ -413,7 +413,7 @@ class Training:
                 # A rule that bounds the lag (AAPS's max lag, an interval) keeps the data fresher than that
                 # by design: only a lag beyond the bound is a stall.
                 rule = getattr(cluster, "sync_rule", None)
-                bound = getattr(rule, "max_lag", None) or getattr(rule, "n", None)
+                bound = None if rule is None else rule.lag_bound
                 self.stall_watch.min_lag = max(10.0, float(bound or 0))
                 stall = self.stall_watch.observe(self.env_steps, float(policy_lag.mean()),
                                                  row.get("train/episode_return"), st["sync_rule"])
@@ -569,7 +569,7 @@ class Training:
             stochastic_return_mean=None if stochastic is None else stochastic.mean,
             stochastic_return_std=None if stochastic is None else stochastic.std,
             eval_history=self.eval_history,
-            train_return_mean_last100=float(np.mean(self._recent)) if self._recent else None,
+            train_return_mean_last100=train_mean,
             episodes=self.episodes,
             stop_reason=self.stop_reason,
             target_return=cfg.target_return,
