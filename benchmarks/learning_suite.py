@@ -1,4 +1,5 @@
-"""Learning suite: frugalrl PPO against Stable-Baselines3 PPO with rl-zoo hyperparameters, same steps, same machine.
+"""Learning suite: frugalrl PPO against Stable-Baselines3 PPO with rl-zoo hyperparameters, same steps, same machine;
+and IMPALA/AcceRL with compressed actors against its learner-copy baseline.
 
     pip install -e ".[suite]"       # stable-baselines3, mujoco, minatar (CI does not install them)
     python benchmarks/learning_suite.py                          # every env, 3 seeds, the three variants
@@ -14,6 +15,11 @@ seeds 10000 + seed + i, every tenth of the run and at the end; evaluation time i
 - ``sb3-zoo``: SB3's PPO with rl-baselines3-zoo's hyperparameters for the env (``ZOO`` below, read from
   ``hyperparams/ppo.yml`` of rl-baselines3-zoo at commit 22e3ff2; VecNormalize where the zoo normalises).
   MinAtar has no zoo entry: SB3 gets frugalrl's preset there.
+- ``impala-copy``, ``impala-int8``, ``impala-full``: ``frugalrl train impala`` with its defaults (and the env's
+  impala preset, if any), AAPS on (δ = 0.05, max lag 20), actors running an exact learner copy, ``int8,onnx``,
+  or ``prune:0.5,distill,int8,onnx``, with the default Monitor (the compression guard). Their budget is the
+  env's ``impala_steps`` where it has one. ``impala-every-copy`` (learner copies in fp32 to every worker after
+  every update) measures the bytes the AAPS + compression saving is judged against (``--variants``).
 
 Every run is a fresh interpreter (the CLI for frugalrl, this script's ``--sb3-run`` for SB3), run one after
 another so that wall times compare. Each run's result is cached in ``benchmarks/results/learning_suite/``;
@@ -56,7 +62,14 @@ ENVS: dict[str, dict[str, Any]] = {
     "HalfCheetah-v5": {"env": "HalfCheetah-v5", "steps": 100_000, "reference": 1000},  # (1e6)
     "Walker2d-v5": {"env": "Walker2d-v5", "steps": 100_000, "reference": 500},  # (1e6)
     "MinAtar-Breakout": {"env": MINATAR, "env_kwargs": {"game": "breakout"}, "steps": 250_000, "reference": 5},  # (no zoo)
+    # IMPALA only: one ALE game at a budget 2 cores allow (reference: twice the random policy's 1.7): the CPU learner
+    # runs about 120 steps/s here, so 40k steps (a throughput, bytes and learner-share row more than a learning one).
+    # Episodes are cut at 8,000 frames: a greedy policy that never fires would play 27,000 at every evaluation.
+    "ALE-Breakout": {"env": "frugalrl.envs.atari:make_atari",
+                     "env_kwargs": {"env_id": "ALE/Breakout-v5", "max_episode_steps": 8000},
+                     "steps": 40_000, "reference": 3.4, "algos": ("impala",), "evals": 4},
 }
+ENVS["LunarLander-v3"]["impala_steps"] = 2_000_000  # the issue's target: eval >= 200 within 2M steps
 
 # rl-baselines3-zoo hyperparams/ppo.yml (commit 22e3ff2), for SB3; v4 entries for the v5 MuJoCo envs.
 ZOO: dict[str, dict[str, Any]] = {
@@ -81,23 +94,49 @@ ZOO: dict[str, dict[str, Any]] = {
                              ent_coef=0.01, learning_rate="lin_2.5e-4", clip_range="lin_0.1"),
 }
 
-VARIANTS = ("frugal-aaps-bf16", "frugal-every-fp32", "sb3-zoo")
+PPO_VARIANTS = ("frugal-aaps-bf16", "frugal-every-fp32", "sb3-zoo")
+IMPALA_VARIANTS = ("impala-copy", "impala-int8", "impala-full")
+VARIANTS = PPO_VARIANTS + IMPALA_VARIANTS + ("impala-every-copy",)
 FRUGAL_FLAGS = {"frugal-aaps-bf16": ["--sync", "aaps", "--weights-codec", "bf16"],
-                "frugal-every-fp32": ["--sync", "every", "--weights-codec", "fp32"]}
+                "frugal-every-fp32": ["--sync", "every", "--weights-codec", "fp32"],
+                "impala-copy": ["--sync", "aaps", "--compress", "none"],
+                "impala-int8": ["--sync", "aaps", "--compress", "int8,onnx"],
+                "impala-full": ["--sync", "aaps", "--compress", "prune:0.5,distill,int8,onnx"],
+                "impala-every-copy": ["--sync", "every", "--compress", "none"]}
+
+
+def algo_of(variant: str) -> str:
+    """The library and algorithm a variant runs: 'ppo', 'impala' or 'sb3'."""
+    return "impala" if variant.startswith("impala") else "sb3" if variant == "sb3-zoo" else "ppo"
+
+
+def budget(key: str, variant: str) -> int:
+    """Env steps of a variant's runs on an env (IMPALA's own budget where the env sets one)."""
+    spec = ENVS[key]
+    return int(spec.get("impala_steps", spec["steps"])) if algo_of(variant) == "impala" else int(spec["steps"])
+
+
+def runs_on(key: str, variant: str) -> bool:
+    """Whether the suite runs ``variant`` on ``key`` (the ALE game is IMPALA's only)."""
+    algos = ENVS[key].get("algos")
+    return algos is None or algo_of(variant) in algos
 
 
 # ---------------------------------------------------------------------------------------------- runs
 def run_frugal(key: str, variant: str, seed: int) -> dict[str, Any]:
-    """``frugalrl train ppo`` with the env's preset, as a user runs it; the summary and metrics."""
+    """``frugalrl train ppo|impala`` with the env's preset, as a user runs it; the summary and metrics."""
     from frugalrl import presets
+    from frugalrl.algos import algorithm
 
-    spec = ENVS[key]
-    values, name = presets.resolve("ppo", spec["env"])
-    batch = values.get("workers", 2) * values.get("envs_per_worker", 4) * values.get("num_steps", 128)
-    eval_every = max(1, spec["steps"] // EVALS_PER_RUN // batch)
+    spec, algo, steps = ENVS[key], algo_of(variant), budget(key, variant)
+    values, name = presets.resolve(algo, spec["env"])
+    defaults = algorithm(algo).load()[1]()
+    batch = (values.get("workers", defaults.workers) * values.get("envs_per_worker", defaults.envs_per_worker)
+             * values.get("num_steps", defaults.num_steps))
+    eval_every = max(1, steps // spec.get("evals", EVALS_PER_RUN) // batch)
     run_name = f"{key}-{variant}-s{seed}"
-    cmd = [sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--env", spec["env"],
-           "--env-kwargs", json.dumps(spec.get("env_kwargs", {})), "--total-timesteps", str(spec["steps"]),
+    cmd = [sys.executable, "-m", "frugalrl.cli", "train", algo, "--env", spec["env"],
+           "--env-kwargs", json.dumps(spec.get("env_kwargs", {})), "--total-timesteps", str(steps),
            "--seed", str(seed), "--eval-every", str(eval_every), "--eval-episodes", str(EVAL_EPISODES),
            *FRUGAL_FLAGS[variant], "--run-dir", str(CACHE / "runs"), "--run-name", run_name,
            "--no-progress", "--no-tensorboard", "--no-plots"]
@@ -119,6 +158,11 @@ def run_frugal(key: str, variant: str, seed: int) -> dict[str, Any]:
         "train_curve": train_curve, "bytes": {k: v for k, v in s["bytes"].items() if isinstance(v, int)},
         "weight_syncs": s["weight_syncs"]["total"], "sync_stalls": s["sync_stalls"],
         "norm": {"obs": s["details"]["norm_obs"], "reward": s["details"]["norm_reward"]},
+        "updates": s["updates"], "workers": len(s["weight_syncs"]["per_worker"]),
+        "eval_disagreement": s["eval_disagreement"], "warnings": s["details"].get("warnings", []),
+        "learner_update_seconds": s["details"].get("learner_update_seconds"),
+        "learner_wait_seconds": s["details"].get("learner_wait_seconds"),
+        "compress": s["details"].get("compress"), "monitor_events": (s["details"].get("monitor") or {}).get("events"),
     }
 
 
@@ -257,9 +301,9 @@ def stuck_fraction(curve: list[tuple[int, float]], total: int) -> float:
 
 
 def at_budget(run: dict[str, Any], key: str) -> bool:
-    """Whether a cached run was made at the env's current budget (runs of an older budget are not mixed in)."""
-    budget = run.get("budget", run["env_steps"])
-    return abs(budget - ENVS[key]["steps"]) <= 0.1 * ENVS[key]["steps"]
+    """Whether a cached run was made at its variant's current budget on the env (older budgets are not mixed in)."""
+    want = budget(key, run["variant"])
+    return abs(run.get("budget", run["env_steps"]) - want) <= 0.1 * want
 
 
 def first_reach(history: list[dict[str, Any]], reference: float) -> tuple[int | None, float | None]:
@@ -297,10 +341,24 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
                 "weight_syncs_mean": float(np.mean([r["weight_syncs"] for r in runs])),
                 "stuck_fraction_max": float(np.nanmax([stuck_fraction(r["train_curve"], r["env_steps"]) for r in runs])),
                 "sync_stalls": sum(len(r["sync_stalls"]) for r in runs),
+                "train_return_mean": float(np.mean([r["train_return_last100"] for r in runs
+                                                    if r["train_return_last100"] is not None] or [math.nan])),
+                "eval_disagreements": sum(bool(r.get("eval_disagreement")) for r in runs),
+                "warnings": [w for r in runs for w in r.get("warnings", [])],
             }
+            if variant == "impala-copy":
+                rows[variant]["every_update_weight_bytes_mean"] = float(np.mean(
+                    [r["bytes"]["weights"] / r["weight_syncs"] * (r["updates"] + 1) * r["workers"] for r in runs]))
+            if algo_of(variant) == "impala":
+                # the last three evaluations (the last 30 % of the run): less noisy than the final one alone
+                rows[variant]["late_return_mean"] = float(np.mean([np.mean([e["mean"] for e in r["eval_history"][-3:]])
+                                                                   for r in runs]))
+                rows[variant]["learner_share"] = float(np.mean([r["learner_update_seconds"] / r["train_seconds"]
+                                                                for r in runs]))
+        impala_rows(rows)
         sb3 = rows.get("sb3-zoo")
         for variant, row in rows.items():
-            if sb3 is None or variant == "sb3-zoo":
+            if sb3 is None or algo_of(variant) != "ppo":
                 continue
             row["return_vs_sb3"] = _ratio(row["final_return_mean"], sb3["final_return_mean"])
             row["wall_vs_sb3"] = row["wall_seconds_mean"] / sb3["wall_seconds_mean"]
@@ -308,8 +366,35 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
         every, aaps = rows.get("frugal-every-fp32"), rows.get("frugal-aaps-bf16")
         if every and aaps and aaps["bytes_weights_mean"]:
             aaps["weight_bytes_fewer_than_every_fp32"] = every["bytes_weights_mean"] / aaps["bytes_weights_mean"]
-        table[key] = {"steps": spec["steps"], "reference": spec["reference"], "variants": rows}
+        table[key] = {"steps": spec["steps"], "impala_steps": budget(key, "impala-copy"), "reference": spec["reference"],
+                      "variants": rows}
     return table
+
+
+def impala_rows(rows: dict[str, Any]) -> None:
+    """The IMPALA targets, in place: each compressed variant's return and time to the reference against the
+    learner copy's, and the weight bytes of every-update fp32 learner copies over its own (measured by
+    ``impala-every-copy`` where it ran; otherwise the copy runs' sync size × (updates + 1) × workers, exact for
+    fp32 copies, whose every sync has the same size)."""
+    copy, every = rows.get("impala-copy"), rows.get("impala-every-copy")
+    if copy is None:
+        return
+    if every is not None:
+        every_bytes = every["bytes_weights_mean"]
+    else:
+        every_bytes = copy["every_update_weight_bytes_mean"]
+    copy_secs = [t for t in copy["seconds_to_reference"] if t is not None]
+    for variant in IMPALA_VARIANTS:
+        row = rows.get(variant)
+        if row is None:
+            continue
+        row["return_vs_copy"] = _ratio(row["final_return_mean"], copy["final_return_mean"])
+        row["late_return_vs_copy"] = _ratio(row["late_return_mean"], copy["late_return_mean"])
+        secs = [t for t in row["seconds_to_reference"] if t is not None]
+        if secs and copy_secs:
+            row["seconds_to_reference_vs_copy"] = float(np.mean(secs) / np.mean(copy_secs))
+        if row["bytes_weights_mean"]:
+            row["weight_bytes_fewer_than_every_copy"] = every_bytes / row["bytes_weights_mean"]
 
 
 def _ratio(ours: float, ref: float) -> float:
@@ -331,6 +416,8 @@ def markdown(table: dict[str, Any], command: str) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, entry in table.items():
         for variant, r in entry["variants"].items():
+            if algo_of(variant) == "impala":
+                continue
             secs = [t for t in r["seconds_to_reference"] if t is not None]
             lines.append(
                 f"| {key} ({entry['steps'] / 1e3:.0f}k) | {variant} | {r['final_return_mean']:.1f} ± "
@@ -347,6 +434,30 @@ def markdown(table: dict[str, Any], command: str) -> str:
                 f"{r['wall_seconds_mean']:.0f} | {_x(r.get('wall_vs_sb3'))} | "
                 f"{r['bytes_total_mean'] / 1e6:.1f} | {r['bytes_weights_mean'] / 1e6:.2f} | {r['weight_syncs_mean']:.0f} | "
                 f"{r['stuck_fraction_max']:.0%} |")
+    return "\n".join(lines) + "\n\n" + impala_markdown(table)
+
+
+def impala_markdown(table: dict[str, Any]) -> str:
+    """The IMPALA/AcceRL table: compressed actors against the learner copy, AAPS on."""
+    lines = ["IMPALA/AcceRL (AAPS δ = 0.05 on; default Monitor):", "",
+             "| env (steps) | actors | final (det.) | × copy | last 3 evals | × copy | stochastic | train (last 100) | reached ref. | "
+             "s to ref. | × copy s | learner share | MB total | weight MB | × fewer weight bytes than every-update "
+             "copies | syncs | disagreements | guard warnings |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, entry in table.items():
+        for variant, r in entry["variants"].items():
+            if algo_of(variant) != "impala":
+                continue
+            secs = [t for t in r["seconds_to_reference"] if t is not None]
+            lines.append(
+                f"| {key} ({entry['impala_steps'] / 1e3:.0f}k) | {variant} | {r['final_return_mean']:.1f} ± "
+                f"{r['final_return_std']:.1f} | {_x(r.get('return_vs_copy'))} | {r['late_return_mean']:.1f} | "
+                f"{_x(r.get('late_return_vs_copy'))} | {r['stochastic_return_mean']:.1f} | "
+                f"{r['train_return_mean']:.1f} | {r['reached_reference']}/{len(r['seeds'])} (≥ {entry['reference']}) | "
+                f"{f'{np.mean(secs):.0f}' if secs else '—'} | {_x(r.get('seconds_to_reference_vs_copy'))} | "
+                f"{r['learner_share']:.0%} | {r['bytes_total_mean'] / 1e6:.1f} | {r['bytes_weights_mean'] / 1e6:.2f} | "
+                f"{_x(r.get('weight_bytes_fewer_than_every_copy'))} | {r['weight_syncs_mean']:.0f} | "
+                f"{r['eval_disagreements']} | {len(r['warnings'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -357,7 +468,9 @@ def plot(results: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"frugal-aaps-bf16": "tab:blue", "frugal-every-fp32": "tab:orange", "sb3-zoo": "k"}
+    colors = {"frugal-aaps-bf16": "tab:blue", "frugal-every-fp32": "tab:orange", "sb3-zoo": "k",
+              "impala-copy": "tab:green", "impala-int8": "tab:red", "impala-full": "tab:purple",
+              "impala-every-copy": "tab:olive"}
     for key in ENVS:
         runs = [r for r in results.values() if r["env"] == key]
         if not runs:
@@ -387,7 +500,7 @@ def plot(results: dict[str, Any]) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=list(PPO_VARIANTS + IMPALA_VARIANTS), choices=list(VARIANTS))
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--force", action="store_true", help="rerun runs that are cached")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plots from the cache")
@@ -403,11 +516,12 @@ def main() -> int:
             for key in args.envs:
                 for variant in args.variants:
                     path = CACHE / f"{key}-{variant}-s{seed}.json"
-                    if path.exists() and not args.force and at_budget(json.loads(path.read_text()), key):
+                    if not runs_on(key, variant) or (
+                            path.exists() and not args.force and at_budget(json.loads(path.read_text()), key)):
                         continue
                     t0 = time.monotonic()
                     out = run_sb3(key, seed) if variant == "sb3-zoo" else run_frugal(key, variant, seed)
-                    out.update(env=key, variant=variant, seed=seed, budget=ENVS[key]["steps"],
+                    out.update(env=key, variant=variant, seed=seed, budget=budget(key, variant),
                                date=time.strftime("%Y-%m-%d %H:%M"))
                     path.write_text(json.dumps(out, indent=1))
                     print(f"[{time.strftime('%H:%M:%S')}] {key} {variant} seed {seed}: final {out['final_return']:.1f}, "

@@ -10,7 +10,7 @@ Monitor moves int8 → fp16 → fp32 if the actors' policy drifts too far from t
 import torch
 
 from frugalrl import AdaptiveKL, ClusterEnv, make_agent
-from frugalrl.algos.impala import IMPALAConfig, impala_loss
+from frugalrl.algos.impala import IMPALAConfig, impala_update
 from frugalrl.compress import CompressorChain, Export, Quantize
 from frugalrl.correct import CorrectorChain, VTraceCorrector
 from frugalrl.monitor import Monitor, PrecisionLadder
@@ -18,8 +18,9 @@ from frugalrl.monitor import Monitor, PrecisionLadder
 if __name__ == "__main__":
     envs = ClusterEnv("CartPole-v1", num_workers=2, envs_per_worker=4, backend="local", sync=AdaptiveKL(0.01), seed=1)
     learner = make_agent(envs.single_observation_space, envs.single_action_space)
-    optimizer = torch.optim.Adam(learner.parameters(), lr=6e-4, eps=1e-5)
+    optimizer = torch.optim.Adam(learner.parameters(), lr=5e-4, eps=1e-5)
     cfg = IMPALAConfig(gamma=0.99, ent_coef=0.01, vf_coef=0.5)
+    generator = torch.Generator().manual_seed(1)
 
     # Code 1: the chain of compressors; Code 2: the chain of correctors; Code 3: a monitor with a strategy.
     chain = CompressorChain().add(Quantize("int8")).add(Export("onnx"))
@@ -33,11 +34,7 @@ if __name__ == "__main__":
     for update in range(1, 301):
         batch = envs.rollout(actor, num_steps=20)  # workers act with the int8 graph
         states = torch.as_tensor(batch.obs).reshape(-1, *batch.obs.shape[2:])
-        loss, stats = impala_loss(learner, batch, correctors, cfg)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(learner.parameters(), 0.5)
-        optimizer.step()
+        stats = impala_update(learner, optimizer, batch, correctors, cfg, generator)  # V-trace, then clipped epochs
         returns = (returns + list(batch.episode_returns))[-20:]
         if update % 10 == 0:
             changes = monitor.observe(update, learner, actor, states, batch.episode_returns)

@@ -120,18 +120,25 @@ def test_int8_preserves_policy_and_shrinks(
     assert agree >= 0.9
     ratio = wire_bytes(fp32) / wire_bytes(int8)
     assert 3.5 < ratio < 4.5, ratio
-    assert abs(wire_bytes(fp32) - wire_bytes(net)) < 0.01 * wire_bytes(net)
+    # the graph travels zlib-compressed: never more than the torch weights (random fp32 weights shrink a little)
+    assert 0.85 * wire_bytes(net) < wire_bytes(fp32) <= 1.01 * wire_bytes(net)
 
 
 def test_int8_graph_is_really_quantized(pong_graphs: dict[str, bytes]) -> None:
-    """Every conv and matmul weight is stored as int8 with a per-channel scale (speed: benchmarks/compress_table6.py)."""
+    """Every conv and hidden matmul weight is stored as int8 with a per-channel scale (speed:
+    benchmarks/compress_table6.py); the two heads, which write the graph's outputs, stay float."""
     import onnx
     from onnx import TensorProto
 
-    graph = onnx.load_from_string(pong_graphs["int8"]).graph
+    from frugalrl.compress.quantize import edge_layers
+
+    model = onnx.load_from_string(pong_graphs["int8"])
+    graph = model.graph
     int8_weights = [t for t in graph.initializer if t.data_type == TensorProto.INT8]
     float_weights = [t for t in graph.initializer if t.data_type == TensorProto.FLOAT and len(t.dims) >= 2]
-    assert len(int8_weights) >= 5 and not float_weights  # 3 convs, fc, 2 heads: no fp32 matrix left
+    assert len(int8_weights) >= 4  # 3 convs and the 512-unit fc
+    assert sorted(t.dims[0] if t.dims[0] in (1, 6) else t.dims[1] for t in float_weights) == [1, 6]  # the heads
+    assert sorted(edge_layers(onnx.load_from_string(pong_graphs["fp32"]))) == ["/actor/Gemm", "/critic/Gemm"]
     ops = {n.op_type for n in graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
 
@@ -203,7 +210,7 @@ def test_wire_round_trip(pong: tuple[nn.Module, torch.Tensor], pong_graphs: dict
         torch.testing.assert_close(worker.value(frames), sender.value(frames), rtol=0, atol=0)
     # A graph of another size replaces the old one.
     worker.load_state_dict(OnnxPolicy.from_bytes(pong_graphs["fp16"], "categorical").state_dict())
-    assert worker.model.numel() == len(pong_graphs["fp16"])
+    assert worker.onnx_bytes == pong_graphs["fp16"] and worker.model.numel() < len(pong_graphs["fp16"])
 
 
 def test_nested_load_state_dict(cartpole: tuple[nn.Module, torch.Tensor]) -> None:

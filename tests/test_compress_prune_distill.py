@@ -206,6 +206,29 @@ def test_distill_after_prune_reduces_kl(
     assert art.onnx is None and art.precision == "fp32"
 
 
+def test_distill_stops_at_its_tolerance_and_warm_starts_from_the_previous_student(cartpole: tuple) -> None:
+    """IMPALA's rebuilds: ``kl_tol`` ends a distillation early once the student matches; ``warm_start`` begins
+    the next from the last student, which follows a teacher that moved a little in far fewer steps."""
+    teacher, train, held = cartpole
+    ctx = CompressContext(teacher, train, seed=0)
+    pruned = Prune(0.5).apply(Artifact(teacher), ctx)
+    full = Distill(steps=400, beta=0.0)
+    full.apply(pruned, ctx)
+    stage = Distill(steps=400, beta=0.0, kl_tol=2 * full.last_stats["kl_mean"] + 1e-4, warm_start=True)
+    first = stage.apply(pruned, ctx)
+    assert stage.last_stats["steps"] < 400 and stage.last_stats["steps"] % 25 == 0
+    moved = copy.deepcopy(teacher)
+    with torch.no_grad():
+        for prm in moved.parameters():
+            prm.mul_(1.02)
+    ctx2 = CompressContext(moved, train, seed=1)
+    cold = Distill(steps=400, beta=0.0, kl_tol=stage.kl_tol)
+    cold.apply(Prune(0.5).apply(Artifact(moved), ctx2), ctx2)
+    second = stage.apply(Prune(0.5).apply(Artifact(moved), ctx2), ctx2)
+    assert stage.last_stats["steps"] < cold.last_stats["steps"]
+    assert second.module is not first.module and float(policy_kl(moved, second.module, held).mean()) < 0.05
+
+
 # (d) distillation into a fresh smaller student -------------------------------------------------------------
 
 

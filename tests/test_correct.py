@@ -165,6 +165,21 @@ def test_on_policy_vtrace_is_nstep_returns(shape, clips):
         torch.testing.assert_close(out.rhos, torch.ones_like(out.rhos))
 
 
+@pytest.mark.parametrize("lam", [0.0, 0.5, 0.95])
+def test_on_policy_vtrace_with_trace_lambda_is_gae(lam):
+    """V-trace's λ (IMPALA paper, remark 2) on policy: vs are GAE(λ)'s returns, and the reference agrees off policy."""
+    rng = np.random.default_rng(3)
+    d = _data(rng, 17, 3, consistent=True)
+    t = {k: torch.as_tensor(x) for k, x in d.items()}
+    on = vtrace(t["mu"], t["mu"], t["r"], t["v"], t["nv"], t["term"], t["done"], 0.97, lam=lam)
+    _, gae_returns = gae(t["r"], t["v"], t["nv"], t["term"], t["done"], 0.97, lam)
+    np.testing.assert_allclose(on.vs.numpy(), gae_returns.numpy(), rtol=1e-9, atol=1e-9)
+    off = vtrace(t["mu"], t["pi"], t["r"], t["v"], t["nv"], t["term"], t["done"], 0.97, rho_bar=1.0, c_bar=1.0, lam=lam)
+    vs, adv = _ref_vtrace(d["mu"], d["pi"], d["r"], d["v"], d["nv"], d["term"], d["done"], 0.97, 1.0, 1.0, lam=lam)
+    np.testing.assert_allclose(off.vs.numpy(), vs, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(off.pg_advantages.numpy(), adv, rtol=1e-9, atol=1e-9)
+
+
 def test_rho_bar_one_on_large_ratios_gives_uncorrected_returns_and_clipping_matters():
     rng = np.random.default_rng(7)
     d = _data(rng, 20, 3, consistent=True, spread=0.0)
@@ -339,12 +354,13 @@ def test_parse_correctors():
     )
     assert parse_correctors("vtrace:inf:inf").describe() == "vtrace(rho_bar=None, c_bar=None)"
     assert parse_correctors("retrace:0.9").describe() == "retrace(lam=0.9)"
+    assert parse_correctors("vtrace:1:1:0.95").describe() == "vtrace(rho_bar=1.0, c_bar=1.0, lam=0.95)"
     assert len(parse_correctors("none")) == 0 and len(parse_correctors("")) == 0
     assert len(parse_correctors("IS,none")) == 1
 
 
 @pytest.mark.parametrize(
-    "bad", ["vtraec", "vtrace:1", "is:0", "is:x", "retrace:2", "is:1:2", "vtrace,,is", "none:1"]
+    "bad", ["vtraec", "vtrace:1", "is:0", "is:x", "retrace:2", "is:1:2", "vtrace,,is", "none:1", "vtrace:1:1:2"]
 )
 def test_parse_correctors_errors(bad):
     with pytest.raises(ValueError) as err:

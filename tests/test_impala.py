@@ -17,10 +17,11 @@ def _cfg(tmp_path, **kw) -> IMPALAConfig:
 
 
 def test_learns_cartpole_with_compressed_actors(tmp_path):
-    """Actors run a pruned, distilled, int8 ONNX policy on 2 worker processes; the learner still solves CartPole.
+    """Actors run a pruned, distilled, int8 ONNX policy on 2 worker processes (AAPS, the default Monitor); the
+    learner with its default settings still solves CartPole.
 
     Builds run in the loop (``async_compress=False``) so that the run is deterministic: with a background
-    build, when a new actor arrives depends on thread timing. Seeds 1, 2, 3 reach 475 within 84k steps.
+    build, when a new actor arrives depends on thread timing.
     """
     cfg = _cfg(tmp_path, env="CartPole-v1", seed=1, total_timesteps=150_000, compress="prune:0.5,distill,int8,onnx",
                eval_every=20, target_return=475.0, sync="aaps", backend="local", async_compress=False)
@@ -34,6 +35,73 @@ def test_learns_cartpole_with_compressed_actors(tmp_path):
     assert last["params"] < first["params"] and last["wire_bytes"] < first["wire_bytes"]
     # Every byte is counted: weights travelled as ONNX graphs, observations and actions as usual.
     assert s["bytes"]["weights"] > 0 and s["bytes"]["observations"] > 0
+
+
+def test_a_harmful_compression_is_noticed_and_backed_off(tmp_path):
+    """No silent failure: actors pruned to 5 % of their neurons (no distillation) score far below the learner's
+    sampling policy. The default Monitor's guard notices at two evaluations in a row, says so in the run's
+    warnings and backs the sparsity off to 0.2, after which the actors play CartPole well. With ``--monitor none``
+    the actors stay broken (the learner still learns from their data) and the final evaluation says so."""
+    base = dict(env="CartPole-v1", seed=1, total_timesteps=100_000, compress="prune:0.95", sync="aaps", eval_every=10,
+                backend="serial", async_compress=False)
+    guarded = train(_cfg(tmp_path, **base, run_name="guarded"))
+    events = guarded["details"]["monitor"]["events"]
+    assert events[0]["change"] == {"sparsity": 0.2} and events[0]["strategy"].startswith("guard")
+    assert guarded["details"]["warnings"] and "backing the compression off" in guarded["details"]["warnings"][0]
+    assert guarded["eval_disagreement"] is None and guarded["eval_return_mean"] >= 250, guarded["eval_history"]
+    unguarded = train(_cfg(tmp_path, **base, monitor="none", run_name="unguarded"))
+    assert not unguarded["details"]["warnings"]
+    assert guarded["train_return_mean_last100"] > unguarded["train_return_mean_last100"] + 100
+    assert "stale or lossy actors" in unguarded["eval_disagreement"]["message"]
+
+
+def test_one_epoch_of_one_minibatch_without_clip_is_the_papers_loss():
+    """impala_update with 1 epoch × 1 minibatch, no clip, no normalisation takes one step on AcceRL's eq. 4:
+    −ρ_t log π(a_t|x_t) (r_t + γ v_{t+1} − V(x_t)) + vf_coef · ½ (v_t − V(x_t))² − ent_coef · H(π)."""
+    import copy
+
+    import torch
+
+    from frugalrl import dists
+    from frugalrl.algos.impala import impala_update
+    from frugalrl.correct import bootstrap_values, parse_correctors, vtrace
+    from frugalrl.envs.cluster import ClusterEnv
+    from frugalrl.nets import make_agent
+
+    envs = ClusterEnv("CartPole-v1", num_workers=1, envs_per_worker=3, backend="serial", seed=0)
+    try:
+        torch.manual_seed(0)
+        behaviour = make_agent(envs.single_observation_space, envs.single_action_space)
+        envs.reset(seed=0)
+        batch = envs.rollout(behaviour, 12)
+    finally:
+        envs.close()
+    learner = copy.deepcopy(behaviour)
+    with torch.no_grad():  # off policy: the learner has moved on since the actors' copy
+        for prm in learner.parameters():
+            prm.add_(0.05 * torch.randn_like(prm))
+    cfg = IMPALAConfig(update_epochs=1, num_minibatches=1, clip_coef=1e9, norm_adv=False, max_grad_norm=1e9,
+                       norm_reward=False, norm_obs=False, gamma=0.97)
+    reference = copy.deepcopy(learner)
+    obs = torch.as_tensor(batch.obs).reshape(-1, 4)
+    actions = torch.as_tensor(batch.actions).reshape(-1)
+    params = reference.dist_params(obs)
+    logp = dists.log_prob(reference.dist_kind, params, actions).reshape(12, 3)
+    with torch.no_grad():
+        values, next_values = bootstrap_values(reference.value, torch.as_tensor(batch.obs),
+                                               torch.as_tensor(batch.next_obs),
+                                               torch.as_tensor(batch.final_idx, dtype=torch.long),
+                                               torch.as_tensor(batch.final_obs))
+        term = torch.as_tensor(batch.terminations)
+        vt = vtrace(batch.behaviour_log_prob().float(), logp.detach(), torch.as_tensor(batch.rewards).float(),
+                    values, next_values, term, term | torch.as_tensor(batch.truncations), 0.97)
+    loss = (-(vt.pg_advantages * logp).mean() + cfg.vf_coef * 0.5 * ((vt.vs - reference.value(obs).reshape(12, 3)) ** 2).mean()
+            - cfg.ent_coef * dists.entropy(reference.dist_kind, params).mean())
+    loss.backward()
+    sgd = torch.optim.SGD(learner.parameters(), lr=0.1)
+    impala_update(learner, sgd, batch, parse_correctors("vtrace"), cfg, torch.Generator().manual_seed(0))
+    for new, old in zip(learner.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(new, old - 0.1 * old.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_background_builds_replace_the_actor(tmp_path):

@@ -14,12 +14,14 @@ import torch
 from frugalrl import dists
 from frugalrl.monitor import (
     AlphaMix,
+    CompressionGuard,
     MixPolicy,
     Monitor,
     PrecisionLadder,
     RewardGap,
     SparsitySchedule,
     kl_indicators,
+    parse_monitor,
 )
 from frugalrl.nets import MLPActorCritic, action_desc, build_policy
 
@@ -273,3 +275,73 @@ def test_mix_policy_spec_roundtrip(cartpole_obs: torch.Tensor) -> None:
             assert torch.equal(mix.dist_params(cartpole_obs), clone.dist_params(cartpole_obs))
             assert mix.last_choice == clone.last_choice
         assert torch.equal(mix.value(cartpole_obs), clone.value(cartpole_obs))
+
+
+def test_reward_gap_in_standard_errors() -> None:
+    gap = RewardGap(window=4)
+    gap.add([10.0, 12.0, 8.0, 10.0])  # mean 10, variance 2
+    assert gap.z_score(20.0, None, 10) is None and gap.z_score(20.0, 3.0, 0) is None
+    se = np.sqrt(3.0**2 / 10 + 2.0 / 4)
+    assert gap.z_score(20.0, 3.0, 10) == pytest.approx(10.0 / se)
+    flat = RewardGap(window=2)
+    flat.add([500.0, 500.0])
+    assert flat.z_score(500.0, 0.0, 10) == 0.0  # two constant, equal returns: no gap, finite
+
+
+def _gap(reference: float, actors: float, z: float) -> dict[str, float]:
+    return {"reference_return": reference, "reward_mean": actors, "reward_gap": reference - actors, "reward_gap_z": z}
+
+
+def test_compression_guard_backs_off_step_by_step_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Two significant gaps in a row: sparsity to conservative, then precision up the ladder, then a last note."""
+    guard = CompressionGuard(z=3.0, patience=2, precision="int8", sparsity=0.5)
+    caplog.set_level(logging.WARNING, logger="frugalrl.monitor")
+    assert guard.update(_gap(-100, -300, 5.0), 1) is None  # one failing check: not yet
+    assert guard.update({"reward_gap": None}, 2) is None  # no fresh gap: the streak stays
+    assert guard.update(_gap(-100, -300, 5.0), 3) == {"sparsity": 0.2}
+    assert guard.update(_gap(-100, -300, 5.0), 4) is None
+    assert guard.update(_gap(-100, -300, 1.0), 5) is None  # not significant: the streak restarts
+    assert guard.update(_gap(-100, -300, 5.0), 6) is None
+    assert guard.update(_gap(-100, -300, 5.0), 7) == {"precision": "fp16"}
+    guard.update(_gap(-100, -300, 5.0), 8)
+    assert guard.update(_gap(-100, -300, 5.0), 9) == {"precision": "fp32"}
+    guard.update(_gap(-100, -300, 5.0), 10)
+    assert guard.update(_gap(-100, -300, 5.0), 11) is None and guard.exhausted
+    notes = guard.notes()
+    assert [n["step"] for n in notes] == [3, 7, 9, 11]
+    assert "backing the compression off" in notes[0]["message"] and "another reason" in notes[-1]["message"]
+    assert sum("compressed actors score" in r.getMessage() for r in caplog.records) == 4
+    assert guard.setting() == {"sparsity": 0.2, "precision": "fp32"}
+
+
+def test_compression_guard_ignores_small_gaps_and_lossless_compression() -> None:
+    """A gap of many standard errors but a few percent of the return's scale (CartPole's 500 vs 490) is noise; a
+    big gap with a compression that hardly changes the policy (int8: KL to its snapshot 1e-4) is the actors'
+    lag behind a fast learner, not the compression's fault."""
+    guard = CompressionGuard(patience=1, precision="int8")
+    assert guard.update(_gap(500, 490, 50.0), 1) is None
+    assert guard.update({**_gap(400, 200, 8.0), "compression_kl": 1e-4}, 2) is None
+    assert guard.update({**_gap(400, 200, 8.0), "compression_kl": 0.2}, 3) == {"precision": "fp16"}
+
+
+def test_parse_monitor_auto_and_guard() -> None:
+    auto = parse_monitor("auto", precision="int8", sparsity=0.5, compressing=True)
+    (guard,) = auto.strategies
+    assert isinstance(guard, CompressionGuard) and guard.setting() == {"sparsity": 0.5, "precision": "int8"}
+    assert parse_monitor("auto", compressing=False).strategies == []
+    custom = parse_monitor("guard:2:3,ladder:0.1", precision="fp16").strategies
+    assert isinstance(custom[0], CompressionGuard) and (custom[0].z, custom[0].patience) == (2.0, 3)
+    assert isinstance(custom[1], PrecisionLadder)
+    with pytest.raises(ValueError, match="guard"):
+        parse_monitor("guard:1:2:3")
+
+
+def test_monitor_z_indicator_and_notes(cartpole_obs: torch.Tensor) -> None:
+    """The Monitor passes the reference's spread to the strategies and collects the guard's notes."""
+    agent = MLPActorCritic(4, action_desc(gym.spaces.Discrete(2)))
+    monitor = Monitor([CompressionGuard(patience=1, precision="int8")], reward_window=5)
+    change = monitor.observe(100, agent, agent, cartpole_obs, [20.0, 22.0, 18.0, 20.0, 21.0],
+                             reference_return=200.0, reference_std=10.0, reference_episodes=10)
+    assert change == {"precision": "fp16"}
+    assert monitor.latest()["reward_gap_z"] > 3
+    assert [n["step"] for n in monitor.notes()] == [100] and monitor.to_json()["notes"] == monitor.notes()

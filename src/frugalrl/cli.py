@@ -355,6 +355,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         lines.append(f"  WARNING: {summary['eval_disagreement']['message']}")
     for stall in summary.get("sync_stalls") or []:
         lines.append(f"  WARNING at step {stall['step']}: {stall['message']}")
+    for warning in (summary.get("details") or {}).get("warnings") or []:
+        lines.append(f"  WARNING at {warning}")
     if summary.get("resumes"):
         lines.append(f"  resumed {len(summary['resumes'])} time(s), last at step {summary['resumes'][-1]['step']}")
     lines.append(f"  run directory: {summary['run_dir']}")

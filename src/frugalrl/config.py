@@ -117,6 +117,9 @@ class RunConfig(ConfigPart):
     """Episodes of each evaluation (deterministic actions, fresh envs in the training process)."""
     eval_every: int = 0
     """Evaluate every this many updates (0: only at the end)."""
+    eval_stochastic: bool = True
+    """Each evaluation also plays eval_episodes episodes sampling actions (as the workers act), so that every
+    entry of the evaluation history has a deterministic and a stochastic return beside the training return."""
     target_return: float | None = None
     """Stop early once an evaluation's mean return reaches this."""
     checkpoint_every: int = 0

@@ -163,11 +163,13 @@ def vtrace(
     gamma: float,
     rho_bar: float | None = 1.0,
     c_bar: float | None = 1.0,
+    lam: float = 1.0,
 ) -> VTraceReturns:
     """V-trace targets (IMPALA, Espeholt et al. 2018, eq. 1; AcceRL eq. 2 and 4).
 
     With ``ratio_t = exp(target_logp_t − behaviour_logp_t)``, ``ρ_t = min(ρ̄, ratio_t)``,
-    ``c_t = min(c̄, ratio_t)`` (``None`` = no clipping), ``γ_t = γ (1 − term_t)``:
+    ``c_t = λ min(c̄, ratio_t)`` (``None`` = no clipping; λ as in the IMPALA paper's remark 2, which on
+    policy makes ``vs`` the λ-returns of GAE), ``γ_t = γ (1 − term_t)``:
 
     * ``δ_t = ρ_t (r_t + γ_t V(s'_t) − V(s_t))`` with ``V(s'_t) = next_values[t]``;
     * ``v_t = V(s_t) + a_t``, ``a_t = δ_t + γ (1 − done_t) c_t a_{t+1}`` (``a_T = 0``), i.e.
@@ -189,7 +191,7 @@ def vtrace(
     )
     ratios = importance_weights(target_logp, behaviour_logp, clip=None)
     rhos = ratios if rho_bar is None else ratios.clamp(max=rho_bar)
-    cs = ratios if c_bar is None else ratios.clamp(max=c_bar)
+    cs = lam * (ratios if c_bar is None else ratios.clamp(max=c_bar))
     return _vtrace_from_weights(rhos, cs, rewards, values, next_values, terminations, dones, gamma)
 
 
@@ -279,19 +281,22 @@ class Corrector:
 class VTraceCorrector(Corrector):
     """Sets ``value_targets = vs`` and ``pg_advantages`` from :func:`vtrace` (AcceRL eq. 2, 4)."""
 
-    def __init__(self, rho_bar: float | None = 1.0, c_bar: float | None = 1.0) -> None:
-        """``rho_bar`` and ``c_bar`` truncate the importance weights (``None`` = no truncation)."""
+    def __init__(self, rho_bar: float | None = 1.0, c_bar: float | None = 1.0, lam: float = 1.0) -> None:
+        """``rho_bar`` and ``c_bar`` truncate the importance weights (``None`` = no truncation); ``lam``
+        multiplies the traces."""
         self.rho_bar = rho_bar
         self.c_bar = c_bar
+        self.lam = lam
 
     def correct(self, batch: CorrectionBatch) -> CorrectionBatch:
         """Fill ``value_targets`` and ``pg_advantages`` with V-trace's."""
-        out = vtrace(*_trace_inputs(batch), rho_bar=self.rho_bar, c_bar=self.c_bar)
+        out = vtrace(*_trace_inputs(batch), rho_bar=self.rho_bar, c_bar=self.c_bar, lam=self.lam)
         return batch.replace(value_targets=out.vs, pg_advantages=out.pg_advantages)
 
     def describe(self) -> str:
-        """``vtrace(rho_bar=…, c_bar=…)``."""
-        return f"vtrace(rho_bar={self.rho_bar}, c_bar={self.c_bar})"
+        """``vtrace(rho_bar=…, c_bar=…[, lam=…])``."""
+        lam = "" if self.lam == 1.0 else f", lam={self.lam}"
+        return f"vtrace(rho_bar={self.rho_bar}, c_bar={self.c_bar}{lam})"
 
 
 _TraceInputs = tuple[
@@ -407,7 +412,7 @@ class CorrectorChain(Corrector):
         return iter(self.correctors)
 
 
-CORRECTOR_WORDS = ("vtrace", "vtrace:RHO:C", "is", "is:CLIP", "retrace:LAM", "none")
+CORRECTOR_WORDS = ("vtrace", "vtrace:RHO:C", "vtrace:RHO:C:LAM", "is", "is:CLIP", "retrace:LAM", "none")
 
 
 def _parse_clip(text: str) -> float | None:
@@ -422,7 +427,7 @@ def _parse_clip(text: str) -> float | None:
 def parse_correctors(spec: str) -> CorrectorChain:
     """Build a :class:`CorrectorChain` from the CLI's ``--correct`` value, e.g. ``"vtrace,is"``.
 
-    Comma-separated words, applied in order: ``vtrace`` (``ρ̄ = c̄ = 1``), ``vtrace:RHO:C``,
+    Comma-separated words, applied in order: ``vtrace`` (``ρ̄ = c̄ = 1``), ``vtrace:RHO:C[:LAM]``,
     ``is`` (clip 1), ``is:CLIP``, ``retrace:LAM`` (``retrace`` alone: λ = 1) and ``none`` (no-op;
     an empty spec means ``none`` too). Clip values may be ``inf``/``none`` for no clipping. Raises
     ``ValueError`` naming the bad word and the valid ones.
@@ -437,9 +442,12 @@ def parse_correctors(spec: str) -> CorrectorChain:
         try:
             if name == "none" and not args:
                 continue
-            if name == "vtrace" and len(args) in (0, 2):
-                rho, c = (_parse_clip(a) for a in args) if args else (1.0, 1.0)
-                chain.add(VTraceCorrector(rho, c))
+            if name == "vtrace" and len(args) in (0, 2, 3):
+                rho, c = (_parse_clip(a) for a in args[:2]) if args else (1.0, 1.0)
+                lam = float(args[2]) if len(args) == 3 else 1.0
+                if not 0.0 <= lam <= 1.0:
+                    raise ValueError(f"lambda must be in [0, 1], got {lam}")
+                chain.add(VTraceCorrector(rho, c, lam))
             elif name == "is" and len(args) <= 1:
                 chain.add(ISCorrector(_parse_clip(args[0]) if args else 1.0))
             elif name == "retrace" and len(args) <= 1:

@@ -1,6 +1,16 @@
-"""Evaluate an agent on fresh environments in this process (no workers, no bytes)."""
+"""Evaluate an agent on fresh environments in this process (no workers, no bytes), and judge the result.
+
+:func:`evaluate` plays episodes; :func:`policy_evaluator` makes the :data:`Evaluator` a training run calls
+on its cadence (deterministic, or sampling actions as the workers do); :func:`evaluation_disagreement`
+says when an evaluation contradicts the training curve.
+"""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -9,6 +19,54 @@ import torch
 from frugalrl import dists
 from frugalrl.envs.spec import EnvSpec
 from frugalrl.nets import ActorCritic
+
+if TYPE_CHECKING:
+    from frugalrl.config import RunConfig
+
+EVAL_SEED = 10_000
+"""Evaluation episodes of a run with seed s use env seeds ``EVAL_SEED + s, ...`` (never a training seed)."""
+
+
+@dataclass
+class Evaluation:
+    """One evaluation: mean and standard deviation of the return over ``episodes`` episodes."""
+
+    mean: float
+    std: float
+    episodes: int
+    deterministic: bool = True
+
+
+Evaluator = Callable[[], Evaluation]
+
+
+def evaluation_disagreement(deterministic: Evaluation | None, stochastic: Evaluation | None,
+                            train_return: float | None, tolerance: float = 0.5) -> dict[str, Any] | None:
+    """What is wrong when the final evaluations contradict the training return, else None.
+
+    The training return is the mean of the last 100 training episodes, played by the workers' (sampling,
+    possibly stale or compressed) policy. The learner's stochastic evaluation plays the same kind of policy,
+    so it should land near it; the deterministic one (the mode) may differ, but a mode far below both says the
+    policy only works while sampling. A gap counts when it exceeds ``tolerance`` × the largest of the three
+    magnitudes and twice the evaluations' standard deviations (at least 1).
+    """
+    if train_return is None or deterministic is None:
+        return None
+    values = [deterministic.mean, train_return] + ([] if stochastic is None else [stochastic.mean])
+    spreads = [2 * deterministic.std] + ([] if stochastic is None else [2 * stochastic.std])
+    # the returns' size, or twice their spread where they lie near zero (a LunarLander policy hovering at 0 ± 30)
+    scale = max(1.0, *(abs(v) for v in values + spreads if math.isfinite(v)))
+    problems = []
+    if stochastic is not None and abs(stochastic.mean - train_return) > tolerance * scale:
+        problems.append(f"the learner sampling actions scores {stochastic.mean:.1f} where the training episodes "
+                        f"scored {train_return:.1f} (stale or lossy actors?)")
+    if deterministic.mean < train_return - tolerance * scale:
+        problems.append(f"the deterministic evaluation ({deterministic.mean:.1f}) is far below the training return "
+                        f"({train_return:.1f}): the policy's mode does not do what its samples do")
+    if not problems:
+        return None
+    return {"deterministic": deterministic.mean, "stochastic": None if stochastic is None else stochastic.mean,
+            "train_return": train_return, "message": "evaluation contradicts training: " + "; ".join(problems)}
 
 
 def evaluate(
@@ -71,3 +129,15 @@ def random_states(env: gym.Env, n: int, seed: int, close: bool = True) -> np.nda
     if close:
         env.close()
     return np.stack(out)
+
+
+def policy_evaluator(agent: ActorCritic, env_spec: Any, cfg: RunConfig, deterministic: bool = True,
+                     max_steps: int = 100_000) -> Evaluator:
+    """An :data:`Evaluator` running ``cfg.eval_episodes`` episodes of ``agent`` (at most ``max_steps`` steps
+    each) on fresh envs in this process."""
+    def run() -> Evaluation:
+        mean, std, _ = evaluate(agent, env_spec, cfg.eval_episodes, seed=EVAL_SEED + cfg.seed,
+                                deterministic=deterministic, max_steps=max_steps)
+        return Evaluation(mean, std, cfg.eval_episodes, deterministic)
+
+    return run

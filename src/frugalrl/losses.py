@@ -1,26 +1,30 @@
-"""The PPO loss of one minibatch, shared by PPO through ClusterEnv and the split-model pipeline's stage 1.
+"""The clipped-surrogate update, shared by PPO through ClusterEnv, IMPALA/AcceRL and the pipeline's stage 1.
 
-:class:`PPOLossConfig` is the config part with PPO's update settings; :func:`ppo_loss` is CleanRL's
-clipped-surrogate objective with optional value clipping and per-sample importance weights (the
-decoupled objective of Hilton et al., 2021, used when the data comes from stale workers).
+:class:`SurrogateConfig` is the config part with the update's settings (epochs, minibatches, clip range,
+advantage normalisation); :class:`PPOLossConfig` adds GAE's λ for the algorithms that estimate advantages
+with GAE. :func:`ppo_loss` is CleanRL's clipped-surrogate objective of one minibatch with optional value
+clipping and per-sample importance weights (the decoupled objective of Hilton et al., 2021, used when the
+data comes from stale or compressed actors); :func:`surrogate_epochs` runs it over a batch, epochs ×
+minibatches. The advantage estimator is the caller's: GAE for PPO, V-trace for IMPALA.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
+from frugalrl import dists
 from frugalrl.config import ConfigPart, check_fields
 
 
 @dataclass(kw_only=True)
-class PPOLossConfig(ConfigPart):
-    """PPO's update: advantages, minibatches, epochs and the clipped objective."""
+class SurrogateConfig(ConfigPart):
+    """The clipped-surrogate update: minibatches, epochs, the clip range and advantage normalisation."""
 
-    gae_lambda: float = 0.95
-    """λ of generalised advantage estimation."""
     num_minibatches: int = 4
     """Minibatches per epoch."""
     update_epochs: int = 4
@@ -39,16 +43,29 @@ class PPOLossConfig(ConfigPart):
     """Stop an update's epochs early once the approximate KL exceeds this."""
 
     def validate(self) -> None:
-        """Check the PPO update fields."""
+        """Check the update fields."""
         super().validate()
         check_fields(self, positive_ints=("num_minibatches", "update_epochs"), nonneg=("clip_coef",),
-                     unit=("gae_lambda",), positive=("target_kl",))
+                     positive=("target_kl",))
 
     def clip_at(self, update: int, num_updates: int) -> float:
         """The clip range of update ``update`` (1-based) of ``num_updates``."""
         if not self.anneal_clip:
             return self.clip_coef
         return (1.0 - (update - 1.0) / num_updates) * self.clip_coef
+
+
+@dataclass(kw_only=True)
+class PPOLossConfig(SurrogateConfig):
+    """PPO's update: the clipped surrogate on advantages from generalised advantage estimation."""
+
+    gae_lambda: float = 0.95
+    """λ of generalised advantage estimation."""
+
+    def validate(self) -> None:
+        """Check λ."""
+        super().validate()
+        check_fields(self, unit=("gae_lambda",))
 
 
 @dataclass
@@ -64,7 +81,7 @@ class PPOLoss:
 
 
 def ppo_loss(
-    cfg: PPOLossConfig,
+    cfg: SurrogateConfig,
     ent_coef: float,
     vf_coef: float,
     new_logp: torch.Tensor,
@@ -81,7 +98,7 @@ def ppo_loss(
 
     ``weights`` (optional) multiply each sample's surrogate: the truncated importance weights
     min(π_old/μ, c) of decoupled PPO; None is plain PPO. ``clip_coef``: this update's clip range (an
-    annealed one, :meth:`PPOLossConfig.clip_at`); None: ``cfg.clip_coef``.
+    annealed one, :meth:`SurrogateConfig.clip_at`); None: ``cfg.clip_coef``.
     """
     clip = cfg.clip_coef if clip_coef is None else clip_coef
     logratio = new_logp - old_logp
@@ -102,6 +119,71 @@ def ppo_loss(
     ent = entropy.mean()
     loss = pg_loss - ent_coef * ent + vf_coef * v_loss
     return PPOLoss(loss, pg_loss, v_loss, ent, approx_kl, clipfrac)
+
+
+@dataclass
+class SurrogateBatch:
+    """A batch flattened to samples, ready for :func:`surrogate_epochs` (every tensor's first dimension)."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    old_logp: torch.Tensor
+    """log π_old(a|s): the learner's policy when the update began (or the behaviour policy's, for PPO's
+    ``ratio="behaviour"``)."""
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    """The value targets (GAE's returns, V-trace's v_s)."""
+    values: torch.Tensor
+    """The critic's values when the update began (for value clipping and explained variance)."""
+    weights: torch.Tensor
+    """Per-sample weight of the surrogate (truncated importance weights; ones for plain PPO)."""
+
+
+def surrogate_epochs(
+    agent: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: SurrogateBatch,
+    cfg: SurrogateConfig,
+    ent_coef: float,
+    vf_coef: float,
+    max_grad_norm: float,
+    generator: torch.Generator,
+    clip_coef: float | None = None,
+) -> dict[str, float]:
+    """``cfg.update_epochs`` passes of ``cfg.num_minibatches`` shuffled minibatches of :func:`ppo_loss`, each
+    a gradient step (norm clipped at ``max_grad_norm``); early stop at ``cfg.target_kl``. Returns the
+    statistics a run logs (``losses/*``)."""
+    size = batch.obs.shape[0]
+    minibatch = max(1, size // cfg.num_minibatches)
+    clipfracs: list[float] = []
+    for _epoch in range(cfg.update_epochs):
+        order = torch.randperm(size, generator=generator)
+        for start in range(0, size - minibatch + 1, minibatch):
+            mb = order[start : start + minibatch]
+            params = agent.dist_params(batch.obs[mb])
+            out = ppo_loss(
+                cfg, ent_coef, vf_coef,
+                new_logp=dists.log_prob(agent.dist_kind, params, batch.actions[mb]), old_logp=batch.old_logp[mb],
+                advantages=batch.advantages[mb], entropy=dists.entropy(agent.dist_kind, params),
+                new_value=agent.value(batch.obs[mb]), old_value=batch.values[mb], returns=batch.returns[mb],
+                weights=batch.weights[mb], clip_coef=clip_coef,
+            )
+            clipfracs.append(out.clipfrac)
+            optimizer.zero_grad()
+            out.loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm, foreach=True)
+            optimizer.step()
+        if cfg.target_kl is not None and out.approx_kl > cfg.target_kl:
+            break
+    return {
+        "losses/policy": out.policy.item(),
+        "losses/value": out.value.item(),
+        "losses/entropy": out.entropy.item(),
+        "losses/approx_kl": out.approx_kl.item(),
+        "losses/clipfrac": float(sum(clipfracs) / len(clipfracs)),
+        "losses/explained_variance": explained_variance(batch.values, batch.returns),
+        "losses/is_weight_mean": batch.weights.mean().item(),
+    }
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:

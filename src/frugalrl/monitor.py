@@ -8,7 +8,9 @@ Indicators (plain functions of real policies and states)
 - :func:`kl_indicators`: mean, max and variance of the per-state KL(learner ‖ actor) on recent
   states, and the actor's mean entropy there (equation 5 of the paper);
 - :class:`RewardGap`: reference return of the uncompressed policy minus a moving average of the
-  compressed actors' recent episode returns (the "cumulative reward indicator").
+  compressed actors' recent episode returns (the "cumulative reward indicator"), and that gap in
+  standard errors. A training run's reference is the learner's *stochastic* evaluation made since the
+  last check (the actors sample their actions too), never a best-ever or greedy return.
 
 Strategies (small dataclasses with ``update(indicators, step) -> change | None``)
 
@@ -17,7 +19,11 @@ Strategies (small dataclasses with ``update(indicators, step) -> change | None``
 - :class:`AlphaMix`: probability ``alpha`` of acting with the small network, linear in KL mean
   (Fig. 9, knowledge distillation results);
 - :class:`SparsitySchedule`: conservative pruning sparsity when the reward gap exceeds a threshold
-  (Fig. 7: 0.5 -> 0.2 when the gap > 10), plus an optional step schedule.
+  (Fig. 7: 0.5 -> 0.2 when the gap > 10), plus an optional step schedule;
+- :class:`CompressionGuard` (ours, the default of a compressed run): backs the compression off and warns
+  when the actors score significantly below the learner's sampling policy.
+
+They live in :mod:`frugalrl.strategies`.
 
 :class:`Monitor` computes the indicators, runs the strategies, records history and events and logs
 every change. :class:`MixPolicy` is the alpha-mix actor agent of Fig. 9.
@@ -37,12 +43,18 @@ import torch
 from torch import nn
 
 from frugalrl import dists
-from frugalrl.compress.runtime import PRECISIONS, Precision, check_precision
+from frugalrl.compress.runtime import PRECISIONS, check_precision
 from frugalrl.nets import ActorCritic, PolicySpec, as_agent, build_policy
+from frugalrl.strategies import (
+    AlphaMix,
+    Change,
+    CompressionGuard,
+    PrecisionLadder,
+    SparsitySchedule,
+    Strategy,
+)
 
 logger = logging.getLogger("frugalrl.monitor")
-
-Change = dict[str, Any]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -159,200 +171,17 @@ class RewardGap:
             return None
         return float(reference_return) - avg
 
-
-# --------------------------------------------------------------------------------------------------
-# Strategies
-# --------------------------------------------------------------------------------------------------
-
-
-class Strategy:
-    """Base class: reads indicators, keeps its current setting, returns a change or None.
-
-    ``indicators`` names the indicator keys a strategy reads (recorded with each event).
-    """
-
-    indicators: tuple[str, ...] = ()
-
-    def update(self, indicators: dict[str, Any], step: int) -> Change | None:
-        """The change to apply at ``step`` (e.g. ``{"precision": "fp16"}``), or None."""
-        raise NotImplementedError
-
-    def setting(self) -> Change:
-        """The current setting, in the same form as a change."""
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        """Short name for logs."""
-        return type(self).__name__
-
-
-def _indicator(indicators: dict[str, Any], key: str) -> float | None:
-    v = indicators.get(key)
-    if v is None:
-        return None
-    v = float(v)
-    return None if math.isnan(v) else v
-
-
-@dataclass
-class PrecisionLadder(Strategy):
-    """Move one rung up the ladder (more bits) when KL max > ``epsilon`` for ``patience`` checks in a row.
-
-    AcceRL Fig. 6: with ``epsilon=14.0`` the actor switches from 8 to 16 bits. The ladder only goes
-    up; at the top rung nothing more happens. ``current`` defaults to the bottom rung.
-    """
-
-    epsilon: float
-    ladder: tuple[Precision, ...] = ("int8", "fp16", "fp32")
-    patience: int = 1
-    current: Precision | None = None
-    streak: int = field(default=0, init=False)
-    indicators = ("kl_max",)
-
-    def __post_init__(self) -> None:
-        self.ladder = tuple(check_precision(p) for p in self.ladder)
-        if not self.ladder:
-            raise ValueError("PrecisionLadder needs a non-empty ladder")
-        if int(self.patience) < 1:
-            raise ValueError(f"PrecisionLadder needs patience >= 1, got {self.patience}")
-        if self.current is None:
-            self.current = self.ladder[0]
-        if self.current not in self.ladder:
-            raise ValueError(f"current precision {self.current!r} is not on the ladder {self.ladder}")
-
-    @property
-    def at_top(self) -> bool:
-        """True when the current rung is the last (most bits)."""
-        return self.ladder.index(self.current) == len(self.ladder) - 1
-
-    def update(self, indicators: dict[str, Any], step: int) -> Change | None:
-        """``{"precision": next_rung}`` after ``patience`` consecutive checks with KL max > epsilon."""
-        kl_max = _indicator(indicators, "kl_max")
-        if kl_max is None:
+    def z_score(self, reference_return: float | None, reference_std: float | None,
+                reference_episodes: int | None) -> float | None:
+        """The gap in standard errors of the difference of the two means (reference: ``reference_episodes``
+        episodes of standard deviation ``reference_std``); None when a part is unknown. A floor of 1e-3 on the
+        standard error keeps two constant returns (CartPole's 500 ± 0) finite."""
+        gap = self.gap(reference_return)
+        if gap is None or reference_std is None or not reference_episodes:
             return None
-        self.streak = self.streak + 1 if kl_max > self.epsilon else 0
-        if self.streak < self.patience or self.at_top:
-            return None
-        self.current = self.ladder[self.ladder.index(self.current) + 1]
-        self.streak = 0
-        return {"precision": self.current}
-
-    def setting(self) -> Change:
-        """``{"precision": current}``."""
-        return {"precision": self.current}
-
-    def describe(self) -> str:
-        """``precision_ladder(eps=..., ladder, patience)``."""
-        return f"precision_ladder(eps={self.epsilon:g}, {'>'.join(self.ladder)}, patience={self.patience})"
-
-
-@dataclass
-class AlphaMix(Strategy):
-    """Probability ``alpha`` that an actor uses the small network, linear in KL mean (AcceRL Fig. 9).
-
-    ``alpha = 1`` for ``kl_mean <= kl_low``, ``0`` for ``kl_mean >= kl_high``, linear in between. A
-    change is emitted only when the target moved by more than ``tolerance`` from the current alpha,
-    or reaches 0 or 1 exactly (so the ends are always reached).
-    """
-
-    kl_low: float
-    kl_high: float
-    tolerance: float = 0.05
-    alpha: float = 1.0
-    indicators = ("kl_mean",)
-
-    def __post_init__(self) -> None:
-        if not self.kl_high > self.kl_low:
-            raise ValueError(f"AlphaMix needs kl_high > kl_low, got {self.kl_low} and {self.kl_high}")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
-        if self.tolerance < 0:
-            raise ValueError(f"tolerance must be >= 0, got {self.tolerance}")
-
-    def target(self, kl_mean: float) -> float:
-        """The alpha that ``kl_mean`` calls for."""
-        frac = (self.kl_high - kl_mean) / (self.kl_high - self.kl_low)
-        return float(min(1.0, max(0.0, frac)))
-
-    def update(self, indicators: dict[str, Any], step: int) -> Change | None:
-        """``{"alpha": new}`` when the target alpha moved enough from the current one."""
-        kl_mean = _indicator(indicators, "kl_mean")
-        if kl_mean is None:
-            return None
-        new = self.target(kl_mean)
-        moved = abs(new - self.alpha)
-        if moved > self.tolerance or (new in (0.0, 1.0) and moved > 0):
-            self.alpha = new
-            return {"alpha": new}
-        return None
-
-    def setting(self) -> Change:
-        """``{"alpha": alpha}``."""
-        return {"alpha": self.alpha}
-
-    def describe(self) -> str:
-        """``alpha_mix(kl_low..kl_high)``."""
-        return f"alpha_mix(kl {self.kl_low:g}..{self.kl_high:g})"
-
-
-@dataclass
-class SparsitySchedule(Strategy):
-    """Pruning sparsity from a step schedule, capped at ``conservative`` once the reward gap is too big.
-
-    The scheduled sparsity is ``initial`` until the first ``(step, sparsity)`` entry of ``schedule``
-    whose step has been reached, then that entry's sparsity, and so on. When the reward gap exceeds
-    ``gap_threshold`` the sparsity becomes ``min(scheduled, conservative)`` (AcceRL Fig. 7: 0.5 -> 0.2
-    when the gap > 10). With ``latch=True`` (default) the conservative cap stays once triggered;
-    otherwise it is lifted when the gap falls back to the threshold or below.
-    """
-
-    initial: float = 0.5
-    conservative: float = 0.2
-    gap_threshold: float = 10.0
-    schedule: Sequence[tuple[int, float]] = ()
-    latch: bool = True
-    current: float = field(init=False)
-    triggered: bool = field(default=False, init=False)
-    indicators = ("reward_gap",)
-
-    def __post_init__(self) -> None:
-        self.schedule = tuple(sorted((int(s), float(v)) for s, v in self.schedule))
-        for v in (self.initial, self.conservative, *(v for _, v in self.schedule)):
-            if not 0.0 <= v < 1.0:
-                raise ValueError(f"sparsity must be in [0, 1), got {v}")
-        self.current = float(self.initial)
-
-    def scheduled(self, step: int) -> float:
-        """The sparsity the step schedule gives at ``step`` (ignoring the reward gap)."""
-        value = float(self.initial)
-        for s, v in self.schedule:
-            if step >= s:
-                value = v
-        return value
-
-    def update(self, indicators: dict[str, Any], step: int) -> Change | None:
-        """``{"sparsity": new}`` when the schedule or the reward gap changes the sparsity."""
-        gap = _indicator(indicators, "reward_gap")
-        if gap is not None:
-            if gap > self.gap_threshold:
-                self.triggered = True
-            elif not self.latch:
-                self.triggered = False
-        target = self.scheduled(step)
-        if self.triggered:
-            target = min(target, float(self.conservative))
-        if target == self.current:
-            return None
-        self.current = target
-        return {"sparsity": target}
-
-    def setting(self) -> Change:
-        """``{"sparsity": current}``."""
-        return {"sparsity": self.current}
-
-    def describe(self) -> str:
-        """``sparsity(initial->conservative if gap > threshold)``."""
-        return f"sparsity({self.initial:g}->{self.conservative:g} if gap > {self.gap_threshold:g})"
+        se = math.sqrt(float(reference_std) ** 2 / int(reference_episodes)
+                       + float(np.var(self.returns)) / len(self.returns))
+        return gap / max(se, 1e-3)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -392,12 +221,19 @@ class Monitor:
         actor: ActorCritic,
         observations: torch.Tensor | np.ndarray,
         reference_return: float | None = None,
+        reference_std: float | None = None,
+        reference_episodes: int | None = None,
+        compression_kl: float | None = None,
     ) -> dict[str, Any]:
-        """All indicators now: the KL ones, ``reward_mean``, ``reference_return`` and ``reward_gap``."""
+        """All indicators now: the KL ones, ``reward_mean``, ``reference_return``, ``reward_gap``,
+        ``reward_gap_z`` (the gap in standard errors, when the reference's spread is given) and
+        ``compression_kl`` (KL between the actor and the snapshot it was compressed from, when given)."""
         ind: dict[str, Any] = kl_indicators(learner, actor, observations)
         ind["reward_mean"] = self.reward_gap.moving_average
         ind["reference_return"] = None if reference_return is None else float(reference_return)
         ind["reward_gap"] = self.reward_gap.gap(reference_return)
+        ind["reward_gap_z"] = self.reward_gap.z_score(reference_return, reference_std, reference_episodes)
+        ind["compression_kl"] = compression_kl
         return ind
 
     def observe(
@@ -408,19 +244,27 @@ class Monitor:
         observations: torch.Tensor | np.ndarray,
         episode_returns: Iterable[float] = (),
         reference_return: float | None = None,
+        reference_std: float | None = None,
+        reference_episodes: int | None = None,
+        compression_kl: float | None = None,
     ) -> Change:
         """Record returns; if a check is due, compute indicators, run strategies, return merged changes.
 
         A check is due on the first call and whenever ``step`` is ``every`` or more past the last
         check. Returns ``{}`` when nothing changed or no check was due. When two strategies change
-        the same key, the later one in ``strategies`` wins.
+        the same key, the later one in ``strategies`` wins. ``reference_*``: the return the actors' should
+        match (a frugalrl run passes its learner's latest stochastic evaluation, made since the last check,
+        and None otherwise: like is compared with like, at the same moment). ``compression_kl``: the error the
+        compression itself adds (KL between the actor and its snapshot), which tells a compression that hurts
+        from actors that only lag a fast-learning learner.
         """
         self.reward_gap.add(episode_returns)
         step = int(step)
         if self._last_step is not None and step - self._last_step < self.every:
             return {}
         self._last_step = step
-        ind = self.indicators(learner, actor, observations, reference_return)
+        ind = self.indicators(learner, actor, observations, reference_return, reference_std, reference_episodes,
+                              compression_kl)
         self.history.append({"step": step, **ind})
         merged: Change = {}
         for strategy in self.strategies:
@@ -435,6 +279,10 @@ class Monitor:
             merged.update(change)
         return merged
 
+    def notes(self) -> list[dict[str, Any]]:
+        """Every strategy's warnings (``{step, message}``), in step order."""
+        return sorted((n for s in self.strategies for n in s.notes()), key=lambda n: n["step"])
+
     def latest(self) -> dict[str, Any]:
         """The indicators of the last check (``{}`` before the first)."""
         return dict(self.history[-1]) if self.history else {}
@@ -447,6 +295,7 @@ class Monitor:
             "settings": self.settings(),
             "history": [dict(h) for h in self.history],
             "events": [dict(e) for e in self.events],
+            "notes": self.notes(),
         }
 
 
@@ -545,6 +394,7 @@ class MixPolicy(ActorCritic):
 
 __all__ = [
     "AlphaMix",
+    "CompressionGuard",
     "KLIndicators",
     "MixPolicy",
     "Monitor",
@@ -558,24 +408,32 @@ __all__ = [
 ]
 
 
-def parse_monitor(text: str, precision: str | None = None, sparsity: float | None = None) -> Monitor:
+def parse_monitor(text: str, precision: str | None = None, sparsity: float | None = None,
+                  compressing: bool = True) -> Monitor:
     """Build a Monitor from the CLI syntax (``--monitor``); ``''`` or ``none`` gives one with no strategy.
 
-    Words, comma-separated: ``ladder:EPS[:PATIENCE]`` (:class:`PrecisionLadder`), ``alpha:LOW:HIGH``
-    (:class:`AlphaMix`), ``sparsity:INITIAL:CONSERVATIVE:GAP`` (:class:`SparsitySchedule`). ``precision``
-    and ``sparsity`` are the chain's starting settings (the ladder starts at that rung).
+    Words, comma-separated: ``auto`` (a :class:`CompressionGuard` when ``compressing``, else nothing),
+    ``guard[:Z[:PATIENCE]]`` (:class:`CompressionGuard`), ``ladder:EPS[:PATIENCE]`` (:class:`PrecisionLadder`),
+    ``alpha:LOW:HIGH`` (:class:`AlphaMix`), ``sparsity:INITIAL:CONSERVATIVE:GAP`` (:class:`SparsitySchedule`).
+    ``precision`` and ``sparsity`` are the chain's starting settings (the ladder and the guard start there).
     """
     strategies: list[Strategy] = []
+    current = check_precision(precision) if precision in PRECISIONS else None
     for word in [w.strip() for w in (text or "").split(",") if w.strip()]:
         name, *args = word.split(":")
         try:
             nums = [float(a) for a in args]
-            if name == "none":
+            if name == "none" or (name == "auto" and not compressing):
                 continue
-            if name == "ladder":
+            if name in ("auto", "guard"):
+                if name == "auto" and nums or len(nums) > 2:
+                    raise ValueError("auto takes no values; guard takes at most Z and PATIENCE, e.g. guard:3:2")
+                z, patience = (nums + [3.0, 2.0][len(nums):])[:2]
+                strategies.append(CompressionGuard(z=z, patience=int(patience), precision=current, sparsity=sparsity,
+                                                   conservative=min(0.2, sparsity) if sparsity else 0.2))
+            elif name == "ladder":
                 if not nums:
                     raise ValueError("ladder needs a KL threshold, e.g. ladder:0.05")
-                current = check_precision(precision) if precision in PRECISIONS else None
                 strategies.append(PrecisionLadder(nums[0], patience=int(nums[1]) if len(nums) > 1 else 1,
                                                   current=current))
             elif name == "alpha":
@@ -590,7 +448,7 @@ def parse_monitor(text: str, precision: str | None = None, sparsity: float | Non
                 raise ValueError(f"unknown strategy {name!r}")
         except (ValueError, TypeError) as e:
             raise ValueError(
-                f"bad --monitor strategy {word!r}: {e}; expected ladder:EPS[:PATIENCE], alpha:LOW:HIGH or "
-                "sparsity:INITIAL:CONSERVATIVE:GAP"
+                f"bad --monitor strategy {word!r}: {e}; expected auto, guard[:Z[:PATIENCE]], ladder:EPS[:PATIENCE], "
+                "alpha:LOW:HIGH or sparsity:INITIAL:CONSERVATIVE:GAP"
             ) from e
     return Monitor(strategies)

@@ -34,7 +34,7 @@ import random
 import time
 import typing
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,15 +43,13 @@ import numpy as np
 import torch
 
 from frugalrl.config import RunConfig
-from frugalrl.nets import ActorCritic
+from frugalrl.evaluation import Evaluation, Evaluator, evaluation_disagreement
 from frugalrl.runs import Run, jsonable, read_checkpoint, read_config
 from frugalrl.sync_state import StallWatch
 
 log = logging.getLogger("frugalrl")
 
 CHECKPOINT_FORMAT = 1
-EVAL_SEED = 10_000
-"""Evaluation episodes of a run with seed s use env seeds ``EVAL_SEED + s, ...`` (never a training seed)."""
 _NOT_COMPARED = {"progress", "tensorboard", "plots", "run_dir", "run_name", "total_timesteps", "_meta", "algo"}
 
 
@@ -61,19 +59,6 @@ class Stateful(Protocol):
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any) -> Any: ...
-
-
-@dataclass
-class Evaluation:
-    """One evaluation: mean and standard deviation of the return over ``episodes`` episodes."""
-
-    mean: float
-    std: float
-    episodes: int
-    deterministic: bool = True
-
-
-Evaluator = Callable[[], Evaluation]
 
 
 @dataclass
@@ -136,33 +121,6 @@ class RunSummary:
         return jsonable(dataclasses.asdict(self))
 
 
-def evaluation_disagreement(deterministic: Evaluation | None, stochastic: Evaluation | None,
-                            train_return: float | None, tolerance: float = 0.5) -> dict[str, Any] | None:
-    """What is wrong when the final evaluations contradict the training return, else None.
-
-    The training return is the mean of the last 100 training episodes, played by the workers' (sampling,
-    possibly stale or compressed) policy. The learner's stochastic evaluation plays the same kind of policy,
-    so it should land near it; the deterministic one (the mode) may differ, but a mode far below both says the
-    policy only works while sampling. A gap counts when it exceeds ``tolerance`` × the largest of the three
-    magnitudes (at least 1).
-    """
-    if train_return is None or deterministic is None:
-        return None
-    values = [deterministic.mean, train_return] + ([] if stochastic is None else [stochastic.mean])
-    scale = max(1.0, *(abs(v) for v in values if math.isfinite(v)))
-    problems = []
-    if stochastic is not None and abs(stochastic.mean - train_return) > tolerance * scale:
-        problems.append(f"the learner sampling actions scores {stochastic.mean:.1f} where the training episodes "
-                        f"scored {train_return:.1f} (stale or lossy actors?)")
-    if deterministic.mean < train_return - tolerance * scale:
-        problems.append(f"the deterministic evaluation ({deterministic.mean:.1f}) is far below the training return "
-                        f"({train_return:.1f}): the policy's mode does not do what its samples do")
-    if not problems:
-        return None
-    return {"deterministic": deterministic.mean, "stochastic": None if stochastic is None else stochastic.mean,
-            "train_return": train_return, "message": "evaluation contradicts training: " + "; ".join(problems)}
-
-
 def seed_everything(seed: int) -> None:
     """Seed torch, NumPy's global generator and Python's ``random``."""
     torch.manual_seed(seed)
@@ -202,20 +160,6 @@ class _GeneratorState:
 def slug(text: str) -> str:
     """``text`` made safe for a directory name (at most 40 characters)."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40]
-
-
-def policy_evaluator(agent: ActorCritic, env_spec: Any, cfg: RunConfig, deterministic: bool = True,
-                     max_steps: int = 100_000) -> Evaluator:
-    """An :data:`Evaluator` running ``cfg.eval_episodes`` episodes of ``agent`` (at most ``max_steps`` steps
-    each) on fresh envs in this process."""
-    from frugalrl.evaluation import evaluate
-
-    def run() -> Evaluation:
-        mean, std, _ = evaluate(agent, env_spec, cfg.eval_episodes, seed=EVAL_SEED + cfg.seed,
-                                deterministic=deterministic, max_steps=max_steps)
-        return Evaluation(mean, std, cfg.eval_episodes, deterministic)
-
-    return run
 
 
 def cluster_traffic(envs: Any) -> dict[str, Any]:
@@ -272,6 +216,7 @@ class Training:
         self._evaluate_stochastic: Evaluator | None = None
         self._total_updates: int | None = None
         self._last_eval: Evaluation | None = None
+        self._last_stochastic: Evaluation | None = None
         self._eval_seconds = 0.0
         self._past_seconds = 0.0
         self._t0 = time.monotonic()
@@ -432,6 +377,8 @@ class Training:
         if cfg.eval_episodes and self._evaluate is not None and (due or last):
             result = self.evaluate()
             row["eval/return_mean"], row["eval/return_std"] = result.mean, result.std
+            if self._last_stochastic is not None:
+                row["eval/stochastic_return_mean"] = self._last_stochastic.mean
         self.run.log(self.env_steps, seconds, row)
         if cfg.checkpoint_every and self.updates % cfg.checkpoint_every == 0 and not self.stopped:
             self.save()
@@ -470,22 +417,39 @@ class Training:
             self._bar.update(max(0, int(step) - self._bar.n))
 
     def evaluate(self) -> Evaluation:
-        """Evaluate now (timed apart from training), record it, and stop if it reaches the target."""
+        """Evaluate now (timed apart from training): deterministically, and sampling actions too when the run
+        has a stochastic evaluator and ``cfg.eval_stochastic``; record both; stop if it reaches the target."""
         if self._evaluate is None:
             raise RuntimeError("this run has no evaluator")
         seconds = self.seconds()
         t0 = time.monotonic()
         result = self._evaluate()
+        stochastic = None
+        if self._evaluate_stochastic is not None and self.cfg.eval_stochastic:
+            stochastic = self._evaluate_stochastic()
         self._eval_seconds += time.monotonic() - t0
-        self.record_eval(result, self.env_steps, seconds)
+        self.record_eval(result, self.env_steps, seconds, stochastic=stochastic)
         return result
 
-    def record_eval(self, result: Evaluation, step: int, seconds: float, **extra: Any) -> None:
-        """Record an evaluation made elsewhere (HSA2C's server-side ones); stop at the target.
-        ``extra`` (e.g. ``global_update``) goes into the history entry and ``time_to_target``."""
-        self._last_eval = result
-        self.eval_history.append({"step": int(step), "seconds": round(seconds, 3), "mean": result.mean,
-                                  "std": result.std, **extra})
+    def record_eval(self, result: Evaluation, step: int, seconds: float, stochastic: Evaluation | None = None,
+                    **extra: Any) -> None:
+        """Record an evaluation (also one made elsewhere: HSA2C's server-side ones); stop at the target.
+
+        The history entry holds the deterministic ``mean``/``std``, the sampling one (``stochastic_mean``/``std``)
+        if given, the training return of the moment (``train_return``: the last 100 training episodes) and,
+        when they contradict each other, ``disagreement`` (see :func:`evaluation_disagreement`). ``extra``
+        (e.g. ``global_update``) goes into the history entry and ``time_to_target``."""
+        self._last_eval, self._last_stochastic = result, stochastic
+        entry: dict[str, Any] = {"step": int(step), "seconds": round(seconds, 3), "mean": result.mean, "std": result.std}
+        if stochastic is not None:
+            entry.update(stochastic_mean=stochastic.mean, stochastic_std=stochastic.std)
+        train = float(np.mean(self._recent)) if self._recent else None
+        if train is not None:
+            entry["train_return"] = train
+            disagreement = evaluation_disagreement(result, stochastic, train)
+            if disagreement is not None:
+                entry["disagreement"] = disagreement["message"]
+        self.eval_history.append({**entry, **extra})
         target = self.cfg.target_return
         if target is not None and result.mean >= target and self.time_to_target is None:
             self.time_to_target = {"step": int(step), "seconds": round(seconds, 3), **extra}
@@ -540,8 +504,9 @@ class Training:
             last = self.evaluate()
             self.stop_reason = reason  # the run stopped for its own reason, whatever this evaluation says
             self.run.log(self.env_steps, self.seconds(), {"eval/return_mean": last.mean, "eval/return_std": last.std})
-        stochastic = None
-        if self._evaluate_stochastic is not None and cfg.eval_episodes > 0:
+        fresh = bool(self.eval_history) and self.eval_history[-1]["step"] == self.env_steps
+        stochastic = self._last_stochastic if fresh else None  # the cadence's, when it ran at the last step
+        if stochastic is None and self._evaluate_stochastic is not None and cfg.eval_episodes > 0:
             t0 = time.monotonic()
             stochastic = self._evaluate_stochastic()  # in the summary (the metrics keep one row per step)
             self._eval_seconds += time.monotonic() - t0
@@ -551,7 +516,9 @@ class Training:
         traffic = traffic or {}
         train_mean = float(np.mean(self._recent)) if self._recent else None
         disagreement = evaluation_disagreement(last, stochastic, train_mean)
+        earlier = [e["step"] for e in self.eval_history[:-1] if e.get("disagreement")]
         if disagreement is not None:
+            disagreement["earlier_evaluations"] = earlier  # the steps of cadence evaluations that disagreed too
             log.warning("frugalrl: %s", disagreement["message"])
         summary = RunSummary(
             algo=self.algo,

@@ -61,9 +61,9 @@ from frugalrl.config import ActorCriticConfig, NetConfig, RunConfig, check_field
 from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
 from frugalrl.dpsgd.run import run_dpsgd
 from frugalrl.envs.spec import EnvSpec, to_env_spec
-from frugalrl.evaluation import evaluate
+from frugalrl.evaluation import Evaluation, evaluate, policy_evaluator
 from frugalrl.nets import make_agent
-from frugalrl.training import Evaluation, Training, policy_evaluator
+from frugalrl.training import Training
 
 PROBLEM = "frugalrl.algos.hsa2c:make_a2c_problem"
 """The DPSGD problem factory every HSA2C process builds its :class:`A2CProblem` from."""

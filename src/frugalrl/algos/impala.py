@@ -2,23 +2,33 @@
 
 Read top to bottom: :class:`IMPALAConfig` (shared by the CLI and the Python API), :class:`ActorBuilder`
 (turns the learner's policy into the actors' policy with the Compressor chain, optionally in a
-background thread, and applies the Monitor's strategy changes), :func:`impala_loss` (the corrected
-actor-critic loss of paper eq. 4), :func:`train` (the loop).
+background thread, and applies the Monitor's strategy changes), :func:`impala_update` (the corrected
+actor-critic update of paper eq. 4, in APPO's form), :func:`train` (the loop).
 
 The loop, and where each AcceRL module sits::
 
     ClusterEnv workers ──rollout(actor, T)──► learner: Corrector chain (V-trace, IS) ─► Adam step
           ▲  weights only when the sync rule says so (AAPS: KL(old actor ‖ new actor) > δ)
-          └── actor = CompressorChain.build(teacher snapshot, recent states)   every `recompress_every`
+          └── actor = CompressorChain.build(teacher snapshot, recent states)   once the learner drifted
+                      (KL > `recompress_kl`), at least every `recompress_every` updates
                       Monitor(KL mean/max/var, entropy, reward gap) ──► strategy changes to the chain
 
 - Actors act on the workers (every backend: serial, local processes, Ray) with the compressed policy:
   an ONNX Runtime graph (int8, fp16, fp32) or a smaller torch network (pruned and distilled).
 - The data is off-policy twice over: the actors' policy is compressed and it lags the learner (it is
-  rebuilt only every ``recompress_every`` updates, and with ``overlap`` the next rollout runs while
+  rebuilt only once the learner has drifted from its snapshot, and with ``overlap`` the next rollout runs while
   the learner trains on the previous one, as IMPALA's actors do). V-trace corrects both, with the
   behaviour log-probabilities the workers actually sampled with.
 - Without ``--compress`` the actors run an exact copy of the learner (the IMPALA baseline).
+
+The learner, and why it is not IMPALA's single gradient step per batch (measured in
+``benchmarks/impala_ablation.py``): V-trace targets are computed once per batch with the learner's policy
+π_old at the start of the update; then, as APPO does (RLlib, Sample Factory), several epochs of
+minibatch steps of the clipped surrogate run on them, the ratio π/π_old clipped and the advantages
+(V-trace's ρ-weighted ones, which carry the correction for the actors' policy μ) normalised per
+minibatch; rewards are scaled by the running standard deviation of the return and observations may be
+normalised inside the agent (the shared :mod:`frugalrl.normalize`). With one epoch of one minibatch, no
+normalisation and an infinite clip range this is exactly the paper's eq. 4.
 """
 
 from __future__ import annotations
@@ -31,61 +41,91 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
 from frugalrl import dists
 from frugalrl.compress.chain import CompressorChain, parse_chain
-from frugalrl.config import ClusterConfig, NetConfig, OptimConfig, RunConfig, check_fields
+from frugalrl.config import ClusterConfig, NetConfig, NormConfig, OptimConfig, RunConfig, check_fields
 from frugalrl.correct import CorrectionBatch, CorrectorChain, bootstrap_values, parse_correctors
 from frugalrl.envs.cluster import ClusterEnv
+from frugalrl.evaluation import policy_evaluator
+from frugalrl.losses import SurrogateBatch, SurrogateConfig, surrogate_epochs
 from frugalrl.monitor import parse_monitor
 from frugalrl.nets import ActorCritic, make_agent
+from frugalrl.normalize import ReturnScaler
 from frugalrl.rollout import Rollout
-from frugalrl.training import Training, cluster_traffic, policy_evaluator
+from frugalrl.training import Training, cluster_traffic
 
 log = logging.getLogger("frugalrl.impala")
 
 
 @dataclass(kw_only=True)
-class IMPALAConfig(NetConfig, OptimConfig, ClusterConfig, RunConfig):
+class IMPALAConfig(NormConfig, NetConfig, SurrogateConfig, OptimConfig, ClusterConfig, RunConfig):
     """Every knob of an IMPALA/AcceRL run. Field names are the CLI flags (``--recompress-every`` ...)."""
 
     env: str = "CartPole-v1"
     """Gymnasium id or 'module:function' env factory (Atari: frugalrl.envs.atari:make_atari with
     --env-kwargs '{"env_id": "ALE/Pong-v5"}')."""
-    learning_rate: float = 6e-4
-    num_steps: int = 20
+    learning_rate: float = 5e-4
+    envs_per_worker: int = 8
+    num_steps: int = 32
     """Unroll length: steps per env per rollout fragment."""
+    update_epochs: int = 4
+    num_minibatches: int = 8
+    norm_reward: bool | None = True
+    """Divide rewards by the running standard deviation of the discounted return (learner side). On by default
+    for IMPALA whatever the actions: the critic's loss and V-trace's targets then have one scale on every env
+    (LunarLander's ±100 crash rewards otherwise swamp the policy gradient under the shared gradient clip);
+    None: as norm_obs resolves."""
     compress: str = ""
     """Compressor chain, e.g. 'prune:0.5,distill,int8,onnx' ('' or 'none': actors run the learner's policy)."""
     correct: str = "vtrace"
-    """Corrector chain, e.g. 'vtrace', 'vtrace:1.0:1.0,is', 'none'."""
-    monitor: str = ""
-    """Monitor strategies, e.g. 'ladder:0.05' (int8→fp16→fp32 when KL max > ε), 'alpha:0.01:0.1'
-    (α-mix of small and original network), 'sparsity:0.5:0.2:10' (conservative sparsity when the
-    reward gap > 10). Comma-separated; '' for none."""
+    """Corrector chain, e.g. 'vtrace', 'vtrace:1.0:1.0,is', 'vtrace:1:1:0.95' (trace λ), 'none'."""
+    monitor: str = "auto"
+    """Monitor strategies: 'auto' (with compressed actors, a guard that backs the compression off and warns
+    when the actors score significantly below the learner's sampling policy at an evaluation; see
+    frugalrl.strategies.CompressionGuard), 'guard:Z:PATIENCE', 'ladder:0.05' (int8→fp16→fp32 when KL max > ε),
+    'alpha:0.01:0.1' (α-mix of small and original network), 'sparsity:0.5:0.2:10' (conservative sparsity when
+    the reward gap > 10). Comma-separated; '' or 'none' for none."""
     recompress_every: int = 10
-    """Rebuild the actors' compressed policy from a fresh teacher snapshot every this many updates."""
+    """Rebuild the actors' compressed policy from a fresh teacher snapshot at least every this many updates
+    (and the Monitor's check runs at this cadence)."""
+    recompress_kl: float | None = 0.02
+    """Also rebuild it as soon as the learner has drifted from the snapshot the actors' policy was built from:
+    KL(snapshot ‖ learner) on 128 recent states above this (None: only every recompress_every updates). A
+    fixed cadence of 10 left the actors so far behind a learner taking 32 steps per batch that CartPole
+    ended at 0.73× (int8) and 0.35× (the full chain) of the learner copy's return."""
     async_compress: bool = True
     """Build the compressed policy in a background thread while training goes on (the paper's
     asynchronous compressor); False builds it in the loop."""
     calib_size: int = 2048
     """Recent states kept for calibration, distillation and the Monitor's indicators."""
     distill_steps: int = 300
-    """Steps of each distillation (when the chain has 'distill')."""
+    """At most this many steps of each distillation (when the chain has 'distill')."""
+    distill_kl_tol: float | None = 1e-3
+    """Stop a distillation once the student's KL to the teacher (mean of its last 25 minibatches) is below this
+    (None: always distill_steps). Each rebuild starts from the previous student (same architecture), which
+    follows the learner in a few dozen steps: distilling the freshly pruned teacher for 300 steps took 0.8-1.2 s
+    a build on CartPole, about ten learner updates, and the actors fell that far behind."""
+    distill_beta: float = 0.001
+    """Entropy bonus of the distillation (AcceRL's β against overfitting the few states it sees); IMPALA
+    distils on 2048 recent states, and the paper's 0.01 keeps a sharp policy's student about 1e-2 more
+    random than its teacher."""
     overlap: bool = True
     """Run the next rollout while the learner trains on the previous one (IMPALA's decoupling)."""
     net: Literal["auto", "mlp", "cnn"] = "auto"
     """'auto' (Nature-CNN for uint8 frames, MLP otherwise), 'mlp' or 'cnn'."""
-    norm_adv: bool = False
-    """Normalise the corrected advantages per batch (helps with large reward scales, e.g. LunarLander)."""
+    eval_every: int = 100
+    """Evaluate every this many updates (0: only at the end). IMPALA evaluates on a cadence by default: the
+    Monitor compares the actors' return with the learner's stochastic evaluations."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field (including a bad --compress/--correct)."""
         super().validate()
-        check_fields(self, positive_ints=("num_steps", "recompress_every", "calib_size"), nonneg=("distill_steps",))
+        check_fields(self, positive_ints=("num_steps", "recompress_every", "calib_size"),
+                     nonneg=("distill_steps", "distill_beta"), positive=("recompress_kl", "distill_kl_tol"))
         parse_chain(self.compress)
         parse_correctors(self.correct)
         parse_monitor(self.monitor)
@@ -106,8 +146,8 @@ def make_envs(cfg: IMPALAConfig, replayable: bool = False) -> ClusterEnv:
     return ClusterEnv.from_config(cfg, replayable)
 
 
-def build_learner(cfg: IMPALAConfig, envs: ClusterEnv) -> ActorCritic:
-    """The learner's actor-critic for the env's spaces."""
+def build_learner(cfg: IMPALAConfig, envs: ClusterEnv, obs_norm: bool = False) -> ActorCritic:
+    """The learner's actor-critic for the env's spaces (``obs_norm``: an MLP normalises its observations)."""
     from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic, action_desc
 
     obs_space, act_space = envs.single_observation_space, envs.single_action_space
@@ -115,8 +155,8 @@ def build_learner(cfg: IMPALAConfig, envs: ClusterEnv) -> ActorCritic:
         return NatureCNNActorCritic(obs_space.shape, action_desc(act_space))
     if cfg.net == "mlp":
         return MLPActorCritic(int(np.prod(obs_space.shape)), action_desc(act_space), tuple(cfg.hidden),
-                              **cfg.mlp_options())
-    return make_agent(obs_space, act_space, tuple(cfg.hidden), **cfg.mlp_options())
+                              **cfg.mlp_options(), obs_norm=obs_norm)
+    return make_agent(obs_space, act_space, tuple(cfg.hidden), **cfg.mlp_options(), obs_norm=obs_norm)
 
 
 class ActorBuilder:
@@ -124,7 +164,8 @@ class ActorBuilder:
 
     ``request(agent, observations)`` takes a teacher snapshot and starts a build (in a background
     thread when ``async_build``); ``poll()`` returns the newest finished actor, or None. Strategy
-    changes from the Monitor (``apply``) take effect at the next build.
+    changes from the Monitor (``apply``) take effect at the next build. ``drift(agent, observations)``
+    says how far the learner has moved from the newest snapshot (what triggers a rebuild).
     """
 
     def __init__(self, chain: CompressorChain | None, async_build: bool, seed: int) -> None:
@@ -138,24 +179,43 @@ class ActorBuilder:
         self._pool = concurrent.futures.ThreadPoolExecutor(1) if self.async_build else None
         self._pending: concurrent.futures.Future | None = None
         self._ready: ActorCritic | None = None
+        self.teacher: ActorCritic | None = None
+        """The snapshot the newest actor (finished or being built) is built from."""
+        self.requested_update = 0
+        """The learner update of the newest snapshot."""
+        self.compression_kl: float | None = None
+        """Mean KL(snapshot ‖ actor) of the newest build on 128 of its calibration states: the error the
+        compression itself adds, apart from the actors' lag behind the learner (None before a compressed build)."""
 
     @property
     def compressing(self) -> bool:
         """True when actors run a compressed policy."""
         return self.chain is not None and bool(self.chain.stages)
 
-    def request(self, agent: ActorCritic, observations: torch.Tensor) -> None:
-        """Start building an actor from a snapshot of ``agent`` (skipped while a build is running)."""
+    def request(self, agent: ActorCritic, observations: torch.Tensor, update: int = 0) -> bool:
+        """Start building an actor from a snapshot of ``agent`` taken at learner update ``update``; False (and
+        nothing started) while a build is running."""
         if self._pending is not None:
             if not self._pending.done():
-                return
+                return False
             self._ready = self._pending.result()  # finished since the last poll: keep it, poll() hands it out
             self._pending = None
-        teacher = copy.deepcopy(agent).eval()
+        teacher = self.teacher = copy.deepcopy(agent).eval()
+        self.requested_update = update
         if self._pool is None:
             self._ready = self._build(teacher, observations)
         else:
             self._pending = self._pool.submit(self._build, teacher, observations.clone())
+        return True
+
+    @torch.no_grad()
+    def drift(self, agent: ActorCritic, observations: torch.Tensor) -> float:
+        """Mean KL(snapshot ‖ ``agent``) on ``observations``: how far the learner has moved since the newest
+        snapshot (infinite before the first)."""
+        if self.teacher is None:
+            return float("inf")
+        return float(dists.kl(agent.dist_kind, self.teacher.dist_params(observations),
+                              agent.dist_params(observations)).mean())
 
     def poll(self, wait: bool = False) -> ActorCritic | None:
         """The newest finished actor (once), or None; ``wait`` blocks for a running build."""
@@ -191,65 +251,74 @@ class ActorBuilder:
                 from frugalrl.monitor import MixPolicy
 
                 actor = MixPolicy(actor, teacher, alpha=self.alpha, seed=self.seed + self.builds)
+            with torch.no_grad():
+                probe = observations[:128]
+                self.compression_kl = float(dists.kl(teacher.dist_kind, teacher.dist_params(probe),
+                                                     actor.dist_params(probe)).mean())
         self.builds += 1
         self.build_seconds += time.perf_counter() - t0
         return actor
 
 
-def impala_loss(
-    agent: ActorCritic, batch: Rollout, correctors: CorrectorChain, cfg: IMPALAConfig
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The corrected actor-critic loss (paper eq. 4) on one rollout; returns (loss, statistics).
+def impala_update(
+    agent: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    batch: Rollout,
+    correctors: CorrectorChain,
+    cfg: IMPALAConfig,
+    generator: torch.Generator,
+    reward_scaler: ReturnScaler | None = None,
+    clip_coef: float | None = None,
+) -> dict[str, float]:
+    """One learner update on a rollout of the actors' policy μ; returns loss and correction statistics.
 
-    ``-ρ_t log π(a_t|x_t) (r_t + γ v_{t+1} − V(x_t))`` (V-trace policy gradient; the Corrector chain
-    supplies the advantage, targets ``v_t`` and any extra importance weights) ``+ vf_coef · ½ (v_t − V(x_t))²
-    − ent_coef · H(π(·|x_t))``.
+    1. The agent's observation statistics (if it normalises) take in the batch; ``reward_scaler`` (if given)
+       scales the rewards.
+    2. With the learner's policy π_old and critic as they are now, the Corrector chain turns the batch into
+       value targets ``v_s``, advantages ``ρ_s (r_s + γ v_{s+1} − V(x_s))`` and per-sample weights (V-trace:
+       ρ = min(ρ̄, π_old/μ); ``is`` multiplies the weights by min(c, π_old/μ)).
+    3. :func:`~frugalrl.losses.surrogate_epochs`: ``update_epochs`` × ``num_minibatches`` steps of
+       ``−w · min(r A, clip(r) A) + vf_coef · ½ (v_s − V(x))² − ent_coef · H(π)`` with ``r = π/π_old``.
     """
     obs = torch.as_tensor(batch.obs)
     T, N = batch.num_steps, batch.num_envs
+    obs_norm = getattr(agent, "obs_norm", None)
+    if obs_norm is not None:
+        obs_norm.update(obs)
+    rewards = batch.rewards
+    if reward_scaler is not None:
+        rewards = reward_scaler.scale(rewards, batch.terminations | batch.truncations)
     flat_obs = obs.reshape(T * N, *obs.shape[2:])
     actions = torch.as_tensor(batch.actions).reshape(T * N, *batch.actions.shape[2:])
-    params = agent.dist_params(flat_obs)
-    values = agent.value(flat_obs).reshape(T, N)
-    target_logp = dists.log_prob(agent.dist_kind, params, actions).reshape(T, N)
-    entropy = dists.entropy(agent.dist_kind, params)
     with torch.no_grad():
-        _, next_values = bootstrap_values(
+        old_logp = dists.log_prob(agent.dist_kind, agent.dist_params(flat_obs), actions).reshape(T, N)
+        values, next_values = bootstrap_values(
             agent.value, obs, torch.as_tensor(batch.next_obs),
             torch.as_tensor(batch.final_idx, dtype=torch.long), torch.as_tensor(batch.final_obs),
         )
         terminations = torch.as_tensor(batch.terminations)
-        cb = CorrectionBatch(
+        cb = correctors.correct(CorrectionBatch(
             behaviour_logp=batch.behaviour_log_prob().float(),
-            target_logp=target_logp.detach(),
-            rewards=torch.as_tensor(batch.rewards).float(),
-            values=values.detach(),
+            target_logp=old_logp,
+            rewards=torch.as_tensor(rewards).float(),
+            values=values,
             next_values=next_values,
             terminations=terminations,
             dones=terminations | torch.as_tensor(batch.truncations),
             gamma=cfg.gamma,
-        )
-        cb = correctors.correct(cb)
+        ))
+        ratio = (old_logp - cb.behaviour_logp).exp()
     # The chain's contract: every output a corrector left unset is filled, and pg_weights defaults to ones.
     advantages, pg_weights, value_targets = cb.pg_advantages, cb.pg_weights, cb.value_targets
     assert advantages is not None and pg_weights is not None and value_targets is not None
-    if cfg.norm_adv and advantages.numel() > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    pg_loss = -(pg_weights * advantages * target_logp).mean()
-    v_loss = 0.5 * ((value_targets - values) ** 2).mean()
-    ent = entropy.mean()
-    loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * ent
-    with torch.no_grad():
-        ratio = (target_logp - cb.behaviour_logp).exp()
-    stats = {
-        "losses/policy": pg_loss.item(),
-        "losses/value": v_loss.item(),
-        "losses/entropy": ent.item(),
-        "corrector/ratio_mean": ratio.mean().item(),
-        "corrector/ratio_max": ratio.max().item(),
-        "corrector/pg_weight_mean": pg_weights.float().mean().item(),
-    }
-    return loss, stats
+    samples = SurrogateBatch(obs=flat_obs, actions=actions, old_logp=old_logp.reshape(-1),
+                             advantages=advantages.reshape(-1), returns=value_targets.reshape(-1),
+                             values=values.reshape(-1), weights=pg_weights.reshape(-1).float())
+    stats = surrogate_epochs(agent, optimizer, samples, cfg, cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm,
+                             generator, clip_coef)
+    stats.update({"corrector/ratio_mean": ratio.mean().item(), "corrector/ratio_max": ratio.max().item(),
+                  "corrector/pg_weight_mean": pg_weights.float().mean().item()})
+    return stats
 
 
 def train(cfg: IMPALAConfig, envs: ClusterEnv | None = None, resume: str | Path | None = None) -> dict[str, Any]:
@@ -271,15 +340,19 @@ def train(cfg: IMPALAConfig, envs: ClusterEnv | None = None, resume: str | Path 
 
 
 def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run: Training) -> dict[str, Any]:
-    agent = build_learner(cfg, envs)
+    norm_obs, norm_reward = cfg.normalization(isinstance(envs.single_action_space, gym.spaces.Box))
+    agent = build_learner(cfg, envs, obs_norm=norm_obs)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    scaler = ReturnScaler(cfg.gamma, envs.num_envs) if norm_reward else None
     correctors = parse_correctors(cfg.correct)
-    chain = parse_chain(cfg.compress, distill_steps=cfg.distill_steps)
+    chain = parse_chain(cfg.compress, distill_steps=cfg.distill_steps,
+                        distill={"kl_tol": cfg.distill_kl_tol, "beta": cfg.distill_beta, "warm_start": True})
     monitor = parse_monitor(cfg.monitor, precision=_chain_setting(chain, "precision"),
-                            sparsity=_chain_setting(chain, "sparsity"))
+                            sparsity=_chain_setting(chain, "sparsity"), compressing=bool(chain.stages))
     builder = ActorBuilder(chain, cfg.async_compress, cfg.seed)
     num_updates = cfg.num_updates
-    run.attach(agent=agent, optimizer=optimizer, envs=envs)
+    run.attach(agent=agent, optimizer=optimizer, generator=generator, reward_scaler=scaler, envs=envs)
     run.begin(policy_evaluator(agent, envs.env_spec, cfg), num_updates * cfg.batch_size, num_updates,
               evaluate_stochastic=policy_evaluator(agent, envs.env_spec, cfg, deterministic=False))
     if not run.resumed:
@@ -295,7 +368,7 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run: Training) -> dict[str,
     pending = pool.submit(envs.rollout, actor, cfg.num_steps) if pool else None
 
     returns_since_check: list[float] = []
-    best_eval: float | None = None
+    evals_seen = len(run.eval_history)
     actor_swaps = 0
     wait_seconds = learn_seconds = 0.0  # the learner waiting for a rollout / computing an update
     first_update = run.updates + 1
@@ -322,28 +395,39 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run: Training) -> dict[str,
             recent_obs = _keep_recent(recent_obs, batch, cfg.calib_size, update)
 
             t_learn = time.perf_counter()
-            loss, stats = impala_loss(agent, batch, correctors, cfg)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+            stats = impala_update(agent, optimizer, batch, correctors, cfg, generator, scaler,
+                                  cfg.clip_at(update, num_updates))
             learn_seconds += time.perf_counter() - t_learn
 
             row: dict[str, Any] = {**stats, "charts/lr": lr, "compress/builds": builder.builds}
-            if builder.compressing and (update == first_update or update % cfg.recompress_every == 0):
+            check_due = update == first_update or update % cfg.recompress_every == 0
+            if builder.compressing and not check_due:
+                # A rebuild once the learner has drifted from the actors' snapshot (or at the latest after
+                # recompress_every updates): compressed actors stay about as fresh as AAPS keeps a copy.
+                stale = update - builder.requested_update >= cfg.recompress_every
+                if cfg.recompress_kl is not None and not stale:
+                    row["compress/drift"] = drift = builder.drift(agent, recent_obs[:128])
+                    stale = drift > cfg.recompress_kl
+                if stale:
+                    builder.request(agent, recent_obs, update)
+            if builder.compressing and check_due:
+                # The reward gap compares like with like: the actors' recent episodes (sampled) against the
+                # learner's stochastic evaluation, when one was made since the last check.
+                fresh = run.eval_history[-1] if len(run.eval_history) > evals_seen else {}
+                evals_seen = len(run.eval_history)
                 changes = monitor.observe(run.env_steps + batch.num_steps * batch.num_envs, agent, actor, recent_obs,
-                                          returns_since_check, best_eval)
+                                          returns_since_check, fresh.get("stochastic_mean"), fresh.get("stochastic_std"),
+                                          cfg.eval_episodes if "stochastic_mean" in fresh else None,
+                                          compression_kl=builder.compression_kl)
                 returns_since_check = []
                 if changes:
                     builder.apply(changes)
                 row.update({f"monitor/{k}": v for k, v in monitor.latest().items() if isinstance(v, int | float)})
-                builder.request(agent, recent_obs)
+                builder.request(agent, recent_obs, update)
             if batch.restarted_workers:
                 row["faults/restarted_workers"] = len(batch.restarted_workers)
             run.update(batch.num_steps * batch.num_envs, row, episode_returns=batch.episode_returns,
                        episode_lengths=batch.episode_lengths, policy_lag=batch.policy_lag(), cluster=envs)
-            if run.eval_history:
-                best_eval = max(e["mean"] for e in run.eval_history)
     finally:
         if pending is not None:
             try:
@@ -355,6 +439,8 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run: Training) -> dict[str,
         builder.close()
 
     details = {
+        "norm_obs": norm_obs,
+        "norm_reward": norm_reward,
         "compress": chain.describe(),
         "correct": correctors.describe(),
         "sync_rule": envs.sync_rule.describe(),
@@ -368,6 +454,7 @@ def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run: Training) -> dict[str,
         "actor_swaps": actor_swaps,
         "compress_reports": builder.first_reports,
         "monitor": monitor.to_json(),
+        "warnings": [f"step {n['step']}: {n['message']}" for n in monitor.notes()],
         "restart_events": envs.stats()["restart_events"],
     }
     return run.finish(details, traffic=cluster_traffic(envs))

@@ -3,7 +3,8 @@
 Read top to bottom: :class:`PPOConfig` (shared by the CLI and the Python API), :func:`make_envs`,
 :func:`ppo_update` (the clipped-surrogate update of one batch), :func:`train` (the loop). What every
 algorithm shares (seeding, run directory, evaluation, checkpoints and resume, progress, summary) is
-:class:`frugalrl.training.Training`; the minibatch loss is :func:`frugalrl.losses.ppo_loss`.
+:class:`frugalrl.training.Training`; the epochs of minibatch steps are
+:func:`frugalrl.losses.surrogate_epochs` (shared with IMPALA).
 
 What differs from CleanRL's ``ppo.py``, and why:
 
@@ -31,18 +32,18 @@ from typing import Any, Literal
 
 import gymnasium as gym
 import torch
-from torch import nn
 
 from frugalrl import dists
 from frugalrl.config import ClusterConfig, NetConfig, NormConfig, OptimConfig, RunConfig, check_fields
 from frugalrl.correct import bootstrap_values, gae
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.envs.spec import to_env_spec
-from frugalrl.losses import PPOLossConfig, explained_variance, ppo_loss
+from frugalrl.evaluation import policy_evaluator
+from frugalrl.losses import PPOLossConfig, SurrogateBatch, surrogate_epochs
 from frugalrl.nets import ActorCritic, make_agent
 from frugalrl.normalize import ReturnScaler
 from frugalrl.rollout import Rollout, collect_rollout
-from frugalrl.training import Training, cluster_traffic, policy_evaluator
+from frugalrl.training import Training, cluster_traffic
 
 
 @dataclass(kw_only=True)
@@ -130,46 +131,11 @@ def ppo_update(
 
     # Flatten (T, N) and drop invalid steps (reset steps of a NEXT_STEP plain vector env).
     keep = torch.ones(T * N, dtype=torch.bool) if valid is None else valid.reshape(-1)
-    b_obs = flat_obs[keep]
-    b_actions = flat_actions[keep]
-    b_logp = old_logp[keep]
-    b_weights = weights[keep]
-    b_adv = advantages.reshape(-1)[keep]
-    b_returns = returns.reshape(-1)[keep]
-    b_values = values.reshape(-1)[keep]
-    size = b_obs.shape[0]
-    minibatch = max(1, size // cfg.num_minibatches)
-
-    clipfracs: list[float] = []
-    for _epoch in range(cfg.update_epochs):
-        order = torch.randperm(size, generator=generator)
-        for start in range(0, size - minibatch + 1, minibatch):
-            mb = order[start : start + minibatch]
-            params = agent.dist_params(b_obs[mb])
-            out = ppo_loss(
-                cfg, cfg.ent_coef, cfg.vf_coef,
-                new_logp=dists.log_prob(agent.dist_kind, params, b_actions[mb]), old_logp=b_logp[mb],
-                advantages=b_adv[mb], entropy=dists.entropy(agent.dist_kind, params),
-                new_value=agent.value(b_obs[mb]), old_value=b_values[mb], returns=b_returns[mb],
-                weights=b_weights[mb], clip_coef=clip_coef,
-            )
-            clipfracs.append(out.clipfrac)
-            optimizer.zero_grad()
-            out.loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
-            optimizer.step()
-        if cfg.target_kl is not None and out.approx_kl > cfg.target_kl:
-            break
-
-    return {
-        "losses/policy": out.policy.item(),
-        "losses/value": out.value.item(),
-        "losses/entropy": out.entropy.item(),
-        "losses/approx_kl": out.approx_kl.item(),
-        "losses/clipfrac": float(sum(clipfracs) / len(clipfracs)),
-        "losses/explained_variance": explained_variance(b_values, b_returns),
-        "losses/is_weight_mean": b_weights.mean().item(),
-    }
+    samples = SurrogateBatch(obs=flat_obs[keep], actions=flat_actions[keep], old_logp=old_logp[keep],
+                             advantages=advantages.reshape(-1)[keep], returns=returns.reshape(-1)[keep],
+                             values=values.reshape(-1)[keep], weights=weights[keep])
+    return surrogate_epochs(agent, optimizer, samples, cfg, cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm, generator,
+                            clip_coef)
 
 
 def train(

@@ -182,11 +182,13 @@ def measure_latency(actor: ActorCritic, observations: torch.Tensor, batch: int, 
     return float(np.median(times) * 1e3)
 
 
-def parse_chain(text: str, distill_steps: int | None = None, **options: Any) -> CompressorChain:
+def parse_chain(text: str, distill_steps: int | None = None, distill: dict[str, Any] | None = None,
+                **options: Any) -> CompressorChain:
     """Build a chain from the CLI syntax ``prune:0.5,distill,int8,onnx`` (``none`` or ``""``: no stage).
 
     Stage words: ``prune:S`` (sparsity S), ``distill`` or ``distill:STEPS``, ``int8``/``fp16`` (or
-    ``quantize:int8``), ``onnx`` (or ``export:onnx``). ``options`` go to :class:`CompressorChain`.
+    ``quantize:int8``), ``onnx`` (or ``export:onnx``). ``distill``: further keyword arguments of
+    :class:`Distill` (``beta``, ``kl_tol``...); ``options`` go to :class:`CompressorChain`.
     """
     chain = CompressorChain(**options)
     for word in [w.strip() for w in (text or "").split(",") if w.strip()]:
@@ -199,7 +201,10 @@ def parse_chain(text: str, distill_steps: int | None = None, **options: Any) -> 
                 chain.add(Prune(float(arg) if arg else 0.5))
             elif name == "distill":
                 steps = int(arg) if arg else distill_steps
-                chain.add(Distill(steps=steps) if steps is not None else Distill())
+                kwargs: dict[str, Any] = dict(distill or {})
+                if steps is not None:
+                    kwargs["steps"] = steps
+                chain.add(Distill(**kwargs))
             elif name in ("int8", "fp16"):
                 chain.add(Quantize(check_precision(name)))
             elif name == "quantize":

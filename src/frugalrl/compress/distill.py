@@ -68,11 +68,13 @@ def distill(
     beta: float = 0.01,
     value_coef: float = 0.5,
     seed: int = 0,
+    kl_tol: float | None = None,
 ) -> dict[str, float]:
     """Train ``student`` **in place** to imitate ``teacher`` on ``observations``; return loss statistics.
 
     ``steps`` Adam updates on minibatches of ``batch_size`` states drawn (with replacement) by a
-    ``torch.Generator`` seeded with ``seed``, so a run is reproducible. The teacher is only read: its
+    ``torch.Generator`` seeded with ``seed``, so a run is reproducible; with ``kl_tol``, it stops early once the
+    mean KL(teacher ‖ student) of the last 25 minibatches is below ``kl_tol`` (``steps`` is then a bound). The teacher is only read: its
     outputs are computed once, without gradients. Observations may be uint8 frames; the agents cast them.
     Both agents must have the same ``dist_kind`` and action size; the value term needs ``value(obs)`` on
     both (pass ``value_coef=0`` for policies without a critic).
@@ -115,10 +117,13 @@ def distill(
     gen = torch.Generator().manual_seed(int(seed))
     n = obs.shape[0]
     first = last = float("nan")
+    window: list[float] = []
+    done = 0
     for step in range(steps):
         idx = torch.randint(n, (batch_size,), generator=gen).to(device)
         params = student.dist_params(obs[idx]).float()
         loss = dists.kl(kind, t_params[idx], params).mean()
+        window.append(float(loss.detach()))
         if beta > 0:
             loss = loss - beta * dists.entropy(kind, params).mean()
         if use_value:
@@ -129,6 +134,11 @@ def distill(
         if step == 0:
             first = float(loss.detach())
         last = float(loss.detach())
+        done = step + 1
+        if kl_tol is not None and len(window) == 25:
+            if sum(window) / 25 < kl_tol:
+                break
+            window = []
     student.eval()
 
     with torch.no_grad():
@@ -137,7 +147,7 @@ def distill(
             (t_value - _chunked(student.value, obs).float()).pow(2).mean() if use_value else torch.tensor(0.0)
         )
     return {
-        "steps": float(steps),
+        "steps": float(done),
         "first_loss": first,
         "last_loss": last,
         "kl_mean": float(kl.mean()),
@@ -165,6 +175,8 @@ class Distill(Compressor):
         lr: float = 1e-3,
         beta: float = 0.01,
         value_coef: float = 0.5,
+        kl_tol: float | None = None,
+        warm_start: bool = False,
     ):
         if student is not None and not isinstance(student, dict):
             raise TypeError(
@@ -178,11 +190,22 @@ class Distill(Compressor):
         self.lr = float(lr)
         self.beta = float(beta)
         self.value_coef = float(value_coef)
+        self.kl_tol = None if kl_tol is None else float(kl_tol)
+        self.warm_start = bool(warm_start)
         self.last_stats: dict[str, float] | None = None
         """What :func:`distill` returned on the last :meth:`apply`."""
+        self._previous: ActorCritic | None = None
 
     def make_student(self, art: Artifact, ctx: CompressContext) -> ActorCritic:
-        """The network to train: a deep copy of ``art.module``, or a fresh one from the teacher's spec."""
+        """The network to train: a deep copy of ``art.module``, or a fresh one from the teacher's spec; with
+        ``warm_start``, the student of the previous :meth:`apply` when it has the same architecture (a learner
+        that moved a little since is followed in a few steps, where a fresh start takes hundreds)."""
+        previous = self._previous
+        if self.warm_start and previous is not None and previous.spec.to_json() == (
+                art.module.spec.to_json() if self.student is None else previous.spec.to_json()):
+            student = copy.deepcopy(previous).float()
+            copy_obs_norm(ctx.teacher, student)
+            return student
         if self.student is None:
             return copy.deepcopy(art.module).float()
         spec = ctx.teacher.spec
@@ -211,8 +234,11 @@ class Distill(Compressor):
             beta=self.beta,
             value_coef=self.value_coef,
             seed=ctx.seed,
+            kl_tol=self.kl_tol,
         )
         student.requires_grad_(False)
+        if self.warm_start:
+            self._previous = copy.deepcopy(student)
         return Artifact(module=student.eval())
 
     def describe(self) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,6 +55,11 @@ def quantize_int8(
 
     ``calibration_obs`` is a batch of states in the graph input's dtype; activation ranges are their
     min/max. ``per_channel`` quantizes weights per output channel (much more accurate for convolutions).
+    The edge layers stay in float (:func:`edge_layers`): the fully connected layers that read raw vector
+    observations and those that write the policy's and the critic's outputs. On the learning suite's trained
+    LunarLander policy (64×64 MLP, seed 1) that brings KL(policy ‖ int8 actor) from 7.5e-3 to 2.3e-4 with a
+    smaller graph: one uint8 scale over all observation features, and one over a sharp policy's logits, were
+    the error.
     """
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
@@ -81,9 +87,54 @@ def quantize_int8(
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             per_channel=per_channel,
+            nodes_to_exclude=edge_layers(onnx.load(pre)),
         )
         with open(dst, "rb") as result:
             return result.read()
+
+
+_LAYERS = ("Gemm", "MatMul", "Conv")
+
+
+def edge_layers(model: Any) -> list[str]:
+    """Names of the fully connected nodes (Gemm, MatMul) of an ONNX model that read the graph's input, or write
+    one of its outputs, with no other layer (Gemm, MatMul, Conv) in between: what :func:`quantize_int8` keeps
+    in float. A convolution reading frames is not one (its input is 8-bit already)."""
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    inputs = {i.name for i in graph.input}
+    outputs = {o.name for o in graph.output}
+
+    def reaches(start: list[str], step: Any, goal: set[str]) -> bool:
+        seen, todo = set(), list(start)
+        while todo:
+            name = todo.pop()
+            if name in goal:
+                return True
+            if name in seen:
+                continue
+            seen.add(name)
+            for node in step(name):
+                if node.op_type not in _LAYERS:
+                    todo.extend(node.input if step is _back else node.output)
+        return False
+
+    def _back(name: str) -> list[Any]:
+        return [producer[name]] if name in producer else []
+
+    def _forward(name: str) -> list[Any]:
+        return consumers.get(name, [])
+
+    edges = []
+    for node in graph.node:
+        if node.op_type in ("Gemm", "MatMul") and (
+                reaches([node.input[0]], _back, inputs) or reaches(list(node.output), _forward, outputs)):
+            edges.append(node.name)
+    return edges
 
 
 def to_fp16(onnx_bytes: bytes) -> bytes:

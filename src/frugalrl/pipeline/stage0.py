@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from frugalrl.envs.spec import to_env_spec
+from frugalrl.evaluation import Evaluation
 from frugalrl.nets import action_desc, make_encoder
 from frugalrl.pipeline.config import STAT_NAMES, PipelinePPOConfig
-from frugalrl.training import Evaluation, Training
+from frugalrl.training import Training
 from frugalrl.wire import cut
 from frugalrl.wire.meter import ByteMeter
 from frugalrl.wire.torchdist import DistChannel
