@@ -1,14 +1,16 @@
 """DPSVI against gensim and scikit-learn: time to a target held-out perplexity, one run, same split.
 
     pip install -e ".[lda-bench]"                        # gensim, scikit-learn, lda (Reuters)
-    python benchmarks/lda_baselines.py                   # reuters + synthetic, every method (~8 min, 2 cores)
+    python benchmarks/lda_baselines.py                   # reuters + synthetic, every method (~1.5 min, 2 cores)
     python benchmarks/lda_baselines.py --quick           # smoke run (seconds)
     python benchmarks/lda_baselines.py --corpus reuters --dpsvi 1x1 2x1 1x2 --gensim-workers 1 2 --target 2100
 
 Methods, on the same corpus, the same K and the same priors (``alpha = eta = 1/K`` unless given):
 
 - ``dpsvi-wWpP``: our DPSVI (:func:`frugalrl.dpsgd.lda.fit_lda`) with ``W`` workers of ``P`` Hogwild
-  processes (``--dpsvi WxP ...``), batch 64, its default rates (``rho=1``, ``eta=0.1``);
+  processes (``--dpsvi WxP ...``), with ``LDAConfig``'s defaults: batch 2000 (``--dpsvi-batch``; all the
+  documents when fewer), ``rho=1``, local rate ``(1 + t)^(-1/2)`` over global updates ``t``, column-sparse
+  pushes, the numba E-step where numba is installed;
 - ``gensim-wW``: ``gensim.models.LdaMulticore`` with ``W`` worker processes (``--gensim-workers``),
   one ``update()`` call of ``--passes`` passes over the training documents, gensim's default schedule
   (``decay=0.5``, ``offset=1``), ``chunksize=2000`` (gensim's default; Reuters: 128, see ``PRESETS``),
@@ -25,7 +27,7 @@ sklearn: ``components_``; DPSVI: its λ clamped at ``eta``, as ``LDAProblem.perp
 builds its problem from the same ``LDAConfig`` fields, hence the same split, and its final perplexity is
 checked against ours, ``final_perplexity_check`` in the results). Every
 method processes the same number of documents (``--passes`` × the training set; DPSVI:
-``ceil(passes · D / (64 · P))`` global updates). BLAS runs one thread per process
+``ceil(passes · D / (min(batch, D) · P))`` global updates). BLAS runs one thread per process
 (``OMP/OPENBLAS/MKL_NUM_THREADS=1`` unless set), so ``w1`` means one core of work.
 
 Clocks. Training time excludes every evaluation: the baselines keep a copy of λ at about ``--evals``
@@ -294,7 +296,7 @@ def run_dpsvi(
     time_limit: float | None,
 ) -> dict[str, Any]:
     """``fit_lda`` with ``workers`` × ``processes`` and the documents of ``passes`` passes."""
-    docs_per_update = base.batch_size * processes * base.local_steps * base.master_batch
+    docs_per_update = min(base.batch_size, split.train.n_docs) * processes * base.local_steps * base.master_batch
     updates = max(1, math.ceil(passes * split.train.n_docs / docs_per_update))
     fields = {f.name for f in dataclasses.fields(LDAConfig)}
     extra: dict[str, Any] = {}
@@ -332,7 +334,11 @@ def run_dpsvi(
             "processes": processes,
             "global_updates": out["global_updates"],
             "planned_updates": updates,
-            "batch_size": base.batch_size,
+            "batch_size": min(base.batch_size, split.train.n_docs),
+            "eta_decay": base.eta_decay,
+            "eta_offset": base.eta_offset,
+            "update_format": base.update_format,
+            "e_step_backend": base.e_step_backend,
             "rho": out["rho"],
             "eta": out["eta"],
             "log_every": cfg.log_every,
@@ -361,7 +367,9 @@ def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
     fields: dict[str, Any] = dict(preset["cfg"])
     if args.topics is not None:
         fields["n_topics"] = args.topics
-    fields.update(alpha=args.alpha, topic_prior=args.eta, seed=args.seed, batch_size=args.batch)
+    fields.update(alpha=args.alpha, topic_prior=args.eta, seed=args.seed)
+    if args.dpsvi_batch is not None:
+        fields["batch_size"] = args.dpsvi_batch
     fields.update(json.loads(args.dpsvi_extra))
     base = LDAConfig(**fields)
     passes = args.passes if args.passes is not None else preset["passes"]
@@ -439,16 +447,17 @@ def table(res: dict[str, Any]) -> str:
         f"{res['passes']} passes; target perplexity {fmt(res['target'])} ({res['target_rule']})",
         "",
         "| method | time to target (s) | docs to target | final perplexity | best perplexity "
-        "| train time (s) | startup (s) | docs | evals | MB on the wire |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| train time (s) | startup (s) | docs | evals | MB on the wire | MB pushed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["methods"]:
         mb = r["bytes"]["total"] / 1e6 if "bytes" in r else None
+        pushed = r["bytes"]["gradients"] / 1e6 if "bytes" in r else None
         lines.append(
             f"| {r['method']} | {fmt(r['time_to_target_s'])} | {fmt(r['docs_to_target'], 'd')} | "
             f"{r['final_perplexity']:.2f} | {r['best_perplexity']:.2f} | {r['train_seconds']:.2f} | "
             f"{fmt(r.get('startup_seconds'))} | "
-            f"{r['docs']} | {len(r['curve'])} | {fmt(mb, '.1f')} |"
+            f"{r['docs']} | {len(r['curve'])} | {fmt(mb, '.1f')} | {fmt(pushed, '.1f')} |"
         )
     return "\n".join(lines)
 
@@ -476,7 +485,10 @@ def main() -> None:
         default=None,
         help="passes over the training docs for every method (default: reuters 30, synthetic 3)",
     )
-    p.add_argument("--batch", type=int, default=64, help="DPSVI batch and sklearn mini-batch (documents)")
+    p.add_argument("--batch", type=int, default=64, help="sklearn mini-batch (documents)")
+    p.add_argument(
+        "--dpsvi-batch", type=int, default=None, help="DPSVI batch (documents; default: LDAConfig's, 2000)"
+    )
     p.add_argument(
         "--gensim-chunksize",
         type=int,

@@ -172,7 +172,8 @@ def _replay(cfg: DPSGDConfig) -> tuple[np.ndarray, dict[int, float]]:
     losses = {}
     for t in range(1, cfg.global_updates + 1):
         u = v.copy()
-        eta = decayed_rate(cfg.eta, t - 1, cfg.eta_decay, cfg.eta_offset)  # the version it pulled
+        eta = decayed_rate(cfg.eta, t - 1, cfg.eta_decay, cfg.eta_offset,  # the version it pulled
+                           cfg.global_updates if cfg.eta_anneal else None)
         for _ in range(cfg.local_steps):
             u = u - np.float32(eta) * problem.stochastic_grad(u.copy(), rng)
         v = v + np.float32(cfg.rho) * (u - v)
@@ -225,6 +226,29 @@ def test_decaying_local_rate_follows_the_global_clock():
     v, _ = _replay(cfg)
     np.testing.assert_array_equal(out["params"], v)
     assert not np.array_equal(out["params"], _replay(_one_worker_cfg("fp32"))[0])
+
+
+def test_linear_annealing_reaches_zero_at_the_horizon():
+    """``eta_anneal``: η falls linearly to 0 at ``global_updates`` (A3C's schedule), on the workers' clock."""
+    assert decayed_rate(0.3, 25, 0.0, 10.0, horizon=100) == pytest.approx(0.225)
+    assert decayed_rate(0.3, 100, 0.0, 10.0, horizon=100) == 0.0 == decayed_rate(0.3, 150, 0.5, 10.0, horizon=100)
+    cfg = replace(_one_worker_cfg("fp32"), eta_anneal=True)
+    out = run_dpsgd(cfg)
+    np.testing.assert_array_equal(out["params"], _replay(cfg)[0])
+    assert not np.array_equal(out["params"], _replay(_one_worker_cfg("fp32"))[0])
+    with pytest.raises(ValueError, match="eta_anneal needs global_updates"):
+        DPSGDConfig(problem=LSQ, eta_anneal=True, global_updates=None, time_limit_s=1.0)
+
+
+def test_wall_clock_cadence_records_once_per_period():
+    """``log_every_s``: the first global update after every period is recorded, whatever an update costs."""
+    kw = {"n": 400, "dim": 10, "batch_size": 8, "noise": 0.1, "seed": 1}
+    out = run_dpsgd(DPSGDConfig(problem=LSQ, problem_kwargs=kw, workers=1, local_steps=5, eta=0.02,
+                                global_updates=None, time_limit_s=0.6, log_every=1, log_every_s=0.1))
+    times = [t for t, _, _ in out["loss_curve"][1:-1]]  # the last is the final parameters' at the stop
+    periods = [int(t // 0.1) for t in times]
+    assert len(times) >= 3 and periods == sorted(set(periods))  # at most one record per period
+    assert out["global_updates"] > 3 * len(times)  # log_every=1 is overridden by the clock
 
 
 def test_bytes_are_counted_and_bf16_halves_push_bytes(one_worker_runs):
@@ -342,6 +366,9 @@ def test_target_loss_stops_the_run_and_deferred_eval_keeps_the_curve():
     assert out["stop_reason"] == "target_loss" and out["global_updates"] < 400
     reached = out["target"]
     assert reached["loss"] <= target and reached["global_update"] % 2 == 0 and reached["seconds"] > 0
+    # The run's result is the parameters that met the target, not those of the updates applied after it.
+    assert out["params_version"] == reached["global_update"] <= out["global_updates"]
+    assert out["final_loss"] == reached["loss"] == pytest.approx(problem.loss(out["params"]))
     # Deferred: the same losses, computed after the run, which does not stop at the target.
     out = run_dpsgd(replace(base, target_loss=target, deferred_eval=True, global_updates=40))
     assert out["stop_reason"] == "global_updates" and out["target"]["loss"] <= target
@@ -388,6 +415,8 @@ def test_scale_learning_rate_eq13():
         ("transport", "mpi"),
         ("target_loss", float("inf")),
         ("deferred_eval", 1),
+        ("eta_anneal", 1),
+        ("log_every_s", 0.0),
         ("ray_address", ""),
         ("eta_decay", 1.5),
         ("eta_offset", 0),

@@ -124,7 +124,7 @@ def _serial_svi(problem: LDAProblem, steps: int, eta: float, seed: int = 0):
 def test_svi_recovers_synthetic_topics_and_perplexity_decreases():
     # Seeded, so deterministic. SVI can land in a local optimum that merges two true topics (about a
     # third of the seeds at this size); seed 0 does not.
-    problem = LDAProblem(n_topics=5, batch_size=64, synthetic=SMALL, seed=0)
+    problem = LDAProblem(n_topics=5, batch_size=64, synthetic=SMALL, seed=0, sampling="uniform")
     lam, curve = _serial_svi(problem, steps=40, eta=0.5)
     assert curve[-1] < 0.5 * curve[0]
     assert curve[-1] < min(curve[:2])
@@ -192,7 +192,8 @@ def test_lda_config_validates():
         LDAConfig(processes=0)
     # The DPSGD options are inherited (LDA's defaults), and all of them reach the DPSGD run.
     cfg = LDAConfig(processes=2, eta_decay=0.7, eta_offset=5.0, rescale_from=(1, 1, 1), pull_codec="fp16")
-    assert (cfg.workers, cfg.eta, cfg.global_updates) == (1, 0.1, 200)
+    assert (cfg.workers, cfg.eta, cfg.global_updates, cfg.update_format) == (1, 1.0, 200, "auto")
+    assert (LDAConfig().eta_decay, LDAConfig().eta_offset, LDAConfig().batch_size) == (0.5, 1.0, 2000)
     dcfg = cfg.dpsgd_config()
     for f in dataclasses.fields(DPSGDOptions):
         assert getattr(dcfg, f.name) == getattr(cfg, f.name), f.name

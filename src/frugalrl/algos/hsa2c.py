@@ -36,8 +36,10 @@ Choices and differences from the paper, and why:
   reach the server (DPSGD's wire carries only parameters and updates), so they are not reported.
 - *Stopping*: on ``global_updates`` (or the global updates that ``total_timesteps`` env steps take,
   whichever is fewer), ``time_limit_s``, or the first logged greedy return at or above
-  ``target_return`` (DPSGD's ``target_loss``); the summary reports when (seconds, global update, env
-  steps) it was reached. Time to target counts from the end of worker startup, as in the paper's
+  ``target_return`` (DPSGD's ``target_loss``) that ``eval_episodes`` episodes confirm (a 1- or 3-episode
+  check alone stopped CartPole runs whose 10-episode return was 325); the run ends with those weights, so
+  its final evaluation (the same episodes) agrees with the check. The summary reports when (seconds,
+  global update, env steps) it was reached. Time to target counts from the end of worker startup, as in the paper's
   figures; with ``deferred_eval`` the returns are computed after the run and do not stop it.
 - *Run*: :class:`~frugalrl.training.Training` owns the run directory, the summary and the checkpoints
   (the global weights, written on the ``checkpoint_every`` cadence as the server's losses are recorded).
@@ -61,8 +63,9 @@ from frugalrl.config import ActorCriticConfig, NetConfig, RunConfig, check_field
 from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
 from frugalrl.dpsgd.run import run_dpsgd
 from frugalrl.envs.spec import EnvSpec, to_env_spec
-from frugalrl.evaluation import Evaluation, evaluate, policy_evaluator
+from frugalrl.evaluation import EVAL_SEED, Evaluation, evaluate, policy_evaluator
 from frugalrl.nets import make_agent
+from frugalrl.normalize import ReturnScaler
 from frugalrl.training import Training
 
 PROBLEM = "frugalrl.algos.hsa2c:make_a2c_problem"
@@ -98,6 +101,9 @@ class A2CProblem:
         seed: int = 0,
         log_eval_episodes: int = 1,
         eval_max_steps: int = 1000,
+        target_return: float | None = None,
+        confirm_episodes: int = 10,
+        norm_reward: bool = False,
     ) -> None:
         if grad_scaling not in ("rmsprop", "none"):
             raise ValueError(f"grad_scaling must be 'rmsprop' or 'none', got {grad_scaling!r}")
@@ -114,6 +120,9 @@ class A2CProblem:
         self.seed = int(seed)
         self.log_eval_episodes = int(log_eval_episodes)
         self.eval_max_steps = int(eval_max_steps)
+        self.target_return = None if target_return is None else float(target_return)
+        self.confirm_episodes = int(confirm_episodes)
+        self.scaler = ReturnScaler(self.gamma, self.m) if norm_reward else None
         probe = self.env_spec.make()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         probe.close()
@@ -151,13 +160,14 @@ class A2CProblem:
             self._start_envs(rng)
         assert self.envs is not None  # built by _start_envs
         self.load(params)
-        obs_buf, act_buf, rew_buf, done_buf = [], [], [], []
+        obs_buf, act_buf, rew_buf, boot_buf, done_buf = [], [], [], [], []
         with torch.no_grad():
             for _ in range(self.k):
                 obs = torch.as_tensor(np.stack(self.obs), dtype=torch.float32)
                 dparams = self.agent.dist_params(obs)
                 actions = dists.sample(self.agent.dist_kind, dparams, self.generator)
                 rewards = np.zeros(self.m, dtype=np.float32)
+                boot = np.zeros(self.m, dtype=np.float32)  # γ V(last observation) of a truncated episode
                 dones = np.zeros(self.m, dtype=np.float32)
                 truncated: list[tuple[int, np.ndarray]] = []
                 acts = actions.numpy()
@@ -180,16 +190,20 @@ class A2CProblem:
                     last = torch.as_tensor(np.stack([o for _, o in truncated]), dtype=torch.float32)
                     last_values = self.agent.value(last).numpy()
                     for (i, _), v in zip(truncated, last_values, strict=True):
-                        rewards[i] += self.gamma * float(v)
+                        boot[i] = self.gamma * float(v)
                 obs_buf.append(obs)
                 act_buf.append(actions)
                 rew_buf.append(rewards)
+                boot_buf.append(boot)
                 done_buf.append(dones)
-            # k-step returns, bootstrapped from V(s_{t+k}) unless the episode ended (Alg. 9, lines 14-16)
+            # k-step returns, bootstrapped from V(s_{t+k}) unless the episode ended (Alg. 9, lines 14-16), in
+            # the units of the scaled rewards when the rewards are scaled (the value function learns those)
+            raw = np.stack(rew_buf)
+            scaled = raw if self.scaler is None else self.scaler.scale(raw, np.stack(done_buf) > 0)
             ret = self.agent.value(torch.as_tensor(np.stack(self.obs), dtype=torch.float32)).numpy()
             returns = np.zeros((self.k, self.m), dtype=np.float32)
             for t in reversed(range(self.k)):
-                ret = rew_buf[t] + self.gamma * ret * (1.0 - done_buf[t])
+                ret = scaled[t] + boot_buf[t] + self.gamma * ret * (1.0 - done_buf[t])
                 returns[t] = ret
         self.env_steps += self.k * self.m
         self.gradients += 1
@@ -225,9 +239,19 @@ class A2CProblem:
         return grad
 
     def loss(self, params: np.ndarray) -> float:
-        """Negative mean return of ``log_eval_episodes`` greedy episodes (fixed seeds) at ``params``."""
+        """Negative mean return of ``log_eval_episodes`` greedy episodes (fixed seeds) at ``params``.
+
+        A few episodes are a noisy estimate: when they reach ``target_return``, the estimate is confirmed on
+        ``confirm_episodes`` episodes (the first ones the same, the seeds those of the run's final evaluation)
+        and that mean is the loss, so that a target stop rests on as many episodes as the final evaluation
+        and agrees with it (the run stops with these parameters).
+        """
         self.load(params)
-        return -self.evaluate(self.log_eval_episodes)
+        mean = self.evaluate(self.log_eval_episodes)
+        if (self.target_return is not None and mean >= self.target_return
+                and self.confirm_episodes > self.log_eval_episodes):
+            mean = self.evaluate(self.confirm_episodes)
+        return -mean
 
     # -- helpers
     def _start_envs(self, rng: np.random.Generator) -> None:
@@ -241,11 +265,13 @@ class A2CProblem:
             self.obs.append(np.asarray(obs))
         self.ep_return = [0.0] * self.m
 
-    def evaluate(self, episodes: int, seed: int = 10_000) -> float:
-        """Mean undiscounted return of ``episodes`` greedy episodes with the loaded weights."""
+    def evaluate(self, episodes: int, seed: int | None = None) -> float:
+        """Mean undiscounted return of ``episodes`` greedy episodes with the loaded weights (env seeds from
+        ``EVAL_SEED + seed``, those of the run's final evaluation, unless ``seed`` says otherwise)."""
         if episodes < 1:
             return 0.0
-        return evaluate(self.agent, self.env_spec, episodes, seed=seed, max_steps=self.eval_max_steps)[0]
+        first = EVAL_SEED + self.seed if seed is None else seed
+        return evaluate(self.agent, self.env_spec, episodes, seed=first, max_steps=self.eval_max_steps)[0]
 
 
 def make_a2c_problem(**kwargs: Any) -> A2CProblem:
@@ -271,6 +297,10 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
     eta: float = 1e-3
     global_updates: int | None = 300
     eval_every: int = 20
+    eval_every_s: float | None = None
+    """Evaluate at the first global update after every this many seconds of training instead of every
+    ``eval_every`` global updates: one wall-clock cadence for variants whose global updates differ in size
+    (HSA2C against its B = 1 baselines)."""
     k: int = 5
     """Steps rolled per env per gradient (k-step bootstrapped returns)."""
     envs_per_process: int = 8
@@ -281,8 +311,12 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
     """Decay of the RMSProp running mean of squared gradients."""
     rms_eps: float = 1e-5
     """ε of the RMSProp denominator."""
+    norm_reward: bool = False
+    """Scale each Hogwild process's rewards by the running std of its envs' discounted return (the value
+    function then learns scaled returns; evaluations report raw ones)."""
     log_eval_episodes: int = 1
-    """Greedy episodes of each periodic evaluation (the server-side loss)."""
+    """Greedy episodes of each periodic evaluation (the server-side loss). One that reaches ``target_return``
+    is confirmed on ``eval_episodes`` episodes (those of the final evaluation) before the run stops."""
     eval_max_steps: int = 1000
     """Step cap of an evaluation episode."""
 
@@ -295,7 +329,7 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
         """
         super().validate()
         check_fields(self, positive_ints=("k", "envs_per_process", "log_eval_episodes", "eval_max_steps"),
-                     positive=("rms_eps",), unit=("rms_alpha",))
+                     positive=("rms_eps", "eval_every_s"), unit=("rms_alpha",))
         self.validate_options()
         self.dpsgd_config()
 
@@ -334,6 +368,9 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
             "seed": self.seed,
             "log_eval_episodes": self.log_eval_episodes,
             "eval_max_steps": self.eval_max_steps,
+            "target_return": self.target_return,
+            "confirm_episodes": self.eval_episodes,
+            "norm_reward": self.norm_reward,
         }
 
     def dpsgd_config(self, done_updates: int = 0) -> DPSGDConfig:
@@ -346,6 +383,7 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
             problem_kwargs=self.problem_kwargs(),
             seed=self.seed + done_updates,
             log_every=self.eval_every,
+            log_every_s=self.eval_every_s,
             target_loss=None if self.target_return is None else -float(self.target_return),
         )
 
@@ -356,7 +394,8 @@ def train(cfg: HSA2CConfig, resume: str | Path | None = None) -> dict[str, Any]:
 
     ``env_steps`` are gradients × k × m (exact); the steps of the ``eval_history`` are global updates ×
     :attr:`HSA2CConfig.env_steps_per_update` (each entry also names its ``global_update``). ``details``:
-    ``gradients``, ``global_updates``, ``startup_seconds``, ``bytes_per_update``, ``pushes``,
+    ``gradients``, ``global_updates`` (made), ``weights_from_update`` (the final weights': the one that met the
+    target after a target stop), ``startup_seconds``, ``bytes_per_update``, ``pushes``,
     ``applied_updates``, ``dropped_updates``, ``staleness``, ``dpsgd_stop_reason``, the parallelism and the
     rates as used. ``train_seconds`` are DPSGD's optimisation seconds (worker startup excluded).
     Raises ``ValueError`` for a bad config, :class:`~frugalrl.dpsgd.DPSGDError` if a worker fails.
@@ -403,6 +442,7 @@ def train(cfg: HSA2CConfig, resume: str | Path | None = None) -> dict[str, Any]:
     details = {
         "gradients": gradients,
         "global_updates": version,
+        "weights_from_update": done + int(out["params_version"]),
         "startup_seconds": round(float(out["startup_s"]), 3),
         "bytes_per_update": nbytes.get("total", 0) / max(int(out["global_updates"]), 1),
         "pushes": int(out["pushes"]),

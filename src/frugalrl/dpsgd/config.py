@@ -33,6 +33,13 @@ UPDATE_CODECS: tuple[str, ...] = get_args(Codec)
 TransportName = Literal["local", "ray"]
 """Transports between the server and the workers (:data:`frugalrl.dpsgd.run.TRANSPORTS`)."""
 TRANSPORT_NAMES: tuple[str, ...] = get_args(TransportName)
+UpdateFormat = Literal["dense", "columns", "auto"]
+"""How a worker's update travels: the dense vector, column-sparse (:mod:`frugalrl.dpsgd.sparse`), or ``auto``
+(columns where the problem supports them and ``processes == 1``, else dense)."""
+UPDATE_FORMATS: tuple[str, ...] = get_args(UpdateFormat)
+ColumnBase = Literal["pulled", "current"]
+"""What a column push's decay applies to on the server (:attr:`frugalrl.dpsgd.sparse.ColumnUpdate.base`)."""
+COLUMN_BASES: tuple[str, ...] = get_args(ColumnBase)
 
 
 @dataclass
@@ -56,6 +63,8 @@ class DPSGDOptions:
     (SVI's Robbins-Monro rates; 0: constant η, as in the paper)."""
     eta_offset: float = 10.0
     """τ of that schedule, in global updates."""
+    eta_anneal: bool = False
+    """Also anneal ``η`` linearly to 0 over the run's ``global_updates`` (needs them), A3C's schedule."""
     rescale_from: tuple[int, int, int] | None = None
     """``(p, B, M)`` that ``rho`` and ``eta`` were tuned for; rescaled to this run's by eq. (13)."""
     global_updates: int | None = 100
@@ -66,6 +75,14 @@ class DPSGDOptions:
     """Wire codec of the pushed update vectors: fp32, bf16 or fp16."""
     pull_codec: Codec = "fp32"
     """Wire codec of the pulled global parameters: fp32, bf16 or fp16."""
+    update_format: UpdateFormat = "dense"
+    """Pushed updates: ``dense`` (the whole vector), ``columns`` (one decay factor plus the changed columns,
+    :mod:`frugalrl.dpsgd.sparse`; needs a problem with ``column_step`` and ``processes == 1``) or ``auto``
+    (``columns`` where those hold, else ``dense``)."""
+    column_base: ColumnBase = "pulled"
+    """``update_format="columns"``: the server decays the ``v`` the worker pulled (``pulled``: exactly the dense
+    DPSGD update) or its current ``v`` (``current``: a stale update still gives a convex combination, as in
+    gensim's asynchronous SVI); the same without staleness."""
     synchronous: bool = False
     """Synchronous baseline: every global update takes exactly one update from each worker, all from the
     same ``v`` (needs ``master_batch == workers``; the classic synchronous SGD also has ``local_steps=1``)."""
@@ -107,7 +124,7 @@ class DPSGDOptions:
         for name in ("update_codec", "pull_codec"):
             if getattr(self, name) not in UPDATE_CODECS:
                 raise ValueError(f"{where}.{name} must be one of {UPDATE_CODECS}, got {getattr(self, name)!r}")
-        for name in ("synchronous", "deferred_eval"):
+        for name in ("synchronous", "deferred_eval", "eta_anneal"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{where}.{name} must be a bool, got {getattr(self, name)!r}")
         if self.synchronous and self.master_batch != self.workers:
@@ -120,6 +137,15 @@ class DPSGDOptions:
                 scale_learning_rate(1.0, _parallelism(self.rescale_from), (1, 1, 1))
             except ValueError as e:
                 raise ValueError(f"{where}.rescale_from: {e}") from e
+        if self.update_format not in UPDATE_FORMATS:
+            raise ValueError(f"{where}.update_format must be one of {UPDATE_FORMATS}, got {self.update_format!r}")
+        if self.column_base not in COLUMN_BASES:
+            raise ValueError(f"{where}.column_base must be one of {COLUMN_BASES}, got {self.column_base!r}")
+        if self.update_format == "columns" and self.processes != 1:
+            raise ValueError(
+                f"{where}.processes must be 1 with update_format='columns' (Hogwild races would lose decays), "
+                f"got {self.processes}"
+            )
         if self.transport not in TRANSPORT_NAMES:
             raise ValueError(f"{where}.transport must be one of {TRANSPORT_NAMES}, got {self.transport!r}")
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
@@ -153,6 +179,10 @@ class DPSGDConfig(DPSGDOptions):
     """Seed of every sample stream (one per Hogwild process)."""
     log_every: int = 10
     """Record the loss every this many global updates (0: only at the start and the end)."""
+    log_every_s: float | None = None
+    """Record the loss at the first global update after every this many seconds of optimisation instead of
+    every ``log_every`` updates: one wall-clock cadence for runs whose global updates differ in size (a
+    benchmark comparing asynchronous and synchronous variants); None: ``log_every`` counts."""
     target_loss: float | None = None
     """Stop once a recorded loss is at or below this (the summary's ``target`` says when); None: never.
     With ``deferred_eval`` the losses are known only after the run, which then does not stop early."""
@@ -183,6 +213,10 @@ class DPSGDConfig(DPSGDOptions):
         self.validate_options()
         _check_int("DPSGDConfig", "seed", self.seed, 0)
         _check_int("DPSGDConfig", "log_every", self.log_every, 0)
+        if self.eta_anneal and self.global_updates is None:
+            raise ValueError("DPSGDConfig.eta_anneal needs global_updates (the horizon η anneals to 0 over)")
+        if self.log_every_s is not None:
+            _check_positive("DPSGDConfig", "log_every_s", self.log_every_s)
         if self.target_loss is not None and (
             isinstance(self.target_loss, bool)
             or not isinstance(self.target_loss, (int, float))
@@ -200,10 +234,13 @@ class DPSGDConfig(DPSGDOptions):
             "eta": eta,
             "eta_decay": float(self.eta_decay),
             "eta_offset": float(self.eta_offset),
+            "eta_horizon": self.global_updates if self.eta_anneal else None,
             "seed": self.seed,
             "problem": self.problem,
             "problem_kwargs": self.problem_kwargs,
             "update_codec": self.update_codec,
+            "update_format": self.update_format,
+            "column_base": self.column_base,
         }
 
 

@@ -20,7 +20,14 @@ held-out document's words are split at random into halves; ``γ`` is fitted on t
 ``λ`` fixed, and the second half is scored with ``p(w) = Σ_k E[θ_k] E[β_kw]``;
 ``perplexity = exp(−Σ log p(w) / #words)``.
 
-Run it with :func:`fit_lda` (an :class:`LDAConfig`). No scipy: ``ψ`` (digamma) is computed here.
+Run it with :func:`fit_lda` (an :class:`LDAConfig`). No scipy: ``ψ`` (digamma) is computed here. The E-step
+(:mod:`frugalrl.dpsgd.lda_estep`) runs compiled by numba where it is installed, else vectorised numpy.
+
+Column-sparse pushes (``update_format="columns"``; :class:`LDAConfig`'s ``"auto"`` picks them with one Hogwild
+process per worker). Off the batch's words ``λ̂ = topic_prior``, so an SVI step only *decays* those
+columns towards the prior; the worker sends that decay as one number plus the ``K × |batch words|``
+columns it changed
+(:class:`~frugalrl.dpsgd.sparse.ColumnUpdate`; :meth:`LDAProblem.column_step` is the step).
 """
 
 from __future__ import annotations
@@ -28,98 +35,33 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
-from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
+from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions, UpdateFormat
 from frugalrl.dpsgd.corpora import Corpus, load_corpus, synthetic_corpus
+from frugalrl.dpsgd.lda_estep import (
+    E_STEP_BACKENDS,
+    EStepBackend,
+    digamma,
+    dirichlet_expectation,
+    e_step,
+    resolve_backend,
+    warm_up,
+)
 from frugalrl.dpsgd.run import run_dpsgd
+
+Sampling = Literal["epochs", "uniform"]
+"""How a batch's documents are drawn (:meth:`LDAProblem.sample_batch`)."""
+SAMPLINGS: tuple[str, ...] = get_args(Sampling)
 
 PROBLEM = "frugalrl.dpsgd.lda:lda_problem"
 """The factory DPSGD workers build :class:`LDAProblem` from."""
 
 
 # ------------------------------------------------------------------------------------- numerics
-def digamma(x: Any) -> np.ndarray:
-    """``ψ(x)`` for ``x > 0`` (float64): shift to ``x ≥ 6`` by ``ψ(x) = ψ(x+1) − 1/x``, then the
-    asymptotic series (absolute error below 1e-11)."""
-    x = np.array(x, dtype=np.float64, copy=True)
-    out = np.zeros_like(x)
-    for _ in range(6):
-        small = x < 6.0
-        if not small.any():
-            break
-        out -= np.where(small, 1.0 / np.where(small, x, 1.0), 0.0)
-        x = np.where(small, x + 1.0, x)
-    f = 1.0 / (x * x)
-    series = f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f * (1 / 240 - f * (1 / 132)))))
-    return out + np.log(x) - 0.5 / x - series
-
-
-def dirichlet_expectation(param: np.ndarray) -> np.ndarray:
-    """``E[log x]`` for ``x ~ Dir(param)``, row-wise: ``ψ(param) − ψ(Σ param)``."""
-    return digamma(param) - digamma(param.sum(axis=-1, keepdims=True))
-
-
-def e_step(
-    corpus: Corpus,
-    exp_elog_beta: np.ndarray,
-    alpha: float,
-    max_iter: int = 100,
-    tol: float = 1e-3,
-    sstats: bool = True,
-    rng: np.random.Generator | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """The local step of SVI for every document of ``corpus`` at once (Hoffman et al. 2013, Fig. 6).
-
-    Iterates ``φ_dwk ∝ exp(E[log θ_dk]) exp(E[log β_kw])``, ``γ_dk = α + Σ_w n_dw φ_dwk`` from
-    ``γ ~ Gamma(100, 1/100)`` (drawn from ``rng``, as Hoffman's code and scikit-learn do; None: ``γ = 1``)
-    until the mean absolute change of every document's ``γ`` is below ``tol`` (or
-    ``max_iter``). Returns ``(γ, S)``: ``γ`` is ``D × K``; ``S`` (if ``sstats``) is the ``K × V``
-    matrix ``S_kw = Σ_d n_dw φ_dwk`` (else None).
-    """
-    k, v = exp_elog_beta.shape
-    lengths = np.diff(corpus.indptr)
-    n_docs = lengths.size
-    doc_of = corpus.entry_docs()
-    nonempty = lengths > 0
-    starts = corpus.indptr[:-1][nonempty]
-    bt = exp_elog_beta[:, corpus.word_ids].T  # nnz × K
-    cts = corpus.counts
-    # A random start breaks the symmetry between topics in every document; from γ = 1, near-uniform
-    # early topics give near-identical φ rows and SVI settles measurably worse (a 654 against 612
-    # perplexity plateau on the 20k-document synthetic corpus).
-    gamma = np.ones((n_docs, k)) if rng is None else rng.gamma(100.0, 0.01, (n_docs, k))
-    exp_elog_theta = np.exp(dirichlet_expectation(gamma))
-
-    def weighted(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        rows = theta[doc_of]
-        phinorm = np.einsum("jk,jk->j", rows, bt) + 1e-100
-        return rows, cts / phinorm
-
-    for _ in range(max_iter):
-        _, ratio = weighted(exp_elog_theta)
-        total = np.zeros((n_docs, k))
-        if starts.size:
-            total[nonempty] = np.add.reduceat(ratio[:, None] * bt, starts, axis=0)
-        new_gamma = alpha + exp_elog_theta * total
-        change = np.abs(new_gamma - gamma).mean(axis=1)
-        gamma = new_gamma
-        exp_elog_theta = np.exp(dirichlet_expectation(gamma))
-        if change.max(initial=0.0) < tol:
-            break
-    if not sstats:
-        return gamma, None
-    rows, ratio = weighted(exp_elog_theta)
-    contrib = rows * bt * ratio[:, None]  # n_dw φ_dwk, nnz × K
-    order = np.argsort(corpus.word_ids, kind="stable")
-    words = corpus.word_ids[order]
-    out = np.zeros((v, k))
-    if words.size:
-        uniq, first = np.unique(words, return_index=True)
-        out[uniq] = np.add.reduceat(contrib[order], first, axis=0)
-    return gamma, out.T
+# digamma, dirichlet_expectation and e_step live in frugalrl.dpsgd.lda_estep (numba or numpy); re-exported here.
 
 
 def split_halves(corpus: Corpus, seed: int) -> tuple[Corpus, Corpus]:
@@ -155,13 +97,14 @@ def completion_perplexity(
     alpha: float,
     max_iter: int = 100,
     tol: float = 1e-3,
+    backend: str = "auto",
 ) -> float:
     """Held-out perplexity by document completion: ``γ`` fitted on ``observed`` with ``λ`` fixed,
     ``exp(−Σ n log Σ_k E[θ_k] E[β_kw] / Σ n)`` over ``heldout`` (same documents, other words)."""
     lam = np.asarray(lam, dtype=np.float64)
     gamma, _ = e_step(
         observed, np.exp(dirichlet_expectation(lam)), alpha, max_iter, tol, sstats=False,
-        rng=np.random.default_rng(0),  # the same start for every λ scored
+        rng=np.random.default_rng(0), backend=backend,  # the same start for every λ scored
     )
     theta = gamma / gamma.sum(axis=1, keepdims=True)
     beta = lam / lam.sum(axis=1, keepdims=True)
@@ -210,6 +153,8 @@ class LDAProblem:
         e_step_tol: float = 1e-3,
         seed: int = 0,
         synthetic: dict[str, Any] | None = None,
+        e_step_backend: str = "auto",
+        sampling: str = "epochs",
     ) -> None:
         self.n_topics = int(n_topics)
         self.alpha = float(alpha) if alpha is not None else 1.0 / self.n_topics
@@ -217,6 +162,13 @@ class LDAProblem:
         self.batch_size = int(batch_size)
         self.e_step_iters = int(e_step_iters)
         self.e_step_tol = float(e_step_tol)
+        self.e_step_backend = resolve_backend(e_step_backend)
+        warm_up(self.e_step_backend)
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"LDAProblem.sampling must be one of {SAMPLINGS}, got {sampling!r}")
+        self.sampling = sampling
+        self._perm: np.ndarray | None = None  # "epochs": this process's current pass over the documents
+        self._cursor = 0
         self.seed = int(seed)
         self.true_topics: np.ndarray | None = None
         if corpus == "synthetic":
@@ -239,6 +191,16 @@ class LDAProblem:
         """``(K, V)``."""
         return self.n_topics, self.n_words
 
+    @property
+    def column_shape(self) -> tuple[int, int]:
+        """``(K, V)``: the parameters as a matrix whose columns (words) a column-sparse push sends."""
+        return self.shape
+
+    @property
+    def decay_target(self) -> float:
+        """Off the batch's words the SVI step decays λ towards this (the topic prior)."""
+        return self.topic_prior
+
     def topics(self, params: np.ndarray) -> np.ndarray:
         """``λ`` as a ``K × V`` float64 matrix, clamped at the topic prior."""
         return np.maximum(np.asarray(params, dtype=np.float64).reshape(self.shape), self.topic_prior)
@@ -247,6 +209,23 @@ class LDAProblem:
         """``λ ~ Gamma(100, 1/100)`` elementwise (Hoffman's initialisation), seeded."""
         rng = np.random.default_rng([self.seed, 2])
         return rng.gamma(100.0, 0.01, size=self.n_topics * self.n_words).astype(np.float32)
+
+    def lambda_hat_columns(
+        self, params: np.ndarray, docs: np.ndarray, rng: np.random.Generator | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(words, λ̂[:, words] − topic_prior)``: the batch's distinct words and eq. (52) at them, less the
+        prior (elsewhere λ̂ is the prior). See :meth:`lambda_hat`."""
+        lam = self.topics(params)
+        batch = self.train.subset(docs)
+        words, local = np.unique(batch.word_ids, return_inverse=True)
+        local_batch = Corpus(batch.indptr, local.reshape(-1), batch.counts, words.size)
+        elog = digamma(lam[:, words]) - digamma(lam.sum(axis=1, keepdims=True))
+        _, s = e_step(
+            local_batch, np.exp(elog), self.alpha, self.e_step_iters, self.e_step_tol, rng=rng,
+            backend=self.e_step_backend,
+        )
+        assert s is not None
+        return words, (self.train.n_docs / max(1, len(docs))) * s
 
     def lambda_hat(
         self, params: np.ndarray, docs: np.ndarray, rng: np.random.Generator | None = None
@@ -257,31 +236,55 @@ class LDAProblem:
         ``λ`` (and its row sums), not on all ``K × V`` entries, and the E-step runs on the batch
         relabelled to them.
         """
-        lam = self.topics(params)
-        batch = self.train.subset(docs)
-        words, local = np.unique(batch.word_ids, return_inverse=True)
-        local_batch = Corpus(batch.indptr, local.reshape(-1), batch.counts, words.size)
-        elog = digamma(lam[:, words]) - digamma(lam.sum(axis=1, keepdims=True))
-        _, s = e_step(local_batch, np.exp(elog), self.alpha, self.e_step_iters, self.e_step_tol, rng=rng)
-        assert s is not None
+        words, extra = self.lambda_hat_columns(params, docs, rng)
         out = np.full(self.shape, self.topic_prior)
-        out[:, words] += (self.train.n_docs / max(1, len(docs))) * s
+        out[:, words] += extra
         return out
 
     def sample_batch(self, rng: np.random.Generator) -> np.ndarray:
-        """``batch_size`` distinct training documents (all of them if fewer)."""
+        """``batch_size`` training documents (all of them if fewer).
+
+        ``sampling="epochs"``: the next ones of a pass over the documents in an order drawn from ``rng``
+        anew for every pass (without replacement, as scikit-learn's and gensim's passes go; a batch that
+        spans two passes takes the rest of one and the start of the next); ``"uniform"``: distinct documents
+        drawn afresh for each batch (Hoffman et al. 2013, Alg. 1). Passes need fewer documents to reach a
+        given perplexity and settle in better optima (``benchmarks/results/lda_baselines*.json``).
+        """
         d = self.train.n_docs
-        return rng.choice(d, size=min(self.batch_size, d), replace=False)
+        size = min(self.batch_size, d)
+        if self.sampling == "uniform":
+            return rng.choice(d, size=size, replace=False)
+        parts = []
+        while size:
+            if self._perm is None or self._cursor >= d:
+                self._perm, self._cursor = rng.permutation(d), 0
+            take = min(size, d - self._cursor)
+            parts.append(self._perm[self._cursor : self._cursor + take])
+            self._cursor += take
+            size -= take
+        return np.concatenate(parts)
 
     def stochastic_grad(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """``λ − λ̂`` on a random batch: the step ``λ − η (λ − λ̂)`` is SVI's."""
         lam_hat = self.lambda_hat(params, self.sample_batch(rng), rng).ravel()
         return (np.asarray(params, dtype=np.float64) - lam_hat).astype(np.float32)
 
+    def column_step(self, u: np.ndarray, eta: float, rng: np.random.Generator) -> np.ndarray:
+        """One SVI step ``u ← u − η (u − λ̂)`` on a random batch, in place on the flat float32 ``u``,
+        computed as ``u ← (1 − η) u + η · topic_prior`` everywhere plus ``η (λ̂ − topic_prior)`` on the
+        batch's words; returns those words (the columns a column-sparse push must send)."""
+        words, extra = self.lambda_hat_columns(u.copy(), self.sample_batch(rng), rng)
+        mat = u.reshape(self.shape)
+        mat *= np.float32(1.0 - eta)
+        mat += np.float32(eta * self.topic_prior)
+        mat[:, words] += (eta * extra).astype(np.float32)
+        return words
+
     def perplexity(self, params: np.ndarray) -> float:
         """Held-out perplexity by document completion (module docstring)."""
         return completion_perplexity(
-            self.topics(params), self.observed, self.heldout, self.alpha, self.e_step_iters, self.e_step_tol
+            self.topics(params), self.observed, self.heldout, self.alpha, self.e_step_iters, self.e_step_tol,
+            backend=self.e_step_backend,
         )
 
     def loss(self, params: np.ndarray) -> float:
@@ -306,15 +309,20 @@ class LDAConfig(DPSGDOptions):
     """A DPSVI run of LDA (the paper's symbols in brackets; defaults suit the synthetic corpus).
 
     The DPSGD options are :class:`~frugalrl.dpsgd.config.DPSGDOptions`' own, with LDA's defaults. DPSGD's
-    local rate ``eta`` is the SVI step ``λ ← (1 − η) λ + η λ̂`` (with ``eta_decay`` and ``eta_offset``:
-    SVI's Robbins-Monro schedule, as scikit-learn's online LDA uses; 0: the paper's constant rate); keep
+    local rate ``eta`` is the SVI step ``λ ← (1 − η) λ + η λ̂`` with SVI's Robbins-Monro schedule
+    ``η_t = eta (1 + t/eta_offset)^(−eta_decay)`` (Hoffman et al. 2013); the defaults ``1, 0.5, 1`` give
+    ``η_t = (1 + t)^(−1/2)``, gensim's ``decay=0.5, offset=1`` (``eta_decay=0``: the DPSGD paper's constant
+    rate, 0.1 there). Pushes are column-sparse (``update_format``, :mod:`frugalrl.dpsgd.sparse`). Keep
     ``rho * eta * master_batch <= 1`` so that λ stays a convex combination. The Dirichlet prior on the
     topics, often written η too, is ``topic_prior`` here.
     """
 
     workers: int = 1
-    eta: float = 0.1
+    eta: float = 1.0
+    eta_decay: float = 0.5
+    eta_offset: float = 1.0
     global_updates: int | None = 200
+    update_format: UpdateFormat = "auto"
     corpus: str = "synthetic"
     """``"synthetic"``, ``"reuters"`` (needs the ``lda`` package), or a UCI docword / ``.ldac`` file."""
     n_topics: int = 10
@@ -323,8 +331,10 @@ class LDAConfig(DPSGDOptions):
     """Dirichlet prior on each document's topic proportions (α); None: 1/K."""
     topic_prior: float | None = None
     """η of LDA (ζ of eq. 52): the Dirichlet prior on each topic's word distribution; None: 1/K."""
-    batch_size: int = 64
-    """Documents per stochastic gradient (G of eq. 52; the paper uses 64)."""
+    batch_size: int = 2000
+    """Documents per stochastic gradient (G of eq. 52; all of them if the corpus has fewer). The DPSGD paper
+    uses 64; 2000 is gensim's default chunk, and with the default schedule it is what reaches gensim's
+    perplexity (``benchmarks/results/lda_baselines*.json``): small batches settle in worse local optima."""
     target_perplexity: float | None = None
     """Stop once the held-out perplexity reaches this (``time_to_target_s`` says when)."""
     log_every: int = 10
@@ -336,7 +346,13 @@ class LDAConfig(DPSGDOptions):
     e_step_iters: int = 100
     """Most iterations of each local (γ, φ) fit."""
     e_step_tol: float = 1e-3
-    """A local fit stops when the mean change of every document's γ is below this."""
+    """A document's local fit stops when the mean change of its γ is below this."""
+    sampling: Sampling = "epochs"
+    """Batches: ``epochs`` (passes over the documents, each in a new random order, per Hogwild process) or
+    ``uniform`` (independent random batches, as in Hoffman et al. 2013); see :meth:`LDAProblem.sample_batch`."""
+    e_step_backend: EStepBackend = "auto"
+    """E-step implementation: ``numba`` (compiled, per document), ``numpy`` (vectorised over the batch) or
+    ``auto`` (numba where installed); both compute the same fit (:mod:`frugalrl.dpsgd.lda_estep`)."""
     seed: int = 0
     """Seed of the synthetic corpus, the split, λ's initialisation and every sample stream."""
     synthetic_docs: int = 2000
@@ -363,6 +379,14 @@ class LDAConfig(DPSGDOptions):
                 raise ValueError(f"LDAConfig.{name} must be a number > 0 or None, got {value!r}")
         if not 0 < self.heldout_fraction < 1:
             raise ValueError(f"LDAConfig.heldout_fraction must lie in (0, 1), got {self.heldout_fraction!r}")
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"LDAConfig.sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
+        if self.e_step_backend not in E_STEP_BACKENDS:
+            raise ValueError(f"LDAConfig.e_step_backend must be one of {E_STEP_BACKENDS}, got {self.e_step_backend!r}")
+        try:
+            resolve_backend(self.e_step_backend)
+        except ValueError as e:
+            raise ValueError(f"LDAConfig.e_step_backend: {e}") from None
         if self.corpus not in ("synthetic", "reuters") and not os.path.exists(self.corpus):
             raise ValueError(f"LDAConfig.corpus: no file {self.corpus!r} (or use 'synthetic' / 'reuters')")
         self.validate_options()
@@ -380,6 +404,8 @@ class LDAConfig(DPSGDOptions):
             "heldout_max_docs": self.heldout_max_docs,
             "e_step_iters": self.e_step_iters,
             "e_step_tol": self.e_step_tol,
+            "e_step_backend": self.e_step_backend,
+            "sampling": self.sampling,
             "seed": self.seed,
             "synthetic": {
                 "n_docs": self.synthetic_docs,

@@ -12,7 +12,7 @@ The server (:class:`~frugalrl.dpsgd.server.ParameterServer`) lives in the callin
 ``local`` (:class:`~frugalrl.dpsgd.transport.LocalTransport`, processes on this machine) or ``ray``
 (:class:`~frugalrl.dpsgd.ray_transport.RayTransport`, Ray actors, possibly on other machines; imported
 only when used, as Ray is optional). This loop polls the server: it records the loss every
-``log_every`` global updates (or keeps the parameters to score after the run), stops on
+``log_every`` global updates or ``log_every_s`` seconds (or keeps the parameters to score after the run), stops on
 ``global_updates``, ``time_limit_s`` or ``target_loss``, and raises the first failure.
 """
 
@@ -56,8 +56,8 @@ def run_dpsgd(
 ) -> dict[str, Any]:
     """Run DPSGD as ``cfg`` says and return a summary.
 
-    Keys: ``params`` (final ``v``), ``final_loss``, ``loss_curve`` ``[(seconds, global_update, loss)]``,
-    ``global_updates`` (T reached), ``staleness`` (``mean``, ``max``, ``histogram``), ``bytes`` (the
+    Keys: ``params`` (final ``v``; after a target stop, the ``v`` whose loss met the target), ``final_loss``, ``loss_curve`` ``[(seconds, global_update, loss)]``,
+    ``global_updates`` (T reached), ``params_version`` (the global update ``params`` are from), ``staleness`` (``mean``, ``max``, ``histogram``), ``bytes`` (the
     :meth:`ByteMeter.summary`, with ``up``/``down`` by kind), ``pulls``, ``pushes``,
     ``applied_updates``, ``dropped_updates``, ``gradient_steps``, ``updates_per_second``,
     ``wall_time_s`` (optimisation), ``startup_s``, ``stop_reason``, ``target`` (``{seconds,
@@ -89,6 +89,7 @@ def run_dpsgd(
         global_updates=cfg.global_updates,
         synchronous=cfg.synchronous,
         log_every=cfg.log_every,
+        log_every_s=cfg.log_every_s,
         pull_codec=cfg.pull_codec,
         name=name,
     )
@@ -101,6 +102,7 @@ def run_dpsgd(
     curve: list[tuple[float, int, float]] = [(0.0, 0, float(problem.loss(v0)))]
     record(*curve[0], v0)
     deferred: list[tuple[float, int, np.ndarray]] = []
+    reached: tuple[int, np.ndarray] | None = None
     goal = -math.inf if cfg.target_loss is None else cfg.target_loss
     if curve[0][2] <= goal:
         server.stop("target_loss")  # the workers start, get "stop" at their first pull, and exit
@@ -121,6 +123,7 @@ def run_dpsgd(
                 record(*curve[-1], v)
                 if curve[-1][2] <= goal:
                     server.stop("target_loss")
+                    reached = (version, v)  # the run's result: what met the target, not what came after
                     break  # later snapshots are not worth evaluating
             if server.failure is not None:
                 break
@@ -140,7 +143,8 @@ def run_dpsgd(
     for seconds, version, v in deferred:
         curve.append((seconds, version, float(problem.loss(v))))
         record(*curve[-1], v)
-    version, params = server.snapshot()
+    made, last = server.snapshot()
+    version, params = reached or (made, last)
     if curve[-1][1] == version:  # the last recorded loss is the final parameters' (v is never modified)
         final_loss = curve[-1][2]
     else:
@@ -155,7 +159,8 @@ def run_dpsgd(
         "params": params.copy(),
         "final_loss": final_loss,
         "loss_curve": curve,
-        "global_updates": version,
+        "global_updates": made,
+        "params_version": version,
         "staleness": server.staleness_stats(),
         "bytes": meter.summary(),
         "pulls": server.pulls,
@@ -163,7 +168,7 @@ def run_dpsgd(
         "applied_updates": server.applied_updates,
         "dropped_updates": server.dropped_updates,
         "gradient_steps": server.gradient_steps,
-        "updates_per_second": version / wall if wall > 0 else 0.0,
+        "updates_per_second": made / wall if wall > 0 else 0.0,
         "wall_time_s": wall,
         "startup_s": startup_s,
         "stop_reason": server.stop_reason,

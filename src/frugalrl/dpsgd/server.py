@@ -19,6 +19,8 @@ op     request (worker → server)                    reply (server → worker)
 ====== ============================================ =================================================
 pull   —                                            ``params``: ``w/v``, meta ``version``; or ``stop``
 push   ``grad/w``, meta ``version`` (pulled), steps  the next ``params`` (push and pull in one trip)
+       (or column-sparse, meta ``format="columns"``:
+       :mod:`frugalrl.dpsgd.sparse`)
 error  meta ``error``, ``type``                     ``stop``
 ====== ============================================ =================================================
 
@@ -29,6 +31,7 @@ update per global step, all computed from the same ``v``.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter
@@ -37,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from frugalrl.dpsgd.sparse import ColumnUpdate
 from frugalrl.wire.message import Message
 
 
@@ -70,6 +74,7 @@ class ParameterServer:
         global_updates: int | None = None,
         synchronous: bool = False,
         log_every: int = 0,
+        log_every_s: float | None = None,
         pull_codec: str = "fp32",
         name: str = "problem",
     ) -> None:
@@ -80,6 +85,8 @@ class ParameterServer:
         self.global_updates = global_updates
         self.synchronous = bool(synchronous)
         self.log_every = int(log_every)
+        self.log_every_s = None if log_every_s is None else float(log_every_s)
+        self._next_record_s = self.log_every_s or 0.0
         self.pull_codec = pull_codec
         self.name = name
         self.version = 0
@@ -97,6 +104,7 @@ class ParameterServer:
         self._t0: float | None = None
         self._t_stop: float | None = None
         self._snapshots: list[tuple[float, int, np.ndarray]] = []
+        self._last_pull: dict[int, tuple[int, np.ndarray]] = {}  # worker: (version, v) it last pulled
 
     # ------------------------------------------------------------------ clock and stopping
     def start_clock(self) -> None:
@@ -157,6 +165,7 @@ class ParameterServer:
             if self.stopped:
                 return None
             self.pulls += 1
+            self._last_pull[worker] = (self.version, self.v)  # v is never modified in place: a reference
             return self.version, self.v
 
     def push(self, worker: int, update: np.ndarray, pulled_version: int, steps: int = 0) -> None:
@@ -196,7 +205,12 @@ class ParameterServer:
         self.applied_updates += len(self._pending)
         self._pending.clear()
         self.version += 1
-        if self.log_every and self.version % self.log_every == 0:
+        if self.log_every_s is not None:  # a wall-clock cadence: the first update after each period
+            now = self._now()
+            if now >= self._next_record_s:
+                self._snapshots.append((now, self.version, self.v))
+                self._next_record_s = (math.floor(now / self.log_every_s) + 1) * self.log_every_s
+        elif self.log_every and self.version % self.log_every == 0:
             self._snapshots.append((self._now(), self.version, self.v))
         if self.global_updates is not None and self.version >= self.global_updates:
             self._stop_locked("global_updates")
@@ -218,7 +232,9 @@ class ParameterServer:
         if msg.op == "pull":
             return self.params_message(self.pull(worker))
         if msg.op == "push":
-            update = msg.arrays.get("grad/w")
+            update: np.ndarray | None = (
+                self.dense_update(worker, msg) if msg.meta.get("format") == "columns" else msg.arrays.get("grad/w")
+            )
             if update is None:
                 raise ValueError(f"worker {worker} sent a push without 'grad/w'")
             self.push(worker, update, int(msg.meta["version"]), int(msg.meta.get("steps", 0)))
@@ -228,9 +244,29 @@ class ParameterServer:
             return Message("stop", {"reason": "failure"})
         raise ValueError(f"worker {worker} sent an unknown operation {msg.op!r}")
 
+    def pulled_params(self, worker: int, version: int) -> np.ndarray:
+        """The ``v`` that ``worker`` pulled last, which must be ``version`` (``ValueError`` otherwise)."""
+        with self._cond:
+            last = self._last_pull.get(worker)
+        if last is None or last[0] != version:
+            raise ValueError(
+                f"worker {worker} pushed a column update for version {version}, but its last pull was "
+                f"{None if last is None else last[0]}"
+            )
+        return last[1]
+
+    def dense_update(self, worker: int, msg: Message) -> np.ndarray:
+        """The dense ``w`` of a column push (:mod:`frugalrl.dpsgd.sparse`), rebuilt against the ``v`` the
+        worker pulled (``base="pulled"``) or the current ``v`` (``"current"``): the server then applies it as a
+        dense push."""
+        column = ColumnUpdate.from_message(msg)
+        pulled = self.pulled_params(worker, int(msg.meta["version"]))
+        return column.dense(pulled if column.base == "pulled" else self.snapshot()[1])
+
     # ------------------------------------------------------------------ results
     def drain_snapshots(self) -> list[tuple[float, int, np.ndarray]]:
-        """``(seconds, version, v)`` recorded every ``log_every`` global updates since the last call."""
+        """``(seconds, version, v)`` recorded every ``log_every`` global updates (or ``log_every_s`` seconds)
+        since the last call."""
         with self._cond:
             out, self._snapshots = self._snapshots, []
             return out

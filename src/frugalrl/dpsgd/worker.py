@@ -38,6 +38,7 @@ import numpy as np
 
 from frugalrl.dpsgd.problems import Problem, check_vector, load_problem
 from frugalrl.dpsgd.rates import decayed_rate
+from frugalrl.dpsgd.sparse import ColumnUpdate, supports_columns
 from frugalrl.process import Child, ChildError, ChildExited, ParentGone, ParentLink, error_message, spawn
 from frugalrl.wire.message import Message
 
@@ -166,7 +167,7 @@ class DPSGDWorker:
     """Alg. 2 for one worker: its problem, its shared ``u`` and its Hogwild helpers.
 
     ``cfg`` holds ``worker``, ``processes`` (p), ``local_steps`` (B), ``eta`` (with ``eta_decay`` and
-    ``eta_offset``, :func:`~frugalrl.dpsgd.rates.decayed_rate`), ``seed``, ``problem``,
+    ``eta_offset`` and ``eta_horizon``, :func:`~frugalrl.dpsgd.rates.decayed_rate`), ``seed``, ``problem``,
     ``problem_kwargs`` and ``update_codec``. Building it starts the helpers (so that a transport can
     report "ready" only once the worker can compute); :meth:`run` talks to the server through any
     ``exchange(Message) -> Message`` function.
@@ -179,6 +180,15 @@ class DPSGDWorker:
         self.problem = load_problem(self.name, cfg["problem_kwargs"])
         size = check_vector(self.problem.init_params(), None, self.name, "init_params()").size
         self.rng = make_rng(cfg["seed"], self.index, 0)
+        fmt = cfg.get("update_format", "dense")
+        if fmt == "auto":
+            fmt = "columns" if supports_columns(self.problem) and int(cfg["processes"]) == 1 else "dense"
+        self.columns = fmt == "columns"
+        if self.columns and not supports_columns(self.problem):
+            raise ValueError(
+                f"problem {self.name!r} has no column_shape / decay_target / column_step: it cannot push "
+                "update_format='columns' (use 'dense')"
+            )
         self.vector = SharedVector.create(size)
         try:
             self.pool = HogwildPool(cfg, self.vector, startup_timeout)
@@ -190,7 +200,8 @@ class DPSGDWorker:
         """One pass of the outer loop on parameters ``v`` pulled at global update ``version``: return the
         update ``u - v``."""
         u, steps = self.vector.array, int(self.cfg["local_steps"])
-        eta = decayed_rate(self.cfg["eta"], version, self.cfg["eta_decay"], self.cfg["eta_offset"])
+        eta = decayed_rate(self.cfg["eta"], version, self.cfg["eta_decay"], self.cfg["eta_offset"],
+                           self.cfg.get("eta_horizon"))
         u[:] = v  # line 3
         self.pool.begin(steps, eta)  # line 4
         try:
@@ -198,6 +209,29 @@ class DPSGDWorker:
         finally:
             self.pool.finish()
         return u - v  # line 10
+
+    def round_columns(self, v: np.ndarray, version: int = 0) -> ColumnUpdate:
+        """:meth:`round` for column-sparse pushes (one Hogwild process): the same ``B`` SVI-type steps, by
+        the problem's ``column_step``, returned as a :class:`~frugalrl.dpsgd.sparse.ColumnUpdate`. :meth:`run`
+        pushes it densely instead (``u − v``, the same update) when that is no larger and ``base`` is ``pulled``."""
+        u, steps = self.vector.array, int(self.cfg["local_steps"])
+        eta = decayed_rate(self.cfg["eta"], version, self.cfg["eta_decay"], self.cfg["eta_offset"],
+                           self.cfg.get("eta_horizon"))
+        problem: Any = self.problem
+        u[:] = v
+        touched = []
+        for _ in range(steps):
+            touched.append(problem.column_step(u, eta, self.rng))
+        if not np.isfinite(u).all():
+            raise ValueError(
+                f"problem {self.name!r}: column_step() made the parameters non-finite (NaN or inf); "
+                "the run diverged: lower eta or rho"
+            )
+        decay = (1.0 - eta) ** steps
+        return ColumnUpdate.from_step(
+            u, v, problem.column_shape, decay, problem.decay_target, np.concatenate(touched),
+            self.cfg.get("column_base", "pulled"),
+        )
 
     def run(self, exchange: Callable[[Message], Message]) -> None:
         """Pull, compute, push until the server answers ``stop``; errors go to the server as ``error``.
@@ -209,7 +243,16 @@ class DPSGDWorker:
         try:
             reply = exchange(Message("pull"))
             while reply.op == "params":
-                update = self.round(reply.arrays["w/v"], int(reply.meta["version"]))
+                if self.columns:
+                    v = reply.arrays["w/v"]
+                    cols = self.round_columns(v, int(reply.meta["version"]))
+                    if not cols.smaller_than_dense():  # the batch touched (nearly) every column
+                        update = self.vector.array - v  # the same update, as the dense push
+                    else:
+                        reply = exchange(cols.message(reply.meta["version"], steps, self.cfg["update_codec"]))
+                        continue
+                else:
+                    update = self.round(reply.arrays["w/v"], int(reply.meta["version"]))
                 push = Message(
                     "push",
                     {"version": reply.meta["version"], "steps": steps},
