@@ -423,15 +423,8 @@ def markdown(table: dict[str, Any], command: str) -> str:
                 f"| {key} ({entry['steps'] / 1e3:.0f}k) | {variant} | {r['final_return_mean']:.1f} ± "
                 f"{r['final_return_std']:.1f} | {_x(r.get('return_vs_sb3'))} | "
                 f"{r['stochastic_return_mean']:.1f} | {r['reached_reference']}/{len(r['seeds'])} (≥ {entry['reference']}) | "
-                f"{np.mean(secs):.0f} | {r['train_seconds_mean']:.0f} | {_x(r.get('train_seconds_vs_sb3'))} | "
-                f"{r['wall_seconds_mean']:.0f} | {_x(r.get('wall_vs_sb3'))} | "
-                f"{r['bytes_total_mean'] / 1e6:.1f} | {r['bytes_weights_mean'] / 1e6:.2f} | {r['weight_syncs_mean']:.0f} | "
-                f"{r['stuck_fraction_max']:.0%} |" if secs else
-                f"| {key} ({entry['steps'] / 1e3:.0f}k) | {variant} | {r['final_return_mean']:.1f} ± "
-                f"{r['final_return_std']:.1f} | {_x(r.get('return_vs_sb3'))} | "
-                f"{r['stochastic_return_mean']:.1f} | 0/{len(r['seeds'])} (≥ {entry['reference']}) | — | "
-                f"{r['train_seconds_mean']:.0f} | {_x(r.get('train_seconds_vs_sb3'))} | "
-                f"{r['wall_seconds_mean']:.0f} | {_x(r.get('wall_vs_sb3'))} | "
+                f"{f'{np.mean(secs):.0f}' if secs else '—'} | {r['train_seconds_mean']:.0f} | "
+                f"{_x(r.get('train_seconds_vs_sb3'))} | {r['wall_seconds_mean']:.0f} | {_x(r.get('wall_vs_sb3'))} | "
                 f"{r['bytes_total_mean'] / 1e6:.1f} | {r['bytes_weights_mean'] / 1e6:.2f} | {r['weight_syncs_mean']:.0f} | "
                 f"{r['stuck_fraction_max']:.0%} |")
     return "\n".join(lines) + "\n\n" + impala_markdown(table)

@@ -247,10 +247,12 @@ class A2CProblem:
         and agrees with it (the run stops with these parameters).
         """
         self.load(params)
-        mean = self.evaluate(self.log_eval_episodes)
-        if (self.target_return is not None and mean >= self.target_return
-                and self.confirm_episodes > self.log_eval_episodes):
-            mean = self.evaluate(self.confirm_episodes)
+        first = self.log_eval_episodes
+        mean = self.evaluate(first)
+        more = self.confirm_episodes - first
+        if self.target_return is not None and mean >= self.target_return and more > 0:
+            rest = self.evaluate(more, seed=EVAL_SEED + self.seed + first)  # the episodes after the first ones
+            mean = (first * mean + more * rest) / self.confirm_episodes
         return -mean
 
     # -- helpers

@@ -196,12 +196,16 @@ class DPSGDWorker:
             self.vector.close()
             raise
 
+    def rate(self, version: int) -> float:
+        """The local rate η of a round on parameters pulled at global update ``version`` (the global clock)."""
+        cfg = self.cfg
+        return decayed_rate(cfg["eta"], version, cfg["eta_decay"], cfg["eta_offset"], cfg.get("eta_horizon"))
+
     def round(self, v: np.ndarray, version: int = 0) -> np.ndarray:
         """One pass of the outer loop on parameters ``v`` pulled at global update ``version``: return the
         update ``u - v``."""
         u, steps = self.vector.array, int(self.cfg["local_steps"])
-        eta = decayed_rate(self.cfg["eta"], version, self.cfg["eta_decay"], self.cfg["eta_offset"],
-                           self.cfg.get("eta_horizon"))
+        eta = self.rate(version)
         u[:] = v  # line 3
         self.pool.begin(steps, eta)  # line 4
         try:
@@ -215,8 +219,7 @@ class DPSGDWorker:
         the problem's ``column_step``, returned as a :class:`~frugalrl.dpsgd.sparse.ColumnUpdate`. :meth:`run`
         pushes it densely instead (``u − v``, the same update) when that is no larger and ``base`` is ``pulled``."""
         u, steps = self.vector.array, int(self.cfg["local_steps"])
-        eta = decayed_rate(self.cfg["eta"], version, self.cfg["eta_decay"], self.cfg["eta_offset"],
-                           self.cfg.get("eta_horizon"))
+        eta = self.rate(version)
         problem: Any = self.problem
         u[:] = v
         touched = []
