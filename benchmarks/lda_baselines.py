@@ -4,6 +4,11 @@
     python benchmarks/lda_baselines.py                   # reuters + synthetic, every method (~1.5 min, 2 cores)
     python benchmarks/lda_baselines.py --quick           # smoke run (seconds)
     python benchmarks/lda_baselines.py --corpus reuters --dpsvi 1x1 2x1 1x2 --gensim-workers 1 2 --target 2100
+    python benchmarks/lda_baselines.py --corpus synthetic-large --seed 0 --out lda_baselines_large_seed0
+                                                         # 100,000 docs, Zipf-like V = 50,000 (~3.5 min)
+
+MB pushed and the push ratio: DPSVI's pushed bytes as counted on the wire, against what its pushes would take
+dense in fp32 (``pushes × K × V × 4`` bytes).
 
 Methods, on the same corpus, the same K and the same priors (``alpha = eta = 1/K`` unless given):
 
@@ -82,6 +87,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "passes": 3,
         "chunksize": 2000,
     },
+    # 100,000 documents over a Zipf-like vocabulary of 50,000 words (LDAConfig.synthetic_zipf): a batch of
+    # 2000 documents touches about 30% of the words, so column pushes pay. Generated at run time (~3 s).
+    "synthetic-large": {
+        "cfg": {
+            "corpus": "synthetic",
+            "n_topics": 20,
+            "synthetic_docs": 100_000,
+            "synthetic_vocab": 50_000,
+            "synthetic_doc_len": 100,
+            "synthetic_zipf": 1.2,
+        },
+        "passes": 2,
+        "chunksize": 2000,
+    },
 }
 QUICK: dict[str, dict[str, Any]] = {
     "reuters": {"cfg": {"corpus": "reuters", "n_topics": 5}, "passes": 2, "chunksize": 128},
@@ -92,6 +111,18 @@ QUICK: dict[str, dict[str, Any]] = {
             "synthetic_docs": 600,
             "synthetic_vocab": 300,
             "synthetic_doc_len": 50,
+        },
+        "passes": 2,
+        "chunksize": 128,
+    },
+    "synthetic-large": {
+        "cfg": {
+            "corpus": "synthetic",
+            "n_topics": 5,
+            "synthetic_docs": 1500,
+            "synthetic_vocab": 5000,
+            "synthetic_doc_len": 50,
+            "synthetic_zipf": 1.2,
         },
         "passes": 2,
         "chunksize": 128,
@@ -316,6 +347,9 @@ def run_dpsvi(
     out = fit_lda(cfg)
     total = time.perf_counter() - t0
     curve = [[round(t, 4), int(u) * docs_per_update, float(p)] for t, u, p in out["perplexity_curve"]]
+    # what the same pushes would have cost dense in fp32 (K x V float32 values each, no header)
+    dense_push_bytes = int(out["pushes"]) * split.k * split.v * 4
+    pushed = int(out["bytes"]["gradients"])
     lam = np.maximum(np.asarray(out["lambda"], dtype=np.float64), split.eta)
     check = split.perplexity(lam)  # the same function on the same split: equals out["final_perplexity"]
     return {
@@ -325,6 +359,9 @@ def run_dpsvi(
         "eval_seconds": None,
         "docs": out["global_updates"] * docs_per_update,
         "bytes": out["bytes"],
+        "pushes": out["pushes"],
+        "dense_fp32_push_bytes": dense_push_bytes,
+        "push_ratio_vs_dense_fp32": (dense_push_bytes / pushed) if pushed else None,
         "stop_reason": out["stop_reason"],
         "fit_lda_time_to_target_s": out.get("time_to_target_s"),
         "final_perplexity_check": check,
@@ -338,6 +375,8 @@ def run_dpsvi(
             "eta_decay": base.eta_decay,
             "eta_offset": base.eta_offset,
             "update_format": base.update_format,
+            "update_codec": base.update_codec,
+            "column_base": base.column_base,
             "e_step_backend": base.e_step_backend,
             "rho": out["rho"],
             "eta": out["eta"],
@@ -447,8 +486,8 @@ def table(res: dict[str, Any]) -> str:
         f"{res['passes']} passes; target perplexity {fmt(res['target'])} ({res['target_rule']})",
         "",
         "| method | time to target (s) | docs to target | final perplexity | best perplexity "
-        "| train time (s) | startup (s) | docs | evals | MB on the wire | MB pushed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| train time (s) | startup (s) | docs | evals | MB on the wire | MB pushed | push ratio vs dense fp32 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["methods"]:
         mb = r["bytes"]["total"] / 1e6 if "bytes" in r else None
@@ -457,7 +496,8 @@ def table(res: dict[str, Any]) -> str:
             f"| {r['method']} | {fmt(r['time_to_target_s'])} | {fmt(r['docs_to_target'], 'd')} | "
             f"{r['final_perplexity']:.2f} | {r['best_perplexity']:.2f} | {r['train_seconds']:.2f} | "
             f"{fmt(r.get('startup_seconds'))} | "
-            f"{r['docs']} | {len(r['curve'])} | {fmt(mb, '.1f')} | {fmt(pushed, '.1f')} |"
+            f"{r['docs']} | {len(r['curve'])} | {fmt(mb, '.1f')} | {fmt(pushed, '.1f')} | "
+            f"{fmt(r.get('push_ratio_vs_dense_fp32'))} |"
         )
     return "\n".join(lines)
 
@@ -483,7 +523,7 @@ def main() -> None:
         "--passes",
         type=int,
         default=None,
-        help="passes over the training docs for every method (default: reuters 30, synthetic 3)",
+        help="passes over the training docs for every method (default: reuters 30, synthetic 3, synthetic-large 2)",
     )
     p.add_argument("--batch", type=int, default=64, help="sklearn mini-batch (documents)")
     p.add_argument(

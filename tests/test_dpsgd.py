@@ -116,6 +116,30 @@ def test_apply_update_is_alg1_formula():
     np.testing.assert_array_equal(v, apply_update(v, [np.zeros(50, np.float32)], 0.7))
 
 
+def test_server_master_momentum_replays_sgd_with_momentum():
+    rng = np.random.default_rng(2)
+    v0 = rng.standard_normal(8).astype(np.float32)
+    server = ParameterServer(v0, rho=0.3, momentum=0.5, master_batch=2, workers=2, global_updates=10)
+    v, m = v0.astype(np.float64), np.zeros(8)
+    for t in range(4):
+        ws = [rng.standard_normal(8).astype(np.float32) for _ in range(2)]
+        for w in range(2):
+            server.push(w, ws[w], t)
+        m = 0.5 * m + ws[0] + ws[1]
+        v = v + 0.3 * m
+        np.testing.assert_allclose(server.v, v, rtol=1e-5, atol=1e-6)
+    assert server.version == 4
+    with pytest.raises(ValueError, match="velocity"):
+        apply_update(v0, [v0], 0.3, momentum=0.5)
+
+
+def test_momentum_is_validated():
+    with pytest.raises(ValueError, match=r"momentum must lie in \[0, 1\)"):
+        DPSGDConfig(problem=LSQ, momentum=1.0)
+    with pytest.raises(ValueError, match="momentum needs update_format='dense'"):
+        DPSGDConfig(problem=LSQ, momentum=0.5, update_format="columns")
+
+
 def test_server_applies_master_batch_atomically_and_measures_staleness():
     rng = np.random.default_rng(1)
     v0 = rng.standard_normal(6).astype(np.float32)

@@ -210,6 +210,46 @@ def test_synthetic_corpus_is_deterministic_and_shaped():
     assert np.all(np.diff(a.indptr) > 0)
 
 
+def test_zipf_synthetic_corpus_is_deterministic_shaped_and_zipf_like():
+    kw = {"n_docs": 2000, "vocab": 10_000, "K": 5, "doc_len": 50}
+    a, topics = synthetic_corpus(**kw, seed=3, zipf=1.2)
+    b, _ = synthetic_corpus(**kw, seed=3, zipf=1.2)
+    c, _ = synthetic_corpus(**kw, seed=4, zipf=1.2)
+    assert a.n_docs == 2000 and a.n_words == 10_000 and topics.shape == (5, 10_000)
+    assert a.vocab is not None and len(a.vocab) == 10_000
+    np.testing.assert_allclose(topics.sum(axis=1), 1.0)
+    for name in ("indptr", "word_ids", "counts"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    assert not (a.word_ids.size == c.word_ids.size and np.array_equal(a.word_ids, c.word_ids))
+    assert np.all(np.diff(a.indptr) > 0)
+    assert abs(a.n_tokens / a.n_docs - 50) < 2  # Poisson(50) lengths
+    # word frequencies fall off as a power of the rank, with about the exponent asked for
+    counts = np.bincount(a.word_ids, weights=a.counts, minlength=a.n_words)
+    ranked = np.sort(counts)[::-1][:1000]
+    slope = np.polyfit(np.log(np.arange(1, 1001)), np.log(ranked), 1)[0]
+    assert -1.4 < slope < -1.0
+    assert counts[:10].sum() > counts[-5000:].sum()  # id 0 is the most frequent word, on average
+    # a batch of 100 documents touches a small share of the vocabulary
+    assert np.unique(a.subset(np.arange(100)).word_ids).size < 0.15 * a.n_words
+
+
+def test_zipf_zero_is_the_original_generator():
+    kw = {"n_docs": 40, "vocab": 30, "K": 3, "doc_len": 20, "seed": 5}
+    a, ta = synthetic_corpus(**kw)
+    b, tb = synthetic_corpus(**kw, zipf=0.0)
+    np.testing.assert_array_equal(a.to_dense(), b.to_dense())
+    np.testing.assert_array_equal(ta, tb)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="zipf"):
+            synthetic_corpus(**kw, zipf=bad)
+    with pytest.raises(ValueError, match="synthetic_zipf"):
+        LDAConfig(synthetic_zipf=-0.5)
+    assert LDAConfig().synthetic_zipf == 0.0
+    assert LDAConfig(synthetic_zipf=1.1).problem_kwargs()["synthetic"]["zipf"] == 1.1
+    p = LDAProblem(n_topics=3, synthetic={"n_docs": 300, "vocab": 2000, "doc_len": 30, "zipf": 1.1})
+    assert p.n_words == 2000 and p.train.n_docs + p.heldout.n_docs == 300
+
+
 @pytest.mark.parametrize("name", ["docword.toy.txt", "docword.toy.txt.gz", "plain.txt"])
 def test_docword_round_trip(tmp_path, name):
     corpus, _ = synthetic_corpus(n_docs=30, vocab=25, K=3, doc_len=15, seed=1)

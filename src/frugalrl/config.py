@@ -37,6 +37,8 @@ SyncName = Literal["every", "interval", "aaps"]
 """Weight-sync rules by their command-line name (see :func:`frugalrl.sync.make_sync_rule`)."""
 WeightsCodec = Literal["fp32", "bf16", "fp16", "int8"]
 """How weights travel to the workers (see :mod:`frugalrl.wire.codecs`)."""
+Uplink = Literal["auto", "none", "lz4", "zstd"]
+"""How the workers' experience travels to the learner, losslessly (see :mod:`frugalrl.wire.lossless`)."""
 
 
 class ConfigPart:
@@ -175,6 +177,11 @@ class ClusterConfig(ConfigPart):
     """n of the 'interval' rule."""
     weights_codec: WeightsCodec = "fp32"
     """How weights travel to the workers: fp32, bf16, fp16 or int8."""
+    uplink: Uplink = "auto"
+    """How experience travels from the workers (lossless: the learner gets the very same arrays): 'auto' (each
+    stream with the compressor that suits it: byte-plane shuffle + zstd, booleans bit-packed), 'lz4' or 'zstd'
+    (every stream with that compressor) or 'none' (raw bytes). Arrays under 1 KiB (per-step replies) are not
+    compressed; small boolean ones are still bit-packed."""
 
     def validate(self) -> None:
         """Check the cluster fields."""

@@ -169,7 +169,7 @@ def cluster_traffic(envs: Any) -> dict[str, Any]:
     if not isinstance(envs, ClusterEnv):
         return {"bytes": {"total": 0}, "weight_syncs": {"total": 0, "per_worker": []}, "restarts": 0}
     st = envs.stats()
-    return {"bytes": st["bytes"], "weight_syncs": st["weight_syncs"], "restarts": st["restarts"]}
+    return {"bytes": st["bytes"], "weight_syncs": st["weight_syncs"], "restarts": st["restarts"], "uplink": st["uplink"]}
 
 
 class Training:
@@ -491,7 +491,8 @@ class Training:
         target; ``always_evaluate`` makes one anyway), final checkpoint, summary.json and plots; returns the
         summary as a dict.
 
-        ``traffic``: ``bytes``, ``weight_syncs`` and ``restarts`` (see :func:`cluster_traffic`).
+        ``traffic``: ``bytes``, ``weight_syncs``, ``restarts`` and ``uplink`` (the experience codecs per stream,
+        put in ``details``; see :func:`cluster_traffic`).
         """
         if self._bar is not None:
             self._bar.close()
@@ -549,7 +550,7 @@ class Training:
             sync_stalls=self.stall_watch.events,
             eval_disagreement=disagreement,
             run_dir=str(self.run.dir),
-            details=details or {},
+            details={**(details or {}), **({"uplink": traffic["uplink"]} if "uplink" in traffic else {})},
         ).to_json()
         self.run.write_summary(summary)
         self.run.close()

@@ -29,7 +29,8 @@ Choices and differences from the paper, and why:
   across rounds), so ``η`` is an RMSProp step size (``1e-3`` on CartPole with ``m = 8``: steadier
   than ``3e-3``); ``grad_scaling="none"`` gives plain SGD (``η`` about ``0.02``-``0.03`` on CartPole
   with clipping: it learns, but its greedy return oscillates more).
-  The paper's master uses SGD with momentum 0.5; here the master is DPSGD's (no momentum, ``ρ``).
+  The paper's master uses SGD with momentum 0.5, and so does HSA2C by default (``momentum`` 0.5 with
+  ``rho`` 0.5; DPSGD's own default is Alg. 1's plain ``ρ`` step).
 - *Server-side loss*: :meth:`A2CProblem.loss` (called by the server every ``eval_every`` global
   updates) is the negative mean return of ``log_eval_episodes`` greedy episodes on a separate
   evaluation env with fixed seeds, in the calling process. Training returns seen by workers never
@@ -297,6 +298,10 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
 
     local_steps: int = 10
     eta: float = 1e-3
+    rho: float = 0.5
+    momentum: float = 0.5
+    """Master momentum (the paper's HSA2C setting, with ``rho`` 0.5 so that a steady push still moves ``θ`` by
+    ``ρ / (1 − μ) = 1`` times itself): with reward scaling it keeps LunarLander runs from collapsing (README)."""
     global_updates: int | None = 300
     eval_every: int = 20
     eval_every_s: float | None = None
@@ -313,7 +318,7 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
     """Decay of the RMSProp running mean of squared gradients."""
     rms_eps: float = 1e-5
     """ε of the RMSProp denominator."""
-    norm_reward: bool = False
+    norm_reward: bool = True
     """Scale each Hogwild process's rewards by the running std of its envs' discounted return (the value
     function then learns scaled returns; evaluations report raw ones)."""
     log_eval_episodes: int = 1

@@ -56,6 +56,10 @@ class DPSGDOptions:
     """Updates collected by the server per global update (M)."""
     rho: float = 1.0
     """Global learning rate (ρ)."""
+    momentum: float = 0.0
+    """Master momentum μ: the server keeps ``m ← μ m + Σ_m w_m`` and applies ``v ← v + ρ m`` (the paper's
+    HSA2C runs use "SGD with 0.5 momentum" on the master; 0: Alg. 1 exactly). Dense problems only: a decay
+    carried over by momentum would break LDA's convex combination."""
     eta: float = 0.01
     """Local learning rate (η)."""
     eta_decay: float = 0.0
@@ -111,6 +115,15 @@ class DPSGDOptions:
             _check_int(where, name, getattr(self, name), 1)
         for name in ("rho", "eta", "eta_offset"):
             _check_positive(where, name, getattr(self, name))
+        if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) or not (
+            0 <= self.momentum < 1
+        ):
+            raise ValueError(f"{where}.momentum must lie in [0, 1), got {self.momentum!r}")
+        if self.momentum and self.update_format != "dense":
+            raise ValueError(
+                f"{where}.momentum needs update_format='dense' (column pushes carry a decay that momentum "
+                f"would repeat), got {self.update_format!r}"
+            )
         if isinstance(self.eta_decay, bool) or not isinstance(self.eta_decay, (int, float)) or not (
             0 <= self.eta_decay <= 1
         ):

@@ -173,17 +173,31 @@ def synthetic_corpus(
     alpha: float = 0.1,
     eta: float = 0.05,
     seed: int = 0,
+    zipf: float = 0.0,
 ) -> tuple[Corpus, np.ndarray]:
     """Documents drawn from LDA with ``K`` topics: ``β_k ~ Dir(eta)`` over ``vocab`` words,
     ``θ_d ~ Dir(alpha)``, length ``N_d ~ max(1, Poisson(doc_len))``, words ``~ Mult(N_d, θ_d β)``
     (the bag of words of the usual per-token draw). Returns ``(corpus, topics)``, ``topics`` the
     true ``K × vocab`` word distributions. Deterministic in ``seed``.
+
+    ``zipf > 0``: a Zipf-like vocabulary for large corpora. Word ``w`` (0-based) gets the base frequency
+    ``f_w ∝ (w + 1)^(−zipf)`` and each topic draws ``β_kw ∝ f_w · g_kw`` with ``g_kw ~ Gamma(eta)``
+    (``zipf = 0`` would be ``Dir(eta)`` again): every word's mean frequency is ``f_w`` (so word ``0`` is
+    the most frequent, and corpus counts fall off as a power law of the rank), while ``eta`` keeps the
+    topics specific. The documents are then drawn token by token (topic counts ``~ Mult(N_d, θ_d)``, each
+    token's word by inverse CDF of its topic), never forming the dense ``n_docs × vocab`` matrix, so
+    100,000 documents over 50,000 words take a few seconds. ``zipf = 0`` (the default) is the original
+    generator, draw for draw.
     """
     for name, value in (("n_docs", n_docs), ("vocab", vocab), ("K", K), ("doc_len", doc_len)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"synthetic_corpus: {name} must be an integer >= 1, got {value!r}")
     if not (alpha > 0 and eta > 0):
         raise ValueError(f"synthetic_corpus: alpha and eta must be > 0, got {alpha!r}, {eta!r}")
+    if not (np.isfinite(zipf) and zipf >= 0):
+        raise ValueError(f"synthetic_corpus: zipf must be a finite number >= 0, got {zipf!r}")
+    if zipf > 0:
+        return _zipf_corpus(n_docs, vocab, K, doc_len, alpha, eta, seed, float(zipf))
     rng = np.random.default_rng(seed)
     topics = _dirichlet(rng, np.full(vocab, float(eta)), K)
     theta = _dirichlet(rng, np.full(K, float(alpha)), n_docs)
@@ -193,6 +207,40 @@ def synthetic_corpus(
     counts = np.stack([rng.multinomial(n, p) for n, p in zip(lengths, probs, strict=True)])
     vocab_words = [f"w{i}" for i in range(vocab)]
     return Corpus.from_dense(counts, vocab_words), topics
+
+
+def zipf_frequencies(vocab: int, exponent: float) -> np.ndarray:
+    """``f_w ∝ (w + 1)^(−exponent)`` for ``w < vocab``, summing to 1 (the base frequencies of
+    :func:`synthetic_corpus` with ``zipf=exponent``)."""
+    f = np.arange(1, vocab + 1, dtype=np.float64) ** (-float(exponent))
+    return f / f.sum()
+
+
+def _zipf_corpus(
+    n_docs: int, vocab: int, K: int, doc_len: int, alpha: float, eta: float, seed: int, zipf: float
+) -> tuple[Corpus, np.ndarray]:
+    """:func:`synthetic_corpus` with ``zipf > 0`` (see there), drawn token by token."""
+    rng = np.random.default_rng([seed, 7])  # its own stream: never confused with the zipf = 0 draws
+    g = rng.gamma(float(eta), size=(K, vocab)) * zipf_frequencies(vocab, zipf)
+    g = np.maximum(g, np.finfo(np.float64).tiny)
+    topics = g / g.sum(axis=1, keepdims=True)
+    theta = _dirichlet(rng, np.full(K, float(alpha)), n_docs)
+    lengths = np.maximum(1, rng.poisson(doc_len, size=n_docs))
+    per_topic = rng.multinomial(lengths, theta)  # n_docs × K token counts
+    flat = per_topic.ravel()
+    docs = np.repeat(np.repeat(np.arange(n_docs, dtype=np.int64), K), flat)
+    token_topics = np.repeat(np.tile(np.arange(K), n_docs), flat)
+    u = rng.random(docs.size)
+    words = np.empty(docs.size, dtype=np.int64)
+    cdf = np.cumsum(topics, axis=1)
+    cdf /= cdf[:, -1:]
+    order = np.argsort(token_topics, kind="stable")
+    bounds = np.searchsorted(token_topics[order], np.arange(K + 1))
+    for k in range(K):
+        idx = order[bounds[k] : bounds[k + 1]]
+        words[idx] = np.minimum(np.searchsorted(cdf[k], u[idx], side="right"), vocab - 1)
+    corpus = Corpus.from_triples(docs, words, np.ones(docs.size), n_docs, vocab, [f"w{i}" for i in range(vocab)])
+    return corpus, topics
 
 
 def _dirichlet(rng: np.random.Generator, conc: np.ndarray, size: int) -> np.ndarray:

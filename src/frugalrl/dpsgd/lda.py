@@ -365,6 +365,10 @@ class LDAConfig(DPSGDOptions):
     """Synthetic corpus: true α of the generating model."""
     synthetic_eta: float = 0.05
     """Synthetic corpus: true η (topic prior) of the generating model."""
+    synthetic_zipf: float = 0.0
+    """Synthetic corpus: > 0 gives a Zipf-like vocabulary, word ``w``'s mean frequency ``∝ (w + 1)^(−synthetic_zipf)``,
+    drawn token by token (fast for 100,000 documents over tens of thousands of words); 0 (the default): the
+    original symmetric ``Dir(synthetic_eta)`` topics (:func:`~frugalrl.dpsgd.corpora.synthetic_corpus`)."""
     top_words: int = 10
     """Words listed per topic in the summary."""
 
@@ -377,6 +381,8 @@ class LDAConfig(DPSGDOptions):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"LDAConfig.{name} must be a number > 0 or None, got {value!r}")
+        if not (isinstance(self.synthetic_zipf, (int, float)) and 0 <= self.synthetic_zipf < math.inf):
+            raise ValueError(f"LDAConfig.synthetic_zipf must be a finite number >= 0, got {self.synthetic_zipf!r}")
         if not 0 < self.heldout_fraction < 1:
             raise ValueError(f"LDAConfig.heldout_fraction must lie in (0, 1), got {self.heldout_fraction!r}")
         if self.sampling not in SAMPLINGS:
@@ -413,6 +419,7 @@ class LDAConfig(DPSGDOptions):
                 "doc_len": self.synthetic_doc_len,
                 "alpha": self.synthetic_alpha,
                 "eta": self.synthetic_eta,
+                "zipf": self.synthetic_zipf,
             },
         }
 

@@ -84,6 +84,7 @@ def run_dpsgd(
     server = ParameterServer(
         v0,
         rho=rho,
+        momentum=cfg.momentum,
         master_batch=cfg.master_batch,
         workers=cfg.workers,
         global_updates=cfg.global_updates,

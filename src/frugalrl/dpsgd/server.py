@@ -3,8 +3,8 @@
 :class:`ParameterServer` keeps the global parameters ``v`` and the global step ``t`` (the number of
 global updates applied so far, also called the *version* of ``v``). Workers pull ``v`` and push
 update vectors ``w = u - v_pulled``; once ``M`` updates have arrived the server applies
-``v ← v + ρ Σ_m w_m`` (:func:`apply_update`) under its lock, so no worker can pull a half-updated
-``v`` (the paper's atomic update).
+``v ← v + ρ Σ_m w_m`` (:func:`apply_update`; with master momentum μ: ``m ← μ m + Σ_m w_m``,
+``v ← v + ρ m``) under its lock, so no worker can pull a half-updated ``v`` (the paper's atomic update).
 
 Staleness. An update pulled at version ``s`` and applied by the global step that takes ``v`` from
 version ``t-1`` to ``t`` has staleness ``τ = (t - 1) - s``: the number of global updates that were
@@ -44,13 +44,29 @@ from frugalrl.dpsgd.sparse import ColumnUpdate
 from frugalrl.wire.message import Message
 
 
-def apply_update(v: np.ndarray, updates: Sequence[np.ndarray], rho: float) -> np.ndarray:
-    """Alg. 1, line 4: ``v + ρ Σ_m w_m`` as a new float32 array (the sum runs in the given order)."""
+def apply_update(
+    v: np.ndarray,
+    updates: Sequence[np.ndarray],
+    rho: float,
+    momentum: float = 0.0,
+    velocity: np.ndarray | None = None,
+) -> np.ndarray:
+    """Alg. 1, line 4: ``v + ρ Σ_m w_m`` as a new float32 array (the sum runs in the given order).
+
+    With ``momentum`` μ > 0 and the server's ``velocity`` buffer m (updated in place to ``μ m + Σ_m w_m``)
+    the step is ``v + ρ m``: SGD with momentum on the master.
+    """
     if not updates:
         raise ValueError("apply_update needs at least one update vector")
     total = np.array(updates[0], dtype=np.float32, copy=True)
     for w in updates[1:]:
         total += w
+    if momentum:
+        if velocity is None:
+            raise ValueError("apply_update with momentum needs the velocity buffer")
+        velocity *= np.float32(momentum)
+        velocity += total
+        total[...] = velocity
     total *= np.float32(rho)  # in place: the only new array is the result
     total += v
     return total
@@ -69,6 +85,7 @@ class ParameterServer:
         params: np.ndarray,
         *,
         rho: float,
+        momentum: float = 0.0,
         master_batch: int,
         workers: int,
         global_updates: int | None = None,
@@ -80,6 +97,8 @@ class ParameterServer:
     ) -> None:
         self.v = np.array(params, dtype=np.float32, copy=True)
         self.rho = float(rho)
+        self.momentum = float(momentum)
+        self.velocity = np.zeros_like(self.v) if self.momentum else None
         self.master_batch = int(master_batch)
         self.workers = int(workers)
         self.global_updates = global_updates
@@ -199,7 +218,7 @@ class ParameterServer:
     def _apply_locked(self) -> None:
         """The atomic global update ``v ← v + ρ Σ_m w_m`` (called with the lock held)."""
         before = self.version
-        self.v = apply_update(self.v, [w for _, w, _ in self._pending], self.rho)
+        self.v = apply_update(self.v, [w for _, w, _ in self._pending], self.rho, self.momentum, self.velocity)
         for _, _, pulled in self._pending:
             self.staleness[before - pulled] += 1
         self.applied_updates += len(self._pending)

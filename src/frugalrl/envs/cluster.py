@@ -41,6 +41,7 @@ from frugalrl.rollout import Rollout
 from frugalrl.sync import EveryUpdate, SyncRule
 from frugalrl.sync_state import PolicySync
 from frugalrl.wire.codecs import FLOAT_CODECS
+from frugalrl.wire.lossless import check_uplink
 from frugalrl.wire.message import Message
 from frugalrl.wire.meter import ByteMeter
 
@@ -94,6 +95,8 @@ class ClusterEnv(gym.vector.VectorEnv):
         env_kwargs: keyword arguments for ``gym.make`` or the factory.
         autoreset_mode: ``"NextStep"`` (Gymnasium's default) or ``"SameStep"`` for :meth:`step`.
         weights_codec: how weights travel: ``fp32``, ``bf16``, ``fp16`` or ``int8``.
+        uplink: how experience travels back, losslessly (the same arrays arrive): ``"auto"``, ``"lz4"``,
+            ``"zstd"`` or ``"none"`` (raw); see :func:`frugalrl.wire.lossless.uplink_codecs`.
         worker_timeout: seconds without a reply after which a worker is declared dead.
         check_finite: raise on NaN/inf observations or rewards.
         max_restarts: worker replacements allowed over the env's life before giving up.
@@ -117,6 +120,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         env_kwargs: dict[str, Any] | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         weights_codec: str = "fp32",
+        uplink: str = "auto",
         worker_timeout: float = 300.0,
         check_finite: bool = True,
         meter: ByteMeter | None = None,
@@ -134,6 +138,7 @@ class ClusterEnv(gym.vector.VectorEnv):
             raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
         if weights_codec not in FLOAT_CODECS:
             raise ValueError(f"unknown weights_codec {weights_codec!r}; expected one of {FLOAT_CODECS}")
+        check_uplink(uplink)
         if not worker_timeout > 0:
             raise ValueError(f"worker_timeout must be > 0 seconds, got {worker_timeout!r}")
         if sync is not None and not isinstance(sync, SyncRule):
@@ -185,13 +190,14 @@ class ClusterEnv(gym.vector.VectorEnv):
             seed = entropy % (2**31)
         self.seed = int(seed)
         self.weights_codec = weights_codec
+        self.uplink = uplink
         self.max_restarts = int(max_restarts)
         self.backend_name = backend
         self.replayable = bool(replayable)
 
         k = self.envs_per_worker
         configs = [
-            WorkerConfig(w, self.env_spec, k, w * k, mode.value, check_finite, self.seed, self.replayable)
+            WorkerConfig(w, self.env_spec, k, w * k, mode.value, check_finite, self.seed, self.replayable, uplink)
             for w in range(self.num_workers)
         ]
         self.backend = make_backend(
@@ -215,7 +221,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         :class:`~frugalrl.config.ClusterConfig` workers, backend, sync rule and codec)."""
         return cls(cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
                    sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec,
-                   ray_address=cfg.ray_address, replayable=replayable)
+                   uplink=getattr(cfg, "uplink", "auto"), ray_address=cfg.ray_address, replayable=replayable)
 
     # ------------------------------------------------------------------ the sync state, read-only
     @property
@@ -373,9 +379,10 @@ class ClusterEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
-        """Bytes by kind, weight syncs (total and per worker), restarts and versions."""
+        """Bytes by kind, weight syncs (total and per worker), restarts, versions and the uplink option."""
         return {
             "bytes": self.meter.summary(),
+            "uplink": self.uplink,
             **self.policies.stats(),
             "restarts": len(self.restart_events),
             "restart_events": list(self.restart_events),

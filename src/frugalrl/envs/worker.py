@@ -25,6 +25,10 @@ rebuilds the env by resetting it the same way and replaying the actions. The rep
 compared with the one the head holds: an env whose randomness does not come from ``np_random`` (or
 that is not deterministic) is reported as not restored exactly and starts a new episode instead.
 
+Uplink: ``reset``, ``step`` and ``rollout`` replies carry their experience streams (observations,
+rewards, terminations / truncations, behaviour parameters) with the codecs the worker's ``uplink`` option
+picks (:func:`frugalrl.wire.lossless.uplink_codecs`: lossless, so the head decodes the very same arrays).
+
 Errors (a NaN observation, an env that raises) come back as an ``error`` message that the
 head turns into an exception naming the worker and environment.
 """
@@ -42,10 +46,13 @@ from frugalrl import dists
 from frugalrl.envs.spec import EnvSpec
 from frugalrl.nets import ActorCritic, PolicySpec, build_policy
 from frugalrl.runs import jsonable
+from frugalrl.wire.lossless import check_uplink, uplink_codecs
 from frugalrl.wire.message import Message, decode_state_dict
 
 NEXT_STEP = "NextStep"
 SAME_STEP = "SameStep"
+#: Replies that carry experience: their streams travel with the worker's uplink codecs.
+_EXPERIENCE_OPS = ("reset", "step", "rollout")
 
 
 class WorkerError(RuntimeError):
@@ -69,7 +76,9 @@ class EnvWorker:
         check_finite: bool = True,
         seed: int = 0,
         replayable: bool = False,
+        uplink: str = "none",
     ) -> None:
+        self.uplink = check_uplink(uplink)
         self.index = index
         self.first_env = first_env
         self.autoreset_mode = autoreset_mode
@@ -105,7 +114,10 @@ class EnvWorker:
             handler = getattr(self, f"_op_{msg.op}", None)
             if handler is None:
                 raise WorkerError(f"unknown operation {msg.op!r}")
-            return handler(msg)
+            reply: Message = handler(msg)
+            if reply.op in _EXPERIENCE_OPS and self.uplink != "none":
+                reply.codecs.update(uplink_codecs(self.uplink, reply.arrays))
+            return reply
         except Exception as e:  # noqa: BLE001 - reported to the head, which raises
             return Message("error", {"error": f"{type(e).__name__}: {e}", "worker": self.index})
 

@@ -26,7 +26,8 @@ class WireCache:
 
     It is checked against the real encoder and decoder on the first uses of every shape and then
     every ``CHECK_EVERY`` uses; a shape that ever differs (or that the cache cannot describe: nested
-    meta, non-array values, ...) always takes the real path.
+    meta, non-array values, an array with a compressing codec, whose size depends on its data, ...)
+    always takes the real path.
     """
 
     CHECK_FIRST = 2
@@ -92,7 +93,7 @@ class WireCache:
 
     def _learn_decoding(self, key: bytes, view: memoryview) -> tuple[Message, dict[str, int]]:
         msg, sizes = decode_message(view)
-        if not all(type(v) in _PLAIN_META for v in msg.meta.values()):
+        if not all(type(v) in _PLAIN_META for v in msg.meta.values()) or _variable(msg):
             self._dec[key] = None
             return msg, sizes
         layout = []
@@ -127,7 +128,14 @@ def _shape_key(msg: Message) -> tuple | None:
         if type(arr) is not np.ndarray or type(name) is not str:
             return None
         arrays.append((name, arr.dtype.str, arr.shape, msg.codecs.get(name, "raw"), msg.kinds.get(name)))
+    if _variable(msg):
+        return None
     return (msg.op, tuple(meta), tuple(arrays))
+
+
+def _variable(msg: Message) -> bool:
+    """True if an array of ``msg`` has a codec whose size depends on the data (its layout is not fixed)."""
+    return any(c in _codecs.VARIABLE_CODECS for c in msg.codecs.values())
 
 
 def _same_message(a: Message, b: Message) -> bool:

@@ -7,7 +7,10 @@ Plain functions over NumPy arrays, no pickle anywhere. A codec is named by a sho
   16 bits of the fp32 pattern, rounded to nearest even);
 - ``int8`` for weights: symmetric per-tensor scale, ``x ≈ scale * q`` with ``q`` in [-127, 127];
   4 bytes of scale + 1 byte per element.
-- ``raw`` keeps any array as it is (integers, booleans, float64 ...).
+- ``raw`` keeps any array as it is (integers, booleans, float64 ...);
+- lossless experience codecs (:mod:`frugalrl.wire.lossless`): ``bits`` (booleans 8 to a byte) and
+  ``lz4`` / ``zstd`` (byte-plane shuffle, then a compressor), whose size depends on the data
+  (:data:`VARIABLE_CODECS`: :func:`encoded_nbytes` refuses them, :func:`payload_nbytes` reads it).
 """
 
 from __future__ import annotations
@@ -16,13 +19,19 @@ import math
 
 import numpy as np
 
+from frugalrl.wire import lossless
+from frugalrl.wire.lossless import LOSSLESS_CODECS, VARIABLE_CODECS
+
 FLOAT_CODECS = ("fp32", "fp16", "bf16", "int8")
+#: The codecs of a fixed size (a function of shape and dtype).
 CODECS = ("raw", *FLOAT_CODECS)
+#: Every codec, the lossless experience codecs included.
+ALL_CODECS = (*CODECS, *LOSSLESS_CODECS)
 
 
 def _check(codec: str) -> None:
-    if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
+    if codec not in ALL_CODECS:
+        raise ValueError(f"unknown codec {codec!r}; expected one of {ALL_CODECS}")
 
 
 def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -45,8 +54,14 @@ def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
 
 
 def encoded_nbytes(shape: tuple[int, ...], dtype: np.dtype, codec: str) -> int:
-    """Size in bytes of an array of ``shape``/``dtype`` encoded with ``codec``."""
+    """Size in bytes of an array of ``shape``/``dtype`` encoded with ``codec``.
+
+    ``ValueError`` for the codecs of :data:`VARIABLE_CODECS` (``lz4``, ``zstd``): their size depends on the
+    data, so there is no formula; encode to measure it, or read it with :func:`payload_nbytes`.
+    """
     _check(codec)
+    if codec in LOSSLESS_CODECS:
+        return lossless.encoded_nbytes(shape, np.dtype(dtype), codec)
     n = math.prod(map(int, shape))
     if codec == "raw":
         return n * np.dtype(dtype).itemsize
@@ -58,6 +73,8 @@ def encode(x: np.ndarray, codec: str = "raw") -> bytes:
     _check(codec)
     if codec == "raw":
         return np.ascontiguousarray(x).tobytes()
+    if codec in LOSSLESS_CODECS:
+        return lossless.encode(x, codec)
     x32 = np.ascontiguousarray(x, dtype=np.float32)
     if codec == "fp32":
         return x32.tobytes()
@@ -82,6 +99,8 @@ def decode(buf: bytes | memoryview, shape: tuple[int, ...], dtype: str, codec: s
     """Decode bytes produced by :func:`encode` into a fresh array of ``shape`` and ``dtype``."""
     _check(codec)
     shape = tuple(int(s) for s in shape)
+    if codec in LOSSLESS_CODECS:
+        return lossless.decode(buf, shape, dtype, codec)
     if codec == "raw":
         return np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape).copy()
     out: np.ndarray
@@ -95,3 +114,13 @@ def decode(buf: bytes | memoryview, shape: tuple[int, ...], dtype: str, codec: s
         scale = np.frombuffer(buf[:4], dtype=np.float32)[0]
         out = np.frombuffer(buf[4:], dtype=np.int8).reshape(shape).astype(np.float32) * scale
     return out.astype(np.dtype(dtype), copy=True)
+
+
+def payload_nbytes(buf: bytes | memoryview, shape: tuple[int, ...], dtype: str | np.dtype, codec: str) -> int:
+    """Size of the ``codec`` payload of such an array at the start of ``buf`` (which may hold more after it):
+    :func:`encoded_nbytes` for a fixed-size codec, the length it declares for ``lz4`` / ``zstd`` (checked
+    against the bytes present and against the array; ``ValueError`` if it cannot be right)."""
+    _check(codec)
+    if codec in VARIABLE_CODECS:
+        return lossless.payload_nbytes(buf, shape, np.dtype(dtype), codec)
+    return encoded_nbytes(shape, np.dtype(dtype), codec)

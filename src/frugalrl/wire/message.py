@@ -7,6 +7,8 @@ encoded as::
 
 The header lists each array's name, dtype and shape, plus its codec and byte-meter kind where
 they differ from the defaults (``raw``, and the kind implied by the name).
+A payload's size is a function of shape, dtype and codec, except for the compressing codecs (``lz4``,
+``zstd``), whose payloads carry their own length; sizes by kind are always those of the bytes produced.
 Nothing is pickled, so a message from an untrusted peer can at worst fail to decode.
 """
 
@@ -89,23 +91,24 @@ def _specs(msg: Message) -> list[list[Any]]:
     return specs
 
 
-def _spec_fields(spec: list[Any]) -> tuple[str, str, tuple[int, ...], str, str, int]:
-    """``(name, dtype, shape, codec, kind, nbytes)`` of a header spec."""
+def _spec_fields(spec: list[Any]) -> tuple[str, str, tuple[int, ...], str, str]:
+    """``(name, dtype, shape, codec, kind)`` of a header spec."""
     name, dtype, shape = spec[0], spec[1], tuple(int(s) for s in spec[2])
     codec = spec[3] if len(spec) > 3 else "raw"
     kind = spec[4] if len(spec) > 4 else default_kind(name)
-    return name, dtype, shape, codec, kind, codecs.encoded_nbytes(shape, _wire_dtype(dtype), codec)
+    return name, dtype, shape, codec, kind
 
 
 def _header_bytes(msg: Message, specs: list[list[Any]]) -> bytes:
     return json.dumps({"op": msg.op, "meta": msg.meta, "arrays": specs}, separators=(",", ":")).encode()
 
 
-def _sizes(header: bytes, specs: list[list[Any]]) -> dict[str, int]:
+def _sizes(header: bytes, specs: list[list[Any]], nbytes: list[int]) -> dict[str, int]:
+    """Bytes by kind: the header as control, each payload (of ``nbytes``, in order) as its array's kind."""
     sizes: dict[str, int] = {"control": _PREFIX.size + len(header)}
-    for spec in specs:
-        _, _, _, _, kind, nbytes = _spec_fields(spec)
-        sizes[kind] = sizes.get(kind, 0) + nbytes
+    for spec, n in zip(specs, nbytes, strict=True):
+        kind = _spec_fields(spec)[4]
+        sizes[kind] = sizes.get(kind, 0) + n
     return sizes
 
 
@@ -115,13 +118,22 @@ def encode_message(msg: Message) -> tuple[bytes, dict[str, int]]:
     header = _header_bytes(msg, specs)
     payloads = [codecs.encode(np.asarray(arr), msg.codecs.get(name, "raw")) for name, arr in msg.arrays.items()]
     blob = b"".join([_PREFIX.pack(MAGIC, len(header)), header, *payloads])
-    return blob, _sizes(header, specs)
+    return blob, _sizes(header, specs, [len(p) for p in payloads])
 
 
 def message_sizes(msg: Message) -> dict[str, int]:
-    """Bytes by kind that ``msg`` takes on the wire, computed without encoding the payloads."""
+    """Bytes by kind that ``msg`` takes on the wire: computed from shapes, without encoding, for fixed-size
+    codecs; arrays with a compressing codec (``lz4``, ``zstd``) are encoded to measure them."""
     specs = _specs(msg)
-    return _sizes(_header_bytes(msg, specs), specs)
+    nbytes = []
+    for name, arr in msg.arrays.items():
+        arr = np.asarray(arr)
+        codec = msg.codecs.get(name, "raw")
+        if codec in codecs.VARIABLE_CODECS:
+            nbytes.append(len(codecs.encode(arr, codec)))
+        else:
+            nbytes.append(codecs.encoded_nbytes(arr.shape, arr.dtype, codec))
+    return _sizes(_header_bytes(msg, specs), specs, nbytes)
 
 
 _DTYPES: dict[str, np.dtype] = {}
@@ -164,12 +176,18 @@ def decode_message(buf: bytes | bytearray | memoryview) -> tuple[Message, dict[s
         try:
             if not isinstance(spec, list) or not 3 <= len(spec) <= 5:
                 raise ValueError("expected [name, dtype, shape, codec?, kind?]")
-            name, dtype, shape, codec, kind, nbytes = _spec_fields(spec)
+            name, dtype, shape, codec, kind = _spec_fields(spec)
             _wire_dtype(dtype)
             if not isinstance(name, str) or not isinstance(kind, str) or min(shape, default=0) < 0:
                 raise ValueError("bad name, kind or shape")
+            if codec not in codecs.ALL_CODECS:
+                raise ValueError(f"unknown codec {codec!r}")
         except (ValueError, TypeError, IndexError, AttributeError) as e:
             raise WireError(f"corrupt array spec {spec!r}: {e}") from e
+        try:
+            nbytes = codecs.payload_nbytes(view[offset:], shape, _wire_dtype(dtype), codec)
+        except (ValueError, TypeError) as e:
+            raise WireError(f"corrupt array {name!r}: {e}") from e
         if offset + nbytes > len(view):
             raise WireError(f"message truncated in array {name!r}")
         try:

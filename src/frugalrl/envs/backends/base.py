@@ -42,6 +42,7 @@ class WorkerConfig:
     check_finite: bool
     seed: int
     replayable: bool = False
+    uplink: str = "none"
 
 
 def build_worker(config: WorkerConfig) -> EnvWorker:
@@ -50,7 +51,7 @@ def build_worker(config: WorkerConfig) -> EnvWorker:
 
     c = config
     return EnvWorker(c.index, c.env_spec, c.num_envs, c.first_env, c.autoreset_mode, c.check_finite, c.seed,
-                     c.replayable)
+                     c.replayable, c.uplink)
 
 
 def config_to_json(config: WorkerConfig, backend: str) -> dict[str, Any]:

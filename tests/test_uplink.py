@@ -1,0 +1,130 @@
+"""The experience uplink option: one contract over every backend (the learner receives exactly the arrays it
+receives without a codec, and the byte meter counts the smaller payloads), the option in configs, the CLI,
+config.json and ClusterEnv.stats()."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_cluster_env import fresh_agent, random_actions
+
+from frugalrl import ClusterEnv
+from frugalrl.algos.ppo import PPOConfig
+from frugalrl.wire.lossless import MIN_COMPRESS_NBYTES, UPLINK_OPTIONS, uplink_codecs
+
+pytestmark = pytest.mark.timeout(180)
+
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+RAY = pytest.param("ray", marks=pytest.mark.skipif(not HAVE_RAY, reason="backend='ray' needs Ray"))
+W, K, T = 2, 2, 128
+ROLLOUT_FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "dist_params", "versions", "next_obs",
+                  "final_idx", "final_obs")
+
+
+@pytest.fixture
+def backend(request):
+    if request.param == "ray":
+        request.getfixturevalue("ray_8cpus")
+    return request.param
+
+
+def _same(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    assert a.tobytes() == b.tobytes(), what  # bit for bit
+
+
+@pytest.mark.parametrize("backend", ["serial", "local", RAY], indirect=True)
+def test_learner_receives_the_same_arrays_and_fewer_bytes(backend, closing):
+    """Same seed and agent with uplink 'none' and 'auto': identical steps, infos and rollouts (every array, bit
+    for bit), and fewer observation, behaviour and reward bytes with 'auto'."""
+    extra = {"ray_num_cpus": 0} if backend == "ray" else {}
+    envs = {u: closing(ClusterEnv("CartPole-v1", W, K, backend=backend, seed=11, uplink=u, **extra))
+            for u in ("none", "auto")}
+    agent = fresh_agent(envs["none"], seed=2)
+    opt = torch.optim.SGD(agent.parameters(), lr=0.1)
+    rng = np.random.default_rng(3)
+    first = {u: env.reset(seed=11) for u, env in envs.items()}
+    _same(first["none"][0], first["auto"][0], "reset obs")
+    for t in range(5):
+        actions = random_actions(envs["none"].single_action_space, W * K, rng)
+        out = {u: env.step(actions) for u, env in envs.items()}
+        for i, what in enumerate(("obs", "rewards", "terminations", "truncations")):
+            _same(out["none"][i], out["auto"][i], f"step {t} {what}")
+    for t in range(5):
+        out = {u: env.step(agent) for u, env in envs.items()}
+        for i, what in enumerate(("obs", "rewards", "terminations", "truncations")):
+            _same(out["none"][i], out["auto"][i], f"act step {t} {what}")
+        for key in ("actions", "dist_params", "policy_version"):
+            _same(out["none"][4][key], out["auto"][4][key], f"act step {t} {key}")
+    for it in range(3):
+        ro = {u: env.rollout(agent, T) for u, env in envs.items()}
+        for name in ROLLOUT_FIELDS:
+            _same(getattr(ro["none"], name), getattr(ro["auto"], name), f"rollout {it} {name}")
+        assert ro["none"].episode_returns == ro["auto"].episode_returns
+        opt.zero_grad()
+        (-agent.dist_params(torch.from_numpy(ro["none"].obs.reshape(-1, 4))).logsumexp(-1).mean()).backward()
+        opt.step()
+    stats = {u: env.stats() for u, env in envs.items()}
+    assert stats["none"]["weight_syncs"] == stats["auto"]["weight_syncs"]
+    raw, packed = stats["none"]["bytes"], stats["auto"]["bytes"]
+    assert (stats["none"]["uplink"], stats["auto"]["uplink"]) == ("none", "auto")
+    assert packed["observations"] < 0.97 * raw["observations"]  # CartPole: 4 busy floats, little to gain
+    assert packed["behaviour"] < raw["behaviour"] and packed["rewards"] < 0.8 * raw["rewards"]
+    assert packed["weights"] == raw["weights"] and packed["actions"] == raw["actions"]
+    assert packed["messages"] == raw["messages"]
+    # What the meter counts is what crossed: the same for every backend (the serial one measures the encoding).
+    assert sum(v for k, v in packed.items() if k in ("observations", "rewards", "behaviour")) > 0
+
+
+def test_serial_local_count_the_same_compressed_bytes(closing):
+    """The serial backend measures compressed payloads by encoding them; the local one sends them: same counts."""
+    envs = {b: closing(ClusterEnv("CartPole-v1", W, K, backend=b, seed=5, uplink="zstd")) for b in ("serial", "local")}
+    agent = fresh_agent(envs["serial"], seed=1)
+    for env in envs.values():
+        env.reset(seed=5)
+        env.rollout(agent, T)
+        env.step(agent)
+    s, loc = (envs[b].stats()["bytes"] for b in ("serial", "local"))
+    for key in ("observations", "rewards", "behaviour", "control", "total", "up", "down", "per_worker"):
+        assert s[key] == loc[key], key
+
+
+def test_uplink_codecs_by_stream():
+    big = {"obs": np.zeros((128, 8, 8), np.float32), "rewards": np.zeros((128, 8), np.float32),
+           "terminations": np.zeros((128, 8), bool), "truncations": np.zeros((128, 8), bool),
+           "dist_params": np.zeros((128, 8, 4), np.float32), "actions": np.zeros((128, 8), np.uint8),
+           "next_obs": np.zeros((8, 8), np.float32), "ep_r": np.zeros(3)}
+    assert uplink_codecs("none", big) == {}
+    auto = uplink_codecs("auto", big)
+    assert set(auto) == {"obs", "rewards", "terminations", "truncations", "dist_params"}  # next_obs: 256 B
+    assert set(auto.values()) <= {"lz4", "zstd"}
+    assert set(uplink_codecs("lz4", big).values()) == {"lz4"}
+    small = {"obs": np.zeros((8, 8), np.float32), "terminations": np.zeros(8, bool), "rewards": np.zeros(8)}
+    assert uplink_codecs("auto", small) == {"terminations": "bits"}  # per-step replies: only bit-packing
+    assert small["obs"].nbytes < MIN_COMPRESS_NBYTES
+    with pytest.raises(ValueError, match="unknown uplink"):
+        uplink_codecs("gzip", big)
+
+
+def test_uplink_option_in_config_cli_and_cluster(tmp_path):
+    assert PPOConfig().uplink == "auto" and set(UPLINK_OPTIONS) == {"auto", "none", "lz4", "zstd"}
+    with pytest.raises(ValueError, match="uplink must be one of"):
+        PPOConfig(uplink="gzip").validate()
+    with pytest.raises(ValueError, match="unknown uplink"):
+        ClusterEnv("CartPole-v1", 1, 1, backend="serial", uplink="gzip")
+    from frugalrl.cli import main
+
+    code = main(["train", "ppo", "--env", "CartPole-v1", "--backend", "serial", "--workers", "1",
+                 "--envs-per-worker", "2", "--num-steps", "128", "--total-timesteps", "256", "--uplink", "zstd",
+                 "--eval-episodes", "0", "--run-dir", str(tmp_path), "--run-name", "r", "--no-progress",
+                 "--no-tensorboard", "--no-plots"])
+    assert code == 0
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert config["uplink"] == "zstd" and summary["details"]["uplink"] == "zstd"
+    assert summary["bytes"]["observations"] < 256 * 4 * 4  # CartPole: 16 raw bytes per step
