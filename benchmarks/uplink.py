@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from frugalrl.wire.lossless import AUTO_CODECS, UPLINK_OPTIONS, uplink_codecs
+from frugalrl.wire.lossless import AUTO_CODEC, UPLINK_OPTIONS, uplink_codecs
 from frugalrl.wire.message import Message, decode_message, encode_message
 from frugalrl.wire.meter import KINDS
 
@@ -191,7 +191,7 @@ def main() -> None:
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__},
         "steps": args.steps,
         "seed": args.seed,
-        "auto_codecs": AUTO_CODECS,
+        "auto_codec": AUTO_CODEC,
         "runs": runs,
         "codec_time": codec_time,
     }

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from frugalrl.sync import SyncRule, make_sync_rule
+from frugalrl.wire.lossless import Uplink
 
 Backend = Literal["serial", "local", "ray"]
 """Where ClusterEnv's workers run: in this process, in local processes, or in Ray actors."""
@@ -37,8 +38,6 @@ SyncName = Literal["every", "interval", "aaps"]
 """Weight-sync rules by their command-line name (see :func:`frugalrl.sync.make_sync_rule`)."""
 WeightsCodec = Literal["fp32", "bf16", "fp16", "int8"]
 """How weights travel to the workers (see :mod:`frugalrl.wire.codecs`)."""
-Uplink = Literal["auto", "none", "lz4", "zstd"]
-"""How the workers' experience travels to the learner, losslessly (see :mod:`frugalrl.wire.lossless`)."""
 
 
 class ConfigPart:
@@ -178,9 +177,9 @@ class ClusterConfig(ConfigPart):
     weights_codec: WeightsCodec = "fp32"
     """How weights travel to the workers: fp32, bf16, fp16 or int8."""
     uplink: Uplink = "auto"
-    """How experience travels from the workers (lossless: the learner gets the very same arrays): 'auto' (each
-    stream with the compressor that suits it: byte-plane shuffle + zstd, booleans bit-packed), 'lz4' or 'zstd'
-    (every stream with that compressor) or 'none' (raw bytes). Arrays under 1 KiB (per-step replies) are not
+    """How experience travels from the workers (lossless: the learner gets the very same arrays): 'auto' (today
+    byte-plane shuffle + zstd on every stream, the smallest at a negligible CPU cost), 'lz4' or 'zstd' (every
+    stream with that compressor) or 'none' (raw bytes). Arrays under 1 KiB (per-step replies) are not
     compressed; small boolean ones are still bit-packed."""
 
     def validate(self) -> None:

@@ -218,10 +218,10 @@ class ClusterEnv(gym.vector.VectorEnv):
     @classmethod
     def from_config(cls, cfg: Any, replayable: bool = False) -> ClusterEnv:
         """The ClusterEnv a run config describes (its :class:`~frugalrl.config.RunConfig` env and seed, its
-        :class:`~frugalrl.config.ClusterConfig` workers, backend, sync rule and codec)."""
+        :class:`~frugalrl.config.ClusterConfig` workers, backend, sync rule, codec and uplink)."""
         return cls(cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
                    sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec,
-                   uplink=getattr(cfg, "uplink", "auto"), ray_address=cfg.ray_address, replayable=replayable)
+                   uplink=cfg.uplink, ray_address=cfg.ray_address, replayable=replayable)
 
     # ------------------------------------------------------------------ the sync state, read-only
     @property
