@@ -1,12 +1,13 @@
 # frugalrl: the two commands of the README.
 #   make demo   install everything, then train PPO on LunarLander-v3 through ClusterEnv (local backend)
 #   make test   install everything, then run the test suite
+#   make docs   build the docs site into site/ (warnings are errors)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install demo test test-all lint bench clean
+.PHONY: install demo test test-all lint docs bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,5 +35,10 @@ lint: install
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/mypy src
 
+# The docs site into site/ (open site/index.html), warnings as errors; docs/hooks.py generates its benchmark
+# tables from benchmarks/results/*.json and its config references from the config dataclasses.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -203,10 +203,11 @@ def hsa2c_run(cfg: HSA2CConfig, target: float) -> dict[str, Any]:
     return rec
 
 
-def timed_hsa2c(env: str, budget_s: float, eval_every_s: float, **fields: Any) -> HSA2CConfig:
-    """An HSA2C run for timing: ``budget_s`` seconds, async (``M = 1``), evaluated after the run on 3 greedy
-    episodes at the first global update after every ``eval_every_s`` seconds of training (the same cadence
-    whatever a global update is), no figures or TensorBoard; ``fields`` override the rest."""
+def timed_hsa2c(env: str, budget_s: float, eval_every_s: float, check_episodes: int = 3, **fields: Any) -> HSA2CConfig:
+    """An HSA2C run for timing: ``budget_s`` seconds, async (``M = 1``), evaluated after the run on
+    ``check_episodes`` greedy episodes at the first global update after every ``eval_every_s`` seconds of
+    training (the same cadence whatever a global update is), no figures or TensorBoard; ``fields`` override
+    the rest."""
     return HSA2CConfig(
         env=env,
         master_batch=1,
@@ -214,7 +215,7 @@ def timed_hsa2c(env: str, budget_s: float, eval_every_s: float, **fields: Any) -
         time_limit_s=budget_s,
         deferred_eval=True,
         eval_every_s=eval_every_s,
-        log_eval_episodes=3,
+        log_eval_episodes=check_episodes,
         eval_episodes=10,
         run_dir=str(RESULTS / "runs"),
         progress=False,

@@ -14,7 +14,8 @@ of ``p = 1`` process each; only the DPSGD settings differ:
   each worker, all computed from the same weights (a barrier per gradient).
 
 Fair cadence. Every variant is evaluated at the first global update after every ``eval_every_s`` seconds
-of training (``HSA2CConfig.eval_every_s``), whatever a global update is worth, on 3 greedy episodes;
+of training (``HSA2CConfig.eval_every_s``), whatever a global update is worth, on ``--check-episodes`` greedy
+episodes (10, as many as the final evaluation, so that the best check is not the luckiest of many small samples);
 evaluation runs after training (``deferred_eval``), so it is never in the timed path and takes no CPU
 from the workers (the parameters are kept and scored once the workers are gone). Time is training time
 from the end of worker startup. The reference return is reached at the first evaluation that meets it.
@@ -23,7 +24,7 @@ reference" is each run's byte rate times its own time to the reference. Runs tha
 reference are counted: "reached" says how many did, and "time (all seeds)" counts an unreached run at
 its whole training time (a lower bound, marked ≥). Every variant runs the same env steps (``steps`` in
 ``ENVS``; the time limit is only a guard), so the slower variants train for longer. "final" is the 10-episode greedy evaluation of the last
-weights; "final / best" compares it with the best 3-episode check of the run (≥ 0.9 holds the return).
+weights; "final / best" compares it with the best check of the run (≥ 0.9 holds the return).
 Results: ``benchmarks/results/<out>.json`` and ``.md`` (``--out``, default ``hsa2c_vs_sync``).
 """
 
@@ -67,7 +68,8 @@ VARIANTS = ("hsa2c", "a3c", "sync")
 def variants(env: str, args: argparse.Namespace) -> list[tuple[str, HSA2CConfig]]:
     """The HSA2C config of ``env`` and its B = 1 baselines (asynchronous DDRL A3C, synchronous), by ``--variants``."""
     spec = ENVS[env]
-    hsa2c = timed_hsa2c(spec.get("env", env), spec["budget_s"], spec["eval_every_s"], workers=args.workers, processes=1,
+    hsa2c = timed_hsa2c(spec.get("env", env), spec["budget_s"], spec["eval_every_s"], args.check_episodes,
+                        workers=args.workers, processes=1,
                         local_steps=args.local_steps, total_timesteps=spec["steps"],
                         **{**spec["settings"], **json.loads(args.settings)})
     every = {
@@ -115,7 +117,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| env | variant | reference return | time to reference (s, reached) | reached | time (all seeds) | "
         "env steps/s | kB per global update | MB per 100k env steps | MB to reference | staleness | "
-        "best (3 ep.) / final (10 ep.) | final / best |",
+        "best check / final (10 ep.) | final / best |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in rows:
@@ -142,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--local-steps", type=int, default=10, help="B of HSA2C")
     ap.add_argument("--settings", default="{}", help="JSON of HSA2CConfig fields over every env's settings")
+    ap.add_argument("--check-episodes", type=int, default=10,
+                    help="greedy episodes of each cadence evaluation (10: the final evaluation's; 3: before 2026-11-24)")
     ap.add_argument("--budget-scale", type=float, default=1.0, help="multiply every env's step and time budgets")
     ap.add_argument("--out", default="hsa2c_vs_sync")
     ap.add_argument("--reanalyse", action="store_true",
@@ -160,10 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         body["runs_from"] = old.get("runs_from") or {k: old[k] for k in ("command", "date", "machine", "total_s")}
     else:
         groups = []
-        for env in args.envs:
-            for label, cfg in variants(env, args):
-                runs = [hsa2c_run(replace(cfg, seed=seed), ENVS[env]["targets"][0]) for seed in args.seeds]
-                groups.append((env, label, asdict(cfg), runs))
+        for env in args.envs:  # seed-major: the variants of one seed run back to back (same machine load)
+            configs = variants(env, args)
+            runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in configs}
+            for seed in args.seeds:
+                for label, cfg in configs:
+                    runs[label].append(hsa2c_run(replace(cfg, seed=seed), ENVS[env]["targets"][0]))
+            groups += [(env, label, asdict(cfg), runs[label]) for label, cfg in configs]
     rows = [summarise(env, label, config, runs, target)
             for env, label, config, runs in groups for target in ENVS[env]["targets"]]
     md = markdown(rows)

@@ -33,11 +33,42 @@ from test_multinode import RayCluster  # noqa: E402 - the cluster helper lives w
 KINDS = ("observations", "actions", "rewards", "behaviour", "weights", "info", "control")
 
 
+def _rate_bps(rate: str) -> float:
+    """``"10mbit"`` → 1e7 (tc's units)."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale
+    return float(rate)
+
+
+def uplink_savings(rows: list[dict]) -> list[dict]:
+    """For each (rate, sync) run with ``--uplink none`` and a compressing uplink: the link time the raw run's
+    bytes take per iteration, the share of it the byte ratio should save, and the iteration time it did save."""
+    out = []
+    raw = {(r["rate"], r["sync"]): r for r in rows if r["uplink"] == "none"}
+    for r in rows:
+        base = raw.get((r["rate"], r["sync"]))
+        if base is None or r is base:
+            continue
+        link_s = base["bytes"]["total"] * 8 / _rate_bps(r["rate"]) / base["updates"]
+        expected = link_s * (1 - r["bytes"]["total"] / base["bytes"]["total"])
+        saved = base["s_per_iter"] - r["s_per_iter"]
+        out.append({"rate": r["rate"], "sync": r["sync"], "uplink": r["uplink"],
+                    "byte_ratio": r["bytes"]["total"] / base["bytes"]["total"],
+                    "raw_link_ms_per_iter": link_s * 1e3, "expected_saving_ms": expected * 1e3,
+                    "measured_saving_ms": saved * 1e3, "met": saved >= expected})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="LunarLander-v3")
     parser.add_argument("--rates", default="1gbit,100mbit,10mbit")
     parser.add_argument("--syncs", default="every,aaps")
+    parser.add_argument("--uplinks", default="auto",
+                        help="--uplink options to run (e.g. none,auto); 'none' also sends full behaviour parameters "
+                             "(raw fp32 experience, as before the uplink codecs)")
     parser.add_argument("--kl-threshold", type=float, default=0.05)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--envs-per-worker", type=int, default=4)
@@ -58,13 +89,14 @@ def main() -> None:
             RayCluster(hosts, worker_cpus=args.workers) as cluster:
         for rate in args.rates.split(","):
             hosts.shape(rate=rate)
-            for sync in args.syncs.split(","):
-                name = f"{rate}-{sync}"
+            for sync, uplink in [(s, u) for s in args.syncs.split(",") for u in args.uplinks.split(",")]:
+                name = f"{rate}-{sync}-{uplink}"
                 argv = [sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--env", args.env,
                         "--backend", "ray", "--ray-address", cluster.address,
                         "--workers", str(args.workers), "--envs-per-worker", str(args.envs_per_worker),
                         "--num-steps", str(args.num_steps), "--total-timesteps", str(args.total_timesteps),
-                        "--sync", sync, "--kl-threshold", str(args.kl_threshold), "--seed", str(args.seed),
+                        "--sync", sync, "--uplink", uplink,
+                        *(["--uplink-behaviour", "params"] if uplink == "none" else []), "--kl-threshold", str(args.kl_threshold), "--seed", str(args.seed),
                         "--eval-episodes", str(args.eval_episodes), "--progress", "false",
                         # the LunarLander settings of benchmarks/_ppo_runs.py
                         "--num-minibatches", "32", "--learning-rate", "5e-4", "--gamma", "0.999",
@@ -80,7 +112,7 @@ def main() -> None:
                 times = [m["time"] for m in metrics if "losses/policy" in m]
                 steps = [b - a for a, b in zip(times, times[1:], strict=False)]
                 rows.append({
-                    "rate": rate, "sync": sync, "updates": summary["updates"], "env_steps": summary["env_steps"],
+                    "rate": rate, "sync": sync, "uplink": uplink, "updates": summary["updates"], "env_steps": summary["env_steps"],
                     "s_per_iter": times[-1] / len(times),
                     "s_per_iter_median": statistics.median(steps) if steps else times[-1],
                     "train_wall_s": summary["wall_seconds"], "run_wall_s": time.monotonic() - t0,
@@ -95,14 +127,14 @@ def main() -> None:
         hosts.shape()
 
     print()
-    print("| link | sync | updates | ms / iteration (mean) | ms / iteration (median) | syncs | "
+    print("| link | sync | uplink | updates | ms / iteration (mean) | ms / iteration (median) | syncs | "
           + " | ".join(f"{k} MB" for k in ("observations", "behaviour", "weights", "total")) + " |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mb = " | ".join(f"{r['bytes'][k] / 1e6:.2f}" for k in ("observations", "behaviour", "weights", "total"))
-        print(f"| {r['rate']} | {r['sync']} | {r['updates']} | {r['s_per_iter'] * 1e3:.0f} | "
+        print(f"| {r['rate']} | {r['sync']} | {r['uplink']} | {r['updates']} | {r['s_per_iter'] * 1e3:.0f} | "
               f"{r['s_per_iter_median'] * 1e3:.0f} | {r['weight_syncs']} | {mb} |")
-    out = {
+    out: dict = {
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "config": vars(args),
         "cluster": "Ray head (0 CPUs) + driver in netns host 0, Ray worker node in netns host 1; tbf rate on both egresses",
@@ -110,6 +142,7 @@ def main() -> None:
                     "torch": torch.__version__, "ray": ray.__version__},
         "total_seconds": time.monotonic() - t_start,
         "runs": rows,
+        "uplink_savings": uplink_savings(rows),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

@@ -1,11 +1,14 @@
 """AcceRL's Code 1-3 with frugalrl: compressed actors, corrected learner, monitored compression.
 
-    python examples/accerl_compressed_actors.py
+    python examples/accerl_compressed_actors.py              # 300 updates
+    python examples/accerl_compressed_actors.py --updates 20
 
 A hand-written loop (``frugalrl train impala`` is the full version): actors on 2 worker processes run
 an int8 ONNX graph of the learner's policy, rebuilt every 10 updates; V-trace corrects the data; the
 Monitor moves int8 → fp16 → fp32 if the actors' policy drifts too far from the learner's.
 """
+
+import argparse
 
 import torch
 
@@ -16,6 +19,9 @@ from frugalrl.correct import CorrectorChain, VTraceCorrector
 from frugalrl.monitor import Monitor, PrecisionLadder
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--updates", type=int, default=300, help="learner updates (20 env steps × 8 envs each)")
+    args = parser.parse_args()
     envs = ClusterEnv("CartPole-v1", num_workers=2, envs_per_worker=4, backend="local", sync=AdaptiveKL(0.01), seed=1)
     learner = make_agent(envs.single_observation_space, envs.single_action_space)
     optimizer = torch.optim.Adam(learner.parameters(), lr=5e-4, eps=1e-5)
@@ -31,7 +37,7 @@ if __name__ == "__main__":
     states = torch.as_tensor(obs)
     actor = chain.build(learner, states)
     returns: list[float] = []
-    for update in range(1, 301):
+    for update in range(1, args.updates + 1):
         batch = envs.rollout(actor, num_steps=20)  # workers act with the int8 graph
         states = torch.as_tensor(batch.obs).reshape(-1, *batch.obs.shape[2:])
         stats = impala_update(learner, optimizer, batch, correctors, cfg, generator)  # V-trace, then clipped epochs

@@ -196,7 +196,8 @@ def test_same_step_autoreset_matches_sync_vector_env(backend, closing):
     assert finals >= 5
 
 
-ROLLOUT_FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "dist_params", "final_idx", "next_obs")
+ROLLOUT_FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "behaviour_logp", "final_idx",
+                  "next_obs")
 
 
 def test_same_seed_gives_same_trajectories(cartpole, closing):
@@ -291,7 +292,8 @@ def test_rollout_structure(cartpole):
     assert ((ro.actions >= 0) & (ro.actions < 2)).all()
     assert ro.rewards.shape == (T, N) and ro.rewards.dtype == np.float32
     assert ro.terminations.dtype == bool and ro.truncations.dtype == bool
-    assert ro.dist_params.shape == (T, N, 2) and ro.dist_params.dtype == np.float32
+    # The behaviour: the log-probability of each taken action (uplink_behaviour "logprob", the default).
+    assert ro.dist_params is None and ro.behaviour_logp.shape == (T, N) and ro.behaviour_logp.dtype == np.float32
     assert ro.next_obs.shape == (N, 4)
     assert ro.dist_kind == "categorical" and ro.valid is None
     assert ro.restarted_workers == []
@@ -310,10 +312,11 @@ def test_rollout_structure(cartpole):
     assert (ro.versions == cartpole.learner_version).all()
     assert (ro.policy_lag() == 0).all()
     assert cartpole.stats()["worker_versions"] == [cartpole.learner_version] * W
-    # The behaviour parameters are the agent's on the recorded states.
+    # The behaviour log-probabilities are the agent's on the recorded states and actions.
     with torch.no_grad():
-        params = agent.dist_params(torch.from_numpy(ro.obs.reshape(-1, 4))).numpy().reshape(T, N, 2)
-    np.testing.assert_allclose(ro.dist_params, params, atol=1e-5)
+        params = agent.dist_params(torch.from_numpy(ro.obs.reshape(-1, 4))).reshape(T, N, 2)
+        expected = torch.log_softmax(params, -1).gather(-1, torch.from_numpy(ro.actions)[..., None])[..., 0]
+    np.testing.assert_allclose(ro.behaviour_logp, expected.numpy(), atol=1e-5)
     logp = ro.behaviour_log_prob()
     assert logp.shape == (T, N) and torch.isfinite(logp).all() and (logp <= 0).all()
     # The next rollout continues where this one stopped.
@@ -349,7 +352,7 @@ def test_box_actions_in_rollout(pendulum):
     ro = pendulum.rollout(agent, T)
     n = pendulum.num_envs
     assert ro.actions.shape == (T, n, 1) and ro.actions.dtype == np.float32
-    assert ro.dist_params.shape == (T, n, 2)
+    assert ro.behaviour_logp.shape == (T, n)
     assert ro.truncations[199].all() and not ro.terminations.any()
     np.testing.assert_array_equal(ro.final_idx[:, 0], [199] * n)
     for j in range(n):

@@ -257,12 +257,11 @@ def test_onnx_actor_in_cluster_env(cartpole: tuple[nn.Module, torch.Tensor]) -> 
         ClusterEnv("CartPole-v1", num_workers=2, envs_per_worker=2, backend="local", seed=0)
     ) as envs:
         ro = envs.rollout(agent, 16)
-        assert ro.obs.shape == (16, 4, 4) and ro.dist_params.shape == (16, 4, 2)
-        # The workers ran the same graph: their behaviour parameters are the agent's on those states.
+        assert ro.obs.shape == (16, 4, 4) and ro.behaviour_logp.shape == (16, 4)
+        # The workers ran the same graph: their behaviour log-probabilities are the agent's on those states.
         flat = torch.from_numpy(ro.obs.reshape(-1, 4))
-        np.testing.assert_allclose(
-            ro.dist_params.reshape(-1, 2), agent.dist_params(flat).numpy(), rtol=1e-5, atol=1e-5
-        )
+        logp = torch.log_softmax(agent.dist_params(flat), -1).gather(-1, torch.from_numpy(ro.actions.reshape(-1, 1)))
+        np.testing.assert_allclose(ro.behaviour_logp.reshape(-1), logp[:, 0].numpy(), rtol=1e-5, atol=1e-5)
         stats = envs.stats()
         assert stats["weight_syncs"]["total"] == 2
         assert stats["bytes"]["weights"] == 2 * agent.model.numel()

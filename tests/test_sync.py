@@ -8,6 +8,7 @@ import torch
 
 from frugalrl import AdaptiveKL, ClusterEnv, EveryUpdate, Interval, dists, make_agent
 from frugalrl.sync import SyncContext, make_sync_rule
+from frugalrl.wire.uplink import UplinkOptions
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,20 +145,29 @@ def test_aaps_local_backend_reports_per_worker_syncs():
     assert per_worker_weights == [per_sync * c for c in aaps["weight_syncs"]["per_worker"]]
 
 
-@pytest.fixture
-def aaps_env():
-    env = ClusterEnv("CartPole-v1", W, K, backend="serial", sync=AdaptiveKL(0.05), seed=3)
+@pytest.fixture(params=["logprob", "params"])
+def aaps_env(request):
+    """AAPS over both behaviour streams: the taken actions' log-probabilities (the default) and full
+    distribution parameters."""
+    env = ClusterEnv("CartPole-v1", W, K, backend="serial", sync=AdaptiveKL(0.05), seed=3,
+                     uplink=UplinkOptions(behaviour=request.param))
     yield env
     env.close()
 
 
 def _manual_kl(env: ClusterEnv, agent, ro, w: int) -> float:
-    """KL(behaviour ‖ learner) on worker w's states of the last rollout, computed by hand."""
+    """KL(behaviour ‖ learner) on worker w's states of the last rollout, computed by hand: exact from the
+    behaviour parameters, or Schulman's estimator E[r − 1 − log r] from the taken actions' log-probabilities."""
     sl = slice(w * K, (w + 1) * K)
     states = torch.from_numpy(ro.obs[:, sl].reshape(-1, 4))
-    behaviour = torch.from_numpy(ro.dist_params[:, sl].reshape(-1, 2))
     with torch.no_grad():
-        return float(dists.kl("categorical", behaviour, agent.dist_params(states)).mean())
+        learner = agent.dist_params(states)
+        if ro.dist_params is not None:
+            behaviour = torch.from_numpy(ro.dist_params[:, sl].reshape(-1, 2))
+            return float(dists.kl("categorical", behaviour, learner).mean())
+        actions = torch.from_numpy(ro.actions[:, sl].reshape(-1))
+        log_r = dists.log_prob("categorical", learner, actions) - torch.from_numpy(ro.behaviour_logp[:, sl].reshape(-1))
+        return float((torch.expm1(log_r) - log_r).mean())
 
 
 def test_aaps_kl_is_measured_on_the_workers_states(aaps_env):
@@ -187,8 +197,8 @@ def test_aaps_kl_is_measured_on_the_workers_states(aaps_env):
     # The next rollout runs the new weights.
     ro2 = env.rollout(agent, T)
     assert (ro2.versions == env.learner_version).all()
-    probs = torch.softmax(torch.from_numpy(ro2.dist_params), -1)
-    assert (probs[..., 0] > 0.99).all()
+    assert (ro2.behaviour_log_prob()[ro2.actions == 0] > np.log(0.99)).all()
+    assert (ro2.actions == 0).mean() > 0.95
 
 
 def test_aaps_kl_refers_to_the_weights_a_worker_holds(aaps_env):

@@ -14,15 +14,21 @@ from test_cluster_env import fresh_agent, random_actions
 
 from frugalrl import ClusterEnv
 from frugalrl.algos.ppo import PPOConfig
-from frugalrl.wire.lossless import MIN_COMPRESS_NBYTES, UPLINK_OPTIONS, uplink_codecs
+from frugalrl.wire.uplink import (
+    MIN_COMPRESS_NBYTES,
+    UPLINK_OPTIONS,
+    UplinkCodecs,
+    UplinkOptions,
+    uplink_codecs,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 RAY = pytest.param("ray", marks=pytest.mark.skipif(not HAVE_RAY, reason="backend='ray' needs Ray"))
 W, K, T = 2, 2, 128
-ROLLOUT_FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "dist_params", "versions", "next_obs",
-                  "final_idx", "final_obs")
+ROLLOUT_FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "behaviour_logp", "versions",
+                  "next_obs", "final_idx", "final_obs")
 
 
 @pytest.fixture
@@ -41,9 +47,11 @@ def _same(a: np.ndarray, b: np.ndarray, what: str) -> None:
 @pytest.mark.parametrize("backend", ["serial", "local", RAY], indirect=True)
 def test_learner_receives_the_same_arrays_and_fewer_bytes(backend, closing):
     """Same seed and agent with uplink 'none' and 'auto': identical steps, infos and rollouts (every array, bit
-    for bit), and fewer observation, behaviour and reward bytes with 'auto'."""
+    for bit), and fewer observation, behaviour and reward bytes with 'auto' (on a 1 Mbit/s link, where every
+    saving pays for its codec: auto's decisions do not depend on this machine's speed)."""
     extra = {"ray_num_cpus": 0} if backend == "ray" else {}
-    envs = {u: closing(ClusterEnv("CartPole-v1", W, K, backend=backend, seed=11, uplink=u, **extra))
+    envs = {u: closing(ClusterEnv("CartPole-v1", W, K, backend=backend, seed=11,
+                                  uplink=UplinkOptions(compressor=u, link_mbps=1.0), **extra))  # type: ignore[arg-type]
             for u in ("none", "auto")}
     agent = fresh_agent(envs["none"], seed=2)
     opt = torch.optim.SGD(agent.parameters(), lr=0.1)
@@ -72,7 +80,8 @@ def test_learner_receives_the_same_arrays_and_fewer_bytes(backend, closing):
     stats = {u: env.stats() for u, env in envs.items()}
     assert stats["none"]["weight_syncs"] == stats["auto"]["weight_syncs"]
     raw, packed = stats["none"]["bytes"], stats["auto"]["bytes"]
-    assert (stats["none"]["uplink"], stats["auto"]["uplink"]) == ("none", "auto")
+    assert (stats["none"]["uplink"]["compressor"], stats["auto"]["uplink"]["compressor"]) == ("none", "auto")
+    assert stats["none"]["uplink"]["codecs"] == {} and stats["auto"]["uplink"]["codecs"]["obs"] == {"zstd": 3 * W}
     assert packed["observations"] < 0.97 * raw["observations"]  # CartPole: 4 busy floats, little to gain
     assert packed["behaviour"] < raw["behaviour"] and packed["rewards"] < 0.8 * raw["rewards"]
     assert packed["weights"] == raw["weights"] and packed["actions"] == raw["actions"]
@@ -99,10 +108,11 @@ def test_uplink_codecs_by_stream():
            "terminations": np.zeros((128, 8), bool), "truncations": np.zeros((128, 8), bool),
            "dist_params": np.zeros((128, 8, 4), np.float32), "actions": np.zeros((128, 8), np.uint8),
            "next_obs": np.zeros((8, 8), np.float32), "ep_r": np.zeros(3)}
+    big["behaviour_logp"] = np.zeros((128, 8), np.float32)
     assert uplink_codecs("none", big) == {}
-    auto = uplink_codecs("auto", big)
-    assert set(auto) == {"obs", "rewards", "terminations", "truncations", "dist_params"}  # next_obs: 256 B
-    assert set(auto.values()) <= {"lz4", "zstd"}
+    auto = UplinkCodecs(UplinkOptions(link_mbps=1.0)).codecs(big)  # a slow link: every saving pays
+    assert set(auto) == {"obs", "actions", "rewards", "terminations", "truncations", "dist_params", "behaviour_logp"}
+    assert set(auto.values()) == {"zstd"}
     assert set(uplink_codecs("lz4", big).values()) == {"lz4"}
     small = {"obs": np.zeros((8, 8), np.float32), "terminations": np.zeros(8, bool), "rewards": np.zeros(8)}
     assert uplink_codecs("auto", small) == {"terminations": "bits"}  # per-step replies: only bit-packing
@@ -126,5 +136,83 @@ def test_uplink_option_in_config_cli_and_cluster(tmp_path):
     assert code == 0
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert config["uplink"] == "zstd" and summary["details"]["uplink"] == "zstd"
+    assert config["uplink"] == "zstd" and summary["details"]["uplink"]["compressor"] == "zstd"
     assert summary["bytes"]["observations"] < 256 * 4 * 4  # CartPole: 16 raw bytes per step
+
+
+def test_behaviour_logprob_is_exactly_what_the_parameters_give(closing):
+    """uplink_behaviour 'logprob' (the default) sends log μ(a|s) of each taken action: bit for bit what the
+    learner computes from the full parameters, in fewer bytes; the rest of the rollout is unchanged."""
+    envs = {b: closing(ClusterEnv("CartPole-v1", W, K, backend="serial", seed=4, uplink=UplinkOptions(behaviour=b)))
+            for b in ("logprob", "params")}
+    agent = fresh_agent(envs["params"], seed=6)
+    for env in envs.values():
+        env.reset(seed=4)
+    for it in range(2):
+        lp, full = (envs[b].rollout(agent, T) for b in ("logprob", "params"))
+        assert lp.dist_params is None and full.behaviour_logp is None
+        _same(lp.behaviour_logp, full.behaviour_log_prob().numpy(), f"rollout {it} log-probabilities")
+        for name in ("obs", "actions", "rewards", "terminations", "truncations", "next_obs", "final_obs"):
+            _same(getattr(lp, name), getattr(full, name), f"rollout {it} {name}")
+    lp_bytes, full_bytes = (envs[b].stats()["bytes"]["behaviour"] for b in ("logprob", "params"))
+    assert lp_bytes < 0.6 * full_bytes  # CartPole: 1 of 2 floats per step (each compressed)
+
+
+def test_auto_weighs_codec_time_against_the_link():
+    """auto compresses a stream only while its measured encode time (doubled for decoding) is under the link
+    time its saving buys: on on a slow link, off on an absurdly fast one (booleans are still bit-packed)."""
+    rng = np.random.default_rng(0)
+    arrays = {"obs": np.round(rng.normal(size=(128, 8, 8)), 1).astype(np.float32),
+              "rewards": np.ones((128, 8), np.float32), "terminations": rng.random((128, 8)) < 0.01}
+    slow = UplinkCodecs(UplinkOptions(link_mbps=0.01))
+    assert slow.codecs(arrays) == {"obs": "zstd", "rewards": "zstd", "terminations": "zstd"}
+    fast = UplinkCodecs(UplinkOptions(link_mbps=1e9))
+    assert fast.codecs(arrays) == {"terminations": "bits"}
+    report = fast.report()
+    assert report["link_mbps"] == 1e9 and not report["probes"]["obs"]["on"] and report["probes"]["obs"]["saved_bytes"] > 0
+    noise = {"obs": rng.normal(size=(128, 8, 8)).astype(np.float32) * np.float32(1e-20) ** rng.random((128, 8, 8))}
+    assert UplinkCodecs(UplinkOptions(link_mbps=0.01)).codecs(noise) in ({}, {"obs": "zstd"})  # decided by the saving
+
+
+def test_atari_frame_stacks_travel_as_new_frames(closing):
+    """ALE 4×84×84 stacks: the learner gets the very same rollouts (episode ends and autoresets included), the
+    observations cost under 2 KB per env step instead of 28 KB."""
+    pytest.importorskip("ale_py")
+    kwargs = {"env_id": "ALE/Pong-v5", "max_episode_steps": 15}  # truncations: autoresets within the rollout
+    envs = {u: closing(ClusterEnv("frugalrl.envs.atari:make_atari", 1, 2, backend="serial", seed=1,
+                                  env_kwargs=kwargs, uplink=u)) for u in ("none", "auto")}
+    agent = fresh_agent(envs["none"], seed=0)  # the Nature CNN
+    for env in envs.values():
+        env.reset(seed=1)
+    for it in range(2):
+        ro = {u: env.rollout(agent, 24) for u, env in envs.items()}
+        assert ro["none"].truncations.any()
+        for name in ROLLOUT_FIELDS:
+            _same(getattr(ro["none"], name), getattr(ro["auto"], name), f"rollout {it} {name}")
+    stats = envs["auto"].stats()
+    assert stats["uplink"]["codecs"]["obs"] == {"frames+zstd": 2}
+    steps = 2 * 24 * 2
+    raw, packed = envs["none"].stats()["bytes"]["observations"], stats["bytes"]["observations"]
+    assert raw / steps > 28_000 and packed / steps < 2048
+
+
+def test_lossy_observations_on_request(closing):
+    """uplink_obs int8: the learner's observations are within half a quantisation step of the exact ones, the
+    workers still act on exact ones (same actions and rewards), and the observation bytes shrink."""
+    envs = {o: closing(ClusterEnv("LunarLander-v3", 1, 4, backend="serial", seed=2, uplink=UplinkOptions(obs=o)))
+            for o in ("exact", "int8")}
+    agent = fresh_agent(envs["exact"], seed=1)
+    for env in envs.values():
+        env.reset(seed=2)
+    exact, lossy = (envs[o].rollout(agent, 256) for o in ("exact", "int8"))
+    for name in ("actions", "rewards", "terminations", "truncations", "behaviour_logp"):
+        _same(getattr(exact, name), getattr(lossy, name), name)
+    step = (exact.obs.max(axis=(0, 1)).astype(np.float64) - exact.obs.min(axis=(0, 1))) / 255
+    assert (np.abs(lossy.obs - exact.obs.astype(np.float64)).max(axis=(0, 1)) <= step / 2 + 1e-6).all()
+    assert envs["int8"].stats()["uplink"]["codecs"]["obs"] == {"int8+zstd": 1}
+    b = {o: envs[o].stats()["bytes"]["observations"] for o in envs}
+    assert b["int8"] < 0.5 * b["exact"]
+    with pytest.raises(ValueError, match="needs a compressor"):
+        UplinkOptions(compressor="none", obs="int8")
+    with pytest.raises(ValueError, match="uplink_obs"):
+        PPOConfig(uplink_obs="int4").validate()  # type: ignore[arg-type]

@@ -4,6 +4,7 @@
     frugalrl train ppo --resume runs/<name>        # continue a run from its latest checkpoint
     frugalrl eval runs/<name> --episodes 20        # any algorithm's run directory
     frugalrl plots runs/<name>
+    frugalrl plots runs/a runs/b runs/c --out sweep.png   # several runs in one figure
     frugalrl train pipeline-ppo --cut topk --cut-percentile 0.99
     frugalrl pipeline-bytes                        # Table I of the pipeline paper, and ours
     frugalrl lda fit reuters --n-topics 10 --workers 2 --processes 1 --local-steps 5
@@ -136,8 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default: 10)")
     ev.add_argument("--seed", type=int, default=20_000, help="env seed of the first episode (default: 20000)")
     ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
-    pl = sub.add_parser("plots", help="(re)draw a run's PNG plots")
-    pl.add_argument("run_dir", help="a run directory")
+    pl = sub.add_parser("plots", help="(re)draw a run's PNG plots, or overlay several runs in one figure")
+    pl.add_argument("run_dirs", nargs="+", metavar="RUN", help="a run directory; several: one overlay figure")
+    pl.add_argument("--out", default=None, help="one run: the folder for its PNGs (default: RUN/plots); several: "
+                    "the overlay's PNG file, or a folder for overlay.png (default: ./overlay.png)")
+    pl.add_argument("--label", action="append", default=None, metavar="LABEL",
+                    help="several runs: a legend label per run, in order (default: the config.json keys whose "
+                    "values differ between the runs, else the directory names)")
     pb = sub.add_parser("pipeline-bytes", help="Table I of the pipeline paper from its settings, or a run's "
                         "predicted vs measured bytes (--run)")
     pb.add_argument("--run", default=None, help="a pipeline-ppo run directory: predict its bytes from config.json "
@@ -177,12 +183,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "lda":
         return _lda_fit(args)
     if args.command == "plots":
-        from frugalrl.plots import make_plots
+        return _plots(args)
+    return 2
 
-        for path in make_plots(args.run_dir):
+
+def _plots(args: argparse.Namespace) -> int:
+    from frugalrl.plots import make_overlay, make_plots
+
+    missing = [d for d in args.run_dirs if not Path(d).is_dir()]
+    if missing:
+        return _error(f"not a run directory: {', '.join(missing)}")
+    if len(args.run_dirs) == 1:
+        for path in make_plots(args.run_dirs[0], args.out):
             print(path)
         return 0
-    return 2
+    out = Path(args.out or "overlay.png")
+    if out.is_dir():
+        out = out / "overlay.png"
+    try:
+        print(make_overlay(args.run_dirs, out, labels=args.label))
+    except ValueError as e:
+        return _error(str(e))
+    return 0
 
 
 def _error(message: str) -> int:

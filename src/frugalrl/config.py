@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from frugalrl.sync import SyncRule, make_sync_rule
-from frugalrl.wire.lossless import Uplink
+from frugalrl.wire.uplink import Behaviour, ObsCodec, Uplink, UplinkOptions
 
 Backend = Literal["serial", "local", "ray"]
 """Where ClusterEnv's workers run: in this process, in local processes, or in Ray actors."""
@@ -177,10 +177,24 @@ class ClusterConfig(ConfigPart):
     weights_codec: WeightsCodec = "fp32"
     """How weights travel to the workers: fp32, bf16, fp16 or int8."""
     uplink: Uplink = "auto"
-    """How experience travels from the workers (lossless: the learner gets the very same arrays): 'auto' (today
-    byte-plane shuffle + zstd on every stream, the smallest at a negligible CPU cost), 'lz4' or 'zstd' (every
-    stream with that compressor) or 'none' (raw bytes). Arrays under 1 KiB (per-step replies) are not
-    compressed; small boolean ones are still bit-packed."""
+    """How experience is compressed on its way from the workers (lossless: the learner gets the very same
+    arrays): 'auto' (byte-plane shuffle + zstd, stacked image frames sent one new frame per step, each stream
+    only while its measured CPU cost is under the link time it saves at uplink_link_mbps), 'lz4' or 'zstd'
+    (always) or 'none' (raw bytes). Arrays under 1 KiB (per-step replies) are not compressed; small boolean
+    ones are still bit-packed."""
+    uplink_obs: ObsCodec = "exact"
+    """Float observations on the uplink: 'exact', or lossy 'fp16', 'bf16', 'int8', 'int16' (int: an affine
+    code per feature and message, error at most half a step of range / (2^bits − 1)). Lossy codes change
+    what the learner trains on; the workers still act on exact observations."""
+    uplink_behaviour: Behaviour = "logprob"
+    """What the workers send about their policy per step: 'logprob' (the taken action's log-probability: all
+    the losses and AAPS's KL estimate need) or 'params' (the full distribution parameters)."""
+    uplink_link_mbps: float = 100.0
+    """The link rate (Mbit/s) uplink 'auto' weighs each codec's CPU time against."""
+
+    def uplink_options(self) -> UplinkOptions:
+        """The uplink fields as the options the workers take (checked)."""
+        return UplinkOptions(self.uplink, self.uplink_obs, self.uplink_behaviour, self.uplink_link_mbps)
 
     def validate(self) -> None:
         """Check the cluster fields."""
@@ -189,6 +203,7 @@ class ClusterConfig(ConfigPart):
         if self.max_policy_lag is not None:
             check_fields(self, positive_ints=("max_policy_lag",))
         self.sync_rule()
+        self.uplink_options()
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be a non-empty string or None, got {self.ray_address!r}")
 

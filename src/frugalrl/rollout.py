@@ -4,7 +4,8 @@ A :class:`Rollout` holds ``T`` steps of ``N`` envs with *same-step* autoreset: `
 always the state after ``obs[t]`` within an episode or the first state of a new one, and the
 final observation of every finished episode is kept apart (``final_idx``, ``final_obs``) for
 bootstrapping truncated episodes. Terminations and truncations stay separate. Every step carries
-the behaviour distribution's parameters and the policy version that chose its action.
+the behaviour distribution's parameters, or only the log-probability of its action under them (what
+ClusterEnv's workers send by default), and the policy version that chose its action.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ class Rollout:
     rewards: np.ndarray  # (T, N) float32
     terminations: np.ndarray  # (T, N) bool
     truncations: np.ndarray  # (T, N) bool
-    dist_params: np.ndarray  # (T, N, P) behaviour distribution parameters
+    dist_params: np.ndarray | None  # (T, N, P) behaviour distribution parameters (None: behaviour_logp only)
     versions: np.ndarray  # (T, N) policy version that chose each action (-1: none)
     next_obs: np.ndarray  # (N, *obs_shape) state after the last step
     final_idx: np.ndarray  # (K, 2) [t, env] of every finished episode
     final_obs: np.ndarray  # (K, *obs_shape) its last observation
     dist_kind: DistKind
     valid: np.ndarray | None = None  # (T, N) False for steps to ignore (NEXT_STEP reset steps)
+    behaviour_logp: np.ndarray | None = None  # (T, N) float32 log μ(a_t | s_t), when sent instead of dist_params
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     restarted_workers: list[int] = field(default_factory=list)
@@ -54,6 +56,10 @@ class Rollout:
 
     def behaviour_log_prob(self) -> torch.Tensor:
         """log μ(a_t | s_t) under the behaviour distribution recorded with each step, shape (T, N)."""
+        if self.behaviour_logp is not None:
+            return torch.from_numpy(self.behaviour_logp)
+        if self.dist_params is None:
+            raise ValueError("this rollout carries neither behaviour parameters nor log-probabilities")
         return dists.log_prob(
             self.dist_kind, torch.from_numpy(self.dist_params), torch.from_numpy(self.actions)
         )

@@ -7,7 +7,8 @@ Layout of ``runs/<name>/``::
     events.out.tfevents.*   TensorBoard
     checkpoints/       latest.pt: what ``--resume`` continues from (and ``frugalrl eval`` scores)
     summary.json       the run summary (:class:`frugalrl.training.RunSummary`)
-    plots/*.png        return vs steps and vs time, syncs per worker, bytes by kind
+    plots/*.png        return vs steps and vs time, syncs per worker, bytes by kind, bytes per env step over time,
+                       KL vs δ with the sync events (AAPS runs)
 
 Files are written so that a run killed at any moment (SIGKILL included) leaves no torn file that
 matters: checkpoints and JSON files are written to a temporary name, flushed to disk and renamed over

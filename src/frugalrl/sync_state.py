@@ -2,7 +2,10 @@
 
 :class:`PolicySync` keeps, for a ClusterEnv's workers, the learner's version, the version each worker
 holds, the syncs sent to each, and AAPS's evidence: each worker's recent states with the behaviour
-distribution it acted with there. It turns an agent into the weights message (encoded once per
+distribution it acted with there, or (what the workers send by default, ``uplink_behaviour="logprob"``) the
+actions it took there and their log-probabilities. From full parameters the KL is exact,
+``mean_s KL(μ(·|s) ‖ π(·|s))``; from taken actions it is Schulman's unbiased, non-negative estimator
+``mean (r − 1 − log r)``, ``r = π(a|s) / μ(a|s)``, ``a ~ μ`` (J. Schulman, "Approximating KL divergence", 2020). It turns an agent into the weights message (encoded once per
 version) and knows the policy the workers run after decoding it (which differs from the learner's
 with a lossy codec), so that AAPS compares the learner with what a worker really holds.
 
@@ -44,7 +47,8 @@ class PolicySync:
         self.worker_versions: list[int | None] = [None] * num_workers
         self.sync_counts = np.zeros(num_workers, dtype=np.int64)
         self.last_kl: list[float | None] = [None] * num_workers
-        self.recent: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_workers
+        # per worker: (states, behaviour) with full parameters, or (states, log μ(a|s), actions)
+        self.recent: list[tuple[torch.Tensor, ...] | None] = [None] * num_workers
         self._fingerprint: tuple[int, ...] | None = None
         self._tracked: weakref.ref[ActorCritic] | None = None
         self._message: Message | None = None
@@ -102,7 +106,12 @@ class PolicySync:
                 recent = self.recent[w]
                 if recent is not None:
                     with torch.no_grad():
-                        self.recent[w] = (recent[0], held.dist_params(recent[0]).float())
+                        params = held.dist_params(recent[0]).float()
+                        if len(recent) == 2:
+                            self.recent[w] = (recent[0], params)
+                        else:
+                            self.recent[w] = (recent[0], dists.log_prob(held.dist_kind, params, recent[2]).float(),
+                                              recent[2])
 
     def forget(self, w: int) -> None:
         """Worker ``w`` was replaced: it holds nothing and has no recent states."""
@@ -110,26 +119,34 @@ class PolicySync:
         self.recent[w] = None
 
     # ------------------------------------------------------------------ AAPS evidence
-    def remember(self, w: int, states: torch.Tensor, params: torch.Tensor, append: bool = False) -> None:
-        """Keep up to ``kl_states`` of worker ``w``'s recent states and the behaviour parameters there."""
-        s, p = states, params.reshape(states.shape[0], -1)
+    def remember(self, w: int, states: torch.Tensor, behaviour: torch.Tensor, actions: torch.Tensor | None = None,
+                 append: bool = False) -> None:
+        """Keep up to ``kl_states`` of worker ``w``'s recent states and its behaviour there: the distribution
+        parameters (``actions`` None), or the log-probabilities of the ``actions`` it took."""
+        n = states.shape[0]
+        parts = [states, behaviour.reshape(n, -1) if actions is None else behaviour.reshape(n)]
+        if actions is not None:
+            parts.append(actions)
         recent = self.recent[w]
-        if append and recent is not None:
-            s, p = torch.cat([recent[0], s])[-self.kl_states :], torch.cat([recent[1], p])[-self.kl_states :]
-        elif s.shape[0] > self.kl_states:
-            idx = torch.linspace(0, s.shape[0] - 1, self.kl_states).long()
-            s, p = s[idx], p[idx]
-        self.recent[w] = (s, p)
+        if append and recent is not None and len(recent) == len(parts):
+            parts = [torch.cat([old, new])[-self.kl_states :] for old, new in zip(recent, parts, strict=True)]
+        elif n > self.kl_states:
+            idx = torch.linspace(0, n - 1, self.kl_states).long()
+            parts = [p[idx] for p in parts]
+        self.recent[w] = tuple(parts)
 
     def _kl_estimator(self, agent: ActorCritic) -> Callable[[int], float | None]:
         def kl(w: int) -> float | None:
             recent = self.recent[w]
             if recent is None:
                 return None
-            states, behaviour = recent
             with torch.no_grad():
-                learner = agent.dist_params(states).float()
-                value = float(dists.kl(agent.dist_kind, behaviour, learner).mean())
+                learner = agent.dist_params(recent[0]).float()
+                if len(recent) == 2:  # full behaviour parameters: the exact KL on each state
+                    value = float(dists.kl(agent.dist_kind, recent[1], learner).mean())
+                else:  # taken actions a ~ μ: E[r − 1 − log r], r = π(a|s) / μ(a|s)
+                    log_r = (dists.log_prob(agent.dist_kind, learner, recent[2]).float() - recent[1]).clamp(-30, 30)
+                    value = float((torch.expm1(log_r) - log_r).mean())
             self.last_kl[w] = value
             return value
 
@@ -164,7 +181,7 @@ class PolicySync:
             "worker_versions": list(self.worker_versions),
             "sync_counts": torch.from_numpy(self.sync_counts.copy()),
             "last_kl": list(self.last_kl),
-            "recent": [None if r is None else [r[0].clone(), r[1].clone()] for r in self.recent],
+            "recent": [None if r is None else [t.clone() for t in r] for r in self.recent],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -173,7 +190,7 @@ class PolicySync:
         self.worker_versions = list(state["worker_versions"])
         self.sync_counts = state["sync_counts"].numpy().copy()
         self.last_kl = list(state["last_kl"])
-        self.recent = [None if r is None else (r[0], r[1]) for r in state["recent"]]
+        self.recent = [None if r is None else tuple(r) for r in state["recent"]]
         self._fingerprint = self._tracked = self._message = self._held = None
 
 

@@ -366,11 +366,16 @@ class Training:
                     log.warning("frugalrl: %s", stall)
                     row["health/sync_stall"] = 1
             row["syncs/total"] = st["weight_syncs"]["total"]
-            row["bytes/total"] = st["bytes"]["total"]
-            row["bytes/weights"] = st["bytes"]["weights"]
+            for kind, n in st["bytes"].items():  # every kind that moved (the bytes-per-step plot splits by kind)
+                if isinstance(n, int) and kind != "messages" and (n or kind in ("total", "weights")):
+                    row[f"bytes/{kind}"] = n
             kls = [k for k in st["last_kl"] if k is not None]
             if kls:
                 row["syncs/kl_mean"] = float(np.mean(kls))
+                row["syncs/kl_max"] = float(max(kls))
+                for w, k in enumerate(st["last_kl"][:16]):  # per worker (the first 16: one column each)
+                    if k is not None:
+                        row[f"syncs/kl/{w}"] = k
         cfg = self.cfg
         due = bool(cfg.eval_every) and self.updates % cfg.eval_every == 0
         last = self._total_updates is not None and self.updates >= self._total_updates

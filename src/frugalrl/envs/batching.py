@@ -107,6 +107,9 @@ def assemble_rollout(replies: list[Message], action_dtype: np.dtype, dist_kind: 
     def cat(name: str) -> np.ndarray:
         return np.concatenate([p[name] for p in parts], axis=1)
 
+    def cat_if(name: str) -> np.ndarray | None:
+        return cat(name) if name in parts[0] else None
+
     T = parts[0]["rewards"].shape[0]
     versions = np.concatenate([np.full((T, k), r.meta["version"], dtype=np.int64) for r in replies], axis=1)
     final_idx, final_obs = [], []
@@ -125,7 +128,8 @@ def assemble_rollout(replies: list[Message], action_dtype: np.dtype, dist_kind: 
         rewards=cat("rewards"),
         terminations=cat("terminations"),
         truncations=cat("truncations"),
-        dist_params=cat("dist_params"),
+        dist_params=cat_if("dist_params"),
+        behaviour_logp=cat_if("behaviour_logp"),
         versions=versions,
         next_obs=np.concatenate([p["next_obs"] for p in parts]),
         final_idx=np.concatenate(final_idx),

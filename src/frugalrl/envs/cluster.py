@@ -32,7 +32,8 @@ import torch
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure
+from frugalrl.envs.backends import BACKENDS, make_backend
+from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
 from frugalrl.envs.batching import assemble_rollout, check_actions, merge_infos, rollout_bound
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype, space_shape
@@ -41,38 +42,11 @@ from frugalrl.rollout import Rollout
 from frugalrl.sync import EveryUpdate, SyncRule
 from frugalrl.sync_state import PolicySync
 from frugalrl.wire.codecs import FLOAT_CODECS
-from frugalrl.wire.lossless import check_uplink
 from frugalrl.wire.message import Message
 from frugalrl.wire.meter import ByteMeter
+from frugalrl.wire.uplink import UPLINK_STREAMS, UplinkOptions
 
 log = logging.getLogger("frugalrl")
-
-BACKENDS = ("serial", "local", "ray")
-
-
-def make_backend(
-    name: str, configs: list[WorkerConfig], meter: ByteMeter, timeout: float, **options: Any
-) -> Backend:
-    """Build the backend called ``name`` (``options``: ``ray_address``, ``ray_num_cpus`` for Ray)."""
-    if name == "serial":
-        from frugalrl.envs.backends.serial import SerialBackend
-
-        return SerialBackend(configs, meter, timeout)
-    if name == "local":
-        from frugalrl.envs.backends.local import LocalBackend
-
-        return LocalBackend(configs, meter, timeout)
-    if name == "ray":
-        try:
-            from frugalrl.envs.backends.ray import RayBackend
-        except ImportError as e:
-            raise ImportError(f"backend='ray' needs Ray: pip install 'frugalrl[ray]' ({e})") from e
-
-        return RayBackend(
-            configs, meter, timeout, address=options.get("ray_address"), num_cpus=options.get("ray_num_cpus", 1.0)
-        )
-    raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
-
 
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
@@ -95,8 +69,9 @@ class ClusterEnv(gym.vector.VectorEnv):
         env_kwargs: keyword arguments for ``gym.make`` or the factory.
         autoreset_mode: ``"NextStep"`` (Gymnasium's default) or ``"SameStep"`` for :meth:`step`.
         weights_codec: how weights travel: ``fp32``, ``bf16``, ``fp16`` or ``int8``.
-        uplink: how experience travels back, losslessly (the same arrays arrive): ``"auto"``, ``"lz4"``,
-            ``"zstd"`` or ``"none"`` (raw); see :func:`frugalrl.wire.lossless.uplink_codecs`.
+        uplink: how experience travels back: a compressor name (``"auto"``, ``"lz4"``, ``"zstd"``, ``"none"``;
+            lossless) or :class:`~frugalrl.wire.uplink.UplinkOptions` (also lossy observations, what the
+            behaviour stream holds, the link rate ``auto`` assumes); see :mod:`frugalrl.wire.uplink`.
         worker_timeout: seconds without a reply after which a worker is declared dead.
         check_finite: raise on NaN/inf observations or rewards.
         max_restarts: worker replacements allowed over the env's life before giving up.
@@ -120,7 +95,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         env_kwargs: dict[str, Any] | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         weights_codec: str = "fp32",
-        uplink: str = "auto",
+        uplink: str | UplinkOptions = "auto",
         worker_timeout: float = 300.0,
         check_finite: bool = True,
         meter: ByteMeter | None = None,
@@ -138,7 +113,7 @@ class ClusterEnv(gym.vector.VectorEnv):
             raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
         if weights_codec not in FLOAT_CODECS:
             raise ValueError(f"unknown weights_codec {weights_codec!r}; expected one of {FLOAT_CODECS}")
-        check_uplink(uplink)
+        uplink_options = UplinkOptions.from_json(uplink)
         if not worker_timeout > 0:
             raise ValueError(f"worker_timeout must be > 0 seconds, got {worker_timeout!r}")
         if sync is not None and not isinstance(sync, SyncRule):
@@ -190,14 +165,16 @@ class ClusterEnv(gym.vector.VectorEnv):
             seed = entropy % (2**31)
         self.seed = int(seed)
         self.weights_codec = weights_codec
-        self.uplink = uplink
+        self.uplink = uplink_options
+        self._codecs_seen: dict[str, dict[str, int]] = {}
         self.max_restarts = int(max_restarts)
         self.backend_name = backend
         self.replayable = bool(replayable)
 
         k = self.envs_per_worker
         configs = [
-            WorkerConfig(w, self.env_spec, k, w * k, mode.value, check_finite, self.seed, self.replayable, uplink)
+            WorkerConfig(w, self.env_spec, k, w * k, mode.value, check_finite, self.seed, self.replayable,
+                         uplink_options)
             for w in range(self.num_workers)
         ]
         self.backend = make_backend(
@@ -221,7 +198,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         :class:`~frugalrl.config.ClusterConfig` workers, backend, sync rule, codec and uplink)."""
         return cls(cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
                    sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec,
-                   uplink=cfg.uplink, ray_address=cfg.ray_address, replayable=replayable)
+                   uplink=cfg.uplink_options(), ray_address=cfg.ray_address, replayable=replayable)
 
     # ------------------------------------------------------------------ the sync state, read-only
     @property
@@ -316,7 +293,12 @@ class ClusterEnv(gym.vector.VectorEnv):
         # Every worker replaced during this call (in its sync too: its envs were reset) is reported.
         restarted = [e["worker"] for e in self.restart_events[first_event:]]
         for w in range(self.num_workers):
-            self._remember(w, replies[w].arrays["obs"], replies[w].arrays["dist_params"])
+            arrays = replies[w].arrays
+            if "behaviour_logp" in arrays:  # uplink_behaviour "logprob": the taken actions' log-probabilities
+                self._remember(w, arrays["obs"], arrays["behaviour_logp"], arrays["actions"])
+            else:
+                self._remember(w, arrays["obs"], arrays["dist_params"])
+            self._note_codecs(replies[w])
         batch = assemble_rollout([replies[w] for w in range(self.num_workers)], self._action_dtype(), agent.dist_kind,
                                  restarted, self.learner_version)
         self._obs = batch.next_obs.copy()
@@ -379,10 +361,11 @@ class ClusterEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
-        """Bytes by kind, weight syncs (total and per worker), restarts, versions and the uplink option."""
+        """Bytes by kind, weight syncs (total and per worker), restarts, versions, the uplink options and the
+        codecs each experience stream arrived with (messages per codec)."""
         return {
             "bytes": self.meter.summary(),
-            "uplink": self.uplink,
+            "uplink": {**self.uplink.to_json(), "codecs": self._codecs_seen},
             **self.policies.stats(),
             "restarts": len(self.restart_events),
             "restart_events": list(self.restart_events),
@@ -530,6 +513,7 @@ class ClusterEnv(gym.vector.VectorEnv):
             rewards[sl] = reply.arrays["rewards"]
             terms[sl] = reply.arrays["terminations"]
             truncs[sl] = reply.arrays["truncations"]
+            self._note_codecs(reply)
         infos = merge_infos(replies, self.num_envs, self.envs_per_worker)
         if restarted:
             mask = np.zeros(n, dtype=bool)
@@ -589,10 +573,24 @@ class ClusterEnv(gym.vector.VectorEnv):
             return np.dtype(np.int64)
         return np.dtype(np.float32)
 
-    def _remember(self, w: int, states: np.ndarray, params: np.ndarray, append: bool = False) -> None:
-        """Keep worker ``w``'s recent states and behaviour parameters for AAPS."""
+    def _remember(self, w: int, states: np.ndarray, behaviour: np.ndarray, actions: np.ndarray | None = None,
+                  append: bool = False) -> None:
+        """Keep worker ``w``'s recent states and its behaviour there (parameters, or the log-probabilities of
+        ``actions``) for AAPS."""
         s = torch.as_tensor(np.asarray(states)).reshape(-1, *self.single_observation_space.shape)
-        self.policies.remember(w, s, torch.as_tensor(np.asarray(params, dtype=np.float32)), append)
+        a = None
+        if actions is not None:
+            a = torch.as_tensor(np.asarray(actions).astype(self._action_dtype(), copy=False))
+            a = a.reshape(s.shape[0], *space_shape(self.single_action_space))
+        self.policies.remember(w, s, torch.as_tensor(np.asarray(behaviour, dtype=np.float32)), a, append)
+
+    def _note_codecs(self, reply: Message) -> None:
+        """Count the codec each experience stream arrived with (the summary's ``uplink.codecs``)."""
+        for name, codec in reply.codecs.items():
+            if codec == "raw" or name not in UPLINK_STREAMS:
+                continue
+            seen = self._codecs_seen.setdefault(name, {})
+            seen[codec] = seen.get(codec, 0) + 1
 
     def __del__(self) -> None:
         try:

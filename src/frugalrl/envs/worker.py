@@ -26,8 +26,8 @@ compared with the one the head holds: an env whose randomness does not come from
 that is not deterministic) is reported as not restored exactly and starts a new episode instead.
 
 Uplink: ``reset``, ``step`` and ``rollout`` replies carry their experience streams (observations,
-rewards, terminations / truncations, behaviour parameters) with the codecs the worker's ``uplink`` option
-picks (:func:`frugalrl.wire.lossless.uplink_codecs`: lossless, so the head decodes the very same arrays).
+rewards, terminations / truncations, behaviour) with the codecs the worker's uplink options pick
+(:class:`frugalrl.wire.uplink.UplinkCodecs`: lossless unless lossy observations were asked for).
 
 Errors (a NaN observation, an env that raises) come back as an ``error`` message that the
 head turns into an exception naming the worker and environment.
@@ -46,8 +46,8 @@ from frugalrl import dists
 from frugalrl.envs.spec import EnvSpec
 from frugalrl.nets import ActorCritic, PolicySpec, build_policy
 from frugalrl.runs import jsonable
-from frugalrl.wire.lossless import check_uplink, uplink_codecs
 from frugalrl.wire.message import Message, decode_state_dict
+from frugalrl.wire.uplink import UplinkCodecs, UplinkOptions
 
 NEXT_STEP = "NextStep"
 SAME_STEP = "SameStep"
@@ -76,9 +76,9 @@ class EnvWorker:
         check_finite: bool = True,
         seed: int = 0,
         replayable: bool = False,
-        uplink: str = "none",
+        uplink: str | dict[str, Any] | UplinkOptions = "none",
     ) -> None:
-        self.uplink = check_uplink(uplink)
+        self.uplink = UplinkCodecs(UplinkOptions.from_json(uplink))
         self.index = index
         self.first_env = first_env
         self.autoreset_mode = autoreset_mode
@@ -115,8 +115,8 @@ class EnvWorker:
             if handler is None:
                 raise WorkerError(f"unknown operation {msg.op!r}")
             reply: Message = handler(msg)
-            if reply.op in _EXPERIENCE_OPS and self.uplink != "none":
-                reply.codecs.update(uplink_codecs(self.uplink, reply.arrays))
+            if reply.op in _EXPERIENCE_OPS:
+                reply.codecs.update(self.uplink.codecs(reply.arrays))
             return reply
         except Exception as e:  # noqa: BLE001 - reported to the head, which raises
             return Message("error", {"error": f"{type(e).__name__}: {e}", "worker": self.index})
@@ -393,7 +393,9 @@ class EnvWorker:
         """Run ``num_steps`` steps of every env with the cached policy (same-step autoreset).
 
         Reply arrays (T steps, k envs): ``obs`` (T,k,...), ``actions`` (T,k,...), ``rewards`` (T,k) f32,
-        ``terminations`` / ``truncations`` (T,k) bool, ``dist_params`` (T,k,P) f32, ``next_obs`` (k,...),
+        ``terminations`` / ``truncations`` (T,k) bool, the behaviour: ``behaviour_logp`` (T,k) f32, the
+        log-probability of each taken action (uplink_behaviour ``logprob``), or ``dist_params`` (T,k,P) f32
+        (``params``), ``next_obs`` (k,...),
         ``final_idx`` (K,2) int32 [step, env] and ``final_obs`` (K,...) for every finished episode, and the
         finished episodes' ``ep_r``, ``ep_l``, ``ep_env``.
 
@@ -473,14 +475,20 @@ class EnvWorker:
                 ep_l.append(int(ep_length[i]))
                 ep_env.append(self.first_env + i)
                 self._reset_env(i)
-        assert act_buf is not None and params_buf is not None
+        assert act_buf is not None and params_buf is not None and self.policy is not None
+        if self.uplink.options.behaviour == "logprob":  # all the learner and AAPS need: log μ(a_t | s_t)
+            with torch.inference_mode():
+                logp = dists.log_prob(self.policy.dist_kind, torch.from_numpy(params_buf), torch.from_numpy(act_buf))
+            behaviour = {"behaviour_logp": logp.float().numpy()}
+        else:
+            behaviour = {"dist_params": params_buf}
         arrays: dict[str, np.ndarray] = {
             "obs": obs_buf,
             "actions": self._wire_actions(act_buf),
             "rewards": rewards,
             "terminations": terms,
             "truncations": truncs,
-            "dist_params": params_buf,
+            **behaviour,
             "next_obs": obs_now.copy(),
             "final_idx": np.array(final_idx, dtype=np.int32).reshape(-1, 2),
             "final_obs": (

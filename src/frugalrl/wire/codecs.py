@@ -10,7 +10,10 @@ Plain functions over NumPy arrays, no pickle anywhere. A codec is named by a sho
 - ``raw`` keeps any array as it is (integers, booleans, float64 ...);
 - lossless experience codecs (:mod:`frugalrl.wire.lossless`): ``bits`` (booleans 8 to a byte) and
   ``lz4`` / ``zstd`` (byte-plane shuffle, then a compressor), whose size depends on the data
-  (:data:`VARIABLE_CODECS`: :func:`encoded_nbytes` refuses them, :func:`payload_nbytes` reads it).
+  (:data:`VARIABLE_CODECS`: :func:`encoded_nbytes` refuses them, :func:`payload_nbytes` reads it);
+- composite experience codecs (:mod:`frugalrl.wire.transforms`): ``"<transform>+<compressor>"``, a
+  frame-stack delta (``frames``, exact) or a low-bit float code (``fp16``, ``bf16``, ``int8``, ``int16``)
+  followed by ``lz4`` / ``zstd`` (variable size too).
 """
 
 from __future__ import annotations
@@ -19,38 +22,23 @@ import math
 
 import numpy as np
 
-from frugalrl.wire import lossless
-from frugalrl.wire.lossless import LOSSLESS_CODECS, VARIABLE_CODECS
+from frugalrl.wire import lossless, transforms
+from frugalrl.wire.floats import bf16_bits_to_fp32, fp32_to_bf16_bits
+from frugalrl.wire.lossless import LOSSLESS_CODECS
+from frugalrl.wire.transforms import COMPOSITE_CODECS
 
 FLOAT_CODECS = ("fp32", "fp16", "bf16", "int8")
 #: The codecs of a fixed size (a function of shape and dtype).
 CODECS = ("raw", *FLOAT_CODECS)
-#: Every codec, the lossless experience codecs included.
-ALL_CODECS = (*CODECS, *LOSSLESS_CODECS)
+#: Codecs whose payload size depends on the data (self-delimiting).
+VARIABLE_CODECS = (*lossless.VARIABLE_CODECS, *COMPOSITE_CODECS)
+#: Every codec, the experience codecs included.
+ALL_CODECS = (*CODECS, *LOSSLESS_CODECS, *COMPOSITE_CODECS)
 
 
 def _check(codec: str) -> None:
     if codec not in ALL_CODECS:
         raise ValueError(f"unknown codec {codec!r}; expected one of {ALL_CODECS}")
-
-
-def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round float32 values to bfloat16 (nearest even) and return the 16-bit patterns as uint16."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    # Round to nearest even on the 16 dropped bits.
-    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
-    out = ((bits + rounding) >> 16).astype(np.uint16)
-    # A NaN whose payload sits only in the dropped bits would round to inf (or wrap to 0 for
-    # 0xFFFFFFFF): keep the sign and upper payload and set the quiet bit so NaN stays NaN.
-    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    if nan.any():
-        out[nan] = ((bits[nan] >> 16) | np.uint32(0x0040)).astype(np.uint16)
-    return out
-
-
-def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`fp32_to_bf16_bits`."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def encoded_nbytes(shape: tuple[int, ...], dtype: np.dtype, codec: str) -> int:
@@ -60,6 +48,8 @@ def encoded_nbytes(shape: tuple[int, ...], dtype: np.dtype, codec: str) -> int:
     data, so there is no formula; encode to measure it, or read it with :func:`payload_nbytes`.
     """
     _check(codec)
+    if codec in COMPOSITE_CODECS:
+        raise ValueError(f"codec {codec!r} has no size formula: its size depends on the data (encode to measure it)")
     if codec in LOSSLESS_CODECS:
         return lossless.encoded_nbytes(shape, np.dtype(dtype), codec)
     n = math.prod(map(int, shape))
@@ -73,6 +63,8 @@ def encode(x: np.ndarray, codec: str = "raw") -> bytes:
     _check(codec)
     if codec == "raw":
         return np.ascontiguousarray(x).tobytes()
+    if codec in COMPOSITE_CODECS:
+        return transforms.encode(x, codec)
     if codec in LOSSLESS_CODECS:
         return lossless.encode(x, codec)
     x32 = np.ascontiguousarray(x, dtype=np.float32)
@@ -99,6 +91,8 @@ def decode(buf: bytes | memoryview, shape: tuple[int, ...], dtype: str, codec: s
     """Decode bytes produced by :func:`encode` into a fresh array of ``shape`` and ``dtype``."""
     _check(codec)
     shape = tuple(int(s) for s in shape)
+    if codec in COMPOSITE_CODECS:
+        return transforms.decode(buf, shape, dtype, codec)
     if codec in LOSSLESS_CODECS:
         return lossless.decode(buf, shape, dtype, codec)
     if codec == "raw":
@@ -121,6 +115,8 @@ def payload_nbytes(buf: bytes | memoryview, shape: tuple[int, ...], dtype: str |
     :func:`encoded_nbytes` for a fixed-size codec, the length it declares for ``lz4`` / ``zstd`` (checked
     against the bytes present and against the array; ``ValueError`` if it cannot be right)."""
     _check(codec)
-    if codec in VARIABLE_CODECS:
+    if codec in COMPOSITE_CODECS:
+        return transforms.payload_nbytes(buf, shape, np.dtype(dtype), codec)
+    if codec in lossless.VARIABLE_CODECS:
         return lossless.payload_nbytes(buf, shape, np.dtype(dtype), codec)
     return encoded_nbytes(shape, np.dtype(dtype), codec)

@@ -76,7 +76,7 @@ import numpy as np
 import torch
 
 from frugalrl.wire import rice
-from frugalrl.wire.codecs import bf16_bits_to_fp32, fp32_to_bf16_bits
+from frugalrl.wire.floats import bf16_bits_to_fp32, fp32_to_bf16_bits
 from frugalrl.wire.rice import MAX_RICE_K
 
 INDEX_ENCODINGS = ("coo16", "bitmask", "gap")

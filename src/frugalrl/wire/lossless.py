@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import struct
 import threading
-from typing import Any, Literal, get_args
+from typing import Any
 
 import lz4.block
 import numpy as np
@@ -216,48 +216,3 @@ def decode(buf: bytes | memoryview, shape: tuple[int, ...], dtype: str | np.dtyp
     if len(data) != size:
         raise ValueError(f"{codec} body decoded to {len(data)} bytes, the array needs {size}")
     return _unfilter(data, shape, dt)
-
-
-# ---------------------------------------------------------------------------------------------- the uplink
-Uplink = Literal["auto", "none", "lz4", "zstd"]
-"""How the workers' experience travels to the learner, losslessly (:func:`uplink_codecs`)."""
-UPLINK_OPTIONS: tuple[str, ...] = get_args(Uplink)
-#: The experience streams the uplink option applies to (array names of the workers' replies).
-UPLINK_STREAMS: tuple[str, ...] = (
-    "obs", "next_obs", "final_obs", "rewards", "terminations", "truncations", "dist_params",
-)
-#: ``auto``'s compressor: zstd was smaller than lz4 on every stream of recorded LunarLander rollouts at a
-#: negligible CPU cost (benchmarks/uplink.py).
-AUTO_CODEC = "zstd"
-#: Arrays smaller than this are not compressed (per-step replies: the header and the CPU cost would eat the
-#: saving); booleans are still bit-packed.
-MIN_COMPRESS_NBYTES = 1024
-
-
-def check_uplink(option: str) -> str:
-    """``option`` if it is one of :data:`UPLINK_OPTIONS`, else ``ValueError``."""
-    if option not in UPLINK_OPTIONS:
-        raise ValueError(f"unknown uplink {option!r}; expected one of {UPLINK_OPTIONS}")
-    return option
-
-
-def uplink_codecs(option: str, arrays: dict[str, np.ndarray]) -> dict[str, str]:
-    """The codec of each experience stream of a reply under the uplink ``option`` (``none``: every array raw).
-
-    ``auto`` and ``lz4`` / ``zstd`` compress the streams of :data:`UPLINK_STREAMS` of at least
-    :data:`MIN_COMPRESS_NBYTES` bytes (with :data:`AUTO_CODEC`, or the compressor named); smaller boolean
-    arrays are bit-packed and other small arrays stay raw.
-    """
-    check_uplink(option)
-    out: dict[str, str] = {}
-    if option == "none":
-        return out
-    for name in UPLINK_STREAMS:
-        arr = arrays.get(name)
-        if arr is None:
-            continue
-        if arr.nbytes >= MIN_COMPRESS_NBYTES:
-            out[name] = AUTO_CODEC if option == "auto" else option
-        elif arr.dtype.kind == "b":
-            out[name] = "bits"
-    return out

@@ -36,6 +36,7 @@ _KIND_BY_NAME = {
     "terminations": "rewards",
     "truncations": "rewards",
     "dist_params": "behaviour",
+    "behaviour_logp": "behaviour",
 }
 
 

@@ -42,7 +42,8 @@ class WorkerConfig:
     check_finite: bool
     seed: int
     replayable: bool = False
-    uplink: str = "none"
+    uplink: Any = "none"
+    """:class:`~frugalrl.wire.uplink.UplinkOptions`, its JSON dict, or a compressor name."""
 
 
 def build_worker(config: WorkerConfig) -> EnvWorker:

@@ -1,0 +1,898 @@
+"""The docs' generated tables: benchmark tables from ``benchmarks/results/*.json`` and config references
+from the config dataclasses. Nothing in a generated table is typed by hand.
+
+Every number in a benchmark table is a :class:`Num`: the value shown, how it was formatted, and where it came
+from (JSON files and key paths, and the operation that made it: the value itself, a mean, a ratio...).
+``tests/test_docs.py`` re-reads each source with its own JSON walk and checks every number a page shows.
+
+``docs/hooks.py`` replaces the markers in the pages at build time:
+
+* ``<!-- bench: NAME -->`` or ``<!-- bench: NAME ARG -->``: :func:`render_bench` (see :data:`BENCHES`);
+* ``<!-- config: module.Class -->``: :func:`render_config`, one row per field (flag, type, default, doc).
+
+``python docs/gen_tables.py --update-readme`` rewrites the README's headline table (between its
+``<!-- headline:start -->`` and ``<!-- headline:end -->`` lines) from :func:`headline`; the test fails when
+the README's copy differs from the JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+RESULTS_URL = "results"  # where the site holds copies of benchmarks/results/* (docs/hooks.py adds them)
+DASH = "—"
+
+Key = str | int
+Pointer = tuple[Key, ...]
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+def walk(data: Any, path: Pointer) -> Any:
+    """``data[k0][k1]...``."""
+    for k in path:
+        data = data[k]
+    return data
+
+
+def combine(op: str, values: Sequence[Any]) -> float | None:
+    """What ``op`` makes of the values at a number's sources (None: nothing to show)."""
+    if op == "value":
+        (v,) = values
+        return None if v is None else float(v)
+    present = [float(v) for v in values if v is not None]
+    if op == "mean":
+        return sum(present) / len(present) if present else None
+    if op == "std":  # population standard deviation, as numpy's default
+        if not present:
+            return None
+        m = sum(present) / len(present)
+        return math.sqrt(sum((x - m) ** 2 for x in present) / len(present))
+    if op == "ratio":
+        a, b = values
+        return None if a is None or b is None or b == 0 else float(a) / float(b)
+    if op == "sum":
+        return sum(present)
+    if op == "count":
+        return float(len(present))
+    raise ValueError(f"unknown op {op!r}")
+
+
+def fmt_number(x: float, spec: str) -> str:
+    """``format(x, spec)``; integer specs (``d``) round first (JSON numbers arrive as floats too)."""
+    return format(round(x), spec) if spec.endswith("d") else format(x, spec)
+
+
+@dataclass(frozen=True)
+class Num:
+    """One number a table shows: ``value`` (before ``scale``), formatted with ``fmt``, and its sources."""
+
+    value: float | None
+    fmt: str
+    sources: tuple[tuple[str, Pointer], ...]  # (JSON file name under benchmarks/results, key path)
+    op: str = "value"
+    scale: float = 1.0
+    prefix: str = ""
+    suffix: str = ""
+
+    def text(self) -> str:
+        """As shown."""
+        if self.value is None:
+            return DASH
+        return f"{self.prefix}{fmt_number(self.value * self.scale, self.fmt)}{self.suffix}"
+
+
+Part = str | Num
+Cell = list[Part]
+
+
+def cell_text(cell: Cell) -> str:
+    return "".join(p if isinstance(p, str) else p.text() for p in cell).replace("|", "\\|")
+
+
+@dataclass
+class Table:
+    """A generated table: a header, rows of cells, the JSON files it read and the commands that wrote them."""
+
+    header: list[str]
+    rows: list[list[Cell]]
+    sources: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    title: str = ""
+    align: str = ""  # one of "l" / "r" per column; default: all left
+
+    def numbers(self) -> list[Num]:
+        """Every number in the table."""
+        return [p for row in self.rows for c in row for p in c if isinstance(p, Num)]
+
+    def markdown(self) -> str:
+        """The table, its title above and its sources below."""
+        align = self.align or "l" * len(self.header)
+        lines = [f"**{self.title}**", ""] if self.title else []
+        lines += ["| " + " | ".join(self.header) + " |",
+                  "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+        for row in self.rows:
+            if len(row) != len(self.header):
+                raise ValueError(f"row of {len(row)} cells under {len(self.header)} columns: {self.header}")
+            lines.append("| " + " | ".join(cell_text(c) for c in row) + " |")
+        foot = []
+        if self.sources:
+            foot.append("Data: " + ", ".join(f"[`{s}`]({RESULTS_URL}/{s})" for s in self.sources))
+        if self.commands:
+            foot.append("written by " + "; ".join(f"`{c}`" for c in dict.fromkeys(self.commands)))
+        if foot:
+            lines += ["", "<small>" + ", ".join(foot) + ".</small>"]
+        return "\n".join(lines)
+
+
+class Source:
+    """One JSON file of ``benchmarks/results``, and the :class:`Num` factories that read it."""
+
+    _cache: dict[str, tuple[float, Any]] = {}  # file name → (modification time, data)
+
+    def __init__(self, name: str) -> None:
+        self.name = name if name.endswith(".json") else name + ".json"
+        path = RESULTS / self.name
+        if not path.is_file():
+            raise FileNotFoundError(f"benchmark results {path} not found")
+        mtime = path.stat().st_mtime
+        cached = Source._cache.get(self.name)
+        if cached is None or cached[0] != mtime:
+            cached = Source._cache[self.name] = (mtime, json.loads(path.read_text()))
+        self.data = cached[1]
+
+    def __call__(self, *path: Key) -> Any:
+        """The raw value at ``path`` (for labels and control flow, not for numbers shown)."""
+        return walk(self.data, path)
+
+    def get(self, *path: Key, default: Any = None) -> Any:
+        try:
+            return walk(self.data, path)
+        except (KeyError, IndexError, TypeError):
+            return default
+
+    def num(self, *path: Key, fmt: str = ".1f", scale: float = 1.0, prefix: str = "", suffix: str = "") -> Num:
+        """The number at ``path``."""
+        return Num(combine("value", [walk(self.data, path)]), fmt, ((self.name, path),), "value", scale,
+                   prefix, suffix)
+
+    def agg(self, op: str, paths: Sequence[Pointer], fmt: str = ".1f", scale: float = 1.0, prefix: str = "",
+            suffix: str = "") -> Num:
+        """``op`` (mean, std, ratio, sum, count) of the numbers at ``paths``."""
+        values = [walk(self.data, p) for p in paths]
+        return Num(combine(op, values), fmt, tuple((self.name, tuple(p)) for p in paths), op, scale, prefix, suffix)
+
+    def command(self) -> str:
+        c = self.data.get("command") if isinstance(self.data, dict) else None
+        if isinstance(c, str):
+            return c
+        machine = self.data.get("machine") if isinstance(self.data, dict) else None
+        return machine.get("command", "") if isinstance(machine, dict) else ""
+
+
+def cross(a: Source, pa: Pointer, b: Source, pb: Pointer, fmt: str, prefix: str = "", suffix: str = "") -> Num:
+    """``a[pa] / b[pb]`` across two files."""
+    values = [walk(a.data, pa), walk(b.data, pb)]
+    return Num(combine("ratio", values), fmt, ((a.name, pa), (b.name, pb)), "ratio", 1.0, prefix, suffix)
+
+
+def pm(src: Source, mean: Pointer, std: Pointer, fmt: str = ".1f") -> Cell:
+    """``mean ± std``."""
+    return [src.num(*mean, fmt=fmt), " ± ", src.num(*std, fmt=fmt)]
+
+
+def mean_std(src: Source, paths: Sequence[Pointer], fmt: str = ".1f") -> Cell:
+    """Mean ± population std of the numbers at ``paths`` (the mean alone for one path)."""
+    if len(paths) == 1:
+        return [src.num(*paths[0], fmt=fmt)]
+    return [src.agg("mean", paths, fmt), " ± ", src.agg("std", paths, fmt)]
+
+
+def join(nums: Sequence[Num], sep: str = ", ") -> Cell:
+    out: Cell = []
+    for i, n in enumerate(nums):
+        if i:
+            out.append(sep)
+        out.append(n)
+    return out
+
+
+# ------------------------------------------------------------------------------ PPO, AAPS, ClusterEnv
+def t_ppo_lunarlander(_: str) -> list[Table]:
+    s = Source("ppo_lunarlander")
+    t = s("target")
+    rows = []
+    for i, _r in enumerate(s("rows")):
+        p = ("rows", i)
+        rows.append([[s.num(*p, "seed", fmt="d")], pm(s, (*p, "eval_return_mean"), (*p, "eval_return_std")),
+                     [s.num(*p, "best_eval")], [s.num(*p, "steps_to_target", fmt=",.0f")],
+                     [s.num(*p, "seconds_to_target", fmt=".0f")], [s.num(*p, "wall_seconds", fmt=".0f")],
+                     [s.num(*p, "weight_syncs", fmt="d")]])
+    rows.append([["mean"], [s.num("final_eval_mean_over_seeds")], [""], [""], [""], [""], [""]])
+    return [Table(["seed", "final eval (10 episodes)", "best eval", f"env steps to eval ≥ {t:g}",
+                   f"s to eval ≥ {t:g}", "wall s (1M steps)", "weight syncs (4 workers)"], rows,
+                  [s.name], [s.command()])]
+
+
+def t_aaps(name: str) -> list[Table]:
+    s = Source(name)
+    rows = []
+    for i, r in enumerate(s("rows")):
+        p = ("rows", i)
+        rows.append([[r["sync"]], [s.num(*p, "final_eval_return")], [s.num(*p, "final_train_return")],
+                     [s.num(*p, "syncs_per_worker_mean")], [s.num(*p, "weight_bytes", fmt=".2f", scale=1e-6)],
+                     [s.num(*p, "weight_bytes_ratio_vs_every", suffix="×")],
+                     [s.num(*p, "policy_lag_mean", fmt=".2f")], [s.num(*p, "wall_seconds", fmt=".0f")]])
+    seeds = ", ".join(map(str, s("seeds")))
+    return [Table(["sync", f"final eval return (mean over seeds {seeds})", "train return (last 100 ep.)",
+                   "syncs / worker", "weight MB", "fewer weight bytes than EveryUpdate", "mean policy lag",
+                   "wall s"], rows, [s.name], [s.command()])]
+
+
+def t_uplink(_: str) -> list[Table]:
+    s = Source("uplink")
+    kinds = ["observations", "actions", "rewards", "behaviour", "weights", "info", "control", "total",
+             "uplink_total"]
+    labels = {"every": "every-update, raw fp32", "raw": "AAPS, raw fp32", "auto": "AAPS + `--uplink auto` (default)",
+              "int8": "AAPS + auto + `--uplink-obs int8`"}
+    rows = []
+    for key, r in s("settings").items():
+        p = ("settings", key)
+        n = len(r["runs"])
+        rows.append([[labels.get(key, key)], *[[s.num(*p, "bytes_per_step", k, fmt=".2f")] for k in kinds],
+                     mean_std(s, [(*p, "eval_returns", i) for i in range(n)]),
+                     [", ".join(str(x) for x in r["seeds"])], [s.num(*p, "steps_per_second", fmt=".0f")]])
+    by_kind = Table(["setting", *kinds[:-2], "**total**", "uplink total", "final eval return", "seeds", "steps/s"],
+                    rows, [s.name], [s.command()],
+                    title=f"Bytes per env step, by kind ({s('steps'):,} steps of the `make demo` settings, mean over "
+                          "seeds)")
+    rows = []
+    for u, o in s("codec_time", "options").items():
+        p = ("codec_time", "options", u)
+        codecs = ", ".join(f"{k} {v}" for k, v in o["codecs"].items()) or "raw"
+        err: Cell = (["exact"] if o["options"]["obs"] == "exact"
+                     else [s.num(*p, "obs_max_error_in_std", fmt=".3f"), " std"])
+        rows.append([[u], [s.num(*p, "total_per_step", fmt=".2f")], [s.num(*p, "encode_us_per_step", fmt=".3f")],
+                     [s.num(*p, "decode_us_per_step", fmt=".3f")], err, [codecs]])
+    n = s("codec_time", "env_steps")
+    codec = Table(["uplink", "bytes / env step", "encode µs / step", "decode µs / step", "largest obs error",
+                   "codecs"], rows, [s.name],
+                  title=f"Codec CPU time on {n:,} recorded env steps (one thread, best of "
+                        f"{s('codec_time', 'repeats')})")
+    tables = [by_kind, codec]
+    if "ale" in s.data:
+        rows = []
+        for u, r in s("ale", "runs").items():
+            p = ("ale", "runs", u)
+            rows.append([[labels.get(u, u)], [s.num(*p, "bytes_per_step", "observations", fmt=".1f")],
+                         [s.num(*p, "bytes_per_step", "total", fmt=".1f")], [s.num(*p, "steps_per_second", fmt=".0f")],
+                         [", ".join(f"{k} ×{v}" for k, v in r["obs_codecs"].items()) or "raw"]])
+        tables.append(Table(["setting", "observations B / step", "total B / step", "steps/s", "observation codec"],
+                            rows, [s.name], title=f"ALE Pong, 4×84×84 uint8 frame stacks, PPO (Nature CNN, AAPS), "
+                                                  f"{s('ale', 'steps'):,} env steps"))
+    return tables
+
+
+def t_learning_suite_ppo(_: str) -> list[Table]:
+    s = Source("learning_suite")
+    rows = []
+    for env, e in s("table").items():
+        for v, r in e["variants"].items():
+            if not v.startswith(("frugal-", "sb3-")):
+                continue
+            p = ("table", env, "variants", v)
+            secs = [(*p, "seconds_to_reference", i) for i in range(len(r["seconds_to_reference"]))]
+            rows.append([[f"{env} ({e['steps'] / 1e3:.0f}k)"], [v], pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
+                         [_opt(s, (*p, "return_vs_sb3"), ".2f")], [s.num(*p, "stochastic_return_mean")],
+                         [s.num(*p, "reached_reference", fmt="d"), f"/{len(r['seeds'])} (≥ {e['reference']})"],
+                         [s.agg("mean", secs, ".0f")], [s.num(*p, "train_seconds_mean", fmt=".0f")],
+                         [_opt(s, (*p, "train_seconds_vs_sb3"), ".2f")], [s.num(*p, "wall_seconds_mean", fmt=".0f")],
+                         [_opt(s, (*p, "wall_vs_sb3"), ".2f")], [s.num(*p, "bytes_total_mean", fmt=".1f", scale=1e-6)],
+                         [s.num(*p, "bytes_weights_mean", fmt=".2f", scale=1e-6)],
+                         [s.num(*p, "weight_syncs_mean", fmt=".0f")], [s.num(*p, "stuck_fraction_max", fmt=".0%")]])
+    return [Table(["env (steps)", "variant", "final return (mean ± std, 3 seeds)", "× SB3", "stochastic",
+                   "reached ref.", "s to ref. (mean)", "train s", "× SB3 train s", "wall s", "× SB3 wall", "MB total",
+                   "weight MB", "syncs", "stuck"], rows, [s.name], ["python benchmarks/learning_suite.py"])]
+
+
+def t_learning_suite_impala(_: str) -> list[Table]:
+    s = Source("learning_suite")
+    rows = []
+    for env, e in s("table").items():
+        for v, r in e["variants"].items():
+            if not v.startswith("impala-"):
+                continue
+            p = ("table", env, "variants", v)
+            secs = [(*p, "seconds_to_reference", i) for i in range(len(r["seconds_to_reference"]))]
+            rows.append([[f"{env} ({e['impala_steps'] / 1e3:.0f}k)"], [v],
+                         pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
+                         [_opt(s, (*p, "return_vs_copy"), ".2f")], [s.num(*p, "late_return_mean")],
+                         [_opt(s, (*p, "late_return_vs_copy"), ".2f")], [s.num(*p, "stochastic_return_mean")],
+                         [s.num(*p, "train_return_mean")],
+                         [s.num(*p, "reached_reference", fmt="d"), f"/{len(r['seeds'])} (≥ {e['reference']})"],
+                         [s.agg("mean", secs, ".0f")], [_opt(s, (*p, "seconds_to_reference_vs_copy"), ".2f")],
+                         [s.num(*p, "learner_share", fmt=".0%")], [s.num(*p, "bytes_total_mean", fmt=".1f", scale=1e-6)],
+                         [s.num(*p, "bytes_weights_mean", fmt=".2f", scale=1e-6)],
+                         [_opt(s, (*p, "weight_bytes_fewer_than_every_copy"), ".2f")],
+                         [s.num(*p, "weight_syncs_mean", fmt=".0f")], [s.num(*p, "eval_disagreements", fmt="d")],
+                         [str(len(r["warnings"]))]])
+    return [Table(["env (steps)", "actors", "final (det.)", "× copy", "last 3 evals", "× copy", "stochastic",
+                   "train (last 100)", "reached ref.", "s to ref.", "× copy s", "learner share", "MB total", "weight MB",
+                   "× fewer weight bytes than every-update copies", "syncs", "disagreements", "guard warnings"], rows,
+                  [s.name], ["python benchmarks/learning_suite.py --envs CartPole-v1 LunarLander-v3 MinAtar-Breakout "
+                             "ALE-Breakout --variants impala-copy impala-int8 impala-full"])]
+
+
+def _opt(s: Source, path: Pointer, fmt: str) -> Num:
+    """The number at ``path``, or a dash where the JSON has none."""
+    if s.get(*path) is None:
+        parent, key = path[:-1], path[-1]
+        if key not in s(*parent):
+            return Num(None, fmt, ())
+    return s.num(*path, fmt=fmt)
+
+
+# ------------------------------------------------------------------------------------------ AcceRL
+def t_compress_table6(_: str) -> list[Table]:
+    s = Source("compress_table6")
+    rows = []
+    for i, r in enumerate(s("rows")):
+        p = ("rows", i)
+        rows.append([[r["network"]], [r["arch"]], [r["runtime"]], [s.num(*p, "params", fmt=",d")],
+                     [s.num(*p, "wire_bytes", fmt=",d")], [s.num(*p, "ms_per_state", "1", fmt=".3f")],
+                     [s.num(*p, "ms_per_state", "16", fmt=".3f")],
+                     [s.num(*p, "speedup_vs_torch_fp32_original", "1", fmt=".2f", suffix="×")],
+                     [s.num(*p, "speedup_vs_torch_fp32_original", "16", fmt=".2f", suffix="×")],
+                     [s.num(*p, "kl_mean", fmt=".1e")],
+                     [s.num(*p, "paper_ms", fmt=".1f")]])
+    return [Table(["network", "conv (kernel) / fc", "runtime", "params", "weight bytes", "ms/state b=1",
+                   "ms/state b=16", "speed-up b=1", "speed-up b=16", "KL mean to original", "paper's ms"], rows,
+                  [s.name], [s("machine", "command")])]
+
+
+def t_accerl_actor_time(_: str) -> list[Table]:
+    s = Source("accerl_actor_time")
+    groups: dict[tuple[str, int], dict[str, int]] = {}
+    for i, r in enumerate(s("rows")):
+        groups.setdefault((r["env"], r["envs_per_worker"]), {})[r["actor"]] = i
+    actors = list(dict.fromkeys(r["actor"] for r in s("rows")))
+    rows = []
+    for (env, k), idx in groups.items():
+        cells: list[Cell] = [[env], [str(k)]]
+        for a in actors:
+            p = ("rows", idx[a])
+            cell: Cell = [s.num(*p, "ms_per_state", fmt=".3f")]
+            if a != actors[0]:
+                cell += [" (", s.num(*p, "speedup", fmt=".2f", suffix="×"), ")"]
+            cells.append(cell)
+        rows.append(cells)
+    return [Table(["env", "envs / worker", *[f"`{a}` (ms)" for a in actors]], rows, [s.name], [s.command()])]
+
+
+def t_impala_ablation(_: str) -> list[Table]:
+    s = Source("impala_ablation")
+    runs = s("runs")
+
+    def extra(r: dict[str, Any]) -> str:
+        return json.dumps(r.get("extra", {}), sort_keys=True)
+
+    keys = sorted({(r["env"], r["steps"], extra(r)) for r in runs})
+    rows = []
+    for env, steps, ex in keys:
+        for name in s("settings"):
+            sel = [i for i, r in enumerate(runs) if (r["env"], r["steps"], extra(r), r["setting"]) == (env, steps, ex, name)]
+            if not sel:
+                continue
+
+            def m(key: str, sel: list[int] = sel) -> Cell:
+                return mean_std(s, [("runs", i, key) for i in sel])
+
+            flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in json.loads(ex).items()) or DASH
+            rows.append([[f"{env} ({steps / 1e6:g}M)"], [name], [flags], [str(len(sel))], m("final_return"),
+                         m("stochastic_return"), m("train_return_last100"), m("best_eval"),
+                         [s.agg("mean", [("runs", i, "train_seconds") for i in sel], ".0f")],
+                         [s.agg("mean", [("runs", i, "learner_update_seconds") for i in sel], ".0f")]])
+    return [Table(["env (steps)", "setting", "extra flags", "seeds", "final (det.)", "stochastic", "train (last 100)",
+                   "best eval", "train s", "update s"], rows, [s.name], ["python benchmarks/impala_ablation.py"])]
+
+
+# ----------------------------------------------------------------------------------------- pipeline
+def t_pipeline_table1(_: str) -> list[Table]:
+    """Table I of the pipeline paper, computed by :func:`frugalrl.pipeline.bytes.table_one` at build time."""
+    from frugalrl.pipeline.bytes import table_one
+
+    rows = []
+    for r in table_one():
+        el = f"{r['elements'] / 1e9:.1f} B" if r["elements"] else ""
+        bpe = f"{r['bytes_per_element']:g}" if r["bytes_per_element"] else ""
+        rows.append([[r["setup"].strip()], [el], [bpe], [f"{r['bytes'] / 1e9:.2f} GB"], [f"{r['relative']:.2f}×"],
+                     [r["note"]]])
+    return [Table(["setup", "elements", "B / element", "bytes", "vs paper's cloud", "note"], rows,
+                  commands=["frugalrl pipeline-bytes"], align="lrrrrl")]
+
+
+def t_pipeline_shaped_link(_: str) -> list[Table]:
+    s = Source("pipeline_shaped_link")
+    rows = []
+    for i, r in enumerate(s("runs")):
+        p = ("runs", i)
+        rows.append([[r["rate"]], [r["variant"]], [s.num(*p, "median_iteration_s")],
+                     [s.num(*p, "comm_wait_s_per_iter_stage0", suffix=" s")],
+                     [s.num(*p, "bytes_per_iter", "total", scale=1e-6), " (",
+                      s.num(*p, "bytes_per_iter", "gradients", fmt=".2f", scale=1e-6), ")"],
+                     [s.num(*p, "time_ratio_vs_dense", fmt=".2f")]])
+    return [Table(["link", "cut gradients", "s / iteration (median)", "stage-0 comm wait / iteration",
+                   "MB / iteration (gradients)", "time vs dense"], rows, [s.name], ["python benchmarks/pipeline_shaped_link.py"])]
+
+
+def t_pipeline_carracing(_: str) -> list[Table]:
+    rows = []
+    names = []
+    for name in ("pipeline_carracing", "pipeline_carracing_sa"):
+        s = Source(name)
+        names.append(s.name)
+        dense = Source("pipeline_carracing")
+        for v, r in s("table").items():
+            p = ("table", v)
+            seeds = [(*p, "return_per_seed", i) for i in range(len(r["return_per_seed"]))]
+            ret: Cell = [s.num(*p, "return_mean")]
+            if len(seeds) > 1:
+                ret += [" ± ", s.agg("std", seeds), " (", *join([s.num(*q) for q in seeds]), ")"]
+            else:
+                ret += [" (1 seed)"]
+            rows.append([[v], ret, [s.num(*p, "total_bytes", fmt=",.0f", scale=1e-6)],
+                         [cross(s, (*p, "total_bytes"), dense, ("table", "dense", "total_bytes"), ".3f")],
+                         [s.num(*p, "gradient_bytes", fmt=",.0f", scale=1e-6)],
+                         [cross(s, (*p, "gradient_bytes"), dense, ("table", "dense", "gradient_bytes"), ".3f")],
+                         [s.num(*p, "activation_bytes", fmt=",.0f", scale=1e-6)],
+                         [s.num(*p, "iteration_seconds_median")]])
+    return [Table(["cut gradients", "return (mean ± std, per seed)", "total MB", "vs dense", "gradient MB", "vs dense",
+                   "activation MB", "s / iteration"], rows, names,
+                  ["python benchmarks/pipeline_carracing.py",
+                   "python benchmarks/pipeline_carracing.py --variants p0.99-sa --seeds 1 --out pipeline_carracing_sa"])]
+
+
+def t_pipeline_suite(name: str) -> list[Table]:
+    s = Source(name)
+    study = "accumulator" if "accumulator" in name else "cuts"
+    rows = []
+    for env, e in s("table").items():
+        for v, a in e["variants"].items():
+            p = ("table", env, "variants", v)
+            seeds = [s.num(*p, "final_return_per_seed", i, fmt=".0f") for i in range(len(a["final_return_per_seed"]))]
+            rows.append([[f"{env} ({e['steps'] / 1e3:.0f}k)"], [v], pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
+                         join(seeds), [_opt(s, (*p, "return_gap_vs_base"), "+.1%")],
+                         [s.num(*p, "gradient_bytes_mean", scale=1e-6)], [_opt(s, (*p, "gradients_vs_base"), ".3f")],
+                         [s.num(*p, "total_bytes_mean", scale=1e-6)], [s.num(*p, "train_seconds_mean", fmt=".0f")]])
+    first = "cut gradients (accumulator `position`)" if study == "cuts" else "accumulator (p = 0.99)"
+    base = "dense" if study == "cuts" else "position"
+    return [Table(["env (steps)", first, "final return (mean ± std)", "per seed", f"vs {base}", "gradient MB",
+                   "× gradients", "total MB", "train s"], rows, [s.name], [s.command()])]
+
+
+# -------------------------------------------------------------------------------------------- DPSGD
+def t_dpsgd_speedup(name: str) -> list[Table]:
+    s = Source(name)
+    out = []
+    marks = {None: "", "at most": "≤ ", "at least": "≥ ", "unknown": "? "}
+    for ti, t in enumerate(s("tables")):
+        lda = t["task"] == "lda"
+        rate_key, rate_name = ("svi_steps_per_s", "SVI steps/s") if lda else ("env_steps_per_s", "env steps/s")
+        rows = []
+        for ri, r in enumerate(t["rows"]):
+            p = ("tables", ti, "rows", ri)
+            tt = r["time_to_target"]
+            time_cell = [DASH] if tt["mean"] is None else pm(s, (*p, "time_to_target", "mean"),
+                                                             (*p, "time_to_target", "std"), ".2f")
+            rows.append([[r["label"]], [s.num(*p, "all_processes", fmt="d")], time_cell, [tt["reached"]],
+                         ["≥ " if tt["all_lower_bound"] else "", s.num(*p, "time_to_target", "all_mean", fmt=".2f")],
+                         [marks[r["speedup_bound"]], s.num(*p, "speedup", fmt=".2f")],
+                         [s.num(*p, "efficiency", fmt=".2f")],
+                         [s.agg("mean", [(*p, "runs", k, rate_key) for k in range(len(r["runs"]))], ".1f")],
+                         [s.num(*p, "bytes_total_mean", scale=1e-6)]])
+        unit = "perplexity" if lda else "greedy return"
+        out.append(Table(["run", "processes", "time to target, reached seeds (s)", "reached", "time, all seeds (s)",
+                          "speed-up", "efficiency", rate_name, "MB sent"], rows, [s.name],
+                         [s("runs_from", "command"), s.command()], align="lrrrrrrrr",
+                         title=f"{t['task']}: time to {unit} {t['target']:.1f} (reference "
+                               f"{t['reference_s']:.2f} s over every seed)"))
+    return out
+
+
+def t_hsa2c_vs_sync(name: str) -> list[Table]:
+    s = Source(name)
+    rows = []
+    for i, r in enumerate(s("rows")):
+        p = ("rows", i)
+        tt = r["time_to_target"]
+        time_cell = [DASH] if tt["mean"] is None else pm(s, (*p, "time_to_target", "mean"), (*p, "time_to_target", "std"))
+        n = len(r["best_returns"])
+        best = join([s.num(*p, "best_returns", k, fmt=".0f") for k in range(n)], " ")
+        final = join([s.num(*p, "final_eval_returns", k, fmt=".0f") for k in range(n)], " ")
+        rows.append([[r["env"]], [r["variant"]], [f"{r['target']:g}"], time_cell, [tt["reached"]],
+                     ["≥ " if r["time_all_seeds"]["lower_bound"] else "", s.num(*p, "time_all_seeds", "mean")],
+                     [s.num(*p, "env_steps_per_s", fmt=",.0f")], [s.num(*p, "kb_per_update")],
+                     [s.num(*p, "mb_per_100k_steps")], [s.num(*p, "mb_to_target")],
+                     [s.num(*p, "staleness_mean", fmt=".2f")], [*best, " / ", *final]])
+    return [Table(["env", "variant", "reference return", "time to reference (s, reached seeds)", "reached",
+                   "time, all seeds (s)", "env steps/s", "kB per global update", "MB per 100k env steps",
+                   "MB to reference", "staleness", "best check / final (10 ep.), per seed"], rows, [s.name],
+                  [s.command()], align="llrrrrrrrrrl")]
+
+
+def t_lda(name: str) -> list[Table]:
+    """Every method of every corpus of one ``lda_baselines.py`` result file."""
+    s = Source(name)
+    out = []
+    for ci, c in enumerate(s("corpora")):
+        rows = []
+        for mi, m in enumerate(c["methods"]):
+            p = ("corpora", ci, "methods", mi)
+            has_bytes = "bytes" in m
+            rows.append([[m["method"]], [_opt(s, (*p, "time_to_target_s"), ".2f")],
+                         [_opt(s, (*p, "docs_to_target"), ",.0f")], [s.num(*p, "final_perplexity", fmt=".1f")],
+                         [s.num(*p, "best_perplexity", fmt=".1f")], [s.num(*p, "train_seconds", fmt=".2f")],
+                         [s.num(*p, "docs", fmt=",d")],
+                         [s.num(*p, "bytes", "total", scale=1e-6) if has_bytes else Num(None, "", ())],
+                         [s.num(*p, "bytes", "gradients", scale=1e-6) if has_bytes else Num(None, "", ())],
+                         [_opt(s, (*p, "push_ratio_vs_dense_fp32"), ".2f")]])
+        sp = c["split"]
+        title = (f"{c['corpus']}: {sp['train_docs']:,} training docs, {sp['heldout_docs']} held-out, V = {sp['vocab']:,}, "
+                 f"K = {c['K']}, {c['passes']} passes; target perplexity {c['target']:.1f} "
+                 f"(1.02 × gensim-w1's final)" if c["target"] else f"{c['corpus']}")
+        out.append(Table(["method", "time to target (s)", "docs to target", "final perplexity", "best perplexity",
+                          "train s", "docs", "MB on the wire", "MB pushed", "push vs dense fp32"], rows, [s.name],
+                         [s.command()], title=title, align="lrrrrrrrrr"))
+    return out
+
+
+def _method(s: Source, method: str, ci: int = 0) -> Pointer | None:
+    for mi, m in enumerate(s("corpora", ci, "methods")):
+        if m["method"] == method:
+            return ("corpora", ci, "methods", mi)
+    return None
+
+
+def t_lda_seeds(name: str) -> list[Table]:
+    """One row per result file: the time to target and final perplexity of each method (synthetic seeds, the
+    large corpus's seeds)."""
+    files = {"synthetic": ["lda_baselines", "lda_baselines_synthetic_seed1", "lda_baselines_synthetic_seed2"],
+             "large": ["lda_baselines_large_seed0", "lda_baselines_large_seed1", "lda_baselines_large_seed2"]}[name]
+    methods = ["gensim-w1", "gensim-w2", "sklearn-online", "dpsvi-w1p1", "dpsvi-w2p1"]
+    rows = []
+    srcs = []
+    for f in files:
+        s = Source(f)
+        srcs.append(s)
+        ci = next(i for i, c in enumerate(s("corpora")) if c["corpus"].startswith("synthetic"))
+        c = s("corpora", ci)
+        seed = c["config"]["seed"]
+        row: list[Cell] = [[f"{seed} (target ", s.num("corpora", ci, "target", fmt=".1f"), ")"]]
+        for m in methods:
+            p = _method(s, m, ci)
+            if p is None:
+                row.append([DASH])
+                continue
+            t = s(*p).get("time_to_target_s")
+            row.append(["not reached" if t is None else s.num(*p, "time_to_target_s", fmt=".2f"), ", ",
+                        s.num(*p, "final_perplexity", fmt=".1f")])
+        if name == "large":
+            p = _method(s, "dpsvi-w1p1", ci)
+            row.append([s.num(*p, "bytes", "gradients", scale=1e-6)] if p else [DASH])
+            row.append([s.num(*p, "push_ratio_vs_dense_fp32", fmt=".2f", suffix="×")] if p else [DASH])
+        rows.append(row)
+    header = ["seed", *[f"{m}: s to target, final" for m in methods]]
+    if name == "large":
+        header += ["dpsvi-w1p1 MB pushed", "smaller than dense fp32"]
+    return [Table(header, rows, [s.name for s in srcs], [s.command() for s in srcs])]
+
+
+def t_lda_variants(name: str) -> list[Table]:
+    """DPSVI variants, one file per row: bf16 pushes, dense pushes, larger batches, the asynchronous rate study."""
+    pattern = {"large": r"lda_(baselines_large_seed\d_(bf16|dense)|large_b\d+_seed\d)\.json",
+               "async": r"lda_async_.*\.json", "small": r"lda_(baselines_uniform_seed\d|push_bytes_.*)\.json"}[name]
+    files = sorted(p.name for p in RESULTS.glob("lda_*.json") if re.fullmatch(pattern, p.name))
+    rows = []
+    for f in files:
+        s = Source(f)
+        for ci, c in enumerate(s("corpora")):
+            for mi, m in enumerate(c["methods"]):
+                if not m["method"].startswith("dpsvi"):
+                    continue
+                p = ("corpora", ci, "methods", mi)
+                t = m.get("time_to_target_s")
+                has_bytes = "bytes" in m
+                rows.append([[f"`{f[:-5]}`"], [f"{c['corpus']}, seed {c['config']['seed']}"], [m["method"]],
+                             [_opt(s, ("corpora", ci, "target"), ".1f")],
+                             ["not reached" if t is None else s.num(*p, "time_to_target_s", fmt=".2f")],
+                             [s.num(*p, "final_perplexity", fmt=".1f")],
+                             [s.num(*p, "bytes", "gradients", scale=1e-6) if has_bytes else Num(None, "", ())],
+                             [_opt(s, (*p, "push_ratio_vs_dense_fp32"), ".2f")]])
+    return [Table(["file", "corpus", "method", "target", "s to target", "final perplexity", "MB pushed",
+                   "push vs dense fp32"], rows, files)]
+
+
+# ----------------------------------------------------------------------------------------- scale-out
+def t_shaped_links(_: str) -> list[Table]:
+    s = Source("shaped_links")
+    rows = []
+    for i, r in enumerate(s("runs")):
+        p = ("runs", i)
+        rows.append([[r["rate"]], ["EveryUpdate" if r["sync"] == "every" else "AAPS δ=0.05"],
+                     [s.num(*p, "s_per_iter", fmt=".0f", scale=1e3)], [s.num(*p, "s_per_iter_median", fmt=".0f", scale=1e3)],
+                     [s.num(*p, "weight_syncs", fmt="d")], [s.num(*p, "bytes", "weights", fmt=".2f", scale=1e-6)],
+                     [s.num(*p, "bytes", "total", fmt=".2f", scale=1e-6)]])
+    return [Table(["link", "sync", "ms / iteration (mean)", "ms / iteration (median)", "weight syncs", "weights MB",
+                   "total MB"], rows, [s.name], [s.command()])]
+
+
+def t_ray_overhead(_: str) -> list[Table]:
+    s = Source("ray_overhead")
+    c = s("config")
+    rows = [[[f"{c['env']}, {c['workers']} workers × {c['envs_per_worker']} envs, rollouts of {c['steps']} steps"],
+             [s.num("steps_per_s", "local", "median", fmt=",.0f")], [s.num("steps_per_s", "ray", "median", fmt=",.0f")],
+             [s.num("slowdown_ray_vs_local", fmt=".2f", suffix="×")], [s.num("target_slowdown", fmt=".1f", prefix="≤ ", suffix="×")],
+             ["yes" if s("same_bytes") else "no"]]]
+    return [Table(["setting", "local steps/s (median)", "Ray steps/s (median)", "Ray slower by", "target",
+                   "identical byte counts"], rows, [s.name], ["python benchmarks/ray_overhead.py"])]
+
+
+def t_throughput(_: str) -> list[Table]:
+    s = Source("throughput")
+    envs = list(s("results"))
+    methods = list(s("results", envs[0], "methods"))
+    rows = []
+    for m in methods:
+        rows.append([[s("results", envs[0], "methods", m, "label")],
+                     *[[s.num("results", e, "methods", m, "steps_per_s", fmt=",.0f")] for e in envs]])
+    for key, label in (("head_vs_async", "**head-side / AsyncVectorEnv** (target ≥ {t})"),
+                       ("efficiency", "**parallel efficiency** = rollout / (2 × baseline) (target ≥ {t})")):
+        row: list[Cell] = [[label.format(t=s("targets", key))]]
+        for e in envs:
+            pr = s("results", e, "paired_ratios", key)
+            lo, hi = min(range(len(pr)), key=pr.__getitem__), max(range(len(pr)), key=pr.__getitem__)
+            row.append([s.num("results", e, "ratios", key, fmt=".2f"), " (",
+                        s.num("results", e, "paired_ratios", key, lo, fmt=".2f"), "–",
+                        s.num("results", e, "paired_ratios", key, hi, fmt=".2f"), ")"])
+        rows.append(row)
+    return [Table(["env steps/s", *envs], rows, [s.name], [s("machine", "command")], align="l" + "r" * len(envs))]
+
+
+UNRECORDED_COMMANDS = {  # result files that do not record the command that wrote them
+    "impala_ablation": "python benchmarks/impala_ablation.py",
+    "ray_overhead": "python benchmarks/ray_overhead.py",
+}
+
+
+def t_index(_: str) -> list[Table]:
+    """Every result file with the command that wrote it."""
+    rows = []
+    for f in sorted(RESULTS.glob("*.json")):
+        s = Source(f.name)
+        command = s.command() or UNRECORDED_COMMANDS.get(f.stem, "")
+        rows.append([[f"[`{f.name}`]({RESULTS_URL}/{f.name})"], [f"`{command}`" if command else DASH]])
+    return [Table(["file", "command"], rows)]
+
+
+# --------------------------------------------------------------------------------------- headline
+def t_headline(where: str) -> list[Table]:
+    """The headline table: one result per system, each with its JSON and its docs page. ``where``: ``readme``
+    (links from the repository's root) or ``site`` (links inside the docs)."""
+    ls, up, a3, t6 = Source("learning_suite"), Source("uplink"), Source("aaps_3seeds"), Source("compress_table6")
+    pc, psa, ps = Source("pipeline_carracing"), Source("pipeline_carracing_sa"), Source("pipeline_suite")
+    lda, hs, tp = Source("lda_baselines_large_seed0"), Source("hsa2c_vs_sync_defaults"), Source("throughput")
+    ll = ("table", "LunarLander-v3", "variants")
+    chain = len(t6("rows")) - 1
+    w1, g1 = _method(lda, "dpsvi-w1p1"), _method(lda, "gensim-w1")
+    assert w1 and g1
+    hsa2c = next(i for i, r in enumerate(hs("rows")) if r["env"] == "LunarLander-v3" and r["variant"].startswith("HSA2C"))
+    a3c = next(i for i, r in enumerate(hs("rows")) if r["env"] == "LunarLander-v3" and r["variant"].startswith("DDRL"))
+
+    def link(s: Source, page: str) -> Cell:
+        if where == "readme":
+            return [f"[`{s.name}`](benchmarks/results/{s.name}) · [docs](docs/{page})"]
+        return [f"[`{s.name}`]({RESULTS_URL}/{s.name}) · [{page[:-3]}]({page})"]
+
+    rows: list[list[Cell]] = [
+        [["PPO + AAPS + bf16 weights vs Stable-Baselines3 (rl-zoo), LunarLander-v3, 1M steps, 3 seeds"],
+         ["return ", *pm(ls, (*ll, "frugal-aaps-bf16", "final_return_mean"), (*ll, "frugal-aaps-bf16", "final_return_std")),
+          " vs ", *pm(ls, (*ll, "sb3-zoo", "final_return_mean"), (*ll, "sb3-zoo", "final_return_std")), " in ",
+          ls.num(*ll, "frugal-aaps-bf16", "wall_vs_sb3", fmt=".2f", suffix="×"), " the wall time"],
+         link(ls, "benchmarks.md")],
+        [["AAPS δ = 0.05 vs weights after every update, LunarLander-v3, 3 seeds"],
+         [a3.num("rows", 1, "weight_bytes_ratio_vs_every", suffix="×"), " fewer weight bytes, return ",
+          a3.num("rows", 1, "final_eval_return"), " vs ", a3.num("rows", 0, "final_eval_return")],
+         link(a3, "clusterenv.md")],
+        [["Experience uplink (defaults: log-probabilities + zstd; lossy int8 observations on request), "
+          "LunarLander-v3 PPO + AAPS"],
+         [up.num("settings", "raw", "bytes_per_step", "total", fmt=".1f"), " → ",
+          up.num("settings", "auto", "bytes_per_step", "total", fmt=".1f"), " (lossless) / ",
+          up.num("settings", "int8", "bytes_per_step", "total", fmt=".1f"), " (int8) bytes per env step; return ",
+          up.num("settings", "raw", "eval_return_mean"), " / ", up.num("settings", "auto", "eval_return_mean"), " / ",
+          up.num("settings", "int8", "eval_return_mean")],
+         link(up, "clusterenv.md")],
+        [["AcceRL compressor chain (prune, distill, int8, ONNX), Nature-CNN on Pong frames"],
+         [t6.num("rows", chain, "speedup_vs_torch_fp32_original", "1", fmt=".2f", suffix="×"),
+          " faster per state (batch 1), weights ",
+          t6.agg("ratio", [("rows", 0, "wire_bytes"), ("rows", chain, "wire_bytes")], ".0f", suffix="×"), " smaller"],
+         link(t6, "accerl.md")],
+        [["AcceRL actors `prune:0.5,distill,int8,onnx` vs learner copies every update, LunarLander-v3"],
+         ["return ", *pm(ls, (*ll, "impala-full", "final_return_mean"), (*ll, "impala-full", "final_return_std")),
+          " (copy ", ls.num(*ll, "impala-copy", "final_return_mean"), "), ",
+          ls.num(*ll, "impala-full", "weight_bytes_fewer_than_every_copy", suffix="×"), " fewer weight bytes"],
+         link(ls, "accerl.md")],
+        [["Split-model PPO, CarRacing-v3: sparse cut gradients (p = 0.99) + sparse activations"],
+         [cross(psa, ("table", "p0.99-sa", "total_bytes"), pc, ("table", "dense", "total_bytes"), ".3f", suffix="×"),
+          " the total traffic of dense cut gradients (1 seed, 20k steps)"],
+         link(psa, "pipeline.md")],
+        [["Split-model PPO, CartPole-v1, 3 seeds: p = 0.99 cut gradients vs dense"],
+         ["return ", ps.num("table", "CartPole-v1", "variants", "p0.99", "return_gap_vs_base", fmt="+.1%"),
+          ", gradient bytes ", ps.num("table", "CartPole-v1", "variants", "p0.99", "gradients_vs_base", fmt=".3f", suffix="×"),
+          " (dense warm start included)"],
+         link(ps, "pipeline.md")],
+        [["DPSVI (LDA on DPSGD), 100k documents, V = 50,000: time to gensim's target perplexity"],
+         [lda.num(*w1, "time_to_target_s", fmt=".2f", suffix=" s"), " vs gensim ",
+          lda.num(*g1, "time_to_target_s", fmt=".2f", suffix=" s")],
+         link(lda, "dpsgd.md")],
+        [["HSA2C (B = 10) vs DDRL A3C (B = 1), LunarLander-v3, 5 seeds"],
+         [hs.num("rows", hsa2c, "mb_per_100k_steps"), " vs ", hs.num("rows", a3c, "mb_per_100k_steps"),
+          " MB per 100k env steps"],
+         link(hs, "dpsgd.md")],
+        [["ClusterEnv `step()` vs Gymnasium's AsyncVectorEnv, LunarLander-v3, 2 processes"],
+         [tp.num("results", "LunarLander-v3", "ratios", "head_vs_async", fmt=".2f", suffix="×"), " the env steps/s"],
+         link(tp, "benchmarks.md")],
+    ]
+    return [Table(["system, setting", "result", "data"], rows)]
+
+
+BENCHES: dict[str, Callable[[str], list[Table]]] = {
+    "headline": t_headline,
+    "index": t_index,
+    "ppo_lunarlander": t_ppo_lunarlander,
+    "aaps": t_aaps,  # ARG: aaps_sweep or aaps_3seeds
+    "uplink": t_uplink,
+    "learning_suite_ppo": t_learning_suite_ppo,
+    "learning_suite_impala": t_learning_suite_impala,
+    "compress_table6": t_compress_table6,
+    "accerl_actor_time": t_accerl_actor_time,
+    "impala_ablation": t_impala_ablation,
+    "pipeline_table1": t_pipeline_table1,
+    "pipeline_shaped_link": t_pipeline_shaped_link,
+    "pipeline_carracing": t_pipeline_carracing,
+    "pipeline_suite": t_pipeline_suite,  # ARG: pipeline_suite or pipeline_accumulator
+    "dpsgd_speedup": t_dpsgd_speedup,  # ARG: dpsgd_speedup_lda or dpsgd_speedup_hsa2c
+    "hsa2c_vs_sync": t_hsa2c_vs_sync,  # ARG: a hsa2c_vs_sync*.json name
+    "lda": t_lda,  # ARG: an lda_baselines.py result name
+    "lda_seeds": t_lda_seeds,  # ARG: synthetic or large
+    "lda_variants": t_lda_variants,  # ARG: large, async or small
+    "shaped_links": t_shaped_links,
+    "ray_overhead": t_ray_overhead,
+    "throughput": t_throughput,
+}
+DEFAULT_ARG = {"headline": "site", "aaps": "aaps_sweep", "pipeline_suite": "pipeline_suite", "dpsgd_speedup": "dpsgd_speedup_lda",
+               "hsa2c_vs_sync": "hsa2c_vs_sync_defaults", "lda": "lda_baselines", "lda_seeds": "synthetic",
+               "lda_variants": "large"}
+
+
+def bench_tables(spec: str) -> list[Table]:
+    """The tables of marker ``spec`` (``NAME`` or ``NAME ARG``)."""
+    name, _, arg = spec.strip().partition(" ")
+    if name not in BENCHES:
+        raise ValueError(f"unknown bench table {name!r}; known: {', '.join(BENCHES)}")
+    return BENCHES[name](arg.strip() or DEFAULT_ARG.get(name, ""))
+
+
+def render_bench(spec: str) -> str:
+    """Markdown of marker ``spec``."""
+    return "\n\n".join(t.markdown() for t in bench_tables(spec))
+
+
+# -------------------------------------------------------------------------------------- config tables
+def _type_name(t: Any) -> str:
+    origin = typing.get_origin(t)
+    if origin is typing.Literal:
+        return " \\| ".join(json.dumps(a) for a in typing.get_args(t))
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(_type_name(a) for a in typing.get_args(t))
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(t))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    if t is type(None):
+        return "None"
+    return getattr(t, "__name__", str(t).replace("typing.", ""))
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        v = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        v = f.default_factory()
+    else:
+        return "required"
+    return json.dumps(v) if isinstance(v, dict | list | tuple | str) else str(v)
+
+
+def config_rows(cls: type) -> list[dict[str, str]]:
+    """One row per field of dataclass ``cls``: flag, type, default, doc, and the part that declares it."""
+    from frugalrl.config import field_docs
+
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        part = next((k.__name__ for k in reversed(cls.__mro__)
+                     if dataclasses.is_dataclass(k) and f.name in k.__dict__.get("__annotations__", {})), cls.__name__)
+        flag = "--" + f.name.replace("_", "-")
+        rows.append({"name": f.name, "flag": flag, "type": _type_name(hints[f.name]), "default": _default_text(f),
+                     "doc": " ".join(docs.get(f.name, "").split()), "part": part})
+    return rows
+
+
+def render_config(path: str) -> str:
+    """The reference table of config class ``path`` (``module.Class``)."""
+    import importlib
+
+    module, _, name = path.strip().rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{path} is not a dataclass")
+    rows = config_rows(cls)
+    parts = list(dict.fromkeys(r["part"] for r in rows))
+    composed = len(parts) > 1
+    lines = []
+    if composed:
+        lines += [f"`{name}` is composed of " + ", ".join(f"`{p}`" for p in parts)
+                  + " (the part that declares each field is in the last column).", ""]
+    lines += ["| flag | type | default | description |" + (" part |" if composed else ""),
+              "|---|---|---|---|" + ("---|" if composed else "")]
+    for r in rows:
+        doc = (r["doc"] or DASH).replace("|", "\\|")
+        default = r["default"].replace("|", "\\|")
+        lines.append(f"| `{r['flag']}` | {r['type']} | `{default}` | {doc} |" + (f" `{r['part']}` |" if composed else ""))
+    lines += ["", f"<small>Generated from the dataclass `{path}` and its attribute docstrings "
+              f"(`frugalrl.config.field_docs`).</small>"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- README
+README = ROOT / "README.md"
+HEAD_START, HEAD_END = "<!-- headline:start -->", "<!-- headline:end -->"
+
+
+def readme_headline() -> str:
+    """The headline table as the README holds it (no source footer: each row links its JSON)."""
+    (t,) = t_headline("readme")
+    return t.markdown()
+
+
+def update_readme() -> bool:
+    """Rewrite the README's headline table from the JSON; True if it changed."""
+    text = README.read_text()
+    start, end = text.index(HEAD_START) + len(HEAD_START), text.index(HEAD_END)
+    new = text[:start] + "\n" + readme_headline() + "\n" + text[end:]
+    if new != text:
+        README.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--update-readme"]:
+        print("README.md updated" if update_readme() else "README.md already up to date")
+    elif sys.argv[1:2] == ["--bench"]:
+        print(render_bench(" ".join(sys.argv[2:])))
+    elif sys.argv[1:2] == ["--config"]:
+        print(render_config(sys.argv[2]))
+    else:
+        print("usage: python docs/gen_tables.py --update-readme | --bench NAME [ARG] | --config module.Class")
+        sys.exit(2)

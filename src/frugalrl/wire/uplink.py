@@ -1,0 +1,182 @@
+"""The experience uplink: which codec carries each stream of a worker's replies.
+
+Options (one :class:`UplinkOptions`, the fields of ``ClusterConfig`` named ``uplink*``):
+
+- ``compressor`` (``--uplink``): ``auto`` (the default), ``lz4``, ``zstd`` or ``none``. The streams of
+  :data:`UPLINK_STREAMS` of at least :data:`MIN_COMPRESS_NBYTES` go through the compressor of
+  :mod:`frugalrl.wire.lossless`; a rollout of stacked image frames (uint8, ``(T, k, S, H, W)``) first through
+  the ``frames`` transform of :mod:`frugalrl.wire.transforms` (only each step's new frame). Lossless: the
+  learner gets the very same arrays. Smaller boolean arrays are bit-packed, other small arrays stay raw.
+- ``obs`` (``--uplink-obs``): ``exact`` (the default) or a lossy low-bit code for float observations
+  (``fp16``, ``bf16``, ``int8``, ``int16``: see :mod:`frugalrl.wire.transforms` for their errors), followed
+  by the compressor (which must not be ``none``).
+- ``behaviour`` (``--uplink-behaviour``): ``logprob`` (the default) sends the log-probability of each taken
+  action, all that the learner's losses use (PPO's ratio, V-trace's ratios) and what AAPS's KL estimate
+  needs (:class:`frugalrl.sync_state.PolicySync`); ``params`` sends the full distribution parameters.
+- ``link_mbps``: the link rate ``auto`` assumes when it weighs a codec's CPU time against the time its
+  saving takes off the link.
+
+``auto`` measures: on the first message and every :data:`PROBE_EVERY` messages it encodes each
+compressible stream, times it and counts the bytes saved; a stream is compressed while its encode time,
+doubled for the learner's decoding, is under the link time its saving buys at ``link_mbps``. So a
+stream that does not compress (noise) goes raw, and a fast link (``--uplink-link-mbps 10000``) turns the
+codecs off where they would cost the actor more than they save; ``lz4`` / ``zstd`` always compress.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from frugalrl.wire import codecs as _codecs
+
+Uplink = Literal["auto", "none", "lz4", "zstd"]
+"""How the workers' experience is compressed on its way to the learner (losslessly)."""
+UPLINK_OPTIONS: tuple[str, ...] = get_args(Uplink)
+ObsCodec = Literal["exact", "fp16", "bf16", "int8", "int16"]
+"""How float observations travel: exactly, or rounded to a low-bit code (lossy)."""
+OBS_CODECS: tuple[str, ...] = get_args(ObsCodec)
+Behaviour = Literal["logprob", "params"]
+"""What the workers send about the behaviour policy per step."""
+BEHAVIOURS: tuple[str, ...] = get_args(Behaviour)
+
+#: The experience streams the uplink applies to (array names of the workers' replies).
+UPLINK_STREAMS: tuple[str, ...] = (
+    "obs", "next_obs", "final_obs", "actions", "rewards", "terminations", "truncations", "dist_params",
+    "behaviour_logp",
+)
+OBS_STREAMS: tuple[str, ...] = ("obs", "next_obs", "final_obs")
+#: ``auto``'s compressor: zstd was smaller than lz4 on every stream of recorded LunarLander rollouts at a
+#: negligible CPU cost (benchmarks/uplink.py).
+AUTO_CODEC = "zstd"
+#: Arrays smaller than this are not compressed (per-step replies: the header and the CPU cost would eat the
+#: saving); booleans are still bit-packed.
+MIN_COMPRESS_NBYTES = 1024
+#: ``auto`` re-measures each stream's codec every this many messages.
+PROBE_EVERY = 64
+
+
+@dataclass(frozen=True)
+class UplinkOptions:
+    """How a worker's experience travels (see the module docstring)."""
+
+    compressor: Uplink = "auto"
+    obs: ObsCodec = "exact"
+    behaviour: Behaviour = "logprob"
+    link_mbps: float = 100.0
+
+    def __post_init__(self) -> None:
+        if self.compressor not in UPLINK_OPTIONS:
+            raise ValueError(f"unknown uplink {self.compressor!r}; expected one of {UPLINK_OPTIONS}")
+        if self.obs not in OBS_CODECS:
+            raise ValueError(f"unknown uplink_obs {self.obs!r}; expected one of {OBS_CODECS}")
+        if self.behaviour not in BEHAVIOURS:
+            raise ValueError(f"unknown uplink_behaviour {self.behaviour!r}; expected one of {BEHAVIOURS}")
+        if not (isinstance(self.link_mbps, int | float) and math.isfinite(self.link_mbps) and self.link_mbps > 0):
+            raise ValueError(f"uplink_link_mbps must be a positive number, got {self.link_mbps!r}")
+        if self.obs != "exact" and self.compressor == "none":
+            raise ValueError(f"uplink_obs {self.obs!r} needs a compressor: use uplink 'auto', 'lz4' or 'zstd'")
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as a JSON dict (:meth:`from_json` reads it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | str | UplinkOptions) -> UplinkOptions:
+        """Options from :meth:`to_json`'s dict, a compressor name alone, or options."""
+        if isinstance(data, UplinkOptions):
+            return data
+        if isinstance(data, str):
+            return cls(compressor=data)  # type: ignore[arg-type]
+        return cls(**data)
+
+
+@dataclass
+class _Probe:
+    """What ``auto`` measured for one stream: encode seconds and bytes saved per message (last probe)."""
+
+    seconds: float = 0.0
+    saved: int = 0
+    on: bool = True
+
+
+@dataclass
+class UplinkCodecs:
+    """Picks each reply's stream codecs for one worker (stateful under ``auto``: it measures)."""
+
+    options: UplinkOptions
+    probes: dict[str, _Probe] = field(default_factory=dict)
+    messages: int = 0
+
+    def codecs(self, arrays: dict[str, np.ndarray]) -> dict[str, str]:
+        """The codec of each stream of a reply (streams left out travel raw)."""
+        opt = self.options
+        out: dict[str, str] = {}
+        if opt.compressor == "none":
+            return out
+        compressor = AUTO_CODEC if opt.compressor == "auto" else opt.compressor
+        probe_now = self.messages % PROBE_EVERY == 0
+        self.messages += 1
+        for name in UPLINK_STREAMS:
+            arr = arrays.get(name)
+            if arr is None:
+                continue
+            if arr.nbytes < MIN_COMPRESS_NBYTES:
+                if arr.dtype.kind == "b":
+                    out[name] = "bits"
+                continue
+            codec = _stream_codec(name, arr, compressor, opt.obs)
+            lossy = codec.split("+")[0] in ("fp16", "bf16", "int8", "int16")
+            if opt.compressor != "auto" or lossy:
+                out[name] = codec  # asked for: always on (a lossy code is the user's choice, not a speed-up)
+                continue
+            probe = self.probes.setdefault(name, _Probe())
+            if probe_now:  # the faster of two encodings: the first may pay one-time setup (a compressor's state)
+                times = []
+                for _ in range(2):
+                    started = time.perf_counter()
+                    size = len(_codecs.encode(arr, codec))
+                    times.append(time.perf_counter() - started)
+                probe.seconds = min(times)
+                probe.saved = arr.nbytes - size
+                link_s = probe.saved * 8 / (opt.link_mbps * 1e6)
+                probe.on = probe.saved > 0 and 2 * probe.seconds < link_s
+            if probe.on:
+                out[name] = codec
+            elif arr.dtype.kind == "b":
+                out[name] = "bits"
+        return out
+
+    def report(self) -> dict[str, Any]:
+        """Options and, under ``auto``, each stream's last measurement."""
+        out: dict[str, Any] = self.options.to_json()
+        if self.probes:
+            out["probes"] = {name: {"encode_us": round(p.seconds * 1e6, 1), "saved_bytes": p.saved, "on": p.on}
+                             for name, p in self.probes.items()}
+        return out
+
+
+def _stream_codec(name: str, arr: np.ndarray, compressor: str, obs: str) -> str:
+    """The codec a compressible stream gets: a transform (frames, low-bit) then the compressor, or the
+    compressor alone."""
+    if name in OBS_STREAMS and obs != "exact" and arr.dtype == np.float32:
+        return f"{obs}+{compressor}"
+    if name == "obs" and arr.dtype == np.uint8 and arr.ndim >= 5 and arr.shape[2] >= 2:
+        return f"frames+{compressor}"
+    return compressor
+
+
+def uplink_codecs(option: str, arrays: dict[str, np.ndarray]) -> dict[str, str]:
+    """The codecs a fresh worker with uplink ``option`` (and the other options' defaults) picks for one reply."""
+    return UplinkCodecs(UplinkOptions(compressor=option)).codecs(arrays)  # type: ignore[arg-type]
+
+
+def check_uplink(option: str) -> str:
+    """``option`` if it is one of :data:`UPLINK_OPTIONS`, else ``ValueError``."""
+    if option not in UPLINK_OPTIONS:
+        raise ValueError(f"unknown uplink {option!r}; expected one of {UPLINK_OPTIONS}")
+    return option
