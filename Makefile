@@ -32,7 +32,7 @@ test-all: install
 	$(PY) -m pytest -q
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples docs
 	$(VENV)/bin/mypy src
 
 # The docs site into site/ (open site/index.html), warnings as errors; docs/hooks.py generates its benchmark
