@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 TIMEOUT_S = 90  # per example; each takes a few seconds on a quiet 2-core machine
 
-#: Flags giving each example a budget of seconds; None: the example has no such flag yet (skipped, with the reason).
-SMALL_BUDGET: dict[str, list[str] | None] = {
+#: Flags giving each example a budget of seconds (every example has one).
+SMALL_BUDGET: dict[str, list[str]] = {
     "ppo_clusterenv.py": ["--total-timesteps", "512", "--num-envs", "4", "--num-steps", "64"],
     "sb3_ppo_clusterenv.py": ["--total-timesteps", "512", "--envs-per-worker", "2", "--eval-episodes", "2"],
     "accerl_compressed_actors.py": ["--updates", "10"],
@@ -38,8 +38,6 @@ def test_example_runs(path: Path):
         pytest.fail(f"examples/{path.name} has no entry in SMALL_BUDGET (tests/test_examples.py): add the flags "
                     "that make it finish in seconds")
     args = SMALL_BUDGET[path.name]
-    if args is None:
-        pytest.skip(f"examples/{path.name} has no small-budget flag")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     try:
         done = subprocess.run([sys.executable, str(path), *args], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -19,7 +19,6 @@ from frugalrl.wire.uplink import (
     UPLINK_OPTIONS,
     UplinkCodecs,
     UplinkOptions,
-    uplink_codecs,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -101,6 +100,11 @@ def test_serial_local_count_the_same_compressed_bytes(closing):
     s, loc = (envs[b].stats()["bytes"] for b in ("serial", "local"))
     for key in ("observations", "rewards", "behaviour", "control", "total", "up", "down", "per_worker"):
         assert s[key] == loc[key], key
+
+
+def uplink_codecs(option: str, arrays: dict) -> dict:
+    """The codecs a fresh worker with uplink ``option`` (the other options' defaults) picks for one reply."""
+    return UplinkCodecs(UplinkOptions(compressor=option)).codecs(arrays)  # type: ignore[arg-type]
 
 
 def test_uplink_codecs_by_stream():

@@ -311,7 +311,10 @@ def run_labels(run_dirs: Sequence[str | Path], max_keys: int = 3) -> list[str]:
     """One label per run: the differing ``config.json`` keys (``kl_threshold=0.05``; at most ``max_keys``
     of them), else the directory name (the path where two runs share a name)."""
     dirs = [Path(d) for d in run_dirs]
-    configs = [_read_json(d / "config.json") for d in dirs]
+    return _labels(dirs, [_read_json(d / "config.json") for d in dirs], max_keys)
+
+
+def _labels(dirs: Sequence[Path], configs: Sequence[dict[str, Any]], max_keys: int = 3) -> list[str]:
     keys = differing_keys(configs) if all(configs) else []
     if 0 < len(keys) <= max_keys:
         labels = [", ".join(f"{k}={_format(c.get(k))}" for k in keys) for c in configs]
@@ -330,14 +333,14 @@ def make_overlay(run_dirs: Sequence[str | Path], out_path: str | Path,
     dirs = [Path(d) for d in run_dirs]
     if not dirs:
         raise ValueError("make_overlay needs at least one run directory")
+    configs = [_read_json(d / "config.json") for d in dirs]  # read once: labels, δ and the title use them
     if labels is None:
-        labels = run_labels(dirs)
+        labels = _labels(dirs, configs)
     elif len(labels) != len(dirs):
         raise ValueError(f"{len(labels)} labels for {len(dirs)} runs")
     runs: list[tuple[list[dict[str, Any]], float | None]] = []  # (metrics rows, δ of an AAPS run)
-    for d in dirs:
-        config, summary = _read_json(d / "config.json"), _read_json(d / "summary.json")
-        runs.append((read_metrics(d), aaps_delta(config, summary)))
+    for d, config in zip(dirs, configs, strict=True):
+        runs.append((read_metrics(d), aaps_delta(config, _read_json(d / "summary.json"))))
     if not any(rows for rows, _ in runs):
         raise ValueError("none of the runs has metrics (metrics.jsonl): " + ", ".join(str(d) for d in dirs))
 
@@ -396,15 +399,14 @@ def make_overlay(run_dirs: Sequence[str | Path], out_path: str | Path,
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    fig.suptitle(_overlay_title(dirs))
+    fig.suptitle(_overlay_title(len(dirs), configs))
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     return _save(fig, out)
 
 
-def _overlay_title(dirs: Sequence[Path]) -> str:
+def _overlay_title(n: int, configs: Sequence[dict[str, Any]]) -> str:
     """``ppo on CartPole-v1: 3 runs, by kl_threshold`` (what the runs share and what tells them apart)."""
-    configs = [_read_json(d / "config.json") for d in dirs]
     shared = []
     for key in ("algo", "env"):
         values = {str(c.get(key)) for c in configs}
@@ -413,7 +415,7 @@ def _overlay_title(dirs: Sequence[Path]) -> str:
     head = " on ".join(shared) if shared else "runs"
     keys = differing_keys(configs) if all(configs) else []
     more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
-    return f"{head}: {len(dirs)} runs" + (f", by {', '.join(keys[:3])}{more}" if keys else "")
+    return f"{head}: {n} runs" + (f", by {', '.join(keys[:3])}{more}" if keys else "")
 
 
 def _save(fig: Any, path: Path) -> Path:

@@ -18,7 +18,8 @@ Transforms:
 - ``int8`` / ``int16`` (lossy): an affine code per feature (the last axis): ``x ≈ lo + scale · q`` with
   ``q`` in ``[0, 2^b − 1]``, ``lo`` and ``scale`` of each feature the message's minimum and range over
   ``2^b − 1`` (float32, in the side bytes: ``8 × features``). The error of a feature is at most half its
-  step, ``scale / 2`` (:func:`quantisation_error`); the worker reports it. NaN and ±inf are refused.
+  step, ``scale / 2`` (:func:`quantisation_error` measures it; ``benchmarks/uplink.py`` reports it). NaN and
+  ±inf are refused.
 
 Decoding checks every size the shape and the side bytes imply before allocating (corrupt input raises
 ``ValueError``).

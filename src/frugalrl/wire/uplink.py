@@ -168,15 +168,3 @@ def _stream_codec(name: str, arr: np.ndarray, compressor: str, obs: str) -> str:
     if name == "obs" and arr.dtype == np.uint8 and arr.ndim >= 5 and arr.shape[2] >= 2:
         return f"frames+{compressor}"
     return compressor
-
-
-def uplink_codecs(option: str, arrays: dict[str, np.ndarray]) -> dict[str, str]:
-    """The codecs a fresh worker with uplink ``option`` (and the other options' defaults) picks for one reply."""
-    return UplinkCodecs(UplinkOptions(compressor=option)).codecs(arrays)  # type: ignore[arg-type]
-
-
-def check_uplink(option: str) -> str:
-    """``option`` if it is one of :data:`UPLINK_OPTIONS`, else ``ValueError``."""
-    if option not in UPLINK_OPTIONS:
-        raise ValueError(f"unknown uplink {option!r}; expected one of {UPLINK_OPTIONS}")
-    return option
