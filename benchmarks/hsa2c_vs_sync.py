@@ -88,6 +88,7 @@ def summarise(env: str, label: str, config: dict[str, Any], runs: list[dict[str,
     mb_to = [rate * x / 1e6 for rate, x in zip(rates, times, strict=True) if x is not None]
     finals = [r["final_eval_return"] for r in runs]
     bests = [r["best_return"] for r in runs]
+    tails = [last_fifth(r["curve"]) for r in runs]
     return {
         "env": env,
         "variant": label,
@@ -103,9 +104,20 @@ def summarise(env: str, label: str, config: dict[str, Any], runs: list[dict[str,
         "best_returns": bests,
         "final_eval_returns": finals,
         "final_over_best": [f / b if b > 0 else None for f, b in zip(finals, bests, strict=True)],
+        "last_fifth": tails,
+        "last_fifth_mean": float(np.mean([t["mean"] for t in tails])),
+        "last_fifth_std": float(np.mean([t["std"] for t in tails])),
         "config": config,
         "runs": runs,
     }
+
+
+def last_fifth(curve: list[list[float]]) -> dict[str, float]:
+    """Mean, standard deviation and minimum of the returns of a run's last fifth of checks: whether the run holds
+    what it learned (a final / best ratio rests on one check against the luckiest of ~100)."""
+    returns = np.array([v for _, v in curve], dtype=np.float64)
+    tail = returns[int(0.8 * returns.size):]
+    return {"mean": float(tail.mean()), "std": float(tail.std()), "min": float(tail.min()), "checks": int(tail.size)}
 
 
 def _mean(runs: list[dict[str, Any]], key: str) -> float:
@@ -117,21 +129,24 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| env | variant | reference return | time to reference (s, reached) | reached | time (all seeds) | "
         "env steps/s | kB per global update | MB per 100k env steps | MB to reference | staleness | "
-        "best check / final (10 ep.) | final / best |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "best check / final (10 ep.) | final / best | last fifth of checks: mean, within-run std (per-seed means) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for row in rows:
         t = row["time_to_target"]
         time_txt = "—" if t["mean"] is None else f"{t['mean']:.1f} ± {t['std']:.1f}"
         every = row["time_all_seeds"]
         ratios = " ".join("—" if x is None else f"{x:.2f}" for x in row["final_over_best"])
+        tail_means = " ".join(f"{t['mean']:.0f}" for t in row["last_fifth"])
         lines.append(
             f"| {row['env']} | {row['variant']} | {row['target']:g} | {time_txt} | {t['reached']} | "
             f"{'≥ ' if every['lower_bound'] else ''}{every['mean']:.1f} | "
             f"{row['env_steps_per_s']:.0f} | {row['kb_per_update']:.1f} | {row['mb_per_100k_steps']:.1f} | "
             f"{_fmt(row['mb_to_target'])} | {row['staleness_mean']:.2f} | "
             f"{' '.join(f'{b:.0f}' for b in row['best_returns'])} / "
-            f"{' '.join(f'{x:.0f}' for x in row['final_eval_returns'])} | {ratios} |"
+            f"{' '.join(f'{x:.0f}' for x in row['final_eval_returns'])} | {ratios} | "
+            f"{row['last_fifth_mean']:.0f}, std {row['last_fifth_std']:.0f} "
+            f"({tail_means}) |"
         )
     return "\n".join(lines)
 

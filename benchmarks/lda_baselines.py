@@ -15,7 +15,9 @@ Methods, on the same corpus, the same K and the same priors (``alpha = eta = 1/K
 - ``dpsvi-wWpP``: our DPSVI (:func:`frugalrl.dpsgd.lda.fit_lda`) with ``W`` workers of ``P`` Hogwild
   processes (``--dpsvi WxP ...``), with ``LDAConfig``'s defaults: batch 2000 (``--dpsvi-batch``; all the
   documents when fewer), ``rho=1``, local rate ``(1 + t)^(-1/2)`` over global updates ``t``, column-sparse
-  pushes, the numba E-step where numba is installed;
+  pushes (decaying the server's current λ with several workers, ``column_base``), λ started from random
+  topics each nudged towards one of ``K`` mutually dissimilar training documents (``init="seeded"``; gensim
+  and scikit-learn start from random topics), the numba E-step where numba is installed;
 - ``gensim-wW``: ``gensim.models.LdaMulticore`` with ``W`` worker processes (``--gensim-workers``),
   one ``update()`` call of ``--passes`` passes over the training documents, gensim's default schedule
   (``decay=0.5``, ``offset=1``), ``chunksize=2000`` (gensim's default; Reuters: 128, see ``PRESETS``),
@@ -376,7 +378,7 @@ def run_dpsvi(
             "eta_offset": base.eta_offset,
             "update_format": base.update_format,
             "update_codec": base.update_codec,
-            "column_base": base.column_base,
+            "column_base": cfg.resolved_column_base(),
             "e_step_backend": base.e_step_backend,
             "rho": out["rho"],
             "eta": out["eta"],

@@ -133,6 +133,34 @@ def test_server_master_momentum_replays_sgd_with_momentum():
         apply_update(v0, [v0], 0.3, momentum=0.5)
 
 
+def test_server_polyak_average_is_recorded_and_returned_while_workers_pull_v():
+    """``average_decay`` β: the server keeps ``v̄ ← β v̄ + (1 − β) v``; pulls get ``v``, the recorded
+    parameters and the result are ``v̄``; ``DPSGDConfig.average`` sets β from the run's length."""
+    rng = np.random.default_rng(3)
+    v0 = rng.standard_normal(8).astype(np.float32)
+    server = ParameterServer(v0, rho=1.0, master_batch=1, workers=1, global_updates=10, log_every=1,
+                             average_decay=0.75)
+    v, avg = v0.astype(np.float64), v0.astype(np.float64)
+    for t in range(5):
+        w = rng.standard_normal(8).astype(np.float32)
+        server.push(0, w, t)
+        v, avg = v + w, 0.75 * avg + 0.25 * (v + w)
+        np.testing.assert_allclose(server.pull(0)[1], v, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(server.result()[1], avg, rtol=1e-5, atol=1e-5)
+    recorded = server.drain_snapshots()
+    assert [u for _, u, _ in recorded] == [1, 2, 3, 4, 5]
+    np.testing.assert_array_equal(recorded[-1][2], server.result()[1])
+    assert not np.allclose(server.result()[1], server.snapshot()[1])
+    with pytest.raises(ValueError, match="average_decay"):
+        ParameterServer(v0, rho=1.0, master_batch=1, workers=1, average_decay=1.0)
+    assert DPSGDConfig(problem=LSQ, average=0.05, global_updates=400).average_decay() == pytest.approx(0.95)
+    assert DPSGDConfig(problem=LSQ).average_decay() == 0.0
+    with pytest.raises(ValueError, match="average needs global_updates"):
+        DPSGDConfig(problem=LSQ, average=0.05, global_updates=None, time_limit_s=1.0)
+    with pytest.raises(ValueError, match=r"average must be a fraction"):
+        DPSGDConfig(problem=LSQ, average=2.0)
+
+
 def test_momentum_is_validated():
     with pytest.raises(ValueError, match=r"momentum must lie in \[0, 1\)"):
         DPSGDConfig(problem=LSQ, momentum=1.0)
@@ -194,16 +222,19 @@ def _replay(cfg: DPSGDConfig) -> tuple[np.ndarray, dict[int, float]]:
     v = problem.init_params()
     rng = make_rng(cfg.seed, 0, 0)
     losses = {}
+    beta = np.float32(cfg.average_decay())
+    avg = v
     for t in range(1, cfg.global_updates + 1):
         u = v.copy()
         eta = decayed_rate(cfg.eta, t - 1, cfg.eta_decay, cfg.eta_offset,  # the version it pulled
-                           cfg.global_updates if cfg.eta_anneal else None)
+                           cfg.global_updates if cfg.eta_anneal else None, cfg.eta_anneal)
         for _ in range(cfg.local_steps):
             u = u - np.float32(eta) * problem.stochastic_grad(u.copy(), rng)
         v = v + np.float32(cfg.rho) * (u - v)
+        avg = beta * avg + (np.float32(1) - beta) * v if beta else v
         if t % cfg.log_every == 0:
-            losses[t] = problem.loss(v)
-    return v, losses
+            losses[t] = problem.loss(avg)
+    return avg, losses
 
 
 def _one_worker_cfg(codec: str) -> DPSGDConfig:
@@ -242,6 +273,16 @@ def test_one_worker_run_matches_numpy_replay(one_worker_runs):
         assert loss == pytest.approx(losses[t], rel=1e-5)
 
 
+def test_polyak_averaged_run_matches_numpy_replay():
+    cfg = replace(_one_worker_cfg("fp32"), average=0.25)  # β = 1 − 1/5
+    out = run_dpsgd(cfg)
+    v, losses = _replay(cfg)
+    np.testing.assert_array_equal(out["params"], v)
+    assert not np.array_equal(v, _replay(_one_worker_cfg("fp32"))[0])
+    for _, t, loss in out["loss_curve"][1:]:
+        assert loss == pytest.approx(losses[t], rel=1e-5)
+
+
 def test_decaying_local_rate_follows_the_global_clock():
     assert decayed_rate(0.3, 0, 0.7, 10.0) == 0.3 and decayed_rate(0.3, 50, 0.0, 10.0) == 0.3
     assert decayed_rate(0.3, 90, 0.5, 10.0) == pytest.approx(0.3 / 10**0.5)
@@ -253,15 +294,24 @@ def test_decaying_local_rate_follows_the_global_clock():
 
 
 def test_linear_annealing_reaches_zero_at_the_horizon():
-    """``eta_anneal``: η falls linearly to 0 at ``global_updates`` (A3C's schedule), on the workers' clock."""
+    """``eta_anneal``: η falls linearly to 0 at ``global_updates`` over the run's last ``eta_anneal`` fraction (1:
+    A3C's schedule; 0.25: constant, then a cool-down), on the workers' clock."""
     assert decayed_rate(0.3, 25, 0.0, 10.0, horizon=100) == pytest.approx(0.225)
     assert decayed_rate(0.3, 100, 0.0, 10.0, horizon=100) == 0.0 == decayed_rate(0.3, 150, 0.5, 10.0, horizon=100)
-    cfg = replace(_one_worker_cfg("fp32"), eta_anneal=True)
-    out = run_dpsgd(cfg)
-    np.testing.assert_array_equal(out["params"], _replay(cfg)[0])
-    assert not np.array_equal(out["params"], _replay(_one_worker_cfg("fp32"))[0])
+    assert decayed_rate(0.3, 75, 0.0, 10.0, 100, anneal=0.25) == 0.3  # constant until the cool-down
+    assert decayed_rate(0.3, 90, 0.0, 10.0, 100, anneal=0.25) == pytest.approx(0.12)
+    assert decayed_rate(0.3, 100, 0.0, 10.0, 100, anneal=0.25) == 0.0
+    runs = {}
+    for anneal in (True, 0.25):
+        cfg = replace(_one_worker_cfg("fp32"), eta_anneal=anneal)
+        assert cfg.eta_anneal == float(anneal)  # the older switch reads as the whole run
+        runs[anneal] = run_dpsgd(cfg)["params"]
+        np.testing.assert_array_equal(runs[anneal], _replay(cfg)[0])
+    plain = _replay(_one_worker_cfg("fp32"))[0]
+    assert not np.array_equal(runs[True], plain) and not np.array_equal(runs[0.25], plain)
+    assert not np.array_equal(runs[True], runs[0.25])
     with pytest.raises(ValueError, match="eta_anneal needs global_updates"):
-        DPSGDConfig(problem=LSQ, eta_anneal=True, global_updates=None, time_limit_s=1.0)
+        DPSGDConfig(problem=LSQ, eta_anneal=0.2, global_updates=None, time_limit_s=1.0)
 
 
 def test_wall_clock_cadence_records_once_per_period():
@@ -439,7 +489,8 @@ def test_scale_learning_rate_eq13():
         ("transport", "mpi"),
         ("target_loss", float("inf")),
         ("deferred_eval", 1),
-        ("eta_anneal", 1),
+        ("eta_anneal", 1.5),
+        ("eta_anneal", "yes"),
         ("log_every_s", 0.0),
         ("ray_address", ""),
         ("eta_decay", 1.5),

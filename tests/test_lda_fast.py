@@ -232,6 +232,33 @@ def test_column_options_are_checked():
     with pytest.raises(ValueError, match="LDAConfig.sampling"):
         LDAConfig(sampling="stratified")
     assert LDAConfig(processes=2).update_format == "auto"  # dense pushes for Hogwild, columns otherwise
+    # column_base "auto": the server decays its current λ when several workers push stale steps
+    assert LDAConfig().resolved_column_base() == "pulled"
+    assert dataclasses.replace(LDAConfig(), workers=2).resolved_column_base() == "current"
+    assert LDAConfig(workers=2).dpsgd_config().worker_config(0, 1.0)["column_base"] == "current"
+    assert LDAConfig(workers=2, column_base="pulled").resolved_column_base() == "pulled"
+    with pytest.raises(ValueError, match="LDAConfig.init must be one of"):
+        LDAConfig(init="kmeans")
+
+
+def test_seeded_start_nudges_each_topic_towards_a_distinct_document():
+    """``init="seeded"``: Hoffman's Gamma(100, 1/100) start plus, on topic k, ``init_seed_weight × V``
+    pseudo-counts spread as the words of its seed document; the seed documents are distinct and reproducible;
+    ``init="random"`` is the plain Gamma start, the same draws."""
+    seeded, plain = _problem(), _problem(init="random")
+    lam, lam0 = seeded.init_params(), plain.init_params()
+    np.testing.assert_array_equal(lam0, _problem(init="random").init_params())
+    np.testing.assert_array_equal(lam, _problem().init_params())
+    rng = np.random.default_rng([seeded.seed, 2])
+    rng.gamma(100.0, 0.01, size=lam.size)  # the random start's draws come first
+    docs = seeded.seed_documents(rng)
+    assert len(set(docs.tolist())) == seeded.n_topics
+    extra = (lam.astype(np.float64) - lam0).reshape(seeded.shape)
+    for k, d in enumerate(docs):
+        ids, cts = seeded.train.doc(int(d))
+        expected = np.zeros(seeded.n_words)
+        expected[ids] = 0.02 * seeded.n_words * cts / cts.sum()
+        np.testing.assert_allclose(extra[k], expected, atol=1e-4)
 
 
 def test_fit_lda_columns_matches_dense_with_fewer_bytes():

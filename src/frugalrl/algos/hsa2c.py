@@ -45,7 +45,12 @@ Choices and differences from the paper, and why:
 - *Run*: :class:`~frugalrl.training.Training` owns the run directory, the summary and the checkpoints
   (the global weights, written on the ``checkpoint_every`` cadence as the server's losses are recorded).
   A resumed run starts DPSGD again from the checkpoint's weights for the remaining global updates; the
-  Hogwild processes' RMSProp statistics and env states start anew.
+  Hogwild processes' RMSProp statistics, the master's momentum and env states start anew.
+- *Polyak averaging*: by default (``average`` 0.05) the server also keeps an exponential average of ``θ`` over
+  about the last 5% of the run's global updates; evaluations, the target check, checkpoints and the final
+  weights are the average's, while workers keep pulling ``θ``. A constant-rate A2C keeps oscillating after it has
+  learned (on LunarLander its 10-episode greedy return swung between ~90 and ~290 from one check to the next);
+  the average holds still (Polyak & Juditsky 1992; Nikishin et al. 2018 showed weight averaging steadies A2C).
 """
 
 from __future__ import annotations
@@ -302,6 +307,11 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
     momentum: float = 0.5
     """Master momentum (the paper's HSA2C setting, with ``rho`` 0.5 so that a steady push still moves ``θ`` by
     ``ρ / (1 − μ) = 1`` times itself): with reward scaling it keeps LunarLander runs from collapsing (README)."""
+    average: float = 0.05
+    """Polyak averaging over about the last 5% of the run's global updates: evaluations, the target check and
+    the final weights use the server's average ``v̄`` (the workers still pull ``v``). On LunarLander a
+    constant-rate run's greedy return swung between ~90 and ~290 from one check to the next after it had
+    learned; the average's stayed within ~255-287 (``benchmarks/results/hsa2c_sweep/average05_check10.json``)."""
     global_updates: int | None = 300
     eval_every: int = 20
     eval_every_s: float | None = None

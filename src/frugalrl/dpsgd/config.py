@@ -40,6 +40,9 @@ UPDATE_FORMATS: tuple[str, ...] = get_args(UpdateFormat)
 ColumnBase = Literal["pulled", "current"]
 """What a column push's decay applies to on the server (:attr:`frugalrl.dpsgd.sparse.ColumnUpdate.base`)."""
 COLUMN_BASES: tuple[str, ...] = get_args(ColumnBase)
+ColumnBaseOption = Literal["pulled", "current", "auto"]
+"""``column_base`` of a config: a :data:`ColumnBase`, or ``auto`` (``current`` with several workers, else ``pulled``)."""
+COLUMN_BASE_OPTIONS: tuple[str, ...] = get_args(ColumnBaseOption)
 
 
 @dataclass
@@ -67,8 +70,16 @@ class DPSGDOptions:
     (SVI's Robbins-Monro rates; 0: constant η, as in the paper)."""
     eta_offset: float = 10.0
     """τ of that schedule, in global updates."""
-    eta_anneal: bool = False
-    """Also anneal ``η`` linearly to 0 over the run's ``global_updates`` (needs them), A3C's schedule."""
+    eta_anneal: float = 0.0
+    """Fraction of the run's ``global_updates`` (needs them), at its end, over which ``η`` falls linearly to 0:
+    1 is A3C's linear schedule over the whole run, 0.2 a constant rate then a cool-down over the last fifth,
+    0 none (``true`` / ``false`` read as 1 / 0)."""
+    average: float = 0.0
+    """Polyak averaging: the server also keeps ``v̄ ← β v̄ + (1 − β) v`` after each global update, with
+    ``β = 1 − 1 / (average · global_updates)`` (an average over about that fraction of the run), and records,
+    checks against the target and returns ``v̄``; the workers still pull ``v``. It smooths the oscillation
+    of constant-rate SGD (Polyak & Juditsky 1992; for A2C, Nikishin et al. 2018). 0: none (needs
+    ``global_updates`` otherwise)."""
     rescale_from: tuple[int, int, int] | None = None
     """``(p, B, M)`` that ``rho`` and ``eta`` were tuned for; rescaled to this run's by eq. (13)."""
     global_updates: int | None = 100
@@ -83,10 +94,11 @@ class DPSGDOptions:
     """Pushed updates: ``dense`` (the whole vector), ``columns`` (one decay factor plus the changed columns,
     :mod:`frugalrl.dpsgd.sparse`; needs a problem with ``column_step`` and ``processes == 1``) or ``auto``
     (``columns`` where those hold, else ``dense``)."""
-    column_base: ColumnBase = "pulled"
+    column_base: ColumnBaseOption = "pulled"
     """``update_format="columns"``: the server decays the ``v`` the worker pulled (``pulled``: exactly the dense
     DPSGD update) or its current ``v`` (``current``: a stale update still gives a convex combination, as in
-    gensim's asynchronous SVI); the same without staleness."""
+    gensim's asynchronous SVI); the same without staleness. ``auto``: ``current`` with several workers, else
+    ``pulled``."""
     synchronous: bool = False
     """Synchronous baseline: every global update takes exactly one update from each worker, all from the
     same ``v`` (needs ``master_batch == workers``; the classic synchronous SGD also has ``local_steps=1``)."""
@@ -137,7 +149,15 @@ class DPSGDOptions:
         for name in ("update_codec", "pull_codec"):
             if getattr(self, name) not in UPDATE_CODECS:
                 raise ValueError(f"{where}.{name} must be one of {UPDATE_CODECS}, got {getattr(self, name)!r}")
-        for name in ("synchronous", "deferred_eval", "eta_anneal"):
+        if isinstance(self.eta_anneal, bool):  # the older switch: on is the whole run
+            self.eta_anneal = float(self.eta_anneal)
+        if not isinstance(self.eta_anneal, (int, float)) or not (0 <= self.eta_anneal <= 1):
+            raise ValueError(f"{where}.eta_anneal must be a fraction in [0, 1], got {self.eta_anneal!r}")
+        if isinstance(self.average, bool) or not isinstance(self.average, (int, float)) or not (
+            0 <= self.average <= 1
+        ):
+            raise ValueError(f"{where}.average must be a fraction in [0, 1], got {self.average!r}")
+        for name in ("synchronous", "deferred_eval"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{where}.{name} must be a bool, got {getattr(self, name)!r}")
         if self.synchronous and self.master_batch != self.workers:
@@ -152,8 +172,10 @@ class DPSGDOptions:
                 raise ValueError(f"{where}.rescale_from: {e}") from e
         if self.update_format not in UPDATE_FORMATS:
             raise ValueError(f"{where}.update_format must be one of {UPDATE_FORMATS}, got {self.update_format!r}")
-        if self.column_base not in COLUMN_BASES:
-            raise ValueError(f"{where}.column_base must be one of {COLUMN_BASES}, got {self.column_base!r}")
+        if self.column_base not in COLUMN_BASE_OPTIONS:
+            raise ValueError(
+                f"{where}.column_base must be one of {COLUMN_BASE_OPTIONS}, got {self.column_base!r}"
+            )
         if self.update_format == "columns" and self.processes != 1:
             raise ValueError(
                 f"{where}.processes must be 1 with update_format='columns' (Hogwild races would lose decays), "
@@ -166,6 +188,18 @@ class DPSGDOptions:
         _check_positive(where, "startup_timeout_s", self.startup_timeout_s)
         if self.worker_timeout_s is not None:
             _check_positive(where, "worker_timeout_s", self.worker_timeout_s)
+
+    def resolved_column_base(self) -> ColumnBase:
+        """``column_base`` with ``auto`` resolved for this run's number of workers."""
+        if self.column_base == "auto":
+            return "current" if self.workers > 1 else "pulled"
+        return self.column_base
+
+    def average_decay(self) -> float:
+        """β of the server's Polyak average (0: none), from ``average`` and ``global_updates``."""
+        if not self.average or self.global_updates is None:
+            return 0.0
+        return 1.0 - 1.0 / max(1.0, self.average * self.global_updates)
 
     def as_synchronous_baseline(self) -> Self:
         """This config as the synchronous SGD baseline: ``B = 1``, ``M = workers``, ``synchronous=True``."""
@@ -228,6 +262,8 @@ class DPSGDConfig(DPSGDOptions):
         _check_int("DPSGDConfig", "log_every", self.log_every, 0)
         if self.eta_anneal and self.global_updates is None:
             raise ValueError("DPSGDConfig.eta_anneal needs global_updates (the horizon η anneals to 0 over)")
+        if self.average and self.global_updates is None:
+            raise ValueError("DPSGDConfig.average needs global_updates (the average spans a fraction of them)")
         if self.log_every_s is not None:
             _check_positive("DPSGDConfig", "log_every_s", self.log_every_s)
         if self.target_loss is not None and (
@@ -248,12 +284,13 @@ class DPSGDConfig(DPSGDOptions):
             "eta_decay": float(self.eta_decay),
             "eta_offset": float(self.eta_offset),
             "eta_horizon": self.global_updates if self.eta_anneal else None,
+            "eta_anneal": float(self.eta_anneal),
             "seed": self.seed,
             "problem": self.problem,
             "problem_kwargs": self.problem_kwargs,
             "update_codec": self.update_codec,
             "update_format": self.update_format,
-            "column_base": self.column_base,
+            "column_base": self.resolved_column_base(),
         }
 
 

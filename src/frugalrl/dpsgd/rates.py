@@ -37,9 +37,12 @@ def scale_learning_rate(rate: float, ref: Parallelism, new: Parallelism) -> floa
     return float(rate) * (p * b * m / (p2 * b2 * m2)) ** 0.25
 
 
-def decayed_rate(eta: float, t: int, decay: float, offset: float, horizon: int | None = None) -> float:
-    """``η_t = η (1 + t/τ)^(−κ)`` for ``decay`` κ and ``offset`` τ; κ = 0 keeps ``η``; times
-    ``max(0, 1 − t/horizon)`` with a ``horizon`` (linear annealing to 0 at that global update).
+def decayed_rate(
+    eta: float, t: int, decay: float, offset: float, horizon: int | None = None, anneal: float = 1.0
+) -> float:
+    """``η_t = η (1 + t/τ)^(−κ)`` for ``decay`` κ and ``offset`` τ; κ = 0 keeps ``η``; with a ``horizon`` T,
+    times ``clip((T − t) / (anneal · T), 0, 1)``: linear annealing to 0 at global update T over its last
+    ``anneal`` fraction (1: from the start).
 
     SVI's Robbins-Monro schedule ``(τ0 + t)^(−κ)`` (Hoffman et al. 2013), scaled so that ``η_0 = η``; the
     linear one is A3C's and A2C's (Mnih et al. 2016; rl-zoo's ``lin_`` rates). DPSGD workers use ``t`` =
@@ -49,8 +52,10 @@ def decayed_rate(eta: float, t: int, decay: float, offset: float, horizon: int |
     0.09486832980505137
     >>> decayed_rate(0.3, 25, 0.0, 10.0, horizon=100)
     0.22499999999999998
+    >>> decayed_rate(0.3, 25, 0.0, 10.0, horizon=100, anneal=0.2), decayed_rate(0.3, 90, 0.0, 10.0, 100, 0.2)
+    (0.3, 0.15)
     """
     rate = float(eta) if decay == 0 else float(eta) * (1.0 + t / offset) ** (-decay)
-    if horizon is not None:
-        rate *= max(0.0, 1.0 - t / horizon)
+    if horizon is not None and anneal > 0:
+        rate *= min(1.0, max(0.0, (horizon - t) / (anneal * horizon)))
     return rate

@@ -56,7 +56,8 @@ def run_dpsgd(
 ) -> dict[str, Any]:
     """Run DPSGD as ``cfg`` says and return a summary.
 
-    Keys: ``params`` (final ``v``; after a target stop, the ``v`` whose loss met the target), ``final_loss``, ``loss_curve`` ``[(seconds, global_update, loss)]``,
+    Keys: ``params`` (final ``v``, or its Polyak average with ``average``; after a target stop, the parameters
+    whose loss met the target), ``final_loss``, ``loss_curve`` ``[(seconds, global_update, loss)]``,
     ``global_updates`` (T reached), ``params_version`` (the global update ``params`` are from), ``staleness`` (``mean``, ``max``, ``histogram``), ``bytes`` (the
     :meth:`ByteMeter.summary`, with ``up``/``down`` by kind), ``pulls``, ``pushes``,
     ``applied_updates``, ``dropped_updates``, ``gradient_steps``, ``updates_per_second``,
@@ -93,6 +94,7 @@ def run_dpsgd(
         log_every_s=cfg.log_every_s,
         pull_codec=cfg.pull_codec,
         name=name,
+        average_decay=cfg.average_decay(),
     )
     meter = ByteMeter()
     configs = [cfg.worker_config(w, eta) for w in range(cfg.workers)]
@@ -144,7 +146,7 @@ def run_dpsgd(
     for seconds, version, v in deferred:
         curve.append((seconds, version, float(problem.loss(v))))
         record(*curve[-1], v)
-    made, last = server.snapshot()
+    made, last = server.result()
     version, params = reached or (made, last)
     if curve[-1][1] == version:  # the last recorded loss is the final parameters' (v is never modified)
         final_loss = curve[-1][2]

@@ -5,6 +5,8 @@ global updates applied so far, also called the *version* of ``v``). Workers pull
 update vectors ``w = u - v_pulled``; once ``M`` updates have arrived the server applies
 ``v ← v + ρ Σ_m w_m`` (:func:`apply_update`; with master momentum μ: ``m ← μ m + Σ_m w_m``,
 ``v ← v + ρ m``) under its lock, so no worker can pull a half-updated ``v`` (the paper's atomic update).
+With ``average_decay`` β > 0 it also keeps the Polyak average ``v̄ ← β v̄ + (1 − β) v`` after each global update:
+the workers still pull ``v``; the recorded parameters and the result are ``v̄`` (:meth:`ParameterServer.result`).
 
 Staleness. An update pulled at version ``s`` and applied by the global step that takes ``v`` from
 version ``t-1`` to ``t`` has staleness ``τ = (t - 1) - s``: the number of global updates that were
@@ -94,8 +96,13 @@ class ParameterServer:
         log_every_s: float | None = None,
         pull_codec: str = "fp32",
         name: str = "problem",
+        average_decay: float = 0.0,
     ) -> None:
         self.v = np.array(params, dtype=np.float32, copy=True)
+        if not 0 <= average_decay < 1:
+            raise ValueError(f"average_decay must lie in [0, 1), got {average_decay!r}")
+        self.average_decay = float(average_decay)
+        self.average = self.v if self.average_decay else None  # v̄: like v, never modified in place
         self.rho = float(rho)
         self.momentum = float(momentum)
         self.velocity = np.zeros_like(self.v) if self.momentum else None
@@ -224,13 +231,17 @@ class ParameterServer:
         self.applied_updates += len(self._pending)
         self._pending.clear()
         self.version += 1
+        if self.average is not None:
+            beta = np.float32(self.average_decay)
+            self.average = beta * self.average + (np.float32(1) - beta) * self.v
+        recorded = self.v if self.average is None else self.average
         if self.log_every_s is not None:  # a wall-clock cadence: the first update after each period
             now = self._now()
             if now >= self._next_record_s:
-                self._snapshots.append((now, self.version, self.v))
+                self._snapshots.append((now, self.version, recorded))
                 self._next_record_s = (math.floor(now / self.log_every_s) + 1) * self.log_every_s
         elif self.log_every and self.version % self.log_every == 0:
-            self._snapshots.append((self._now(), self.version, self.v))
+            self._snapshots.append((self._now(), self.version, recorded))
         if self.global_updates is not None and self.version >= self.global_updates:
             self._stop_locked("global_updates")
         self._cond.notify_all()
@@ -285,7 +296,7 @@ class ParameterServer:
     # ------------------------------------------------------------------ results
     def drain_snapshots(self) -> list[tuple[float, int, np.ndarray]]:
         """``(seconds, version, v)`` recorded every ``log_every`` global updates (or ``log_every_s`` seconds)
-        since the last call."""
+        since the last call (``v̄`` instead of ``v`` with ``average_decay``)."""
         with self._cond:
             out, self._snapshots = self._snapshots, []
             return out
@@ -302,3 +313,9 @@ class ParameterServer:
         """The current ``(version, v)``."""
         with self._cond:
             return self.version, self.v
+
+    def result(self) -> tuple[int, np.ndarray]:
+        """The current ``(version, parameters)`` the run delivers: the Polyak average ``v̄`` with
+        ``average_decay``, else ``v``."""
+        with self._cond:
+            return self.version, self.v if self.average is None else self.average
