@@ -512,6 +512,7 @@ def t_dpsgd_speedup(name: str) -> list[Table]:
 
 def t_hsa2c_vs_sync(name: str) -> list[Table]:
     s = Source(name)
+    tails = all("last_fifth" in r for r in s("rows"))  # absent from the files written before it was recorded
     rows = []
     for i, r in enumerate(s("rows")):
         p = ("rows", i)
@@ -524,25 +525,17 @@ def t_hsa2c_vs_sync(name: str) -> list[Table]:
                      ["≥ " if r["time_all_seeds"]["lower_bound"] else "", s.num(*p, "time_all_seeds", "mean")],
                      [s.num(*p, "env_steps_per_s", fmt=",.0f")], [s.num(*p, "kb_per_update")],
                      [s.num(*p, "mb_per_100k_steps")], [s.num(*p, "mb_to_target")],
-                     [s.num(*p, "staleness_mean", fmt=".2f")], [*best, " / ", *final], _last_fifth(s, p, r)])
+                     [s.num(*p, "staleness_mean", fmt=".2f")], [*best, " / ", *final]])
+        if tails:
+            means = join([s.num(*p, "last_fifth", k, "mean", fmt=".0f") for k in range(n)], " ")
+            rows[-1].append([s.num(*p, "last_fifth_mean", fmt=".0f"), ", std ", s.num(*p, "last_fifth_std", fmt=".0f"),
+                             " (", *means, ")"])
     header = ["env", "variant", "reference return", "time to reference (s, reached seeds)", "reached",
               "time, all seeds (s)", "env steps/s", "kB per global update", "MB per 100k env steps",
               "MB to reference", "staleness", "best check / final (10 ep.), per seed"]
-    if any("last_fifth" in r for r in s("rows")):
+    if tails:  # over seeds: the mean return of each run's last fifth of checks, the mean of their stds; per seed
         header.append("last fifth of checks: mean, within-run std (per-seed means)")
-    else:
-        rows = [row[:-1] for row in rows]
-    return [Table(header, rows, [s.name], [s.command()], align="llrrrrrrrrrl" + "l" * (len(header) - 12))]
-
-
-def _last_fifth(s: Source, p: Pointer, r: dict) -> Cell:
-    """``last_fifth`` of an ``hsa2c_vs_sync`` row (absent from the older files): over seeds, the mean return of
-    each run's last fifth of checks and the mean of their standard deviations, then each seed's mean."""
-    if "last_fifth" not in r:
-        return [DASH]
-    means = join([s.num(*p, "last_fifth", k, "mean", fmt=".0f") for k in range(len(r["last_fifth"]))], " ")
-    return [s.num(*p, "last_fifth_mean", fmt=".0f"), ", std ", s.num(*p, "last_fifth_std", fmt=".0f"), " (", *means,
-            ")"]
+    return [Table(header, rows, [s.name], [s.command()], align="llrrrrrrrrrl" + "l" * tails)]
 
 
 def t_lda(name: str) -> list[Table]:
