@@ -162,12 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-episodes", type=int, default=10,
                     help="greedy episodes of each cadence evaluation (10: the final evaluation's; 3: before 2026-11-24)")
     ap.add_argument("--budget-scale", type=float, default=1.0, help="multiply every env's step and time budgets")
+    ap.add_argument("--time-limit-scale", type=float, default=1.0,
+                    help="multiply every env's time guard only (slower transports; the step budget still decides)")
     ap.add_argument("--out", default="hsa2c_vs_sync")
     ap.add_argument("--reanalyse", action="store_true",
                     help="recompute the table from <out>.json's stored curves (e.g. after changing ENVS targets)")
     args = ap.parse_args(argv)
     for spec in ENVS.values():
-        spec["budget_s"] *= args.budget_scale
+        spec["budget_s"] *= args.budget_scale * args.time_limit_scale
         spec["steps"] = int(spec["steps"] * args.budget_scale)
 
     started = time.time()

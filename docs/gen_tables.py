@@ -19,194 +19,45 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-RESULTS_URL = "results"  # where the site holds copies of benchmarks/results/* (docs/hooks.py adds them)
-DASH = "—"
+# the docs' own modules, next to this file; imported afresh, as ``docs/hooks.py`` loads this file afresh
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+for _name in ("table_model", "tables_dpsgd"):
+    sys.modules.pop(_name, None)
+from table_model import (  # noqa: E402
+    DASH,
+    RESULTS,
+    RESULTS_URL,
+    ROOT,
+    Cell,
+    Num,
+    Source,
+    Table,
+    cell_text,
+    cross,
+    join,
+    mean_std,
+    opt,
+    pm,
+)
+from tables_dpsgd import (  # noqa: E402
+    method_path,
+    t_a2c_reference,
+    t_dpsgd_speedup,
+    t_hsa2c_link,
+    t_hsa2c_vs_sync,
+    t_lda,
+    t_lda_seeds,
+    t_lda_variants,
+)
 
-Key = str | int
-Pointer = tuple[Key, ...]
-
-
-# ------------------------------------------------------------------------------------------------ numbers
-def walk(data: Any, path: Pointer) -> Any:
-    """``data[k0][k1]...``."""
-    for k in path:
-        data = data[k]
-    return data
-
-
-def combine(op: str, values: Sequence[Any]) -> float | None:
-    """What ``op`` makes of the values at a number's sources (None: nothing to show)."""
-    if op == "value":
-        (v,) = values
-        return None if v is None else float(v)
-    present = [float(v) for v in values if v is not None]
-    if op == "mean":
-        return sum(present) / len(present) if present else None
-    if op == "std":  # population standard deviation, as numpy's default
-        if not present:
-            return None
-        m = sum(present) / len(present)
-        return math.sqrt(sum((x - m) ** 2 for x in present) / len(present))
-    if op == "ratio":
-        a, b = values
-        return None if a is None or b is None or b == 0 else float(a) / float(b)
-    if op == "sum":
-        return sum(present)
-    if op == "count":
-        return float(len(present))
-    raise ValueError(f"unknown op {op!r}")
-
-
-def fmt_number(x: float, spec: str) -> str:
-    """``format(x, spec)``; integer specs (``d``) round first (JSON numbers arrive as floats too)."""
-    return format(round(x), spec) if spec.endswith("d") else format(x, spec)
-
-
-@dataclass(frozen=True)
-class Num:
-    """One number a table shows: ``value`` (before ``scale``), formatted with ``fmt``, and its sources."""
-
-    value: float | None
-    fmt: str
-    sources: tuple[tuple[str, Pointer], ...]  # (JSON file name under benchmarks/results, key path)
-    op: str = "value"
-    scale: float = 1.0
-    prefix: str = ""
-    suffix: str = ""
-
-    def text(self) -> str:
-        """As shown."""
-        if self.value is None:
-            return DASH
-        return f"{self.prefix}{fmt_number(self.value * self.scale, self.fmt)}{self.suffix}"
-
-
-Part = str | Num
-Cell = list[Part]
-
-
-def cell_text(cell: Cell) -> str:
-    return "".join(p if isinstance(p, str) else p.text() for p in cell).replace("|", "\\|")
-
-
-@dataclass
-class Table:
-    """A generated table: a header, rows of cells, the JSON files it read and the commands that wrote them."""
-
-    header: list[str]
-    rows: list[list[Cell]]
-    sources: list[str] = field(default_factory=list)
-    commands: list[str] = field(default_factory=list)
-    title: str = ""
-    align: str = ""  # one of "l" / "r" per column; default: all left
-
-    def numbers(self) -> list[Num]:
-        """Every number in the table."""
-        return [p for row in self.rows for c in row for p in c if isinstance(p, Num)]
-
-    def markdown(self) -> str:
-        """The table, its title above and its sources below."""
-        align = self.align or "l" * len(self.header)
-        lines = [f"**{self.title}**", ""] if self.title else []
-        lines += ["| " + " | ".join(self.header) + " |",
-                  "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
-        for row in self.rows:
-            if len(row) != len(self.header):
-                raise ValueError(f"row of {len(row)} cells under {len(self.header)} columns: {self.header}")
-            lines.append("| " + " | ".join(cell_text(c) for c in row) + " |")
-        foot = []
-        if self.sources:
-            foot.append("Data: " + ", ".join(f"[`{s}`]({RESULTS_URL}/{s})" for s in self.sources))
-        if self.commands:
-            foot.append("written by " + "; ".join(f"`{c}`" for c in dict.fromkeys(self.commands)))
-        if foot:
-            lines += ["", "<small>" + ", ".join(foot) + ".</small>"]
-        return "\n".join(lines)
-
-
-class Source:
-    """One JSON file of ``benchmarks/results``, and the :class:`Num` factories that read it."""
-
-    _cache: dict[str, tuple[float, Any]] = {}  # file name → (modification time, data)
-
-    def __init__(self, name: str) -> None:
-        self.name = name if name.endswith(".json") else name + ".json"
-        path = RESULTS / self.name
-        if not path.is_file():
-            raise FileNotFoundError(f"benchmark results {path} not found")
-        mtime = path.stat().st_mtime
-        cached = Source._cache.get(self.name)
-        if cached is None or cached[0] != mtime:
-            cached = Source._cache[self.name] = (mtime, json.loads(path.read_text()))
-        self.data = cached[1]
-
-    def __call__(self, *path: Key) -> Any:
-        """The raw value at ``path`` (for labels and control flow, not for numbers shown)."""
-        return walk(self.data, path)
-
-    def get(self, *path: Key, default: Any = None) -> Any:
-        try:
-            return walk(self.data, path)
-        except (KeyError, IndexError, TypeError):
-            return default
-
-    def num(self, *path: Key, fmt: str = ".1f", scale: float = 1.0, prefix: str = "", suffix: str = "") -> Num:
-        """The number at ``path``."""
-        return Num(combine("value", [walk(self.data, path)]), fmt, ((self.name, path),), "value", scale,
-                   prefix, suffix)
-
-    def agg(self, op: str, paths: Sequence[Pointer], fmt: str = ".1f", scale: float = 1.0, prefix: str = "",
-            suffix: str = "") -> Num:
-        """``op`` (mean, std, ratio, sum, count) of the numbers at ``paths``."""
-        values = [walk(self.data, p) for p in paths]
-        return Num(combine(op, values), fmt, tuple((self.name, tuple(p)) for p in paths), op, scale, prefix, suffix)
-
-    def command(self) -> str:
-        c = self.data.get("command") if isinstance(self.data, dict) else None
-        if isinstance(c, str):
-            return c
-        machine = self.data.get("machine") if isinstance(self.data, dict) else None
-        return machine.get("command", "") if isinstance(machine, dict) else ""
-
-
-def cross(a: Source, pa: Pointer, b: Source, pb: Pointer, fmt: str, prefix: str = "", suffix: str = "") -> Num:
-    """``a[pa] / b[pb]`` across two files."""
-    values = [walk(a.data, pa), walk(b.data, pb)]
-    return Num(combine("ratio", values), fmt, ((a.name, pa), (b.name, pb)), "ratio", 1.0, prefix, suffix)
-
-
-def pm(src: Source, mean: Pointer, std: Pointer, fmt: str = ".1f") -> Cell:
-    """``mean ± std``."""
-    return [src.num(*mean, fmt=fmt), " ± ", src.num(*std, fmt=fmt)]
-
-
-def mean_std(src: Source, paths: Sequence[Pointer], fmt: str = ".1f") -> Cell:
-    """Mean ± population std of the numbers at ``paths`` (the mean alone for one path)."""
-    if len(paths) == 1:
-        return [src.num(*paths[0], fmt=fmt)]
-    return [src.agg("mean", paths, fmt), " ± ", src.agg("std", paths, fmt)]
-
-
-def join(nums: Sequence[Num], sep: str = ", ") -> Cell:
-    out: Cell = []
-    for i, n in enumerate(nums):
-        if i:
-            out.append(sep)
-        out.append(n)
-    return out
-
+__all__ = ["Cell", "Num", "Source", "Table", "cell_text", "cross", "join", "mean_std", "opt", "pm"]
 
 # ------------------------------------------------------------------------------ PPO, AAPS, ClusterEnv
 def t_ppo_lunarlander(_: str) -> list[Table]:
@@ -294,11 +145,11 @@ def t_learning_suite_ppo(_: str) -> list[Table]:
             p = ("table", env, "variants", v)
             secs = [(*p, "seconds_to_reference", i) for i in range(len(r["seconds_to_reference"]))]
             rows.append([[f"{env} ({e['steps'] / 1e3:.0f}k)"], [v], pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
-                         [_opt(s, (*p, "return_vs_sb3"), ".2f")], [s.num(*p, "stochastic_return_mean")],
+                         [opt(s, (*p, "return_vs_sb3"), ".2f")], [s.num(*p, "stochastic_return_mean")],
                          [s.num(*p, "reached_reference", fmt="d"), f"/{len(r['seeds'])} (≥ {e['reference']})"],
                          [s.agg("mean", secs, ".0f")], [s.num(*p, "train_seconds_mean", fmt=".0f")],
-                         [_opt(s, (*p, "train_seconds_vs_sb3"), ".2f")], [s.num(*p, "wall_seconds_mean", fmt=".0f")],
-                         [_opt(s, (*p, "wall_vs_sb3"), ".2f")], [s.num(*p, "bytes_total_mean", fmt=".1f", scale=1e-6)],
+                         [opt(s, (*p, "train_seconds_vs_sb3"), ".2f")], [s.num(*p, "wall_seconds_mean", fmt=".0f")],
+                         [opt(s, (*p, "wall_vs_sb3"), ".2f")], [s.num(*p, "bytes_total_mean", fmt=".1f", scale=1e-6)],
                          [s.num(*p, "bytes_weights_mean", fmt=".2f", scale=1e-6)],
                          [s.num(*p, "weight_syncs_mean", fmt=".0f")], [s.num(*p, "stuck_fraction_max", fmt=".0%")]])
     return [Table(["env (steps)", "variant", "final return (mean ± std, 3 seeds)", "× SB3", "stochastic",
@@ -317,14 +168,14 @@ def t_learning_suite_impala(_: str) -> list[Table]:
             secs = [(*p, "seconds_to_reference", i) for i in range(len(r["seconds_to_reference"]))]
             rows.append([[f"{env} ({e['impala_steps'] / 1e3:.0f}k)"], [v],
                          pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
-                         [_opt(s, (*p, "return_vs_copy"), ".2f")], [s.num(*p, "late_return_mean")],
-                         [_opt(s, (*p, "late_return_vs_copy"), ".2f")], [s.num(*p, "stochastic_return_mean")],
+                         [opt(s, (*p, "return_vs_copy"), ".2f")], [s.num(*p, "late_return_mean")],
+                         [opt(s, (*p, "late_return_vs_copy"), ".2f")], [s.num(*p, "stochastic_return_mean")],
                          [s.num(*p, "train_return_mean")],
                          [s.num(*p, "reached_reference", fmt="d"), f"/{len(r['seeds'])} (≥ {e['reference']})"],
-                         [s.agg("mean", secs, ".0f")], [_opt(s, (*p, "seconds_to_reference_vs_copy"), ".2f")],
+                         [s.agg("mean", secs, ".0f")], [opt(s, (*p, "seconds_to_reference_vs_copy"), ".2f")],
                          [s.num(*p, "learner_share", fmt=".0%")], [s.num(*p, "bytes_total_mean", fmt=".1f", scale=1e-6)],
                          [s.num(*p, "bytes_weights_mean", fmt=".2f", scale=1e-6)],
-                         [_opt(s, (*p, "weight_bytes_fewer_than_every_copy"), ".2f")],
+                         [opt(s, (*p, "weight_bytes_fewer_than_every_copy"), ".2f")],
                          [s.num(*p, "weight_syncs_mean", fmt=".0f")], [s.num(*p, "eval_disagreements", fmt="d")],
                          [str(len(r["warnings"]))]])
     return [Table(["env (steps)", "actors", "final (det.)", "× copy", "last 3 evals", "× copy", "stochastic",
@@ -332,15 +183,6 @@ def t_learning_suite_impala(_: str) -> list[Table]:
                    "× fewer weight bytes than every-update copies", "syncs", "disagreements", "guard warnings"], rows,
                   [s.name], ["python benchmarks/learning_suite.py --envs CartPole-v1 LunarLander-v3 MinAtar-Breakout "
                              "ALE-Breakout --variants impala-copy impala-int8 impala-full"])]
-
-
-def _opt(s: Source, path: Pointer, fmt: str) -> Num:
-    """The number at ``path``, or a dash where the JSON has none."""
-    if s.get(*path) is None:
-        parent, key = path[:-1], path[-1]
-        if key not in s(*parent):
-            return Num(None, fmt, ())
-    return s.num(*path, fmt=fmt)
 
 
 # ------------------------------------------------------------------------------------------ AcceRL
@@ -472,162 +314,13 @@ def t_pipeline_suite(name: str) -> list[Table]:
             p = ("table", env, "variants", v)
             seeds = [s.num(*p, "final_return_per_seed", i, fmt=".0f") for i in range(len(a["final_return_per_seed"]))]
             rows.append([[f"{env} ({e['steps'] / 1e3:.0f}k)"], [v], pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
-                         join(seeds), [_opt(s, (*p, "return_gap_vs_base"), "+.1%")],
-                         [s.num(*p, "gradient_bytes_mean", scale=1e-6)], [_opt(s, (*p, "gradients_vs_base"), ".3f")],
+                         join(seeds), [opt(s, (*p, "return_gap_vs_base"), "+.1%")],
+                         [s.num(*p, "gradient_bytes_mean", scale=1e-6)], [opt(s, (*p, "gradients_vs_base"), ".3f")],
                          [s.num(*p, "total_bytes_mean", scale=1e-6)], [s.num(*p, "train_seconds_mean", fmt=".0f")]])
     first = "cut gradients (accumulator `position`)" if study == "cuts" else "accumulator (p = 0.99)"
     base = "dense" if study == "cuts" else "position"
     return [Table(["env (steps)", first, "final return (mean ± std)", "per seed", f"vs {base}", "gradient MB",
                    "× gradients", "total MB", "train s"], rows, [s.name], [s.command()])]
-
-
-# -------------------------------------------------------------------------------------------- DPSGD
-def t_dpsgd_speedup(name: str) -> list[Table]:
-    s = Source(name)
-    out = []
-    marks = {None: "", "at most": "≤ ", "at least": "≥ ", "unknown": "? "}
-    for ti, t in enumerate(s("tables")):
-        lda = t["task"] == "lda"
-        rate_key, rate_name = ("svi_steps_per_s", "SVI steps/s") if lda else ("env_steps_per_s", "env steps/s")
-        rows = []
-        for ri, r in enumerate(t["rows"]):
-            p = ("tables", ti, "rows", ri)
-            tt = r["time_to_target"]
-            time_cell = [DASH] if tt["mean"] is None else pm(s, (*p, "time_to_target", "mean"),
-                                                             (*p, "time_to_target", "std"), ".2f")
-            rows.append([[r["label"]], [s.num(*p, "all_processes", fmt="d")], time_cell, [tt["reached"]],
-                         ["≥ " if tt["all_lower_bound"] else "", s.num(*p, "time_to_target", "all_mean", fmt=".2f")],
-                         [marks[r["speedup_bound"]], s.num(*p, "speedup", fmt=".2f")],
-                         [s.num(*p, "efficiency", fmt=".2f")],
-                         [s.agg("mean", [(*p, "runs", k, rate_key) for k in range(len(r["runs"]))], ".1f")],
-                         [s.num(*p, "bytes_total_mean", scale=1e-6)]])
-        unit = "perplexity" if lda else "greedy return"
-        out.append(Table(["run", "processes", "time to target, reached seeds (s)", "reached", "time, all seeds (s)",
-                          "speed-up", "efficiency", rate_name, "MB sent"], rows, [s.name],
-                         [s("runs_from", "command"), s.command()], align="lrrrrrrrr",
-                         title=f"{t['task']}: time to {unit} {t['target']:.1f} (reference "
-                               f"{t['reference_s']:.2f} s over every seed)"))
-    return out
-
-
-def t_hsa2c_vs_sync(name: str) -> list[Table]:
-    s = Source(name)
-    tails = all("last_fifth" in r for r in s("rows"))  # absent from the files written before it was recorded
-    rows = []
-    for i, r in enumerate(s("rows")):
-        p = ("rows", i)
-        tt = r["time_to_target"]
-        time_cell = [DASH] if tt["mean"] is None else pm(s, (*p, "time_to_target", "mean"), (*p, "time_to_target", "std"))
-        n = len(r["best_returns"])
-        best = join([s.num(*p, "best_returns", k, fmt=".0f") for k in range(n)], " ")
-        final = join([s.num(*p, "final_eval_returns", k, fmt=".0f") for k in range(n)], " ")
-        rows.append([[r["env"]], [r["variant"]], [f"{r['target']:g}"], time_cell, [tt["reached"]],
-                     ["≥ " if r["time_all_seeds"]["lower_bound"] else "", s.num(*p, "time_all_seeds", "mean")],
-                     [s.num(*p, "env_steps_per_s", fmt=",.0f")], [s.num(*p, "kb_per_update")],
-                     [s.num(*p, "mb_per_100k_steps")], [s.num(*p, "mb_to_target")],
-                     [s.num(*p, "staleness_mean", fmt=".2f")], [*best, " / ", *final]])
-        if tails:
-            means = join([s.num(*p, "last_fifth", k, "mean", fmt=".0f") for k in range(n)], " ")
-            rows[-1].append([s.num(*p, "last_fifth_mean", fmt=".0f"), ", std ", s.num(*p, "last_fifth_std", fmt=".0f"),
-                             " (", *means, ")"])
-    header = ["env", "variant", "reference return", "time to reference (s, reached seeds)", "reached",
-              "time, all seeds (s)", "env steps/s", "kB per global update", "MB per 100k env steps",
-              "MB to reference", "staleness", "best check / final (10 ep.), per seed"]
-    if tails:  # over seeds: the mean return of each run's last fifth of checks, the mean of their stds; per seed
-        header.append("last fifth of checks: mean, within-run std (per-seed means)")
-    return [Table(header, rows, [s.name], [s.command()], align="llrrrrrrrrrl" + "l" * tails)]
-
-
-def t_lda(name: str) -> list[Table]:
-    """Every method of every corpus of one ``lda_baselines.py`` result file."""
-    s = Source(name)
-    out = []
-    for ci, c in enumerate(s("corpora")):
-        rows = []
-        for mi, m in enumerate(c["methods"]):
-            p = ("corpora", ci, "methods", mi)
-            has_bytes = "bytes" in m
-            rows.append([[m["method"]], [_opt(s, (*p, "time_to_target_s"), ".2f")],
-                         [_opt(s, (*p, "docs_to_target"), ",.0f")], [s.num(*p, "final_perplexity", fmt=".1f")],
-                         [s.num(*p, "best_perplexity", fmt=".1f")], [s.num(*p, "train_seconds", fmt=".2f")],
-                         [s.num(*p, "docs", fmt=",d")],
-                         [s.num(*p, "bytes", "total", scale=1e-6) if has_bytes else Num(None, "", ())],
-                         [s.num(*p, "bytes", "gradients", scale=1e-6) if has_bytes else Num(None, "", ())],
-                         [_opt(s, (*p, "push_ratio_vs_dense_fp32"), ".2f")]])
-        sp = c["split"]
-        title = (f"{c['corpus']}: {sp['train_docs']:,} training docs, {sp['heldout_docs']} held-out, V = {sp['vocab']:,}, "
-                 f"K = {c['K']}, {c['passes']} passes; target perplexity {c['target']:.1f} "
-                 f"(1.02 × gensim-w1's final)" if c["target"] else f"{c['corpus']}")
-        out.append(Table(["method", "time to target (s)", "docs to target", "final perplexity", "best perplexity",
-                          "train s", "docs", "MB on the wire", "MB pushed", "push vs dense fp32"], rows, [s.name],
-                         [s.command()], title=title, align="lrrrrrrrrr"))
-    return out
-
-
-def _method(s: Source, method: str, ci: int = 0) -> Pointer | None:
-    for mi, m in enumerate(s("corpora", ci, "methods")):
-        if m["method"] == method:
-            return ("corpora", ci, "methods", mi)
-    return None
-
-
-def t_lda_seeds(name: str) -> list[Table]:
-    """One row per result file: the time to target and final perplexity of each method (synthetic seeds, the
-    large corpus's seeds)."""
-    files = {"synthetic": ["lda_baselines", "lda_baselines_synthetic_seed1", "lda_baselines_synthetic_seed2"],
-             "large": ["lda_baselines_large_seed0", "lda_baselines_large_seed1", "lda_baselines_large_seed2"]}[name]
-    methods = ["gensim-w1", "gensim-w2", "sklearn-online", "dpsvi-w1p1", "dpsvi-w2p1"]
-    rows = []
-    srcs = []
-    for f in files:
-        s = Source(f)
-        srcs.append(s)
-        ci = next(i for i, c in enumerate(s("corpora")) if c["corpus"].startswith("synthetic"))
-        c = s("corpora", ci)
-        seed = c["config"]["seed"]
-        row: list[Cell] = [[f"{seed} (target ", s.num("corpora", ci, "target", fmt=".1f"), ")"]]
-        for m in methods:
-            p = _method(s, m, ci)
-            if p is None:
-                row.append([DASH])
-                continue
-            t = s(*p).get("time_to_target_s")
-            row.append(["not reached" if t is None else s.num(*p, "time_to_target_s", fmt=".2f"), ", ",
-                        s.num(*p, "final_perplexity", fmt=".1f")])
-        if name == "large":
-            p = _method(s, "dpsvi-w1p1", ci)
-            row.append([s.num(*p, "bytes", "gradients", scale=1e-6)] if p else [DASH])
-            row.append([s.num(*p, "push_ratio_vs_dense_fp32", fmt=".2f", suffix="×")] if p else [DASH])
-        rows.append(row)
-    header = ["seed", *[f"{m}: s to target, final" for m in methods]]
-    if name == "large":
-        header += ["dpsvi-w1p1 MB pushed", "smaller than dense fp32"]
-    return [Table(header, rows, [s.name for s in srcs], [s.command() for s in srcs])]
-
-
-def t_lda_variants(name: str) -> list[Table]:
-    """DPSVI variants, one file per row: bf16 pushes, dense pushes, larger batches, the asynchronous rate study."""
-    pattern = {"large": r"lda_(baselines_large_seed\d_(bf16|dense)|large_b\d+_seed\d)\.json",
-               "async": r"lda_async_.*\.json", "small": r"lda_(baselines_uniform_seed\d|push_bytes_.*)\.json"}[name]
-    files = sorted(p.name for p in RESULTS.glob("lda_*.json") if re.fullmatch(pattern, p.name))
-    rows = []
-    for f in files:
-        s = Source(f)
-        for ci, c in enumerate(s("corpora")):
-            for mi, m in enumerate(c["methods"]):
-                if not m["method"].startswith("dpsvi"):
-                    continue
-                p = ("corpora", ci, "methods", mi)
-                t = m.get("time_to_target_s")
-                has_bytes = "bytes" in m
-                rows.append([[f"`{f[:-5]}`"], [f"{c['corpus']}, seed {c['config']['seed']}"], [m["method"]],
-                             [_opt(s, ("corpora", ci, "target"), ".1f")],
-                             ["not reached" if t is None else s.num(*p, "time_to_target_s", fmt=".2f")],
-                             [s.num(*p, "final_perplexity", fmt=".1f")],
-                             [s.num(*p, "bytes", "gradients", scale=1e-6) if has_bytes else Num(None, "", ())],
-                             [_opt(s, (*p, "push_ratio_vs_dense_fp32"), ".2f")]])
-    return [Table(["file", "corpus", "method", "target", "s to target", "final perplexity", "MB pushed",
-                   "push vs dense fp32"], rows, files)]
 
 
 # ----------------------------------------------------------------------------------------- scale-out
@@ -701,7 +394,7 @@ def t_headline(where: str) -> list[Table]:
     lda, hs, tp = Source("lda_baselines_large_seed0"), Source("hsa2c_vs_sync_defaults"), Source("throughput")
     ll = ("table", "LunarLander-v3", "variants")
     chain = len(t6("rows")) - 1
-    w1, g1 = _method(lda, "dpsvi-w1p1"), _method(lda, "gensim-w1")
+    w1, g1 = method_path(lda, "dpsvi-w1p1"), method_path(lda, "gensim-w1")
     assert w1 and g1
     hsa2c = next(i for i, r in enumerate(hs("rows")) if r["env"] == "LunarLander-v3" and r["variant"].startswith("HSA2C"))
     a3c = next(i for i, r in enumerate(hs("rows")) if r["env"] == "LunarLander-v3" and r["variant"].startswith("DDRL"))
@@ -779,16 +472,18 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "pipeline_carracing": t_pipeline_carracing,
     "pipeline_suite": t_pipeline_suite,  # ARG: pipeline_suite or pipeline_accumulator
     "dpsgd_speedup": t_dpsgd_speedup,  # ARG: dpsgd_speedup_lda or dpsgd_speedup_hsa2c
-    "hsa2c_vs_sync": t_hsa2c_vs_sync,  # ARG: a hsa2c_vs_sync*.json name
+    "hsa2c_vs_sync": t_hsa2c_vs_sync,  # ARG: a hsa2c_vs_sync*.json name (or a hsa2c_link_RATE one)
+    "hsa2c_link": t_hsa2c_link,  # ARG: hsa2c_link.py's --out
+    "a2c_reference": t_a2c_reference,  # ARG: a2c_reference.py's --out
     "lda": t_lda,  # ARG: an lda_baselines.py result name
     "lda_seeds": t_lda_seeds,  # ARG: synthetic or large
-    "lda_variants": t_lda_variants,  # ARG: large, async or small
+    "lda_variants": t_lda_variants,  # ARG: bf16, large, async or small
     "shaped_links": t_shaped_links,
     "ray_overhead": t_ray_overhead,
     "throughput": t_throughput,
 }
 DEFAULT_ARG = {"headline": "site", "aaps": "aaps_sweep", "pipeline_suite": "pipeline_suite", "dpsgd_speedup": "dpsgd_speedup_lda",
-               "hsa2c_vs_sync": "hsa2c_vs_sync_defaults", "lda": "lda_baselines", "lda_seeds": "synthetic",
+               "hsa2c_vs_sync": "hsa2c_vs_sync_defaults", "hsa2c_link": "hsa2c_link", "a2c_reference": "a2c_reference", "lda": "lda_baselines", "lda_seeds": "synthetic",
                "lda_variants": "large"}
 
 

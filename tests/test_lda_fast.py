@@ -262,14 +262,20 @@ def test_seeded_start_nudges_each_topic_towards_a_distinct_document():
 
 
 def test_fit_lda_columns_matches_dense_with_fewer_bytes():
+    """Column pushes rebuild the dense update (fp32: up to rounding); LDA's default bf16 values halve them
+    again and leave the fit where fp32 puts it."""
     base = LDAConfig(
         n_topics=5, synthetic_docs=300, synthetic_vocab=3000, synthetic_doc_len=30, batch_size=16,
-        global_updates=12, log_every=4, heldout_max_docs=30,
+        global_updates=12, log_every=4, heldout_max_docs=30, update_codec="fp32",
     )
     out = {fmt: fit_lda(dataclasses.replace(base, update_format=fmt)) for fmt in ("dense", "columns")}
     np.testing.assert_allclose(out["columns"]["lambda"], out["dense"]["lambda"], rtol=1e-3, atol=1e-3)
     assert out["columns"]["final_perplexity"] == pytest.approx(out["dense"]["final_perplexity"], rel=1e-3)
     assert out["columns"]["bytes"]["gradients"] * 5 <= out["dense"]["bytes"]["gradients"]
+    assert LDAConfig().update_codec == "bf16"
+    bf16 = fit_lda(dataclasses.replace(base, update_format="columns", update_codec="bf16"))
+    assert bf16["bytes"]["gradients"] < 0.6 * out["columns"]["bytes"]["gradients"]
+    assert bf16["final_perplexity"] == pytest.approx(out["columns"]["final_perplexity"], rel=1e-2)
 
 
 def test_column_pushes_shrink_on_a_zipf_vocabulary():
@@ -277,7 +283,7 @@ def test_column_pushes_shrink_on_a_zipf_vocabulary():
     smaller than dense, the same run up to rounding; bf16 values shrink them further."""
     base = LDAConfig(
         n_topics=5, synthetic_docs=2000, synthetic_vocab=10_000, synthetic_doc_len=50, synthetic_zipf=1.2,
-        batch_size=100, global_updates=6, log_every=3, heldout_max_docs=30,
+        batch_size=100, global_updates=6, log_every=3, heldout_max_docs=30, update_codec="fp32",
     )
     out = {
         name: fit_lda(dataclasses.replace(base, **kw))

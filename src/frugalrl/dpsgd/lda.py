@@ -39,7 +39,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from frugalrl.dpsgd.config import ColumnBaseOption, DPSGDConfig, DPSGDOptions, UpdateFormat
+from frugalrl.dpsgd.config import Codec, ColumnBaseOption, DPSGDConfig, DPSGDOptions, UpdateFormat
 from frugalrl.dpsgd.corpora import Corpus, load_corpus, synthetic_corpus
 from frugalrl.dpsgd.lda_estep import (
     E_STEP_BACKENDS,
@@ -383,6 +383,10 @@ class LDAConfig(DPSGDOptions):
     eta_offset: float = 1.0
     global_updates: int | None = 200
     update_format: UpdateFormat = "auto"
+    update_codec: Codec = "bf16"
+    """Wire codec of the pushed updates; LDA's default ``bf16`` halves them and leaves the final perplexity where
+    fp32 puts it (one worker: within 0.02% on every corpus and seed of ``benchmarks/lda_baselines.py``,
+    ``benchmarks/results/lda_baselines*_bf16.json``)."""
     column_base: ColumnBaseOption = "auto"
     """What a column push's decay applies to on the server (:mod:`frugalrl.dpsgd.sparse`); ``auto`` (the default):
     ``current`` with several workers, so that a stale SVI step is still a convex combination of the server's

@@ -97,7 +97,8 @@ def run_dpsgd(
         average_decay=cfg.average_decay(),
     )
     meter = ByteMeter()
-    configs = [cfg.worker_config(w, eta) for w in range(cfg.workers)]
+    # the size travels with the config, so that a worker need not build a starting point only to measure it
+    configs = [{**cfg.worker_config(w, eta), "size": int(v0.size)} for w in range(cfg.workers)]
     extra = {"ray_address": cfg.ray_address} if cfg.transport == "ray" else {}
     transport = TRANSPORTS[cfg.transport](
         server, meter, configs, cfg.startup_timeout_s, cfg.worker_timeout_s, **extra

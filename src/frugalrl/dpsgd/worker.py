@@ -168,7 +168,7 @@ class DPSGDWorker:
 
     ``cfg`` holds ``worker``, ``processes`` (p), ``local_steps`` (B), ``eta`` (with ``eta_decay`` and
     ``eta_offset``, ``eta_horizon`` and ``eta_anneal``, :func:`~frugalrl.dpsgd.rates.decayed_rate`), ``seed``, ``problem``,
-    ``problem_kwargs`` and ``update_codec``. Building it starts the helpers (so that a transport can
+    ``problem_kwargs``, ``update_codec`` and ``size`` (the vector's length; optional). Building it starts the helpers (so that a transport can
     report "ready" only once the worker can compute); :meth:`run` talks to the server through any
     ``exchange(Message) -> Message`` function.
     """
@@ -178,7 +178,9 @@ class DPSGDWorker:
         self.name = cfg["problem"]
         self.index = int(cfg["worker"])
         self.problem = load_problem(self.name, cfg["problem_kwargs"])
-        size = check_vector(self.problem.init_params(), None, self.name, "init_params()").size
+        # the head sends the vector's size (run_dpsgd); without it, the problem's starting point gives it
+        size = int(cfg["size"]) if "size" in cfg else check_vector(self.problem.init_params(), None, self.name,
+                                                                     "init_params()").size
         self.rng = make_rng(cfg["seed"], self.index, 0)
         fmt = cfg.get("update_format", "dense")
         if fmt == "auto":
