@@ -167,10 +167,10 @@ class DPSGDWorker:
     """Alg. 2 for one worker: its problem, its shared ``u`` and its Hogwild helpers.
 
     ``cfg`` holds ``worker``, ``processes`` (p), ``local_steps`` (B), ``eta`` (with ``eta_decay`` and
-    ``eta_offset``, ``eta_horizon`` and ``eta_anneal``, :func:`~frugalrl.dpsgd.rates.decayed_rate`), ``seed``, ``problem``,
-    ``problem_kwargs``, ``update_codec`` and ``size`` (the vector's length; optional). Building it starts the helpers (so that a transport can
-    report "ready" only once the worker can compute); :meth:`run` talks to the server through any
-    ``exchange(Message) -> Message`` function.
+    ``eta_offset``, ``eta_horizon`` and ``eta_anneal``, :func:`~frugalrl.dpsgd.rates.decayed_rate`), ``seed``,
+    ``problem``, ``problem_kwargs``, ``update_codec`` and ``size`` (the vector's length; optional). Building it
+    starts the helpers (so that a transport can report "ready" only once the worker can compute); :meth:`run`
+    talks to the server through any ``exchange(Message) -> Message`` function.
     """
 
     def __init__(self, cfg: dict[str, Any], startup_timeout: float = 60.0) -> None:
@@ -178,9 +178,10 @@ class DPSGDWorker:
         self.name = cfg["problem"]
         self.index = int(cfg["worker"])
         self.problem = load_problem(self.name, cfg["problem_kwargs"])
-        # the head sends the vector's size (run_dpsgd); without it, the problem's starting point gives it
-        size = int(cfg["size"]) if "size" in cfg else check_vector(self.problem.init_params(), None, self.name,
-                                                                     "init_params()").size
+        if "size" in cfg:  # run_dpsgd sends it: no starting point built only to be measured
+            size = int(cfg["size"])
+        else:
+            size = check_vector(self.problem.init_params(), None, self.name, "init_params()").size
         self.rng = make_rng(cfg["seed"], self.index, 0)
         fmt = cfg.get("update_format", "dense")
         if fmt == "auto":
