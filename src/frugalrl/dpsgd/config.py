@@ -149,8 +149,7 @@ class DPSGDOptions:
         for name in ("update_codec", "pull_codec"):
             if getattr(self, name) not in UPDATE_CODECS:
                 raise ValueError(f"{where}.{name} must be one of {UPDATE_CODECS}, got {getattr(self, name)!r}")
-        if isinstance(self.eta_anneal, bool):  # the older switch: on is the whole run
-            self.eta_anneal = float(self.eta_anneal)
+        # a bool (the older switch) passes as 0 or 1: the worker config carries float(eta_anneal)
         if not isinstance(self.eta_anneal, (int, float)) or not (0 <= self.eta_anneal <= 1):
             raise ValueError(f"{where}.eta_anneal must be a fraction in [0, 1], got {self.eta_anneal!r}")
         if isinstance(self.average, bool) or not isinstance(self.average, (int, float)) or not (
