@@ -12,7 +12,9 @@ envs seeded ``EVAL_SEED + seed + i``):
   α 0.99, ε 1e-5, gradient norm 0.5, value coefficient 0.5, separate 64-64 tanh networks, orthogonal init);
 - ``a2c-zoo``: frugalrl's A2C (:class:`~frugalrl.algos.hsa2c.A2CProblem`) with the same settings, as one
   DPSGD worker with one process, B = 1 and Alg. 1's plain master step (ρ = 1, no momentum, no averaging, no
-  reward scaling): the same algorithm as SB3's, so a gap here is a defect of the A2C core;
+  reward scaling), and ``vf_coef`` 1 (frugalrl's value loss is ½ MSE, SB3's MSE): the same algorithm as SB3's
+  (``tests/test_a2c_sb3_replay.py`` checks the update is SB3's, weight for weight), so the two differ only by
+  their random draws;
 - ``hsa2c`` and ``a3c``: ``hsa2c_vs_sync``'s LunarLander runs (2 workers, HSA2C's defaults and the env's
   settings; B = 10 and B = 1), so a gap between these and ``a2c-zoo`` is the cost of those defaults.
 
@@ -68,7 +70,7 @@ def frugal_run(variant: str, seed: int, steps: int, settings: dict[str, Any] | N
         cfg = timed_hsa2c(ENV, 3600.0, 1e9, 1, workers=1, processes=1, local_steps=1, rho=1.0, momentum=0.0,
                           average=0.0, norm_reward=False, envs_per_process=ZOO["n_envs"], k=ZOO["n_steps"],
                           gamma=ZOO["gamma"], ent_coef=ZOO["ent_coef"], eta=float(ZOO["learning_rate"][4:]),
-                          eta_anneal=1.0, **common)
+                          eta_anneal=1.0, vf_coef=1.0, **common)  # ½ MSE × 1 = SB3's MSE × 0.5
     else:
         cfg = timed_hsa2c(ENV, 3600.0, 1e9, 1, workers=2, processes=1, local_steps=10 if variant == "hsa2c" else 1,
                           **spec["settings"], **common)

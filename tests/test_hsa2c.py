@@ -11,8 +11,11 @@ import json
 import numpy as np
 import pytest
 
+from frugalrl.algos import load_policy
 from frugalrl.algos.hsa2c import A2CProblem, HSA2CConfig, make_a2c_problem, train
 from frugalrl.dpsgd.problems import Problem, check_problem
+from frugalrl.envs.spec import to_env_spec
+from frugalrl.evaluation import EVAL_SEED, evaluate
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -154,6 +157,11 @@ def test_hsa2c_learns_cartpole(tmp_path):
     assert json.loads((run / "config.json").read_text())["local_steps"] == 10
     assert (run / "metrics.jsonl").read_text().count("\n") == len(history)  # one row per evaluation, the final one included
     assert (run / "checkpoints" / "latest.pt").exists()
+    # best.pt holds the weights the server evaluated best (the check that met the target), not the agent's last
+    best, counters = load_policy(run, "best")
+    assert counters["env_steps"] == first["step"]
+    assert evaluate(best, to_env_spec("CartPole-v1"), 5, seed=EVAL_SEED + 1, max_steps=500)[0] == first["mean"]
+    assert s["eval_regression"] is None
 
 
 def test_synchronous_baseline_runs(tmp_path):

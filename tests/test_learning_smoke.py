@@ -10,7 +10,10 @@ from __future__ import annotations
 import pytest
 
 from frugalrl import presets
+from frugalrl.algos import load_policy
 from frugalrl.algos.ppo import PPOConfig, train
+from frugalrl.envs.spec import to_env_spec
+from frugalrl.evaluation import EVAL_SEED, evaluate
 
 QUIET = {"progress": False, "tensorboard": False, "plots": False}
 
@@ -34,6 +37,13 @@ def test_discrete_task_learns_with_aaps_and_bf16(tmp_path):
                               target_return=475.0, run_dir=str(tmp_path), **QUIET)
     s = train(cfg)
     assert s["eval_return_mean"] >= 475, s["eval_history"]
+    # the best evaluation's policy (checkpoints/best.pt) scores the best entry again on the same episodes
+    best_entry = max(s["eval_history"], key=lambda e: e["mean"])
+    agent, counters = load_policy(s["run_dir"], "best")
+    assert counters["env_steps"] == best_entry["step"]
+    mean, _, _ = evaluate(agent, to_env_spec("CartPole-v1"), cfg.eval_episodes, seed=EVAL_SEED + cfg.seed)
+    assert mean == best_entry["mean"]
+    assert s["eval_regression"] is None  # it stopped at the target
 
 
 @pytest.mark.timeout(300)

@@ -1,8 +1,12 @@
-"""The training loop's own checks: an evaluation that contradicts the training curve is named."""
+"""The training loop's own checks: an evaluation that contradicts the training curve is named, and so is a run
+that ends clearly below its best evaluation (whose policy ``checkpoints/best.pt`` keeps)."""
 
 from __future__ import annotations
 
-from frugalrl.evaluation import Evaluation, evaluation_disagreement
+import gymnasium as gym
+import torch
+
+from frugalrl.evaluation import Evaluation, evaluation_disagreement, evaluation_regression
 
 
 def test_a_greedy_policy_that_fails_is_flagged():
@@ -55,3 +59,70 @@ def test_each_evaluation_records_both_modes_and_the_training_return(tmp_path):
 def test_noise_around_zero_is_not_a_disagreement():
     """LunarLander hovering: 20 points apart, near zero, with episodes spread ± 30: the spread sets the scale."""
     assert evaluation_disagreement(Evaluation(-6.9, 30.0, 10), Evaluation(0.0, 25.0, 10, False), 20.6) is None
+
+
+def _entry(step: int, mean: float, std: float = 0.0, episodes: int = 10) -> dict:
+    return {"step": step, "mean": mean, "std": std, "episodes": episodes}
+
+
+def test_a_collapse_after_the_best_evaluation_is_named():
+    """LunarLander HSA2C seed 1 (hsa2c_vs_sync_average): 10-episode checks peaked at 259, the final scored 167."""
+    history = [_entry(0, -600.0, 100.0), _entry(10, 259.0, 20.0), _entry(20, 228.0, 40.0), _entry(30, 167.0, 90.0)]
+    out = evaluation_regression(history)
+    assert out is not None and (out["best"], out["best_step"], out["final"]) == (259.0, 10, 167.0)
+    assert "got worse after its best evaluation" in out["message"] and out["drop"] == 92.0
+
+
+def test_noise_below_the_best_is_not_a_collapse():
+    # the best of many noisy checks is the luckiest: a final 30 below it, episodes spread ± 60, is noise
+    assert evaluation_regression([_entry(0, 280.0, 40.0), _entry(1, 250.0, 60.0)]) is None
+    # within 10% of the best, whatever the spread
+    assert evaluation_regression([_entry(0, 500.0), _entry(1, 460.0)]) is None
+    # deterministic returns (CartPole at its cap, then not): a 20% drop is no noise
+    assert evaluation_regression([_entry(0, 500.0), _entry(1, 400.0)]) is not None
+    # the final is the best, or the only evaluation
+    assert evaluation_regression([_entry(0, 100.0, 5.0), _entry(1, 200.0, 5.0)]) is None
+    assert evaluation_regression([_entry(0, 100.0, 5.0)]) is None
+
+
+def test_one_episode_checks_borrow_the_final_spread():
+    """HSA2C's default cadence checks are one greedy episode with no spread: a lucky episode 120 above a final
+    whose episodes spread ± 100 is not a collapse; one 400 above it is."""
+    assert evaluation_regression([_entry(0, 250.0, 0.0, 1), _entry(1, 130.0, 100.0)]) is None
+    assert evaluation_regression([_entry(0, 250.0, 0.0, 1), _entry(1, -150.0, 100.0)]) is not None
+
+
+def test_best_policy_is_kept_and_a_run_that_ends_below_it_says_so(tmp_path, caplog):
+    """A run whose third evaluation falls far below its second: best.pt holds the weights evaluated second, the
+    summary names the drop and points to best.pt, and ``load_policy(run, "best")`` gives that policy back."""
+    from frugalrl.algos import load_policy
+    from frugalrl.config import RunConfig
+    from frugalrl.nets import make_agent
+    from frugalrl.training import Training
+
+    env = gym.make("CartPole-v1")
+    agent = make_agent(env.observation_space, env.action_space)
+    cfg = RunConfig(run_dir=str(tmp_path), progress=False, tensorboard=False, plots=False, eval_every=1,
+                    eval_stochastic=False)
+    scores = iter([Evaluation(20.0, 5.0, 10), Evaluation(480.0, 10.0, 10), Evaluation(150.0, 60.0, 10)])
+    run = Training("ppo", cfg)  # ppo: load_policy's generic path reads it
+    run.attach(agent=agent)
+    run.begin(lambda: next(scores), total_steps=30, total_updates=3)
+    weights = []
+    for _ in range(3):
+        with torch.no_grad():
+            for p in agent.parameters():
+                p.add_(0.1)
+        weights.append(torch.nn.utils.parameters_to_vector(agent.parameters()).clone())
+        run.update(10, {})
+    with caplog.at_level("WARNING", logger="frugalrl"):
+        summary = run.finish()
+    reg = summary["eval_regression"]
+    assert (reg["best"], reg["best_step"], reg["final"]) == (480.0, 20, 150.0)
+    assert "checkpoints/best.pt" in reg["message"] and "--checkpoint best" in reg["message"]
+    assert "got worse after its best evaluation" in caplog.text
+    best, counters = load_policy(run.dir, "best")
+    assert torch.equal(torch.nn.utils.parameters_to_vector(best.parameters()), weights[1])
+    assert counters["env_steps"] == 20 and counters["evaluation"]["mean"] == 480.0
+    latest, _ = load_policy(run.dir)
+    assert torch.equal(torch.nn.utils.parameters_to_vector(latest.parameters()), weights[2])

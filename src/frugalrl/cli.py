@@ -132,8 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue this run directory from its latest checkpoint, with its config.json "
                             "(flags given here change it, e.g. a larger --total-timesteps)")
         add_dataclass_args(p, cls)
-    ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint (any algorithm)")
+    ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint, or its best-evaluated policy (any algorithm)")
     ev.add_argument("run_dir", help="a run directory")
+    ev.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
+                    help="latest: checkpoints/latest.pt (the end of the run); best: checkpoints/best.pt, the policy "
+                         "of the run's best evaluation (default: latest)")
     ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default: 10)")
     ev.add_argument("--seed", type=int, default=20_000, help="env seed of the first episode (default: 20000)")
     ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
@@ -260,13 +263,13 @@ def _eval(args: argparse.Namespace) -> int:
 
     try:
         config = read_config(args.run_dir)
-        agent, counters = load_policy(args.run_dir)
+        agent, counters = load_policy(args.run_dir, args.checkpoint)
     except (FileNotFoundError, ValueError) as e:
         return _error(str(e))
     spec = to_env_spec(config["env"], config.get("env_kwargs") or {})
     mean, std, returns = evaluate(agent, spec, args.episodes, seed=args.seed, deterministic=not args.stochastic)
     result = {"run_dir": str(Path(args.run_dir)), "algo": config.get("algo"), "env_id": config["env"],
-              "checkpoint_step": counters.get("env_steps"), "episodes": args.episodes,
+              "checkpoint": args.checkpoint, "checkpoint_step": counters.get("env_steps"), "episodes": args.episodes,
               "deterministic": not args.stochastic, "return_mean": mean, "return_std": std, "returns": returns}
     print(json.dumps(result, indent=2))
     return 0
@@ -373,8 +376,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         per_worker = f" (per worker {syncs['per_worker']})" if syncs.get("per_worker") else ""
         lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}")
     lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")
-    if summary.get("eval_disagreement"):
-        lines.append(f"  WARNING: {summary['eval_disagreement']['message']}")
+    for key in ("eval_disagreement", "eval_regression"):
+        if summary.get(key):
+            lines.append(f"  WARNING: {summary[key]['message']}")
     for stall in summary.get("sync_stalls") or []:
         lines.append(f"  WARNING at step {stall['step']}: {stall['message']}")
     for warning in (summary.get("details") or {}).get("warnings") or []:

@@ -226,7 +226,7 @@ class ActorCriticConfig(ConfigPart):
     ent_coef: float = 0.01
     """Weight of the entropy bonus."""
     vf_coef: float = 0.5
-    """Weight of the value loss."""
+    """Weight of the value loss, ``½ (R − V)²`` (CleanRL's; SB3's is ``(R − V)²``, so SB3's 0.5 is 1 here)."""
     max_grad_norm: float = 0.5
     """Gradient norm clip (0: none)."""
 

@@ -2,7 +2,8 @@
 
 :func:`evaluate` plays episodes; :func:`policy_evaluator` makes the :data:`Evaluator` a training run calls
 on its cadence (deterministic, or sampling actions as the workers do); :func:`evaluation_disagreement`
-says when an evaluation contradicts the training curve.
+says when an evaluation contradicts the training curve, :func:`evaluation_regression` when a run ends clearly
+below its best evaluation.
 """
 
 from __future__ import annotations
@@ -67,6 +68,38 @@ def evaluation_disagreement(deterministic: Evaluation | None, stochastic: Evalua
         return None
     return {"deterministic": deterministic.mean, "stochastic": None if stochastic is None else stochastic.mean,
             "train_return": train_return, "message": "evaluation contradicts training: " + "; ".join(problems)}
+
+
+def evaluation_regression(history: list[dict[str, Any]], tolerance: float = 0.1) -> dict[str, Any] | None:
+    """What is wrong when the last evaluation of ``history`` (the final one) is clearly below the best earlier one:
+    the run peaked, then got worse (an RL run's collapse, which a curve shows and a final number hides). Else None.
+
+    Entries are :class:`Training`'s ``eval_history`` rows: ``step``, ``mean``, ``std`` and ``episodes`` (1 if
+    absent). "Clearly" is by more than ``tolerance`` × the best's magnitude and more than twice the standard error
+    of the difference of the two means; an entry without a spread of its own (one episode, or none recorded: HSA2C's
+    server-side checks report only a mean) borrows the final's.
+    Since the best is the luckiest of many noisy evaluations, the second condition keeps noise from passing for a
+    collapse; with one-episode checks only a large drop counts.
+    """
+    if len(history) < 2:
+        return None
+    final, earlier = history[-1], history[:-1]
+    best = max(earlier, key=lambda e: e["mean"])
+    n_final, n_best = max(1, int(final.get("episodes", 1))), max(1, int(best.get("episodes", 1)))
+    s_final = float(final.get("std") or 0.0)
+    s_best = float(best.get("std") or 0.0)
+    if n_best == 1 or not s_best > 0:
+        s_best = s_final
+    error = math.sqrt(s_best**2 / n_best + s_final**2 / n_final)
+    drop = float(best["mean"]) - float(final["mean"])
+    margin = max(tolerance * abs(float(best["mean"])), 2.0 * error)
+    if drop <= margin:
+        return None
+    message = (f"the run got worse after its best evaluation: the final one scores {final['mean']:.1f} over "
+               f"{n_final} episodes, {drop:.1f} below {best['mean']:.1f} at step {best['step']} (more than "
+               f"{tolerance:.0%} of it and than twice the standard error of the difference, 2 × {error:.1f})")
+    return {"best": float(best["mean"]), "best_step": int(best["step"]), "final": float(final["mean"]),
+            "drop": drop, "margin": margin, "message": message}
 
 
 def evaluate(

@@ -31,6 +31,8 @@ import torch
 
 CHECKPOINT = "latest.pt"
 """The checkpoint ``--resume`` and ``frugalrl eval`` read, in ``<run>/checkpoints/``."""
+BEST = "best.pt"
+"""The policy of the run's best evaluation so far (``frugalrl eval RUN --checkpoint best``), beside ``latest.pt``."""
 
 
 def jsonable(obj: Any) -> Any:
@@ -109,14 +111,15 @@ class Run:
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, step)
 
-    def save_checkpoint(self, payload: dict[str, Any]) -> Path:
-        """Write ``checkpoints/latest.pt`` atomically (torch.save of tensors and plain containers only,
-        so that :func:`load_checkpoint` reads it with ``weights_only=True``)."""
+    def save_checkpoint(self, payload: dict[str, Any], name: str = CHECKPOINT) -> Path:
+        """Write ``checkpoints/<name>`` (``latest.pt``; ``best.pt`` holds the best-evaluated policy) atomically
+        (torch.save of tensors and plain containers only, so that :func:`read_checkpoint` reads it with
+        ``weights_only=True``)."""
         import io
 
         buf = io.BytesIO()
         torch.save(payload, buf)
-        path = self.checkpoints / CHECKPOINT
+        path = self.checkpoints / name
         write_atomic(path, buf.getvalue())
         return path
 

@@ -43,8 +43,8 @@ import numpy as np
 import torch
 
 from frugalrl.config import RunConfig
-from frugalrl.evaluation import Evaluation, Evaluator, evaluation_disagreement
-from frugalrl.runs import Run, jsonable, read_checkpoint, read_config
+from frugalrl.evaluation import Evaluation, Evaluator, evaluation_disagreement, evaluation_regression
+from frugalrl.runs import BEST, Run, jsonable, read_checkpoint, read_config
 from frugalrl.sync_state import StallWatch
 
 log = logging.getLogger("frugalrl")
@@ -110,6 +110,10 @@ class RunSummary:
     """One entry per resume: ``{step, at, envs}`` (``envs``: 'restored', 'reset' or a list of envs reset)."""
     eval_disagreement: dict[str, Any] | None
     """Set when the final evaluation contradicts the training curve (see :func:`evaluation_disagreement`)."""
+    eval_regression: dict[str, Any] | None
+    """Set when the final evaluation is clearly below the run's best one (``best``, ``best_step``, ``final``, ``drop``,
+    ``margin``, ``message``; see :func:`~frugalrl.evaluation.evaluation_regression`): the run peaked, then got worse.
+    ``checkpoints/best.pt`` holds the policy of the best evaluation."""
     sync_stalls: list[dict[str, Any]]
     """Times the run noticed that its training return stopped improving while the workers acted with an old
     policy (``{step, lag, train_return, message}``; see :class:`~frugalrl.sync_state.StallWatch`)."""
@@ -445,7 +449,8 @@ class Training:
         when they contradict each other, ``disagreement`` (see :func:`evaluation_disagreement`). ``extra``
         (e.g. ``global_update``) goes into the history entry and ``time_to_target``."""
         self._last_eval, self._last_stochastic = result, stochastic
-        entry: dict[str, Any] = {"step": int(step), "seconds": round(seconds, 3), "mean": result.mean, "std": result.std}
+        entry: dict[str, Any] = {"step": int(step), "seconds": round(seconds, 3), "mean": result.mean, "std": result.std,
+                                 "episodes": result.episodes}
         if stochastic is not None:
             entry.update(stochastic_mean=stochastic.mean, stochastic_std=stochastic.std)
         train = float(np.mean(self._recent)) if self._recent else None
@@ -454,6 +459,8 @@ class Training:
             disagreement = evaluation_disagreement(result, stochastic, train)
             if disagreement is not None:
                 entry["disagreement"] = disagreement["message"]
+        if all(result.mean > e["mean"] for e in self.eval_history):
+            self._save_best({**entry, **extra})
         self.eval_history.append({**entry, **extra})
         target = self.cfg.target_return
         if target is not None and result.mean >= target and self.time_to_target is None:
@@ -482,6 +489,18 @@ class Training:
         if agent is not None and hasattr(agent, "spec"):
             payload["spec"] = agent.spec.to_json()
         return self.run.save_checkpoint(payload)
+
+    def _save_best(self, entry: dict[str, Any]) -> None:
+        """Write ``checkpoints/best.pt``: the attached agent (which holds the weights just evaluated) with its spec,
+        for ``frugalrl eval RUN --checkpoint best``; nothing for a run without one (the split pipeline model)."""
+        agent = self._parts.get("agent")
+        if agent is None or not hasattr(agent, "spec"):
+            return
+        t0 = time.monotonic()
+        self.run.save_checkpoint({"format": CHECKPOINT_FORMAT, "algo": self.algo, "spec": agent.spec.to_json(),
+                                  "parts": {"agent": agent.state_dict()},
+                                  "counters": {"env_steps": entry["step"], "evaluation": entry}}, BEST)
+        self._eval_seconds += time.monotonic() - t0
 
     @staticmethod
     def _part_state(name: str, part: Stateful) -> Any:
@@ -526,6 +545,12 @@ class Training:
         if disagreement is not None:
             disagreement["earlier_evaluations"] = earlier  # the steps of cadence evaluations that disagreed too
             log.warning("frugalrl: %s", disagreement["message"])
+        regression = evaluation_regression(self.eval_history)
+        if regression is not None:
+            if (self.run.checkpoints / BEST).exists():
+                regression["message"] += (f"; the policy of that evaluation is {self.run.checkpoints / BEST} "
+                                          f"(frugalrl eval {self.run.dir} --checkpoint best)")
+            log.warning("frugalrl: %s", regression["message"])
         summary = RunSummary(
             algo=self.algo,
             env_id=str(cfg.env_kwargs.get("env_id", cfg.env)),
@@ -554,6 +579,7 @@ class Training:
             resumes=self.resumes,
             sync_stalls=self.stall_watch.events,
             eval_disagreement=disagreement,
+            eval_regression=regression,
             run_dir=str(self.run.dir),
             details={**(details or {}), **({"uplink": traffic["uplink"]} if "uplink" in traffic else {})},
         ).to_json()

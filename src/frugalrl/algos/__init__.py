@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -66,16 +66,19 @@ def resume(run_dir: str | Path, **overrides: Any) -> dict[str, Any]:
     return mod.train(cfg, resume=run_dir)
 
 
-def load_policy(run_dir: str | Path) -> tuple[Any, dict[str, Any]]:
-    """The policy a run directory's latest checkpoint holds, ready to act (``eval()`` mode), and the
-    checkpoint's counters. Works for every algorithm's run directory."""
+def load_policy(run_dir: str | Path, checkpoint: Literal["latest", "best"] = "latest") -> tuple[Any, dict[str, Any]]:
+    """The policy a run directory's ``latest`` checkpoint (or its ``best``-evaluated one, ``checkpoints/best.pt``)
+    holds, ready to act (``eval()`` mode), and the checkpoint's counters. Works for every algorithm's run directory
+    (``best``: those with one agent; the split pipeline model keeps none)."""
     from frugalrl.nets import build_policy
-    from frugalrl.runs import read_checkpoint, read_config
+    from frugalrl.runs import BEST, CHECKPOINT, read_checkpoint, read_config
 
+    if checkpoint not in ("latest", "best"):
+        raise ValueError(f"checkpoint must be 'latest' or 'best', got {checkpoint!r}")
     mod, _ = algorithm(read_config(run_dir).get("algo", "")).load()
-    if hasattr(mod, "load_policy"):
+    if hasattr(mod, "load_policy") and checkpoint == "latest":
         return mod.load_policy(run_dir)
-    payload = read_checkpoint(run_dir)
+    payload = read_checkpoint(Path(run_dir) / "checkpoints" / (CHECKPOINT if checkpoint == "latest" else BEST))
     agent = build_policy(payload["spec"])
     agent.load_state_dict(payload["parts"]["agent"])
     agent.eval()

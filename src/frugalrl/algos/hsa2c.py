@@ -18,6 +18,10 @@ same code with ``synchronous=True, local_steps=1, master_batch=workers``
 
 Choices and differences from the paper, and why:
 
+- *The A2C update is Stable-Baselines3's*: with one worker, one process, ``B = 1`` and a plain master step, the
+  weights after each update equal SB3's A2C's on the same trajectory to float32 rounding
+  (``tests/test_a2c_sb3_replay.py`` replays SB3's actions, discrete and Box, across terminations and time limits).
+  One convention differs: the value loss is ``vf_coef · ½ MSE`` (CleanRL's), SB3's ``vf_coef · MSE``.
 - *Rollouts*: every local step rolls a fixed ``k`` steps in each of its ``m`` envs across episode
   boundaries (standard A2C), instead of Alg. 9's "until terminal or ``t_max``"; each gradient thus
   costs exactly ``k × m`` env steps, which is how env steps are counted. The mini-batch of Alg. 9
@@ -436,13 +440,13 @@ def train(cfg: HSA2CConfig, resume: str | Path | None = None) -> dict[str, Any]:
         update, step = done + version, steps0 + version * per_update  # steps: an estimate, see train()
         if version == 0 and done:
             return  # a resumed run's starting point was recorded by the segment before
+        problem.load(params)  # the agent holds the recorded weights: checkpoints/best.pt and latest.pt save them
         run.record_eval(Evaluation(-loss, 0.0, cfg.log_eval_episodes), step, seconds0 + seconds,
                         global_update=update)
         run.log({"eval/return_mean": -loss, "global_update": update}, step=step, seconds=seconds0 + seconds)
         run.progress_to(step)
         every = cfg.checkpoint_every
         if every and not cfg.deferred_eval and update // every > last_saved // every:
-            problem.load(params)
             run.set_totals(step, update)
             run.save()
             last_saved = update
