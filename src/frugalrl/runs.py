@@ -134,11 +134,12 @@ class Run:
             self._tb.close()
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The payload of a checkpoint (a run directory or a ``.pt`` file), read with ``weights_only=True``."""
+def read_checkpoint(path: str | Path, name: str = CHECKPOINT) -> dict[str, Any]:
+    """The payload of a checkpoint (a run directory's ``checkpoints/<name>``, or a ``.pt`` file), read with
+    ``weights_only=True``."""
     path = Path(path)
     if path.is_dir():
-        path = path / "checkpoints" / CHECKPOINT
+        path = path / "checkpoints" / name
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
     return torch.load(path, map_location="cpu", weights_only=True)

@@ -546,10 +546,10 @@ class Training:
             disagreement["earlier_evaluations"] = earlier  # the steps of cadence evaluations that disagreed too
             log.warning("frugalrl: %s", disagreement["message"])
         regression = evaluation_regression(self.eval_history)
+        best = self.run.checkpoints / BEST
         if regression is not None:
-            if (self.run.checkpoints / BEST).exists():
-                regression["message"] += (f"; the policy of that evaluation is {self.run.checkpoints / BEST} "
-                                          f"(frugalrl eval {self.run.dir} --checkpoint best)")
+            if best.exists():
+                regression["message"] += f"; the policy of that evaluation is {best} (frugalrl eval {self.run.dir} --checkpoint best)"
             log.warning("frugalrl: %s", regression["message"])
         summary = RunSummary(
             algo=self.algo,

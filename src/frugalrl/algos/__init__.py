@@ -78,7 +78,7 @@ def load_policy(run_dir: str | Path, checkpoint: Literal["latest", "best"] = "la
     mod, _ = algorithm(read_config(run_dir).get("algo", "")).load()
     if hasattr(mod, "load_policy") and checkpoint == "latest":
         return mod.load_policy(run_dir)
-    payload = read_checkpoint(Path(run_dir) / "checkpoints" / (CHECKPOINT if checkpoint == "latest" else BEST))
+    payload = read_checkpoint(run_dir, CHECKPOINT if checkpoint == "latest" else BEST)
     agent = build_policy(payload["spec"])
     agent.load_state_dict(payload["parts"]["agent"])
     agent.eval()
