@@ -171,7 +171,11 @@ def lda_table(args: argparse.Namespace) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ HSA2C
 def hsa2c_run(cfg: HSA2CConfig, target: float) -> dict[str, Any]:
     """One HSA2C run: its time to ``target`` (greedy return) and what it sent."""
-    s = train_hsa2c(cfg)
+    return run_record(cfg, train_hsa2c(cfg), target)
+
+
+def run_record(cfg: HSA2CConfig, s: dict[str, Any], target: float) -> dict[str, Any]:
+    """The benchmark record of the HSA2C run ``cfg`` whose summary is ``s`` (``summary.json``)."""
     curve = [(h["seconds"], h["mean"]) for h in s["eval_history"]]
     rec = {
         "workers": cfg.workers,
@@ -192,6 +196,7 @@ def hsa2c_run(cfg: HSA2CConfig, target: float) -> dict[str, Any]:
         "staleness_mean": s["details"]["staleness"]["mean"],
         "startup_s": s["details"]["startup_seconds"],
         "curve": [[round(t, 3), round(v, 1)] for t, v in curve],
+        "run_dir": s.get("run_dir"),
     }
     print(
         f"  {cfg.env} nW={cfg.workers} p={cfg.processes} B={cfg.local_steps} M={cfg.master_batch}"

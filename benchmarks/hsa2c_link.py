@@ -15,8 +15,9 @@ cost of Ray and the CPU the Ray daemons take are what differ from :mod:`hsa2c_vs
 
 For each rate it runs ``hsa2c_vs_sync.py --envs LunarLander-v3 --variants hsa2c a3c`` inside host 0
 (same settings, steps, cadence and deferred evaluation; output ``<out>_<rate>.json`` / ``.md``), then
-writes ``<out>.json`` / ``.md`` with each rate's time and bytes to every reference return, and the ratio
-A3C / HSA2C of the mean times (> 1: HSA2C is faster). Needs root, ``ip``/``tc`` and ray.
+writes ``<out>.json`` / ``.md`` with each rate's time and bytes to every reference return, the ratio
+A3C / HSA2C of the mean times (> 1: HSA2C is faster), and how many seeds hold what they learned (final policy
+≥ 0.9 × the best-checked one, both scored again on the same fresh episodes; see ``hsa2c_vs_sync``). Needs root, ``ip``/``tc`` and ray.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def rate_rows(out: str, rate: str) -> list[dict]:
     d = json.loads((RESULTS / f"{out}.json").read_text())
     keep = ("variant", "target", "time_to_target", "times", "env_steps_per_s", "mb_per_100k_steps", "mb_to_target",
             "best_returns", "final_eval_returns", "last_fifth_mean")
-    return [{"rate": rate, **{k: row[k] for k in keep}} for row in d["rows"]]
+    rescored = ("final_over_best_rescored",)  # absent from runs before rescoring
+    return [{"rate": rate, **{k: row[k] for k in keep}, **{k: row.get(k) for k in rescored}} for row in d["rows"]]
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -66,21 +68,31 @@ def ratios(rows: list[dict]) -> list[dict]:
                 "a3c_over_hsa2c_mb": (a["mb_to_target"] / h["mb_to_target"]
                                       if a["mb_to_target"] and h["mb_to_target"] else None),
                 "hsa2c_lower_bound": th["all_lower_bound"], "a3c_lower_bound": ta["all_lower_bound"],
+                "holds": f"{holds(h)} / {holds(a)}",
             })
     return out
 
 
+def holds(row: dict) -> str:
+    """How many seeds' final policy scores ≥ 0.9 × their best-checked one on the same fresh episodes (— if not
+    rescored)."""
+    ratios = row.get("final_over_best_rescored") or []
+    if not ratios or all(r is None for r in ratios):
+        return "—"
+    return f"{sum(r is not None and r >= 0.9 for r in ratios)}/{len(ratios)}"
+
+
 def markdown(rows: list[dict], summary: list[dict]) -> str:
     lines = ["| link | reference return | HSA2C s (all seeds) | A3C s (all seeds) | reached (HSA2C / A3C) | "
-             "A3C / HSA2C time | A3C / HSA2C MB | HSA2C steps/s | A3C steps/s |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "A3C / HSA2C time | A3C / HSA2C MB | HSA2C steps/s | A3C steps/s | final ≥ 0.9 × best (HSA2C / A3C) |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     speed = {(r["rate"], r["variant"].startswith("DDRL")): r["env_steps_per_s"] for r in rows}
     for s in summary:
         gh, ga = ("≥ " if s[f"{v}_lower_bound"] else "" for v in ("hsa2c", "a3c"))
         mb = "—" if s["a3c_over_hsa2c_mb"] is None else f"{s['a3c_over_hsa2c_mb']:.1f}"
         lines.append(f"| {s['rate']} | {s['target']:g} | {gh}{s['hsa2c_s']:.1f} | {ga}{s['a3c_s']:.1f} | "
                      f"{s['reached']} | {'≤ ' if s['hsa2c_lower_bound'] else ''}{s['a3c_over_hsa2c_time']:.2f} | {mb} | "
-                     f"{speed[(s['rate'], False)]:.0f} | {speed[(s['rate'], True)]:.0f} |")
+                     f"{speed[(s['rate'], False)]:.0f} | {speed[(s['rate'], True)]:.0f} | {s.get('holds', '—')} |")
     return "\n".join(lines)
 
 
@@ -96,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=4 * 3600)
     ap.add_argument("--reanalyse", action="store_true",
                     help="no runs: summarise the stored <out>_<rate>.json of --rates (e.g. after an interrupted run)")
+    ap.add_argument("--reuse-runs", nargs="+", default=[], metavar="RUN_DIR",
+                    help="hsa2c_vs_sync's --reuse-runs: finished run directories (e.g. of a run cut by --timeout) "
+                         "that stand for the (variant, seed) they match instead of training it again")
     args = ap.parse_args(argv)
     started = time.monotonic()
     rows: list[dict] = []
@@ -124,6 +139,8 @@ def run_rates(args: argparse.Namespace, rows: list[dict], commands: dict[str, st
                         "--budget-scale", str(args.budget_scale),
                         "--time-limit-scale", str(args.time_limit_scale), "--seeds", *map(str, args.seeds),
                         "--settings", json.dumps(settings), "--out", out]
+            if args.reuse_runs:
+                argv_run += ["--reuse-runs", *args.reuse_runs]
             commands[rate] = " ".join(shlex.quote(a) for a in argv_run)
             print(f"[{time.strftime('%H:%M:%S')}] link {rate}: {commands[rate]}", flush=True)
             proc = hosts.run(0, argv_run, text=True, timeout=args.timeout, env=cluster.env, cwd=str(HERE))

@@ -41,6 +41,7 @@ def t_dpsgd_speedup(name: str) -> list[Table]:
 def t_hsa2c_vs_sync(name: str) -> list[Table]:
     s = Source(name)
     tails = all("last_fifth" in r for r in s("rows"))  # absent from the files written before it was recorded
+    rescored = next((x["episodes"] for r in s("rows") for x in r.get("rescored") or [] if x), 0)  # likewise
     rows = []
     for i, r in enumerate(s("rows")):
         p = ("rows", i)
@@ -58,12 +59,20 @@ def t_hsa2c_vs_sync(name: str) -> list[Table]:
             means = join([s.num(*p, "last_fifth", k, "mean", fmt=".0f") for k in range(n)], " ")
             rows[-1].append([s.num(*p, "last_fifth_mean", fmt=".0f"), ", std ", s.num(*p, "last_fifth_std", fmt=".0f"),
                              " (", *means, ")"])
+        if rescored:
+            cell: list = []
+            for k, x in enumerate(r["rescored"]):
+                cell += [" "] * bool(k) + ([DASH] if x is None else [s.num(*p, "rescored", k, "best", fmt=".0f"), "/",
+                                                                    s.num(*p, "rescored", k, "final", fmt=".0f")])
+            rows[-1].append(cell)
     header = ["env", "variant", "reference return", "time to reference (s, reached seeds)", "reached",
               "time, all seeds (s)", "env steps/s", "kB per global update", "MB per 100k env steps",
               "MB to reference", "staleness", "best check / final (10 ep.), per seed"]
     if tails:  # over seeds: the mean return of each run's last fifth of checks, the mean of their stds; per seed
         header.append("last fifth of checks: mean, within-run std (per-seed means)")
-    return [Table(header, rows, [s.name], [s.command()], align="llrrrrrrrrrl" + "l" * tails)]
+    if rescored:  # each seed's best.pt and final policy on the same fresh episodes
+        header.append(f"best.pt / final on {rescored} fresh episodes, per seed")
+    return [Table(header, rows, [s.name], [s.command()], align="llrrrrrrrrrl" + "l" * tails + "l" * bool(rescored))]
 
 
 def t_lda(name: str) -> list[Table]:
@@ -175,11 +184,13 @@ def t_hsa2c_link(name: str) -> list[Table]:
                      [r["reached"]], ["≤ " if r["hsa2c_lower_bound"] else "", s.num(*p, "a3c_over_hsa2c_time", fmt=".2f", suffix="×")],
                      [s.num(*p, "a3c_over_hsa2c_mb", fmt=".1f", suffix="×")],
                      [s.num("rows", speed[(r["rate"], False)], "env_steps_per_s", fmt=",.0f")],
-                     [s.num("rows", speed[(r["rate"], True)], "env_steps_per_s", fmt=",.0f")]])
+                     [s.num("rows", speed[(r["rate"], True)], "env_steps_per_s", fmt=",.0f")],
+                     [r.get("holds", DASH)]])
     return [Table(["link", "reference return", "HSA2C s (all seeds)", "A3C s (all seeds)", "reached (HSA2C / A3C)",
-                   "A3C time / HSA2C time", "A3C MB / HSA2C MB", "HSA2C env steps/s", "A3C env steps/s"], rows,
+                   "A3C time / HSA2C time", "A3C MB / HSA2C MB", "HSA2C env steps/s", "A3C env steps/s",
+                   "final ≥ 0.9 × best.pt, fresh episodes (HSA2C / A3C)"], rows,
                   [s.name, *(f"{name}_{rate}.json" for rate in s("runs"))], [s.command()],
-                  align="lrrrlrrrr")]
+                  align="lrrrlrrrrl")]
 
 
 def t_a2c_reference(name: str) -> list[Table]:

@@ -13,6 +13,7 @@ import pytest
 
 from frugalrl.algos import load_policy
 from frugalrl.algos.hsa2c import A2CProblem, HSA2CConfig, make_a2c_problem, train
+from frugalrl.dpsgd.config import DPSGDConfig
 from frugalrl.dpsgd.problems import Problem, check_problem
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import EVAL_SEED, evaluate
@@ -86,8 +87,14 @@ def test_config_validation_synchronous_needs_master_batch_equal_workers(tmp_path
     sync = base.as_synchronous_baseline()
     assert (sync.synchronous, sync.local_steps, sync.master_batch) == (True, 1, 3)
     sync.validate()
+    # the env-step budget stops an HSA2C run; before, a default of 300 global updates silently cut
+    # --total-timesteps 4000000 to 120k env steps
+    cfg = HSA2CConfig(total_timesteps=4_000_000)
+    assert cfg.global_updates is None and cfg.budget_updates * cfg.env_steps_per_update == 4_000_000
+    assert HSA2CConfig(total_timesteps=4_000_000, global_updates=300).budget_updates == 300
+    cfg.validate()
     with pytest.raises(ValueError, match="global_updates and time_limit_s"):
-        HSA2CConfig(global_updates=None).validate()
+        DPSGDConfig(problem="frugalrl.dpsgd.problems:least_squares", global_updates=None).validate()
 
 
 def test_config_embeds_the_dpsgd_options():
@@ -99,10 +106,10 @@ def test_config_embeds_the_dpsgd_options():
     from frugalrl.dpsgd.config import DPSGDOptions
 
     cfg = HSA2CConfig(processes=3, eta_decay=0.5, transport="ray", startup_timeout_s=7.0, pull_codec="bf16")
-    assert isinstance(cfg, DPSGDOptions) and (cfg.local_steps, cfg.eta, cfg.global_updates) == (10, 1e-3, 300)
+    assert isinstance(cfg, DPSGDOptions) and (cfg.local_steps, cfg.eta, cfg.global_updates) == (10, 1e-3, None)
     dcfg = cfg.dpsgd_config()
-    for f in fields(DPSGDOptions):
-        assert getattr(dcfg, f.name) == getattr(cfg, f.name), f.name
+    for f in fields(DPSGDOptions):  # the budget in global updates is total_timesteps' (HSA2C sets none)
+        assert getattr(dcfg, f.name) == (cfg.budget_updates if f.name == "global_updates" else getattr(cfg, f.name))
     assert (dcfg.seed, dcfg.log_every, dcfg.target_loss) == (cfg.seed, cfg.eval_every, None)
     with pytest.raises(ValueError, match=r"^HSA2CConfig\.workers must be an integer >= 1, got 0$"):
         HSA2CConfig(workers=0).validate()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import torch
 
-from frugalrl.evaluation import Evaluation, evaluation_disagreement, evaluation_regression
+from frugalrl.evaluation import Evaluation, evaluation_disagreement, evaluation_regression, regression_recheck
 
 
 def test_a_greedy_policy_that_fails_is_flagged():
@@ -126,3 +126,67 @@ def test_best_policy_is_kept_and_a_run_that_ends_below_it_says_so(tmp_path, capl
     assert counters["env_steps"] == 20 and counters["evaluation"]["mean"] == 480.0
     latest, _ = load_policy(run.dir)
     assert torch.equal(torch.nn.utils.parameters_to_vector(latest.parameters()), weights[2])
+
+
+def test_a_recheck_confirms_only_a_drop_that_repeats_on_fresh_episodes():
+    """Both policies on the same fresh episodes: a drop well beyond the paired differences' noise is confirmed; one
+    that the fresh episodes do not show, or that is within their noise, is not."""
+    def ev(returns: list[float]) -> Evaluation:
+        t = torch.tensor(returns)
+        return Evaluation(float(t.mean()), float(t.std(unbiased=False)), len(returns), returns=returns)
+
+    real = regression_recheck(ev([250.0, 260.0, 240.0, 255.0]), ev([120.0, 150.0, 90.0, 130.0]))
+    assert real["confirmed"] and real["drop"] == 128.75 and "fresh episodes" in real["message"]
+    assert not regression_recheck(ev([250.0, 260.0, 240.0, 255.0]), ev([245.0, 262.0, 238.0, 250.0]))["confirmed"]
+    # paired: each episode 40 below, the mean drop 40 against a best of 250 (16%): confirmed; shuffled noise: not
+    assert regression_recheck(ev([250.0, 150.0, 350.0, 250.0]), ev([210.0, 110.0, 310.0, 210.0]))["confirmed"]
+    assert not regression_recheck(ev([250.0, 150.0, 350.0, 250.0]), ev([310.0, 110.0, 210.0, 210.0]))["confirmed"]
+
+
+def _cartpole_run(tmp_path, good_best: bool):
+    """A CartPole run whose cadence check recorded 480 for the weights it held (a hand-set policy that balances the
+    pole if ``good_best``, else the untrained one), then ends with the untrained weights, evaluated for real."""
+    from frugalrl.config import RunConfig
+    from frugalrl.envs.spec import to_env_spec
+    from frugalrl.evaluation import policy_evaluator
+    from frugalrl.nets import make_agent
+    from frugalrl.training import Training
+
+    env = gym.make("CartPole-v1")
+    agent = make_agent(env.observation_space, env.action_space)
+    untrained = {k: v.clone() for k, v in agent.state_dict().items()}
+    cfg = RunConfig(run_dir=str(tmp_path), progress=False, tensorboard=False, plots=False, eval_every=0)
+    run = Training("ppo", cfg)
+    run.attach(agent=agent)
+    run.begin(policy_evaluator(agent, to_env_spec("CartPole-v1", {}), cfg), total_steps=20, total_updates=2)
+    if good_best:  # push towards the side the pole falls to: θ + θ'/2 > 0 → right
+        with torch.no_grad():
+            for p in agent.actor.parameters():
+                p.zero_()
+            agent.actor[0].weight[0, 2:] = torch.tensor([1.0, 0.5])
+            agent.actor[2].weight[0, 0] = 1.0
+            agent.actor[4].weight[1, 0], agent.actor[4].weight[0, 0] = 1.0, -1.0
+    run.record_eval(Evaluation(480.0, 10.0, 10), step=10, seconds=0.0)  # writes best.pt with the weights held now
+    agent.load_state_dict(untrained)
+    run.update(20, {})
+    return run.finish()
+
+
+def test_a_lucky_best_evaluation_is_not_a_collapse(tmp_path, caplog):
+    """The best check recorded 480 for the same weights that end the run: on fresh episodes the two score the
+    same, so the run does not warn (it logs why)."""
+    with caplog.at_level("INFO", logger="frugalrl"):
+        summary = _cartpole_run(tmp_path, good_best=False)
+    assert summary["eval_return_mean"] < 100 and summary["eval_regression"] is None
+    assert "the best one was lucky" in caplog.text and "got worse" not in caplog.text
+
+
+def test_a_collapse_that_fresh_episodes_confirm_is_reported(tmp_path, caplog):
+    """best.pt balances the pole, the final policy does not: the fresh episodes confirm the drop, and the warning
+    carries their scores."""
+    with caplog.at_level("WARNING", logger="frugalrl"):
+        summary = _cartpole_run(tmp_path, good_best=True)
+    reg = summary["eval_regression"]
+    assert reg is not None and reg["recheck"]["confirmed"] and reg["recheck"]["episodes"] == 10
+    assert reg["recheck"]["best"] == 500.0 and reg["recheck"]["final"] < 100
+    assert "fresh episodes" in reg["message"] and "got worse" in caplog.text

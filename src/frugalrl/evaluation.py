@@ -3,7 +3,7 @@
 :func:`evaluate` plays episodes; :func:`policy_evaluator` makes the :data:`Evaluator` a training run calls
 on its cadence (deterministic, or sampling actions as the workers do); :func:`evaluation_disagreement`
 says when an evaluation contradicts the training curve, :func:`evaluation_regression` when a run ends clearly
-below its best evaluation.
+below its best evaluation, and :func:`regression_recheck` whether fresh episodes confirm that.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 EVAL_SEED = 10_000
 """Evaluation episodes of a run with seed s use env seeds ``EVAL_SEED + s, ...`` (never a training seed)."""
+RECHECK_SEED = 30_000
+"""A run with seed s that seems to end below its best evaluation scores both policies again on env seeds
+``RECHECK_SEED + s, ...``: episodes that none of its evaluations played (nor ``frugalrl eval``'s default, 20000)."""
 
 
 @dataclass
@@ -36,6 +39,8 @@ class Evaluation:
     std: float
     episodes: int
     deterministic: bool = True
+    returns: list[float] | None = None
+    """Each episode's return, in the order of the episodes' env seeds (when the evaluator kept them)."""
 
 
 Evaluator = Callable[[], Evaluation]
@@ -102,6 +107,25 @@ def evaluation_regression(history: list[dict[str, Any]], tolerance: float = 0.1)
             "drop": drop, "margin": margin, "message": message}
 
 
+def regression_recheck(best: Evaluation, final: Evaluation, tolerance: float = 0.1) -> dict[str, Any]:
+    """Whether fresh episodes confirm a regression that :func:`evaluation_regression` flagged: ``best`` and ``final``
+    are the best-evaluated and the final policies scored on the same new episodes (env seeds), so the best is no
+    longer the luckiest of many evaluations. Confirmed when the best still scores more than ``tolerance`` × its
+    magnitude above the final and more than twice the standard error of the paired differences. A run that seemed to
+    end below its best evaluation (``Training.finish``) scores both on the episodes from ``RECHECK_SEED`` + its seed,
+    and warns only if they confirm it."""
+    if best.returns is None or final.returns is None or len(best.returns) != len(final.returns):
+        raise ValueError("regression_recheck needs both policies' returns on the same episodes")
+    diff = np.asarray(best.returns, dtype=np.float64) - np.asarray(final.returns, dtype=np.float64)
+    error = float(diff.std(ddof=1) / math.sqrt(diff.size)) if diff.size > 1 else 0.0
+    drop = float(diff.mean())
+    margin = max(tolerance * abs(best.mean), 2.0 * error)
+    message = (f"on {diff.size} fresh episodes the best evaluation's policy scores {best.mean:.1f} and the final "
+               f"one {final.mean:.1f}")
+    return {"episodes": int(diff.size), "best": best.mean, "final": final.mean, "drop": drop, "margin": margin,
+            "confirmed": drop > margin, "message": message}
+
+
 def evaluate(
     agent: ActorCritic,
     env_spec: EnvSpec,
@@ -164,13 +188,38 @@ def random_states(env: gym.Env, n: int, seed: int, close: bool = True) -> np.nda
     return np.stack(out)
 
 
-def policy_evaluator(agent: ActorCritic, env_spec: Any, cfg: RunConfig, deterministic: bool = True,
-                     max_steps: int = 100_000) -> Evaluator:
-    """An :data:`Evaluator` running ``cfg.eval_episodes`` episodes of ``agent`` (at most ``max_steps`` steps
-    each) on fresh envs in this process."""
-    def run() -> Evaluation:
-        mean, std, _ = evaluate(agent, env_spec, cfg.eval_episodes, seed=EVAL_SEED + cfg.seed,
-                                deterministic=deterministic, max_steps=max_steps)
-        return Evaluation(mean, std, cfg.eval_episodes, deterministic)
+@dataclass
+class PolicyEvaluator:
+    """An :data:`Evaluator` that plays ``episodes`` episodes of ``agent`` (at most ``max_steps`` steps each) on fresh
+    envs in this process, from env seed ``seed`` (another ``seed`` for one call: other episodes)."""
 
-    return run
+    agent: ActorCritic
+    env_spec: Any
+    episodes: int
+    seed: int
+    deterministic: bool = True
+    max_steps: int = 100_000
+
+    def __call__(self, seed: int | None = None) -> Evaluation:
+        mean, std, returns = evaluate(self.agent, self.env_spec, self.episodes, seed=self.seed if seed is None else seed,
+                                      deterministic=self.deterministic, max_steps=self.max_steps)
+        return Evaluation(mean, std, self.episodes, self.deterministic, returns)
+
+    def compare(self, other: dict[str, Any], seed: int) -> tuple[Evaluation, Evaluation]:
+        """The agent with the weights ``other`` (a state dict) and as it is, on the same episodes from env seed
+        ``seed``; the agent keeps its own weights."""
+        own = {k: v.clone() for k, v in self.agent.state_dict().items()}
+        mine = self(seed=seed)
+        self.agent.load_state_dict(other)
+        try:
+            theirs = self(seed=seed)
+        finally:
+            self.agent.load_state_dict(own)
+        return theirs, mine
+
+
+def policy_evaluator(agent: ActorCritic, env_spec: Any, cfg: RunConfig, deterministic: bool = True,
+                     max_steps: int = 100_000) -> PolicyEvaluator:
+    """The run's :class:`PolicyEvaluator`: ``cfg.eval_episodes`` episodes of ``agent`` from env seed
+    ``EVAL_SEED + cfg.seed``."""
+    return PolicyEvaluator(agent, env_spec, cfg.eval_episodes, EVAL_SEED + cfg.seed, deterministic, max_steps)

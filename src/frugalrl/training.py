@@ -43,7 +43,15 @@ import numpy as np
 import torch
 
 from frugalrl.config import RunConfig
-from frugalrl.evaluation import Evaluation, Evaluator, evaluation_disagreement, evaluation_regression
+from frugalrl.evaluation import (
+    RECHECK_SEED,
+    Evaluation,
+    Evaluator,
+    PolicyEvaluator,
+    evaluation_disagreement,
+    evaluation_regression,
+    regression_recheck,
+)
 from frugalrl.runs import BEST, Run, jsonable, read_checkpoint, read_config
 from frugalrl.sync_state import StallWatch
 
@@ -113,7 +121,10 @@ class RunSummary:
     eval_regression: dict[str, Any] | None
     """Set when the final evaluation is clearly below the run's best one (``best``, ``best_step``, ``final``, ``drop``,
     ``margin``, ``message``; see :func:`~frugalrl.evaluation.evaluation_regression`): the run peaked, then got worse.
-    ``checkpoints/best.pt`` holds the policy of the best evaluation."""
+    ``checkpoints/best.pt`` holds the policy of the best evaluation. Where the run can play both policies again
+    (every algorithm with one agent), ``recheck`` holds their scores on fresh episodes, which confirmed the drop
+    (see :func:`~frugalrl.evaluation.regression_recheck`); a drop they do not confirm was the luck of the best check,
+    and is only logged."""
     sync_stalls: list[dict[str, Any]]
     """Times the run noticed that its training return stopped improving while the workers acted with an old
     policy (``{step, lag, train_return, message}``; see :class:`~frugalrl.sync_state.StallWatch`)."""
@@ -502,6 +513,22 @@ class Training:
                                   "counters": {"env_steps": entry["step"], "evaluation": entry}}, BEST)
         self._eval_seconds += time.monotonic() - t0
 
+    def _recheck(self, regression: dict[str, Any]) -> dict[str, Any] | None:
+        """``regression`` with the ``recheck`` that confirmed it, None if the recheck did not (see
+        :func:`~frugalrl.evaluation.regression_recheck`), unchanged without ``best.pt`` or a :class:`PolicyEvaluator`."""
+        evaluator, path = self._evaluate, self.run.checkpoints / BEST
+        if not isinstance(evaluator, PolicyEvaluator) or evaluator.episodes < 2 or not path.exists():
+            return regression
+        t0 = time.monotonic()
+        recheck = regression_recheck(*evaluator.compare(read_checkpoint(path)["parts"]["agent"],
+                                                        RECHECK_SEED + self.cfg.seed))
+        self._eval_seconds += time.monotonic() - t0
+        if not recheck["confirmed"]:
+            log.info("frugalrl: the final evaluation is below the best one, but %s: the best one was lucky",
+                     recheck["message"])
+            return None
+        return {**regression, "recheck": recheck, "message": f"{regression['message']}; {recheck['message']}"}
+
     @staticmethod
     def _part_state(name: str, part: Stateful) -> Any:
         if name == "envs" and not getattr(part, "replayable", False):
@@ -547,6 +574,8 @@ class Training:
             log.warning("frugalrl: %s", disagreement["message"])
         regression = evaluation_regression(self.eval_history)
         best = self.run.checkpoints / BEST
+        if regression is not None:
+            regression = self._recheck(regression)
         if regression is not None:
             if best.exists():
                 regression["message"] += f"; the policy of that evaluation is {best} (frugalrl eval {self.run.dir} --checkpoint best)"

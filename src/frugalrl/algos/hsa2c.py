@@ -316,7 +316,8 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
     the final weights use the server's average ``v̄`` (the workers still pull ``v``). On LunarLander a
     constant-rate run's greedy return swung between ~90 and ~290 from one check to the next after it had
     learned; the average's stayed within ~255-287 (``benchmarks/results/hsa2c_sweep/average05_check10.json``)."""
-    global_updates: int | None = 300
+    global_updates: int | None = None
+    """Stop after this many global updates; None: ``total_timesteps`` sets the budget (with both, the fewer)."""
     eval_every: int = 20
     eval_every_s: float | None = None
     """Evaluate at the first global update after every this many seconds of training instead of every

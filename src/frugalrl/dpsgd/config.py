@@ -120,6 +120,11 @@ class DPSGDOptions:
         """The DPSGD options of this config, by field name (to build a :class:`DPSGDConfig` from)."""
         return {f.name: getattr(self, f.name) for f in fields(DPSGDOptions)}
 
+    @property
+    def budget_updates(self) -> int | None:
+        """Global updates the run may make (None: until ``time_limit_s``); HSA2C adds its env-step budget."""
+        return self.global_updates
+
     def validate_options(self) -> None:
         """Raise ``ValueError`` naming the class and the first bad DPSGD option."""
         where = type(self).__name__
@@ -144,7 +149,7 @@ class DPSGDOptions:
             _check_int(where, "global_updates", self.global_updates, 1)
         if self.time_limit_s is not None:
             _check_positive(where, "time_limit_s", self.time_limit_s)
-        if self.global_updates is None and self.time_limit_s is None:
+        if self.budget_updates is None and self.time_limit_s is None:
             raise ValueError(f"{where}.global_updates and time_limit_s are both None: the run would never stop")
         for name in ("update_codec", "pull_codec"):
             if getattr(self, name) not in UPDATE_CODECS:
