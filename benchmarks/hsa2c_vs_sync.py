@@ -47,7 +47,7 @@ from dpsgd_speedup import RESULTS, _fmt, first_reach, hsa2c_run, run_record, sav
 from frugalrl.algos import load_policy
 from frugalrl.algos.hsa2c import HSA2CConfig
 from frugalrl.envs.spec import to_env_spec
-from frugalrl.evaluation import evaluate
+from frugalrl.evaluation import FRESH_SEED, evaluate
 from frugalrl.runs import BEST, read_config
 
 ENVS: dict[str, dict[str, Any]] = {
@@ -76,9 +76,6 @@ ENVS: dict[str, dict[str, Any]] = {
 }
 DEFAULT_ENVS = ("CartPole-v1", "LunarLander-v3")
 VARIANTS = ("hsa2c", "a3c", "sync")
-RESCORE_SEED = 20_000
-"""Env seed of the first rescoring episode: ``frugalrl eval``'s default, episodes that no check and no final
-evaluation of a run used (those start at ``EVAL_SEED`` + the run's seed)."""
 NOT_MATCHED = {"ray_address", "run_dir", "run_name", "_meta", "algo"}
 """Config keys a reused run may differ in (``--reuse-runs``): where it ran and what it was called."""
 
@@ -116,8 +113,8 @@ def reused_summary(cfg: HSA2CConfig, finished: list[tuple[dict[str, Any], dict[s
 
 def rescore(run_dir: str | None, episodes: int) -> dict[str, Any] | None:
     """The run's best-checked policy (``checkpoints/best.pt``) and its final one (``latest.pt``) scored again on the
-    same ``episodes`` fresh greedy episodes, as ``frugalrl eval RUN --checkpoint best|latest --episodes N --seed
-    20000`` does. The best check is the luckiest of ~100 noisy ones, so "final / best" against it is biased low;
+    same ``episodes`` fresh greedy episodes (from ``FRESH_SEED``), as ``frugalrl eval RUN --checkpoint best|latest
+    --episodes N`` does. The best check is the luckiest of ~100 noisy ones, so "final / best" against it is biased low;
     against the best policy's score on new episodes it is not. None when the run kept no ``best.pt``."""
     if episodes < 1 or run_dir is None or not (Path(run_dir) / "checkpoints" / BEST).is_file():
         return None
@@ -126,9 +123,9 @@ def rescore(run_dir: str | None, episodes: int) -> dict[str, Any] | None:
     scored = {}
     for name in ("best", "latest"):
         agent, _ = load_policy(run_dir, name)
-        scored[name] = np.array(evaluate(agent, spec, episodes, seed=RESCORE_SEED)[2])
+        scored[name] = np.array(evaluate(agent, spec, episodes, seed=FRESH_SEED)[2])
     best, final = scored["best"], scored["latest"]
-    return {"episodes": episodes, "seed": RESCORE_SEED, "best": float(best.mean()), "final": float(final.mean()),
+    return {"episodes": episodes, "seed": FRESH_SEED, "best": float(best.mean()), "final": float(final.mean()),
             "best_se": float(best.std(ddof=1) / np.sqrt(episodes)) if episodes > 1 else None,
             "final_se": float(final.std(ddof=1) / np.sqrt(episodes)) if episodes > 1 else None,
             # the same episodes (env seeds) for both: the paired difference's standard error

@@ -136,3 +136,12 @@ def test_env_factory_defined_in_the_users_script(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("main ran") == 1
     assert "obs (2, 4)" in done.stdout
+
+
+def test_eval_plays_fresh_episodes_by_default():
+    """``frugalrl eval``'s first env seed is evaluation.FRESH_SEED (written out: the CLI does not import torch)."""
+    from frugalrl.cli import build_parser
+    from frugalrl.evaluation import EVAL_SEED, FRESH_SEED, RECHECK_SEED
+
+    assert build_parser().parse_args(["eval", "run"]).seed == FRESH_SEED
+    assert len({EVAL_SEED, FRESH_SEED, RECHECK_SEED}) == 3

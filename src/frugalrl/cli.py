@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="latest: checkpoints/latest.pt (the end of the run); best: checkpoints/best.pt, the policy "
                          "of the run's best evaluation (default: latest)")
     ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default: 10)")
-    ev.add_argument("--seed", type=int, default=20_000, help="env seed of the first episode (default: 20000)")
+    ev.add_argument("--seed", type=int, default=20_000,  # evaluation.FRESH_SEED (the CLI does not import torch)
+                    help="env seed of the first episode (default: 20000, episodes no run evaluation plays)")
     ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     pl = sub.add_parser("plots", help="(re)draw a run's PNG plots, or overlay several runs in one figure")
     pl.add_argument("run_dirs", nargs="+", metavar="RUN", help="a run directory; several: one overlay figure")

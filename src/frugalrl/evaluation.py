@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
 EVAL_SEED = 10_000
 """Evaluation episodes of a run with seed s use env seeds ``EVAL_SEED + s, ...`` (never a training seed)."""
+FRESH_SEED = 20_000
+"""``frugalrl eval``'s first env seed by default: episodes that no run's evaluations play."""
 RECHECK_SEED = 30_000
 """A run with seed s that seems to end below its best evaluation scores both policies again on env seeds
-``RECHECK_SEED + s, ...``: episodes that none of its evaluations played (nor ``frugalrl eval``'s default, 20000)."""
+``RECHECK_SEED + s, ...``: episodes that none of its evaluations played (nor ``frugalrl eval``'s, ``FRESH_SEED``)."""
 
 
 @dataclass
