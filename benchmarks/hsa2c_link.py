@@ -17,7 +17,8 @@ For each rate it runs ``hsa2c_vs_sync.py --envs LunarLander-v3 --variants hsa2c 
 (same settings, steps, cadence and deferred evaluation; output ``<out>_<rate>.json`` / ``.md``), then
 writes ``<out>.json`` / ``.md`` with each rate's time and bytes to every reference return, the ratio
 A3C / HSA2C of the mean times (> 1: HSA2C is faster), and how many seeds hold what they learned (final policy
-≥ 0.9 × the best-checked one, both scored again on the same fresh episodes; see ``hsa2c_vs_sync``). Needs root, ``ip``/``tc`` and ray.
+≥ 0.9 × the best-checked one, both scored again on the same fresh episodes; see ``hsa2c_vs_sync``). Needs root,
+``ip``/``tc`` and ray.
 """
 
 from __future__ import annotations
@@ -34,9 +35,7 @@ import ray
 from dpsgd_speedup import RESULTS
 
 from frugalrl import netem
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_multinode import RayCluster  # noqa: E402 - the cluster helper lives with the multinode tests
+from frugalrl.ray_hosts import RayCluster
 
 HERE = Path(__file__).resolve().parent
 ENV = "LunarLander-v3"

@@ -26,9 +26,7 @@ import ray
 import torch
 
 from frugalrl import netem
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_multinode import RayCluster  # noqa: E402 - the cluster helper lives with the multinode tests
+from frugalrl.ray_hosts import RayCluster
 
 KINDS = ("observations", "actions", "rewards", "behaviour", "weights", "info", "control")
 
