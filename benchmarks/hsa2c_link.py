@@ -46,8 +46,7 @@ def rate_rows(out: str, rate: str) -> list[dict]:
     d = json.loads((RESULTS / f"{out}.json").read_text())
     keep = ("variant", "target", "time_to_target", "times", "env_steps_per_s", "mb_per_100k_steps", "mb_to_target",
             "best_returns", "final_eval_returns", "last_fifth_mean")
-    rescored = ("final_over_best_rescored",)  # absent from runs before rescoring
-    return [{"rate": rate, **{k: row[k] for k in keep}, **{k: row.get(k) for k in rescored}} for row in d["rows"]]
+    return [{"rate": rate, **{k: row[k] for k in keep}, "rescored": row.get("rescored")} for row in d["rows"]]
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -75,10 +74,10 @@ def ratios(rows: list[dict]) -> list[dict]:
 def holds(row: dict) -> str:
     """How many seeds' final policy scores ≥ 0.9 × their best-checked one on the same fresh episodes (— if not
     rescored)."""
-    ratios = row.get("final_over_best_rescored") or []
-    if not ratios or all(r is None for r in ratios):
+    rescored = row.get("rescored") or []  # absent from runs before rescoring
+    if not any(rescored):
         return "—"
-    return f"{sum(r is not None and r >= 0.9 for r in ratios)}/{len(ratios)}"
+    return f"{sum(bool(r) and (r['final_over_best'] or 0) >= 0.9 for r in rescored)}/{len(rescored)}"
 
 
 def markdown(rows: list[dict], summary: list[dict]) -> str:

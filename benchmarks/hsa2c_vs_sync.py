@@ -47,8 +47,8 @@ from dpsgd_speedup import RESULTS, _fmt, first_reach, hsa2c_run, run_record, sav
 from frugalrl.algos import load_policy
 from frugalrl.algos.hsa2c import HSA2CConfig
 from frugalrl.envs.spec import to_env_spec
-from frugalrl.evaluation import FRESH_SEED, evaluate
-from frugalrl.runs import BEST, read_config
+from frugalrl.evaluation import FRESH_SEED, PolicyEvaluator, regression_recheck
+from frugalrl.runs import BEST, read_checkpoint, read_config
 
 ENVS: dict[str, dict[str, Any]] = {
     # reference returns, env-step budget, time limit (s; a guard), evaluation period (training seconds), settings
@@ -100,7 +100,7 @@ def finished_runs(dirs: list[str]) -> list[tuple[dict[str, Any], dict[str, Any]]
     out = []
     for d in map(Path, dirs):
         if not (d / "summary.json").is_file() or not (d / "config.json").is_file():
-            raise SystemExit(f"--reuse-runs: {d} has no config.json and summary.json (the run did not finish)")
+            raise SystemExit(f"--reuse-runs: {d} lacks config.json or summary.json (the run did not finish)")
         out.append((json.loads((d / "config.json").read_text()), json.loads((d / "summary.json").read_text())))
     return out
 
@@ -113,24 +113,21 @@ def reused_summary(cfg: HSA2CConfig, finished: list[tuple[dict[str, Any], dict[s
 
 def rescore(run_dir: str | None, episodes: int) -> dict[str, Any] | None:
     """The run's best-checked policy (``checkpoints/best.pt``) and its final one (``latest.pt``) scored again on the
-    same ``episodes`` fresh greedy episodes (from ``FRESH_SEED``), as ``frugalrl eval RUN --checkpoint best|latest
-    --episodes N`` does. The best check is the luckiest of ~100 noisy ones, so "final / best" against it is biased low;
-    against the best policy's score on new episodes it is not. None when the run kept no ``best.pt``."""
+    same ``episodes`` fresh greedy episodes (from ``FRESH_SEED``, ``frugalrl eval``'s), as a run rechecks a
+    regression (:meth:`PolicyEvaluator.compare`, :func:`regression_recheck`). The best check is the luckiest of ~100
+    noisy ones, so "final / best" against it is biased low; against the best policy's score on new episodes it is
+    not. None when the run kept no ``best.pt``."""
     if episodes < 1 or run_dir is None or not (Path(run_dir) / "checkpoints" / BEST).is_file():
         return None
     config = read_config(run_dir)
-    spec = to_env_spec(config["env"], config.get("env_kwargs") or {})
-    scored = {}
-    for name in ("best", "latest"):
-        agent, _ = load_policy(run_dir, name)
-        scored[name] = np.array(evaluate(agent, spec, episodes, seed=FRESH_SEED)[2])
-    best, final = scored["best"], scored["latest"]
-    return {"episodes": episodes, "seed": FRESH_SEED, "best": float(best.mean()), "final": float(final.mean()),
-            "best_se": float(best.std(ddof=1) / np.sqrt(episodes)) if episodes > 1 else None,
-            "final_se": float(final.std(ddof=1) / np.sqrt(episodes)) if episodes > 1 else None,
-            # the same episodes (env seeds) for both: the paired difference's standard error
-            "difference_se": float((final - best).std(ddof=1) / np.sqrt(episodes)) if episodes > 1 else None,
-            "final_over_best": float(final.mean() / best.mean()) if best.mean() > 0 else None}
+    final_agent, _ = load_policy(run_dir, "latest")
+    evaluator = PolicyEvaluator(final_agent, to_env_spec(config["env"], config.get("env_kwargs") or {}), episodes,
+                                FRESH_SEED)
+    best, final = evaluator.compare(read_checkpoint(run_dir, BEST)["parts"]["agent"], FRESH_SEED)
+    check = regression_recheck(best, final)
+    return {"episodes": episodes, "seed": FRESH_SEED, "best": best.mean, "final": final.mean,
+            "difference_se": check["error"],  # the same episodes for both: the paired difference's standard error
+            "final_over_best": final.mean / best.mean if best.mean > 0 else None}
 
 
 def with_rescore(record: dict[str, Any], episodes: int) -> dict[str, Any]:
@@ -168,7 +165,6 @@ def summarise(env: str, label: str, config: dict[str, Any], runs: list[dict[str,
         "best_returns": bests,
         "final_eval_returns": finals,
         "final_over_best": [f / b if b > 0 else None for f, b in zip(finals, bests, strict=True)],
-        "final_over_best_rescored": [(r.get("rescored") or {}).get("final_over_best") for r in runs],
         "rescored": [r.get("rescored") for r in runs],
         "last_fifth": tails,
         "last_fifth_mean": float(np.mean([t["mean"] for t in tails])),

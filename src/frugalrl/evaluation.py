@@ -124,8 +124,8 @@ def regression_recheck(best: Evaluation, final: Evaluation, tolerance: float = 0
     margin = max(tolerance * abs(best.mean), 2.0 * error)
     message = (f"on {diff.size} fresh episodes the best evaluation's policy scores {best.mean:.1f} and the final "
                f"one {final.mean:.1f}")
-    return {"episodes": int(diff.size), "best": best.mean, "final": final.mean, "drop": drop, "margin": margin,
-            "confirmed": drop > margin, "message": message}
+    return {"episodes": int(diff.size), "best": best.mean, "final": final.mean, "drop": drop, "error": error,
+            "margin": margin, "confirmed": drop > margin, "message": message}
 
 
 def evaluate(
