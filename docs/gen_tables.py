@@ -392,6 +392,8 @@ def t_headline(where: str) -> list[Table]:
     ls, up, a3, t6 = Source("learning_suite"), Source("uplink"), Source("aaps_3seeds"), Source("compress_table6")
     pc, psa, ps = Source("pipeline_carracing"), Source("pipeline_carracing_sa"), Source("pipeline_suite")
     lda, hs, tp = Source("lda_baselines_large_seed0"), Source("hsa2c_vs_sync_library_defaults"), Source("throughput")
+    ar = Source("a2c_reference_1m_defaults")
+    ar_h, ar_s = (next(("rows", i) for i, r in enumerate(ar("rows")) if r["variant"] == v) for v in ("hsa2c", "sb3-zoo"))
     ll = ("table", "LunarLander-v3", "variants")
     chain = len(t6("rows")) - 1
     w1, g1 = method_path(lda, "dpsvi-w1p1"), method_path(lda, "gensim-w1")
@@ -452,6 +454,10 @@ def t_headline(where: str) -> list[Table]:
           hs.num("rows", hsa2c, "mb_to_target", fmt=".0f"), " vs ", hs.num("rows", a3c, "mb_to_target", fmt=".0f"),
           " MB"],
          link(hs, "dpsgd.md")],
+        [["HSA2C (B = 10, its defaults) vs Stable-Baselines3 A2C (rl-zoo), LunarLander-v3, 1M steps, 5 seeds"],
+         ["return ", *pm(ar, (*ar_h, "mean"), (*ar_h, "std")), " vs ", *pm(ar, (*ar_s, "mean"), (*ar_s, "std")),
+          " in ", cross(ar, (*ar_h, "train_s_mean"), ar, (*ar_s, "train_s_mean"), ".2f", suffix="×"), " the training time"],
+         link(ar, "benchmarks.md")],
         [["ClusterEnv `step()` vs Gymnasium's AsyncVectorEnv, LunarLander-v3, 2 processes"],
          [tp.num("results", "LunarLander-v3", "ratios", "head_vs_async", fmt=".2f", suffix="×"), " the env steps/s"],
          link(tp, "benchmarks.md")],

@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from frugalrl.algos import ALGORITHMS, algorithm, resume
-from frugalrl.runs import read_metrics
-from frugalrl.training import RunSummary
+from frugalrl.runs import RunSummary, read_metrics
 
 QUIET = {"progress": False, "tensorboard": False, "plots": False, "eval_episodes": 2}
 

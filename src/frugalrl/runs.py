@@ -6,7 +6,7 @@ Layout of ``runs/<name>/``::
     metrics.jsonl      one JSON row per logged update (also the source of the plots)
     events.out.tfevents.*   TensorBoard
     checkpoints/       latest.pt: what ``--resume`` continues from (and ``frugalrl eval`` scores)
-    summary.json       the run summary (:class:`frugalrl.training.RunSummary`)
+    summary.json       the run summary (:class:`RunSummary`)
     plots/*.png        return vs steps and vs time, syncs per worker, bytes by kind, bytes per env step over time,
                        KL vs δ with the sync events (AAPS runs)
 
@@ -22,7 +22,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,73 @@ CHECKPOINT = "latest.pt"
 """The checkpoint ``--resume`` and ``frugalrl eval`` read, in ``<run>/checkpoints/``."""
 BEST = "best.pt"
 """The policy of the run's best evaluation so far (``frugalrl eval RUN --checkpoint best``), beside ``latest.pt``."""
+
+
+@dataclass
+class RunSummary:
+    """What every run reports (``summary.json``); ``details`` holds what only one algorithm has."""
+
+    algo: str
+    env_id: str
+    seed: int
+    env_steps: int
+    """Env steps taken in all (resumed segments included)."""
+    updates: int
+    """Learner updates: PPO and IMPALA updates, pipeline iterations, HSA2C global updates."""
+    wall_seconds: float
+    """Seconds from start to end, evaluation included (startup of workers excluded)."""
+    train_seconds: float
+    """Seconds of training: ``wall_seconds`` without evaluation."""
+    steps_per_second: float
+    """``env_steps / train_seconds``."""
+    eval_return_mean: float
+    """Mean return of the final evaluation (deterministic actions: the mode of the policy's distribution)."""
+    eval_return_std: float
+    eval_episodes: int
+    eval_deterministic: bool
+    """Whether ``eval_return_mean`` comes from deterministic (mode) actions."""
+    stochastic_return_mean: float | None
+    """Mean return of a final evaluation that samples its actions from the policy (None where not made)."""
+    stochastic_return_std: float | None
+    eval_history: list[dict[str, Any]]
+    """Every evaluation: ``{step, seconds, mean, std}`` (seconds of training)."""
+    train_return_mean_last100: float | None
+    """Mean return of the last 100 training episodes (the workers' behaviour policy)."""
+    episodes: int
+    """Training episodes finished."""
+    stop_reason: str
+    """'budget' (all steps or updates done), 'target_return', or what the algorithm reports."""
+    target_return: float | None
+    time_to_target: dict[str, Any] | None
+    """``{step, seconds}`` of the first evaluation at or above ``target_return``."""
+    weight_syncs: dict[str, Any]
+    """``{total, per_worker}``: weight messages sent to workers."""
+    bytes: dict[str, Any]
+    """Bytes on the wire by kind, ``total``, ``up`` / ``down`` by kind, ``per_worker``, ``messages``."""
+    restarts: int
+    """Workers replaced after a failure."""
+    policy_lag_mean: float | None
+    """Mean learner-minus-behaviour policy version of the training data (None where it has no meaning)."""
+    resumes: list[dict[str, Any]]
+    """One entry per resume: ``{step, at, envs}`` (``envs``: 'restored', 'reset' or a list of envs reset)."""
+    eval_disagreement: dict[str, Any] | None
+    """Set when the final evaluation contradicts the training curve (see :func:`~frugalrl.evaluation.evaluation_disagreement`)."""
+    eval_regression: dict[str, Any] | None
+    """Set when the final evaluation is clearly below the run's best one (``best``, ``best_step``, ``final``, ``drop``,
+    ``margin``, ``message``; see :func:`~frugalrl.evaluation.evaluation_regression`): the run peaked, then got worse.
+    ``checkpoints/best.pt`` holds the policy of the best evaluation. Where the run can play both policies again
+    (every algorithm with one agent), ``recheck`` holds their scores on fresh episodes, which confirmed the drop
+    (see :func:`~frugalrl.evaluation.regression_recheck`); a drop they do not confirm was the luck of the best check,
+    and is only logged."""
+    sync_stalls: list[dict[str, Any]]
+    """Times the run noticed that its training return stopped improving while the workers acted with an old
+    policy (``{step, lag, train_return, message}``; see :class:`~frugalrl.sync_state.StallWatch`)."""
+    run_dir: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return jsonable(asdict(self))
 
 
 def jsonable(obj: Any) -> Any:
