@@ -234,11 +234,13 @@ def test_mix_policy_extremes_and_rate(cartpole_obs: torch.Tensor) -> None:
         mix.set_alpha(0.0)
         assert all(torch.equal(mix.dist_params(cartpole_obs), p_large) for _ in range(20))
         mix.set_alpha(0.3)
+        # the same 4-state batch through each network: a matmul's rounding may depend on the batch size
+        q_small, q_large = small.dist_params(cartpole_obs[:4]), large.dist_params(cartpole_obs[:4])
         n, picks = 2000, 0
         for _ in range(n):
             out = mix.dist_params(cartpole_obs[:4])
-            is_small = torch.equal(out, p_small[:4])
-            assert is_small or torch.equal(out, p_large[:4])
+            is_small = torch.equal(out, q_small)
+            assert is_small or torch.equal(out, q_large)
             assert is_small == (mix.last_choice == "small")
             picks += is_small
     assert picks / n == pytest.approx(0.3, abs=0.04)
