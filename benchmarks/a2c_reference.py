@@ -2,21 +2,33 @@
 
     python benchmarks/a2c_reference.py                       # LunarLander-v3, 200k steps (rl-zoo's budget), 3 seeds
     python benchmarks/a2c_reference.py --steps 1000000 --seeds 1 --out a2c_reference_1m
+    python benchmarks/a2c_reference.py --env MinAtar-Breakout --steps 2000000 --variants sb3-zoo hsa2c a3c --out x
+    python benchmarks/a2c_reference.py --env ALE-Breakout --steps 500000 --variants sb3-zoo hsa2c --out y
 
 The question is whether frugalrl's A2C learns as much per env step as a reference library. Variants, every one
-run for ``--steps`` env steps and scored by frugalrl's evaluation protocol (10 greedy / deterministic episodes on
-envs seeded ``EVAL_SEED + seed + i``):
+run for ``--steps`` env steps and scored by frugalrl's evaluation protocol (10 episodes on envs seeded
+``EVAL_SEED + seed + i``, greedy / deterministic and sampled, each cut at the env's ``eval_max_steps``):
 
-- ``sb3-zoo``: ``stable_baselines3.A2C`` with rl-zoo's ``LunarLander-v2`` entry (``ZOO`` below: 8 envs, 5-step
-  rollouts, γ 0.995, linear learning rate from 8.3e-4, entropy 1e-5; SB3's defaults otherwise: RMSprop with
-  α 0.99, ε 1e-5, gradient norm 0.5, value coefficient 0.5, separate 64-64 tanh networks, orthogonal init);
-- ``a2c-zoo``: frugalrl's A2C (:class:`~frugalrl.algos.hsa2c.A2CProblem`) with the same settings, as one
-  DPSGD worker with one process, B = 1 and Alg. 1's plain master step (ρ = 1, no momentum, no averaging, no
-  reward scaling), and ``vf_coef`` 1 (frugalrl's value loss is ½ MSE, SB3's MSE): the same algorithm as SB3's
-  (``tests/test_a2c_sb3_replay.py`` checks the update is SB3's, weight for weight), so the two differ only by
-  their random draws;
-- ``hsa2c`` and ``a3c``: ``hsa2c_vs_sync``'s LunarLander runs (2 workers, HSA2C's defaults and the env's
-  settings; B = 10 and B = 1), so a gap between these and ``a2c-zoo`` is the cost of those defaults.
+- ``sb3-zoo``: ``stable_baselines3.A2C`` with rl-zoo's entry for the env (``ENVS`` below). LunarLander: its
+  ``LunarLander-v2`` entry (8 envs, 5-step rollouts, γ 0.995, linear learning rate from 8.3e-4, entropy 1e-5; SB3's
+  defaults otherwise: RMSprop with α 0.99, ε 1e-5, gradient norm 0.5, value coefficient 0.5, separate 64-64 tanh
+  networks, orthogonal init); CartPole and Acrobot: theirs (8 envs, entropy 0; 16 envs, entropy 0, VecNormalize
+  of observations and rewards, its statistics frozen for the evaluation). Pixels: its ``atari`` entry (16 envs, 5-step rollouts, entropy 0.01, value coefficient
+  0.25, TF-like RMSprop with ε 1e-5, learning rate 7e-4; on ALE its ``AtariWrapper``'s training signal: a lost life
+  ends the learner's episode, FIRE starts each life, rewards are clipped to their sign) with the same
+  network as frugalrl's (ALE: the Nature-CNN, SB3's ``CnnPolicy``; MinAtar: the MinAtar paper's CNN, as a features
+  extractor of SB3's, ``learning_suite.grid_extractor``). The env is frugalrl's (ALE: ``make_atari``, sticky
+  actions), so both libraries see the same game, and both are evaluated on the plain game (every life, no automatic
+  FIRE);
+- ``a2c-zoo`` (LunarLander only): frugalrl's A2C (:class:`~frugalrl.algos.hsa2c.A2CProblem`) with the same
+  settings, as one DPSGD worker with one process, B = 1 and Alg. 1's plain master step (ρ = 1, no momentum, no
+  averaging, no reward scaling), and ``vf_coef`` 1 (frugalrl's value loss is ½ MSE, SB3's MSE): the same algorithm
+  as SB3's (``tests/test_a2c_sb3_replay.py`` checks the update is SB3's, weight for weight), so the two differ only
+  by their random draws;
+- ``hsa2c`` and ``a3c``: 2 workers with HSA2C's defaults (the env's ``hsa2c_vs_sync`` settings), B = 10 and B = 1
+  (DDRL A3C), so a gap between these and ``sb3-zoo`` is what frugalrl's defaults cost or gain. Their rows also give
+  the bytes on the wire;
+- ``random``: uniform random actions on the same evaluation episodes, no training: the floor to read the others by.
 
 Results: ``benchmarks/results/<out>.json`` and ``.md`` (``--out``, default ``a2c_reference``).
 """
@@ -30,90 +42,203 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from dpsgd_speedup import _fmt, hsa2c_run, save_results, timed_hsa2c
-from hsa2c_vs_sync import ENVS
-from learning_suite import evaluate_sb3
+from dpsgd_speedup import RESULTS, _fmt, hsa2c_run, save_results, timed_hsa2c
+from hsa2c_vs_sync import ENVS as TIMED_ENVS
+from learning_suite import evaluate_sb3, grid_extractor
 
 from frugalrl.envs.spec import to_env_spec
 
-ENV = "LunarLander-v3"
 ZOO: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/a2c.yml, LunarLander-v2 (n_timesteps 2e5)
     "n_envs": 8, "gamma": 0.995, "n_steps": 5, "learning_rate": "lin_0.00083", "ent_coef": 0.00001,
 }
-VARIANTS = ("sb3-zoo", "a2c-zoo", "hsa2c", "a3c")
+ZOO_ATARI: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/a2c.yml, atari (frame_stack 4, AtariWrapper)
+    "n_envs": 16, "ent_coef": 0.01, "vf_coef": 0.25,
+}
+ENVS: dict[str, dict[str, Any]] = {
+    # env factory and kwargs, rl-zoo's entry, SB3's policy, the evaluation's step cap
+    "LunarLander-v3": {"zoo": ZOO, "policy": "mlp", "eval_max_steps": 1000},
+    "CartPole-v1": {"zoo": {"n_envs": 8, "ent_coef": 0.0}, "policy": "mlp", "eval_max_steps": 500},
+    "Acrobot-v1": {"zoo": {"normalize": True, "n_envs": 16, "ent_coef": 0.0}, "policy": "mlp", "eval_max_steps": 500},
+    "MinAtar-Breakout": {"env": TIMED_ENVS["MinAtar-Breakout"]["env"],
+                         "env_kwargs": TIMED_ENVS["MinAtar-Breakout"]["settings"]["env_kwargs"],
+                         "zoo": ZOO_ATARI, "policy": "grid", "eval_max_steps": 10_000},  # MinAtar's own cap
+    # 4500 steps of 4 frames: the 5 minutes of play that Mnih et al. (2015) capped an evaluation episode at
+    "ALE-Breakout": {"env": "frugalrl.envs.atari:make_atari", "env_kwargs": {"env_id": "ALE/Breakout-v5"},
+                     "zoo": ZOO_ATARI, "policy": "cnn", "eval_max_steps": 4500},
+}
+VARIANTS = ("sb3-zoo", "a2c-zoo", "hsa2c", "a3c", "random")
 
 
-def sb3_run(seed: int, steps: int) -> dict[str, Any]:
-    """SB3's A2C with ``ZOO``; its final deterministic return on frugalrl's evaluation episodes."""
+def env_of(name: str) -> tuple[str, dict[str, Any]]:
+    """The env factory (or Gymnasium id) and kwargs of the ``ENVS`` entry ``name``."""
+    spec = ENVS[name]
+    return spec.get("env", name), dict(spec.get("env_kwargs", {}))
+
+
+def atari_training_wrappers(env: Any) -> Any:
+    """What SB3's ``AtariWrapper`` (rl-zoo's ``env_wrapper``) does to training beyond frugalrl's preprocessing (no-op
+    starts, frame skip with max-pooling and 84×84 frames are ``make_atari``'s already): a lost life ends the episode
+    for the learner, FIRE starts every life, rewards are clipped to their sign. Evaluation plays the plain game."""
+    from stable_baselines3.common.atari_wrappers import ClipRewardEnv, EpisodicLifeEnv, FireResetEnv
+
+    env = EpisodicLifeEnv(env)
+    if "FIRE" in env.unwrapped.get_action_meanings():
+        env = FireResetEnv(env)
+    return ClipRewardEnv(env)
+
+
+def sb3_run(env: str, seed: int, steps: int) -> dict[str, Any]:
+    """SB3's A2C with rl-zoo's entry for ``env``; its final deterministic and sampled returns on frugalrl's
+    evaluation episodes."""
     import stable_baselines3
     from stable_baselines3 import A2C
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+    from stable_baselines3.common.vec_env import VecNormalize
 
-    hp = dict(ZOO)
-    start = float(hp.pop("learning_rate")[4:])
-    env_spec = to_env_spec(ENV)
-    venv = make_vec_env(env_spec.make, n_envs=hp.pop("n_envs"), seed=seed)
-    model = A2C("MlpPolicy", venv, seed=seed, device="cpu", learning_rate=lambda progress: progress * start, **hp)
+    spec = ENVS[env]
+    hp = dict(spec["zoo"])
+    env_spec = to_env_spec(*env_of(env))
+    pixels = spec["policy"] != "mlp"
+    normalize = hp.pop("normalize", False)
+    venv = make_vec_env(env_spec.make, n_envs=hp.pop("n_envs"), seed=seed,
+                        wrapper_class=atari_training_wrappers if spec["policy"] == "cnn" else None)
+    if normalize:  # rl-zoo's `normalize: true`: observations and rewards, frozen statistics at evaluation
+        venv = VecNormalize(venv, gamma=hp.get("gamma", 0.99))
+    if isinstance(hp.get("learning_rate"), str):  # "lin_<start>": linear to 0
+        start = float(hp.pop("learning_rate")[4:])
+        hp["learning_rate"] = lambda progress: progress * start
+    policy, kwargs = "MlpPolicy", {}
+    if pixels:
+        kwargs = {"optimizer_class": RMSpropTFLike, "optimizer_kwargs": {"eps": 1e-5}}
+        if spec["policy"] == "cnn":
+            policy = "CnnPolicy"
+        else:
+            kwargs.update(features_extractor_class=grid_extractor(), net_arch=[], normalize_images=False)
+    model = A2C(policy, venv, seed=seed, device="cpu", policy_kwargs=kwargs or None, **hp)
     t0 = time.monotonic()
     model.learn(total_timesteps=steps)
     train_s = time.monotonic() - t0
-    final, final_std = evaluate_sb3(model, env_spec, seed, True, None)
-    return {"seed": seed, "final_eval_return": final, "final_eval_std": final_std, "env_steps": int(model.num_timesteps),
-            "train_s": train_s, "sb3": stable_baselines3.__version__}
+    cap = spec["eval_max_steps"]
+    vecnorm = venv if normalize else None
+    final, final_std = evaluate_sb3(model, env_spec, seed, True, vecnorm, cap)
+    stochastic, _ = evaluate_sb3(model, env_spec, seed, False, vecnorm, cap)
+    return {"seed": seed, "final_eval_return": final, "final_eval_std": final_std, "stochastic_return": stochastic,
+            "env_steps": int(model.num_timesteps), "train_s": train_s, "sb3": stable_baselines3.__version__}
 
 
-def frugal_run(variant: str, seed: int, steps: int, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """frugalrl's A2C as ``variant``; its final greedy return on the same evaluation episodes."""
-    spec = ENVS[ENV]
-    common = {"total_timesteps": steps, "seed": seed}
+class UniformPolicy:
+    """Uniform random actions, answering SB3's ``predict``: the floor every learner's return is read against."""
+
+    def __init__(self, space: Any, seed: int) -> None:
+        self.space = space
+        self.space.seed(seed)
+
+    def predict(self, obs: Any, deterministic: bool = False) -> tuple[Any, None]:
+        return self.space.sample(), None
+
+
+def random_run(env: str, seed: int) -> dict[str, Any]:
+    """Uniform random actions on the evaluation episodes the learners are scored on (no training)."""
+    env_spec = to_env_spec(*env_of(env))
+    probe = env_spec.make()
+    space = probe.action_space
+    probe.close()
+    final, final_std = evaluate_sb3(UniformPolicy(space, seed), env_spec, seed, False, None,
+                                    ENVS[env]["eval_max_steps"])
+    return {"seed": seed, "final_eval_return": final, "final_eval_std": final_std, "stochastic_return": final,
+            "env_steps": 0, "train_s": 0.0}
+
+
+def frugal_run(env: str, variant: str, seed: int, steps: int, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """frugalrl's A2C as ``variant``; its final greedy and sampled returns on the same evaluation episodes."""
+    spec = ENVS[env]
+    name, env_kwargs = env_of(env)
+    common = {"total_timesteps": steps, "seed": seed, "eval_max_steps": spec["eval_max_steps"]}
     if variant == "a2c-zoo":
-        cfg = timed_hsa2c(ENV, 3600.0, 1e9, 1, workers=1, processes=1, local_steps=1, rho=1.0, momentum=0.0,
+        if env != "LunarLander-v3":
+            raise SystemExit("a2c-zoo replays rl-zoo's LunarLander entry only (--env LunarLander-v3)")
+        cfg = timed_hsa2c(name, 3600.0, 1e9, 1, workers=1, processes=1, local_steps=1, rho=1.0, momentum=0.0,
                           average=0.0, norm_reward=False, envs_per_process=ZOO["n_envs"], k=ZOO["n_steps"],
                           gamma=ZOO["gamma"], ent_coef=ZOO["ent_coef"], eta=float(ZOO["learning_rate"][4:]),
                           eta_anneal=1.0, vf_coef=1.0, **common)  # ½ MSE × 1 = SB3's MSE × 0.5
     else:
-        cfg = timed_hsa2c(ENV, 3600.0, 1e9, 1, workers=2, processes=1, local_steps=10 if variant == "hsa2c" else 1,
-                          **spec["settings"], **common)
+        timed = TIMED_ENVS.get(env, {}).get("settings", {})
+        cfg = timed_hsa2c(name, 36_000.0, 1e9, 1, workers=2, processes=1, local_steps=10 if variant == "hsa2c" else 1,
+                          **{**timed, "env_kwargs": env_kwargs}, **common)
     cfg = replace(cfg, deferred_eval=False, eval_every=10**9, eval_every_s=None, **(settings or {}))
     t0 = time.monotonic()
     rec = hsa2c_run(cfg, 0.0)
-    return {"seed": seed, "final_eval_return": rec["final_eval_return"], "env_steps": rec["env_steps"],
-            "train_s": rec["env_steps"] / rec["env_steps_per_s"], "wall_s": time.monotonic() - t0,
+    return {"seed": seed, "final_eval_return": rec["final_eval_return"], "stochastic_return": rec["stochastic_return"],
+            "env_steps": rec["env_steps"], "train_s": rec["env_steps"] / rec["env_steps_per_s"],
+            "wall_s": time.monotonic() - t0, "bytes_total": rec["bytes_total"],
             "config": {k: getattr(cfg, k) for k in ("workers", "local_steps", "rho", "momentum", "average",
                                                      "norm_reward", "envs_per_process", "k", "gamma", "ent_coef",
-                                                     "eta", "eta_anneal", "max_grad_norm", "vf_coef", "hidden")}}
+                                                     "eta", "eta_anneal", "max_grad_norm", "vf_coef", "hidden",
+                                                     "net")}}
+
+
+def _row(variant: str, rs: list[dict[str, Any]]) -> dict[str, Any]:
+    finals = [r["final_eval_return"] for r in rs]
+    sampled = [r.get("stochastic_return") for r in rs]
+    row = {"variant": variant, "finals": finals, "mean": float(np.mean(finals)), "std": float(np.std(finals)),
+           "train_s_mean": float(np.mean([r["train_s"] for r in rs])), "runs": rs}
+    if all(x is not None for x in sampled):
+        row.update(stochastic=sampled, stochastic_mean=float(np.mean(sampled)), stochastic_std=float(np.std(sampled)))
+    if all("bytes_total" in r for r in rs):
+        row["mb_mean"] = float(np.mean([r["bytes_total"] for r in rs])) / 1e6
+    return row
+
+
+def markdown(rows: list[dict[str, Any]], steps: int) -> str:
+    """One line per variant."""
+    lines = [f"| variant | final return at {steps:,} env steps, greedy (mean ± std) | per seed | sampled actions "
+             "(mean ± std) | MB on the wire | train s (mean) |", "|---|---:|---|---:|---:|---:|"]
+    for r in rows:
+        sampled = (f"{r['stochastic_mean']:.1f} ± {r['stochastic_std']:.1f}" if "stochastic_mean" in r else "—")
+        lines.append(f"| {r['variant']} | {r['mean']:.1f} ± {r['std']:.1f} | "
+                     f"{' '.join(f'{x:.0f}' for x in r['finals'])} | {sampled} | {_fmt(r.get('mb_mean'))} | "
+                     f"{_fmt(r['train_s_mean'] or None)} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", default="LunarLander-v3", choices=list(ENVS))
     ap.add_argument("--steps", type=int, default=200_000)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--settings", default="{}", help="JSON of HSA2CConfig fields over every frugalrl variant")
     ap.add_argument("--out", default="a2c_reference")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of <out>.json of the variants not run now (e.g. to rerun only the reference)")
     args = ap.parse_args(argv)
     started = time.time()
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants}
+    kept: dict[str, dict[str, Any]] = {}
+    if args.merge:
+        old = json.loads((RESULTS / f"{args.out}.json").read_text())
+        if old["env"] != args.env or old["steps"] != args.steps:
+            raise SystemExit(f"--merge: {args.out}.json ran {old['env']} for {old['steps']} steps")
+        kept = {r["variant"]: {**r, "from_run": old["command"]} for r in old["rows"] if r["variant"] not in runs}
     settings = json.loads(args.settings)
     for seed in args.seeds:  # seed-major: the variants of one seed back to back
         for v in args.variants:
-            r = sb3_run(seed, args.steps) if v == "sb3-zoo" else frugal_run(v, seed, args.steps, settings)
+            if v == "sb3-zoo":
+                r = sb3_run(args.env, seed, args.steps)
+            elif v == "random":
+                r = random_run(args.env, seed)
+            else:
+                r = frugal_run(args.env, v, seed, args.steps, settings)
             runs[v].append(r)
-            print(f"  {v} seed {seed}: final {r['final_eval_return']:.1f} after {r['env_steps']} steps, "
-                  f"{_fmt(r['train_s'])} s", flush=True)
-    rows = []
-    for v, rs in runs.items():
-        finals = [r["final_eval_return"] for r in rs]
-        rows.append({"variant": v, "finals": finals, "mean": float(np.mean(finals)), "std": float(np.std(finals)),
-                     "train_s_mean": float(np.mean([r["train_s"] for r in rs])), "runs": rs})
-    lines = [f"| variant | final return at {args.steps:,} env steps (mean ± std) | per seed | train s (mean) |",
-             "|---|---:|---|---:|"]
-    for r in rows:
-        lines.append(f"| {r['variant']} | {r['mean']:.1f} ± {r['std']:.1f} | "
-                     f"{' '.join(f'{x:.0f}' for x in r['finals'])} | {r['train_s_mean']:.1f} |")
-    md = "\n".join(lines)
-    save_results(args.out, f"A2C against SB3 A2C (rl-zoo) on {ENV}", {"env": ENV, "steps": args.steps,
-                                                                      "zoo": ZOO, "rows": rows}, md, started)
+            print(f"  {v} seed {seed}: final {r['final_eval_return']:.1f} (sampled {_fmt(r['stochastic_return'])}) "
+                  f"after {r['env_steps']} steps, {_fmt(r['train_s'])} s", flush=True)
+    rows = [kept.get(v) or _row(v, runs[v]) for v in VARIANTS if v in runs or v in kept]
+    md = markdown(rows, args.steps)
+    zoo = ENVS[args.env]["zoo"]
+    save_results(args.out, f"A2C against SB3 A2C (rl-zoo) on {args.env}",
+                 {"env": args.env, "env_spec": env_of(args.env), "steps": args.steps, "zoo": zoo,
+                  "eval_max_steps": ENVS[args.env]["eval_max_steps"], "rows": rows}, md, started)
     print(md)
     return 0
 

@@ -188,6 +188,7 @@ def run_record(cfg: HSA2CConfig, s: dict[str, Any], target: float) -> dict[str, 
         "starts_at_target": curve[0][1] >= target,  # the initial weights already do it: time 0 says nothing
         "best_return": max(v for _, v in curve),
         "final_eval_return": s["eval_return_mean"],
+        "stochastic_return": s.get("stochastic_return_mean"),
         "global_updates": s["details"]["global_updates"],
         "env_steps": s["env_steps"],
         "env_steps_per_s": s["steps_per_second"],

@@ -64,10 +64,11 @@ ENVS: dict[str, dict[str, Any]] = {
         # reached it on 5 of 5 (hsa2c_vs_sync_library_defaults.json).
         "settings": {},
     },
-    # HSA2C's defaults (an MLP on the 10×10×4 grid, as PPO's and IMPALA's MinAtar rows); not in the default --envs
+    # HSA2C's defaults (since 2026-11-25 the MinAtar paper's CNN on the 10×10×4 grid; before, an MLP: add
+    # {"net": "mlp"} with --settings to replay hsa2c_vs_sync_minatar.json); not in the default --envs
     "MinAtar-Breakout": {
         "env": "frugalrl.envs.minatar:make_minatar",
-        "targets": [5.0],
+        "targets": [5.0, 10.0],
         "steps": 1_000_000,
         "budget_s": 900.0,
         "eval_every_s": 5.0,

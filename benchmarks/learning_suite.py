@@ -14,7 +14,8 @@ seeds 10000 + seed + i, every tenth of the run and at the end; evaluation time i
 - ``frugal-every-fp32``: the same with weights sent to every worker after every update, in fp32;
 - ``sb3-zoo``: SB3's PPO with rl-baselines3-zoo's hyperparameters for the env (``ZOO`` below, read from
   ``hyperparams/ppo.yml`` of rl-baselines3-zoo at commit 22e3ff2; VecNormalize where the zoo normalises).
-  MinAtar has no zoo entry: SB3 gets frugalrl's preset there.
+  MinAtar has no zoo entry: SB3 gets frugalrl's preset there, and frugalrl's network (the MinAtar paper's CNN,
+  :func:`grid_extractor`; both sides had an MLP until 2026-11-25).
 - ``impala-copy``, ``impala-int8``, ``impala-full``: ``frugalrl train impala`` with its defaults (and the env's
   impala preset, if any), AAPS on (δ = 0.05, max lag 20), actors running an exact learner copy, ``int8,onnx``,
   or ``prune:0.5,distill,int8,onnx``, with the default Monitor (the compression guard). Their budget is the
@@ -203,6 +204,8 @@ def _sb3_main(key: str, seed: int) -> None:
     kwargs = dict(hp.pop("policy_kwargs", {}))
     if kwargs.get("activation_fn") == "relu":
         kwargs["activation_fn"] = torch.nn.ReLU
+    if spec["env"] == MINATAR:  # the network frugalrl's --net auto gives MinAtar
+        kwargs.update(features_extractor_class=grid_extractor(), net_arch=[], normalize_images=False)
     venv = make_vec_env(env_spec.make, n_envs=n_envs, seed=seed)
     if normalize:
         venv = VecNormalize(venv, gamma=hp.get("gamma", 0.99))
@@ -261,19 +264,43 @@ def _sb3_main(key: str, seed: int) -> None:
     }))
 
 
-def evaluate_sb3(model: Any, env_spec: Any, seed: int, deterministic: bool, vecnorm: Any) -> tuple[float, float]:
+def grid_extractor() -> type:
+    """SB3 features extractor of the MinAtar paper's network (as :func:`frugalrl.nets.grid_cnn`): a 3×3 convolution
+    of 16 channels on the (H, W, C) grid, then 128 ReLU units; SB3 puts its linear actor and critic heads on it."""
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+    from torch import nn
+
+    from frugalrl.nets import GRID_CHANNELS, GRID_CONVS, GRID_HIDDEN, conv_layers
+
+    class GridCNN(BaseFeaturesExtractor):
+        def __init__(self, space: Any) -> None:
+            super().__init__(space, GRID_HIDDEN)
+            h, w, c = space.shape
+            convs, n = conv_layers((c, h, w), GRID_CHANNELS, GRID_CONVS)
+            self.net = nn.Sequential(*convs, nn.Linear(n, GRID_HIDDEN), nn.ReLU())
+
+        def forward(self, obs: Any) -> Any:
+            return self.net(obs.float().permute(0, 3, 1, 2))
+
+    return GridCNN
+
+
+def evaluate_sb3(model: Any, env_spec: Any, seed: int, deterministic: bool, vecnorm: Any,
+                 max_steps: int | None = None) -> tuple[float, float]:
     """frugalrl's evaluation protocol for an SB3 model: ``EVAL_EPISODES`` episodes on a fresh env seeded
-    ``EVAL_SEED + seed + i``, observations normalised with the (frozen) VecNormalize statistics if any."""
+    ``EVAL_SEED + seed + i``, observations normalised with the (frozen) VecNormalize statistics if any, each
+    episode cut after ``max_steps`` steps if given (frugalrl's ``eval_max_steps``)."""
     env = env_spec.make()
     returns = []
     for ep in range(EVAL_EPISODES):
         obs, _ = env.reset(seed=EVAL_SEED + seed + ep)
-        total, done = 0.0, False
-        while not done:
+        total, done, steps = 0.0, False, 0
+        while not done and (max_steps is None or steps < max_steps):
             x = obs if vecnorm is None else vecnorm.normalize_obs(obs)
             action, _ = model.predict(x, deterministic=deterministic)
             obs, r, term, trunc, _ = env.step(action)
             total += float(r)
+            steps += 1
             done = term or trunc
         returns.append(total)
     env.close()

@@ -195,13 +195,22 @@ def t_hsa2c_link(name: str) -> list[Table]:
 
 def t_a2c_reference(name: str) -> list[Table]:
     """frugalrl's A2C (as SB3 configures it, and as HSA2C / A3C) against SB3's A2C at equal env steps
-    (``a2c_reference.py``)."""
+    (``a2c_reference.py``); files since the pixel envs also hold sampled-action returns and the bytes sent."""
     s = Source(name)
+    sampled = any("stochastic_mean" in r for r in s("rows"))
     rows = []
     for i, r in enumerate(s("rows")):
         p = ("rows", i)
         n = len(r["finals"])
-        rows.append([[r["variant"]], pm(s, (*p, "mean"), (*p, "std")),
-                     join([s.num(*p, "finals", k, fmt=".0f") for k in range(n)], " "), [s.num(*p, "train_s_mean")]])
-    return [Table(["variant", f"final return at {s('steps'):,} env steps (mean ± std over seeds)", "per seed",
-                   "train s (mean)"], rows, [s.name], [s.command()], align="lrlr")]
+        row = [[r["variant"]], pm(s, (*p, "mean"), (*p, "std")),
+               join([s.num(*p, "finals", k, fmt=".0f") for k in range(n)], " ")]
+        if sampled:
+            row += [pm(s, (*p, "stochastic_mean"), (*p, "stochastic_std")) if "stochastic_mean" in r else [DASH],
+                    [s.num(*p, "mb_mean", fmt=".0f")] if "mb_mean" in r else [DASH]]
+        rows.append([*row, [s.num(*p, "train_s_mean")] if r["train_s_mean"] else [DASH]])  # random: no training
+    env = s.get("env", default="LunarLander-v3")
+    head = [f"variant ({env})" if sampled else "variant",
+            f"final return at {s('steps'):,} env steps, greedy (mean ± std over seeds)", "per seed"]
+    if sampled:
+        head += ["sampled actions (mean ± std)", "MB on the wire"]
+    return [Table([*head, "train s (mean)"], rows, [s.name], [s.command()], align="lrl" + "rr" * sampled + "r")]

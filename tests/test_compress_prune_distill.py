@@ -14,7 +14,14 @@ from frugalrl.compress.chain import CompressorChain, count_params, policy_kl
 from frugalrl.compress.distill import Distill, distill
 from frugalrl.compress.prune import Prune, kept_units, n_kept, prune_agent
 from frugalrl.evaluation import random_states
-from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic, PolicySpec, action_desc, build_policy
+from frugalrl.nets import (
+    MLPActorCritic,
+    NatureCNNActorCritic,
+    PolicySpec,
+    action_desc,
+    build_policy,
+    make_agent,
+)
 
 
 def fit(
@@ -132,6 +139,26 @@ def test_pruned_cnn_equals_masked_original(pong_frames: torch.Tensor) -> None:
     assert_same_outputs(pruned, masked_copy(teacher, 0.5), pong_frames)
     # and pruning really changes the policy (the test would be vacuous otherwise)
     assert float(policy_kl(teacher, pruned, pong_frames).mean()) > 1e-4
+
+
+def test_pruned_grid_cnn_equals_masked_original() -> None:
+    """The MinAtar paper's CNN (channels-last grids, one 3×3 convolution) prunes as the Nature-CNN does."""
+    from frugalrl.envs.minatar import make_minatar
+
+    env = make_minatar("breakout")
+    grids = torch.as_tensor(random_states(env, 200, seed=2))
+    torch.manual_seed(6)
+    teacher = make_agent(env.observation_space, env.action_space).eval()
+    assert isinstance(teacher, NatureCNNActorCritic) and teacher.channels_last
+    with torch.no_grad():
+        teacher.actor.weight.mul_(300.0)
+    pruned = prune_agent(teacher, 0.5)
+    assert pruned.channels == [8] and pruned.hidden == 64 and pruned.convs == teacher.convs and pruned.channels_last
+    assert_same_outputs(pruned, masked_copy(teacher, 0.5), grids)
+    assert float(policy_kl(teacher, pruned, grids).mean()) > 1e-4
+    rebuilt = build_policy(pruned.spec.to_json())
+    rebuilt.load_state_dict(pruned.state_dict())
+    assert_same_outputs(rebuilt, pruned, grids)
 
 
 def test_prune_zero_sparsity_is_identity(cartpole: tuple, pong_frames: torch.Tensor) -> None:

@@ -259,7 +259,12 @@ class OptimConfig(ActorCriticConfig):
 
 @dataclass(kw_only=True)
 class NetConfig(ConfigPart):
-    """The actor-critic MLP (for flat observations; uint8 frames get the Nature-CNN)."""
+    """The actor-critic network: an MLP for flat observations, a CNN for images (``net``)."""
+
+    net: Literal["auto", "mlp", "cnn"] = "auto"
+    """'auto': the Nature-CNN for uint8 (C, H, W) frames (Atari), the MinAtar paper's CNN for small (H, W, C)
+    grids (MinAtar), an MLP otherwise; 'mlp': an MLP on the flattened observation; 'cnn': a CNN (an error for
+    observations that are not images)."""
 
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     """Hidden widths of the actor's and the critic's MLPs."""
@@ -277,8 +282,12 @@ class NetConfig(ConfigPart):
             raise ValueError(f"hidden must list positive widths, got {self.hidden!r}")
 
     def mlp_options(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`~frugalrl.nets.MLPActorCritic` (and :func:`~frugalrl.nets.make_agent`)."""
+        """Keyword arguments of :class:`~frugalrl.nets.MLPActorCritic`."""
         return {"activation": self.activation, "log_std_init": self.log_std_init, "ortho_init": self.ortho_init}
+
+    def agent_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`~frugalrl.nets.make_agent`: ``hidden``, ``net`` and the MLP's options."""
+        return {"hidden": tuple(self.hidden), "net": self.net, **self.mlp_options()}
 
 
 @dataclass(kw_only=True)

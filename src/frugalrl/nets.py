@@ -133,13 +133,13 @@ def layer_init(layer: _Layer, std: float = float(np.sqrt(2)), bias: float = 0.0)
 
 # (kernel, stride) of the Nature-CNN's convolutions, in order; a network may use the first 1-3.
 NATURE_CONVS = ((8, 4), (4, 2), (3, 1))
-
-
-def conv_out_size(size: int, n_convs: int) -> int:
-    """Side length after the first ``n_convs`` Nature-CNN convolutions (no padding)."""
-    for kernel, stride in NATURE_CONVS[:n_convs]:
-        size = (size - kernel) // stride + 1
-    return size
+# The network of the MinAtar paper (Young & Tian 2019) for its 10×10 grids: one 3×3 convolution of 16 channels,
+# stride 1, then a fully connected layer of 128 units.
+GRID_CONVS = ((3, 1),)
+GRID_CHANNELS = (16,)
+GRID_HIDDEN = 128
+GRID_MAX = 32
+"""The largest side of an (H, W, C) observation that ``make_agent`` treats as a grid (MinAtar's is 10)."""
 
 
 # ------------------------------------------------------------------ building blocks (every network here)
@@ -156,17 +156,22 @@ def mlp_layers(in_dim: int, hidden: list[int] | tuple[int, ...], activation: typ
     return layers, width
 
 
-def conv_layers(obs_shape: list[int] | tuple[int, ...], channels: list[int] | tuple[int, ...]) -> tuple[list[nn.Module], int]:
-    """The first ``len(channels)`` Nature-CNN convolutions (ReLU after each) on (C, H, W) frames, flattened,
-    and the number of features they give."""
+def conv_layers(obs_shape: list[int] | tuple[int, ...], channels: list[int] | tuple[int, ...],
+                convs: list[list[int]] | tuple[tuple[int, int], ...] = NATURE_CONVS) -> tuple[list[nn.Module], int]:
+    """Convolutions of ``channels`` output channels with the ``(kernel, stride)`` of ``convs`` (the Nature-CNN's
+    first ``len(channels)`` by default; ReLU after each, no padding) on (C, H, W) inputs, flattened, and the number
+    of features they give."""
+    if len(convs) < len(channels):
+        raise ValueError(f"{len(channels)} convolution widths need as many (kernel, stride) pairs, got {list(convs)}")
     layers: list[nn.Module] = []
     width = int(obs_shape[0])
-    for c, (kernel, stride) in zip(channels, NATURE_CONVS, strict=False):
-        layers += [layer_init(nn.Conv2d(width, int(c), kernel, stride)), nn.ReLU()]
+    h, w = (int(s) for s in obs_shape[1:])
+    for c, (kernel, stride) in zip(channels, convs, strict=False):
+        layers += [layer_init(nn.Conv2d(width, int(c), int(kernel), int(stride))), nn.ReLU()]
         width = int(c)
-    h, w = (conv_out_size(int(s), len(channels)) for s in obs_shape[1:])
+        h, w = (h - int(kernel)) // int(stride) + 1, (w - int(kernel)) // int(stride) + 1
     if h <= 0 or w <= 0:
-        raise ValueError(f"observations {list(obs_shape)} are too small for {len(channels)} convolutions")
+        raise ValueError(f"observations {list(obs_shape)} are too small for the convolutions {list(convs)}")
     return [*layers, nn.Flatten()], width * h * w
 
 
@@ -256,7 +261,10 @@ class NatureCNNActorCritic(ActorCritic):
     ``channels`` are the output channels of the first ``len(channels)`` convolutions (8x8 s4, 4x4 s2,
     3x3 s1, each followed by ReLU); ``hidden`` is the width of the fully connected layer. The default is
     the original network on 4x84x84 frames; smaller ``channels``/``hidden`` give the compressed networks
-    of AcceRL's Table 6 (for example ``(16, 32)``, 256). Observations are uint8 frames scaled by 1/255.
+    of AcceRL's Table 6 (for example ``(16, 32)``, 256). Observations are uint8 frames scaled by ``scale``
+    (1/255). ``convs`` replaces the Nature-CNN's (kernel, stride) pairs, and ``channels_last`` takes (H, W, C)
+    observations (``obs_shape`` is then (H, W, C) too): :func:`grid_cnn` builds the MinAtar paper's network for
+    small grids from them. Pruning, distillation, int8 and ONNX export treat every geometry alike.
     """
 
     def __init__(
@@ -265,31 +273,40 @@ class NatureCNNActorCritic(ActorCritic):
         action: dict[str, Any],
         channels: list[int] | tuple[int, ...] = (32, 64, 64),
         hidden: int = 512,
+        convs: list[list[int]] | tuple[tuple[int, int], ...] | None = None,
+        channels_last: bool = False,
+        scale: float = 1.0 / 255.0,
     ):
         super().__init__()
         self.obs_shape = [int(x) for x in obs_shape]
         self.action = dict(action)
         self.channels = [int(c) for c in channels]
         self.hidden = int(hidden)
+        self.convs = [[int(k), int(s)] for k, s in (NATURE_CONVS if convs is None else convs)]
+        self.channels_last = bool(channels_last)
+        self.scale = float(scale)
         if len(self.obs_shape) != 3:
             raise ValueError(f"NatureCNNActorCritic needs (C, H, W) observations, got shape {self.obs_shape}")
-        if not 1 <= len(self.channels) <= 3:
-            raise ValueError(f"channels must list 1 to 3 convolution widths, got {self.channels}")
+        if not 1 <= len(self.channels) <= len(self.convs):
+            raise ValueError(f"channels must list 1 to {len(self.convs)} convolution widths, got {self.channels}")
         if action.get("type") != "discrete":
             raise ValueError(f"NatureCNNActorCritic supports Discrete actions only, got {action!r}")
-        self.spec = PolicySpec(
-            "frugalrl.nets:NatureCNNActorCritic",
-            {"obs_shape": self.obs_shape, "action": self.action, "channels": self.channels, "hidden": self.hidden},
-        )
+        kwargs: dict[str, Any] = {"obs_shape": self.obs_shape, "action": self.action, "channels": self.channels,
+                                  "hidden": self.hidden}
+        if convs is not None or channels_last or self.scale != 1.0 / 255.0:  # the Nature-CNN's spec stays as it was
+            kwargs.update(convs=self.convs, channels_last=self.channels_last, scale=self.scale)
+        self.spec = PolicySpec("frugalrl.nets:NatureCNNActorCritic", kwargs)
         self.dist_kind = "categorical"
-        convs, n_features = conv_layers(self.obs_shape, self.channels)
-        self.trunk = nn.Sequential(*convs, layer_init(nn.Linear(n_features, self.hidden)), nn.ReLU())
+        chw = self.obs_shape[2:] + self.obs_shape[:2] if self.channels_last else self.obs_shape
+        conv, n_features = conv_layers(chw, self.channels, self.convs)
+        self.trunk = nn.Sequential(*conv, layer_init(nn.Linear(n_features, self.hidden)), nn.ReLU())
         self.actor = layer_init(nn.Linear(self.hidden, int(action["n"])), std=0.01)
         self.critic = layer_init(nn.Linear(self.hidden, 1), std=1.0)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """Trunk output, shape ``(batch, hidden)``."""
-        return self.trunk(obs.float() * (1.0 / 255.0))
+        x = obs.float() * self.scale
+        return self.trunk(x.permute(0, 3, 1, 2) if self.channels_last else x)
 
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
         """Action logits."""
@@ -305,15 +322,52 @@ class NatureCNNActorCritic(ActorCritic):
         return self.actor(x), self.critic(x).squeeze(-1)
 
 
+def grid_cnn(obs_shape: list[int] | tuple[int, ...], action: dict[str, Any]) -> NatureCNNActorCritic:
+    """The MinAtar paper's network (Young & Tian 2019) on (H, W, C) grids: a 3×3 convolution of 16 channels, then
+    128 units (:data:`GRID_CONVS`, :data:`GRID_CHANNELS`, :data:`GRID_HIDDEN`); the grid's cells are 0/1."""
+    return NatureCNNActorCritic(obs_shape, action, GRID_CHANNELS, GRID_HIDDEN, GRID_CONVS, channels_last=True,
+                                scale=1.0)
+
+
+Net = Literal["auto", "mlp", "cnn"]
+
+
+def image_layout(space: gym.Space) -> Literal["frames", "grid"] | None:
+    """How a 3-D Box observation is an image: ``"frames"`` (uint8 (C, H, W), e.g. stacked Atari frames, for the
+    Nature-CNN), ``"grid"`` (an (H, W, C) grid of at most :data:`GRID_MAX` cells a side, e.g. MinAtar's, for :func:`grid_cnn`), None (not an image)."""
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 3:
+        return None
+    c, h, w = space.shape
+    if space.dtype == np.uint8 and c < min(h, w) and min(h, w) >= 36:
+        return "frames"
+    if w < min(c, h) and GRID_CONVS[0][0] <= min(c, h) and max(c, h) <= GRID_MAX:
+        return "grid"
+    return None
+
+
 def make_agent(
-    observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64), **mlp_options: Any
+    observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64), net: Net = "auto",
+    **mlp_options: Any,
 ) -> ActorCritic:
-    """A default actor-critic for the given single-env spaces: Nature-CNN for (C, H, W) uint8 frames, else an
-    MLP (``mlp_options``: :class:`MLPActorCritic`'s ``activation``, ``log_std_init``, ``ortho_init``, ``obs_norm``)."""
+    """A default actor-critic for the given single-env spaces.
+
+    ``net="auto"``: the Nature-CNN for uint8 (C, H, W) frames, the MinAtar paper's CNN (:func:`grid_cnn`) for small
+    (H, W, C) grids, an MLP otherwise; ``"cnn"`` insists on a CNN (an error for a non-image space), ``"mlp"`` on an
+    MLP (on the flattened observation). ``mlp_options``: :class:`MLPActorCritic`'s ``activation``,
+    ``log_std_init``, ``ortho_init``, ``obs_norm``.
+    """
     if not isinstance(observation_space, gym.spaces.Box):
-        raise TypeError(f"MLPActorCritic needs a Box observation space, got {observation_space}")
-    if len(observation_space.shape) == 3 and observation_space.dtype == np.uint8:
+        raise TypeError(f"frugalrl's agents need a Box observation space, got {observation_space}")
+    if net not in ("auto", "mlp", "cnn"):
+        raise ValueError(f"net must be 'auto', 'mlp' or 'cnn', got {net!r}")
+    layout = image_layout(observation_space) if net != "mlp" else None
+    if net == "cnn" and layout is None:
+        raise ValueError(f"net='cnn' needs uint8 (C, H, W) frames or a small (H, W, C) grid, got shape "
+                         f"{observation_space.shape} dtype {observation_space.dtype}")
+    if layout == "frames":
         return NatureCNNActorCritic(observation_space.shape, action_desc(action_space))
+    if layout == "grid":
+        return grid_cnn(observation_space.shape, action_desc(action_space))
     return MLPActorCritic(int(np.prod(observation_space.shape)), action_desc(action_space), hidden, **mlp_options)
 
 

@@ -74,7 +74,7 @@ from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
 from frugalrl.dpsgd.run import run_dpsgd
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.evaluation import EVAL_SEED, Evaluation, evaluate, policy_evaluator
-from frugalrl.nets import make_agent
+from frugalrl.nets import Net, make_agent
 from frugalrl.normalize import ReturnScaler
 from frugalrl.training import Training
 
@@ -104,6 +104,7 @@ class A2CProblem:
         vf_coef: float = 0.5,
         max_grad_norm: float = 0.5,
         hidden: list[int] | tuple[int, ...] = (64, 64),
+        net: Net = "auto",
         mlp_options: dict[str, Any] | None = None,
         grad_scaling: str = "rmsprop",
         rms_alpha: float = 0.99,
@@ -139,7 +140,7 @@ class A2CProblem:
         self.box = isinstance(self.action_space, gym.spaces.Box)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            self.agent = make_agent(self.observation_space, self.action_space, tuple(int(h) for h in hidden),
+            self.agent = make_agent(self.observation_space, self.action_space, tuple(int(h) for h in hidden), net,
                                     **(mlp_options or {}))
         self.params = list(self.agent.parameters())
         self.size = int(sum(p.numel() for p in self.params))
@@ -383,6 +384,7 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
             "vf_coef": self.vf_coef,
             "max_grad_norm": self.max_grad_norm,
             "hidden": list(self.hidden),
+            "net": self.net,
             "mlp_options": self.mlp_options(),
             "grad_scaling": self.grad_scaling,
             "rms_alpha": self.rms_alpha,

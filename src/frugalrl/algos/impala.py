@@ -39,10 +39,9 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from frugalrl import dists
@@ -115,8 +114,6 @@ class IMPALAConfig(NormConfig, NetConfig, SurrogateConfig, OptimConfig, ClusterC
     random than its teacher."""
     overlap: bool = True
     """Run the next rollout while the learner trains on the previous one (IMPALA's decoupling)."""
-    net: Literal["auto", "mlp", "cnn"] = "auto"
-    """'auto' (Nature-CNN for uint8 frames, MLP otherwise), 'mlp' or 'cnn'."""
     eval_every: int = 100
     """Evaluate every this many updates (0: only at the end). IMPALA evaluates on a cadence by default: the
     Monitor compares the actors' return with the learner's stochastic evaluations."""
@@ -147,16 +144,10 @@ def make_envs(cfg: IMPALAConfig, replayable: bool = False) -> ClusterEnv:
 
 
 def build_learner(cfg: IMPALAConfig, envs: ClusterEnv, obs_norm: bool = False) -> ActorCritic:
-    """The learner's actor-critic for the env's spaces (``obs_norm``: an MLP normalises its observations)."""
-    from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic, action_desc
-
-    obs_space, act_space = envs.single_observation_space, envs.single_action_space
-    if cfg.net == "cnn":
-        return NatureCNNActorCritic(obs_space.shape, action_desc(act_space))
-    if cfg.net == "mlp":
-        return MLPActorCritic(int(np.prod(obs_space.shape)), action_desc(act_space), tuple(cfg.hidden),
-                              **cfg.mlp_options(), obs_norm=obs_norm)
-    return make_agent(obs_space, act_space, tuple(cfg.hidden), **cfg.mlp_options(), obs_norm=obs_norm)
+    """The learner's actor-critic for the env's spaces (``cfg.net``; ``obs_norm``: an MLP normalises its
+    observations)."""
+    return make_agent(envs.single_observation_space, envs.single_action_space, **cfg.agent_options(),
+                      obs_norm=obs_norm)
 
 
 class ActorBuilder:

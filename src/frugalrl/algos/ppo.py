@@ -153,8 +153,8 @@ def train(
     try:
         cluster = envs if isinstance(envs, ClusterEnv) else None  # None: a plain Gymnasium vector env
         norm_obs, norm_reward = cfg.normalization(isinstance(envs.single_action_space, gym.spaces.Box))
-        agent = make_agent(envs.single_observation_space, envs.single_action_space, tuple(cfg.hidden),
-                           **cfg.mlp_options(), obs_norm=norm_obs)
+        agent = make_agent(envs.single_observation_space, envs.single_action_space, **cfg.agent_options(),
+                           obs_norm=norm_obs)
         optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
         generator = torch.Generator().manual_seed(cfg.seed)
         scaler = ReturnScaler(cfg.gamma, envs.num_envs) if norm_reward else None

@@ -1,0 +1,84 @@
+"""Which network ``make_agent`` (and so every algorithm's ``--net``) builds for which observations, on real envs."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from frugalrl.compress.export import export_onnx
+from frugalrl.compress.quantize import quantize_int8
+from frugalrl.compress.runtime import OnnxPolicy
+from frugalrl.envs.atari import make_atari
+from frugalrl.envs.minatar import make_minatar
+from frugalrl.evaluation import random_states
+from frugalrl.nets import (
+    GRID_CHANNELS,
+    GRID_CONVS,
+    GRID_HIDDEN,
+    MLPActorCritic,
+    NatureCNNActorCritic,
+    build_policy,
+    image_layout,
+    make_agent,
+)
+
+
+@pytest.fixture(scope="module")
+def breakout() -> tuple[gym.Env, torch.Tensor]:
+    """MinAtar Breakout and 64 of its (10, 10, 4) bool grids from random play."""
+    env = make_minatar("breakout")
+    return env, torch.as_tensor(random_states(env, 64, seed=1))
+
+
+def test_auto_picks_the_network_by_observation() -> None:
+    cartpole = gym.make("CartPole-v1")
+    pong = make_atari("ALE/Pong-v5")
+    grid = make_minatar("breakout")
+    assert image_layout(cartpole.observation_space) is None
+    assert image_layout(pong.observation_space) == "frames"
+    assert image_layout(grid.observation_space) == "grid"
+    assert type(make_agent(cartpole.observation_space, cartpole.action_space)) is MLPActorCritic
+    nature = make_agent(pong.observation_space, pong.action_space)
+    assert isinstance(nature, NatureCNNActorCritic) and nature.channels == [32, 64, 64] and nature.hidden == 512
+    # the Nature-CNN's spec is what it was before other geometries existed: stored checkpoints still rebuild
+    assert set(nature.spec.kwargs) == {"obs_shape", "action", "channels", "hidden"}
+    minatar = make_agent(grid.observation_space, grid.action_space)
+    assert isinstance(minatar, NatureCNNActorCritic) and minatar.channels_last
+    assert minatar.channels == list(GRID_CHANNELS) and minatar.hidden == GRID_HIDDEN
+    assert minatar.convs == [list(c) for c in GRID_CONVS]
+    assert minatar.trunk[0].weight.shape == (16, 4, 3, 3) and minatar.trunk[3].weight.shape == (128, 16 * 8 * 8)
+    # 'mlp' flattens the grid; 'cnn' refuses what is not an image, naming the shape
+    flat = make_agent(grid.observation_space, grid.action_space, net="mlp")
+    assert type(flat) is MLPActorCritic and flat.obs_dim == 400
+    with pytest.raises(ValueError, match=r"net='cnn' needs .*\(4,\)"):
+        make_agent(cartpole.observation_space, cartpole.action_space, net="cnn")
+    with pytest.raises(ValueError, match="net must be"):
+        make_agent(cartpole.observation_space, cartpole.action_space, net="transformer")  # type: ignore[arg-type]
+    # an (H, W, C) image too large to be a grid is not taken for one
+    big = gym.spaces.Box(0, 255, (96, 96, 3), np.uint8)
+    assert image_layout(big) is None
+
+
+def test_grid_cnn_rebuilds_exports_and_quantizes(breakout: tuple[gym.Env, torch.Tensor]) -> None:
+    """The grid CNN crosses the wire as a spec plus tensors and runs as an ONNX graph (fp32 and int8) on the
+    bool grids workers feed it, as the Nature-CNN does on frames."""
+    env, grids = breakout
+    torch.manual_seed(0)
+    agent = make_agent(env.observation_space, env.action_space).eval()
+    rebuilt = build_policy(agent.spec.to_json())
+    rebuilt.load_state_dict(agent.state_dict())
+    with torch.no_grad():
+        assert torch.equal(rebuilt.dist_params(grids), agent.dist_params(grids))
+        # channels-last in, the same as the convolution on the channels-first grid
+        chw = grids.permute(0, 3, 1, 2).float()
+        logits = agent.actor(agent.trunk(chw))
+        assert torch.allclose(logits, agent.dist_params(grids), atol=1e-6)
+    graph = export_onnx(agent, grids)
+    fp32 = OnnxPolicy.from_bytes(graph, "categorical")
+    torch.testing.assert_close(fp32.dist_params(grids), agent.dist_params(grids), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fp32.value(grids), agent.value(grids), rtol=1e-4, atol=1e-5)
+    int8 = OnnxPolicy.from_bytes(quantize_int8(graph, grids), "categorical", precision="int8")
+    agree = (int8.dist_params(grids).argmax(1) == agent.dist_params(grids).argmax(1)).float().mean()
+    assert agree > 0.9, f"the int8 graph picks the fp32 network's action on only {agree:.0%} of the grids"
