@@ -386,20 +386,41 @@ def t_index(_: str) -> list[Table]:
 
 
 # --------------------------------------------------------------------------------------- headline
+def _steps(n: int) -> str:
+    """2000000 → "2M", 200000 → "200k"."""
+    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k"
+
+
 def t_headline(where: str) -> list[Table]:
     """The headline table: one result per system, each with its JSON and its docs page. ``where``: ``readme``
     (links from the repository's root) or ``site`` (links inside the docs)."""
     ls, up, a3, t6 = Source("learning_suite"), Source("uplink"), Source("aaps_3seeds"), Source("compress_table6")
     pc, psa, ps = Source("pipeline_carracing"), Source("pipeline_carracing_sa"), Source("pipeline_suite")
     lda, hs, tp = Source("lda_baselines_large_seed0_bf16"), Source("hsa2c_vs_sync_library_defaults"), Source("throughput")
-    ar = Source("a2c_reference_1m_defaults")
-    ar_h, ar_s = (next(("rows", i) for i, r in enumerate(ar("rows")) if r["variant"] == v) for v in ("hsa2c", "sb3-zoo"))
+    ar, am, hm = Source("a2c_reference_1m_defaults"), Source("a2c_reference_minatar"), Source("hsa2c_vs_sync_minatar_cnn")
     ll = ("table", "LunarLander-v3", "variants")
     chain = len(t6("rows")) - 1
     w1, g1 = method_path(lda, "dpsvi-w1p1"), method_path(lda, "gensim-w1")
     assert w1 and g1
-    hsa2c, a3c = (next(i for i, r in enumerate(hs("rows")) if r["variant"].startswith(v) and r["target"] == 200)
-                  for v in ("HSA2C", "DDRL"))
+    def vs_a3c(s: Source, target: float, what: str) -> list[list[Cell]]:
+        """A ``hsa2c_vs_sync`` file's HSA2C and DDRL A3C rows at ``target``: seeds reached, mean time, MB."""
+        h, a = (next(i for i, r in enumerate(s("rows")) if r["variant"].startswith(v) and r["target"] == target)
+                for v in ("HSA2C", "DDRL"))
+        return [[f"HSA2C (B = 10) vs DDRL A3C (B = 1), {what}, {len(s('rows', h, 'times'))} seeds"],
+                [s("rows", h, "time_to_target", "reached"), " and ", s("rows", a, "time_to_target", "reached"),
+                 f" seeds reach {target:g}, in ", s.num("rows", h, "time_to_target", "mean", suffix=" s"), " vs ",
+                 s.num("rows", a, "time_to_target", "mean", suffix=" s"), ", with ",
+                 s.num("rows", h, "mb_to_target", fmt=".0f"), " vs ", s.num("rows", a, "mb_to_target", fmt=".0f"), " MB"],
+                link(s, "dpsgd.md")]
+
+    def vs_sb3(s: Source, what: str) -> list[list[Cell]]:
+        """An ``a2c_reference`` file's HSA2C and SB3 rows: final returns and the training-time ratio."""
+        h, r = (next(("rows", i) for i, x in enumerate(s("rows")) if x["variant"] == v) for v in ("hsa2c", "sb3-zoo"))
+        return [[f"HSA2C (B = 10, its defaults) vs Stable-Baselines3 A2C (rl-zoo), {what}, "
+                 f"{_steps(s('steps'))} steps, {len(s(*h, 'finals'))} seeds"],
+                ["return ", *pm(s, (*h, "mean"), (*h, "std")), " vs ", *pm(s, (*r, "mean"), (*r, "std")), " in ",
+                 cross(s, (*h, "train_s_mean"), s, (*r, "train_s_mean"), ".2f", suffix="×"), " the training time"],
+                link(s, "benchmarks.md")]
 
     def link(s: Source, page: str) -> Cell:
         if where == "readme":
@@ -447,17 +468,10 @@ def t_headline(where: str) -> list[Table]:
          [lda.num(*w1, "time_to_target_s", fmt=".2f", suffix=" s"), " vs gensim ",
           lda.num(*g1, "time_to_target_s", fmt=".2f", suffix=" s")],
          link(lda, "dpsgd.md")],
-        [["HSA2C (B = 10) vs DDRL A3C (B = 1), LunarLander-v3, HSA2C's defaults, 5 seeds"],
-         [hs("rows", hsa2c, "time_to_target", "reached"), " and ", hs("rows", a3c, "time_to_target", "reached"),
-          " seeds reach 200, in ", hs.num("rows", hsa2c, "time_to_target", "mean", suffix=" s"), " vs ",
-          hs.num("rows", a3c, "time_to_target", "mean", suffix=" s"), ", with ",
-          hs.num("rows", hsa2c, "mb_to_target", fmt=".0f"), " vs ", hs.num("rows", a3c, "mb_to_target", fmt=".0f"),
-          " MB"],
-         link(hs, "dpsgd.md")],
-        [["HSA2C (B = 10, its defaults) vs Stable-Baselines3 A2C (rl-zoo), LunarLander-v3, 1M steps, 5 seeds"],
-         ["return ", *pm(ar, (*ar_h, "mean"), (*ar_h, "std")), " vs ", *pm(ar, (*ar_s, "mean"), (*ar_s, "std")),
-          " in ", cross(ar, (*ar_h, "train_s_mean"), ar, (*ar_s, "train_s_mean"), ".2f", suffix="×"), " the training time"],
-         link(ar, "benchmarks.md")],
+        vs_a3c(hs, 200, "LunarLander-v3, HSA2C's defaults"),
+        vs_a3c(hm, 10, "MinAtar Breakout, grid CNN"),
+        vs_sb3(ar, "LunarLander-v3"),
+        vs_sb3(am, "MinAtar Breakout (atari recipe, same CNN)"),
         [["ClusterEnv `step()` vs Gymnasium's AsyncVectorEnv, LunarLander-v3, 2 processes"],
          [tp.num("results", "LunarLander-v3", "ratios", "head_vs_async", fmt=".2f", suffix="×"), " the env steps/s"],
          link(tp, "benchmarks.md")],
