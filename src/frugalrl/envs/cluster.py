@@ -35,6 +35,7 @@ from gymnasium.vector.utils import batch_space
 from frugalrl.envs.backends import BACKENDS, make_backend
 from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
 from frugalrl.envs.batching import assemble_rollout, check_actions, merge_infos, rollout_bound
+from frugalrl.envs.checkpoint import restore, snapshot
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype, space_shape
 from frugalrl.nets import ActorCritic, as_agent
@@ -378,32 +379,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         the sync state, the byte meter, restarts, the current observations and each worker's snapshot
         (how its envs' episodes began and the actions since, its sampling generator, the policy it holds).
         Fetching the snapshots is counted as ``checkpoint`` bytes."""
-        self._check_open()
-        if not self.replayable:
-            raise RuntimeError("ClusterEnv.state_dict() needs workers started with replayable=True")
-        if self._obs is None:
-            self.reset(seed=self.seed)
-        msg = Message("snapshot")
-
-        def recover(w: int, reason: str) -> Message:
-            self._restart(w, reason)
-            self._reset_worker(w, seed=None)
-            return msg
-
-        replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
-        assert self._obs is not None
-        workers = [
-            {"meta": replies[w].meta, "arrays": {k: torch.from_numpy(np.ascontiguousarray(v))
-                                                 for k, v in replies[w].arrays.items()}}
-            for w in range(self.num_workers)
-        ]
-        return {
-            "policies": self.policies.state_dict(),
-            "meter": self.meter.state_dict(),
-            "restart_events": list(self.restart_events),
-            "obs": torch.from_numpy(self._obs.copy()),
-            "workers": workers,
-        }
+        return snapshot(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> list[int]:
         """Continue from :meth:`state_dict`: every worker rebuilds its envs by replaying their episodes.
@@ -412,31 +388,7 @@ class ClusterEnv(gym.vector.VectorEnv):
         observation: the env is not deterministic given its ``np_random``); those start a new episode,
         with a warning. Restoring is counted as ``checkpoint`` bytes.
         """
-        self._check_open()
-        if not self.replayable:
-            raise RuntimeError("ClusterEnv.load_state_dict() needs workers started with replayable=True")
-        if len(state["workers"]) != self.num_workers:
-            raise ValueError(f"the checkpoint has {len(state['workers'])} workers, this ClusterEnv {self.num_workers}")
-        obs = state["obs"].numpy()
-        k = self.envs_per_worker
-        requests = {}
-        for w, snap in enumerate(state["workers"]):
-            arrays = {name: t.numpy() for name, t in snap["arrays"].items()}
-            arrays["obs"] = obs[w * k : (w + 1) * k]
-            requests[w] = Message("restore", dict(snap["meta"]), arrays, kinds={n: "checkpoint" for n in arrays})
-        replies = self._request(requests, on_failure=self._fail_restore)
-        self.policies.load_state_dict(state["policies"])
-        self.meter.load_state_dict(state["meter"])
-        self.restart_events = list(state["restart_events"])
-        inexact = [w * k + i for w in range(self.num_workers) for i, ok in enumerate(replies[w].meta["exact"]) if not ok]
-        self._obs = np.concatenate([replies[w].arrays["obs"] for w in range(self.num_workers)])
-        if inexact:
-            log.warning("frugalrl: envs %s could not be rebuilt exactly from the checkpoint (%s is not "
-                        "deterministic given its np_random); they start new episodes", inexact, self.env_spec.describe())
-        return inexact
-
-    def _fail_restore(self, w: int, reason: str) -> None:
-        raise RuntimeError(f"worker {w} failed while restoring a checkpoint: {reason}")
+        return restore(self, state)
 
     # ------------------------------------------------------------------ internals
     def _check_open(self) -> None:
