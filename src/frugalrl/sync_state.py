@@ -19,6 +19,7 @@ import copy
 import itertools
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,24 @@ from frugalrl.wire.message import (
 )
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """A worker's recent states and how it acted there: its distribution parameters (``actions`` None; AAPS's KL
+    is then exact), or the ``actions`` it took and their log-probabilities (the sampled estimate)."""
+
+    states: torch.Tensor
+    behaviour: torch.Tensor
+    actions: torch.Tensor | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors in checkpoint order: states, behaviour, then the actions if any."""
+        return [self.states, self.behaviour, *([] if self.actions is None else [self.actions])]
+
+    def map(self, f: Callable[[torch.Tensor], torch.Tensor]) -> Evidence:
+        """``f`` applied to every tensor (one selection of rows for all)."""
+        return Evidence(*(f(t) for t in self.tensors()))
+
+
 class PolicySync:
     """Versions, sync counts and AAPS's recent states of ``num_workers`` workers."""
 
@@ -47,8 +66,7 @@ class PolicySync:
         self.worker_versions: list[int | None] = [None] * num_workers
         self.sync_counts = np.zeros(num_workers, dtype=np.int64)
         self.last_kl: list[float | None] = [None] * num_workers
-        # per worker: (states, behaviour) with full parameters, or (states, log μ(a|s), actions)
-        self.recent: list[tuple[torch.Tensor, ...] | None] = [None] * num_workers
+        self.recent: list[Evidence | None] = [None] * num_workers
         self._fingerprint: tuple[int, ...] | None = None
         self._tracked: weakref.ref[ActorCritic] | None = None
         self._message: Message | None = None
@@ -106,12 +124,10 @@ class PolicySync:
                 recent = self.recent[w]
                 if recent is not None:
                     with torch.no_grad():
-                        params = held.dist_params(recent[0]).float()
-                        if len(recent) == 2:
-                            self.recent[w] = (recent[0], params)
-                        else:
-                            self.recent[w] = (recent[0], dists.log_prob(held.dist_kind, params, recent[2]).float(),
-                                              recent[2])
+                        params = held.dist_params(recent.states).float()
+                        if recent.actions is not None:
+                            params = dists.log_prob(held.dist_kind, params, recent.actions).float()
+                        self.recent[w] = replace(recent, behaviour=params)
 
     def forget(self, w: int) -> None:
         """Worker ``w`` was replaced: it holds nothing and has no recent states."""
@@ -124,16 +140,15 @@ class PolicySync:
         """Keep up to ``kl_states`` of worker ``w``'s recent states and its behaviour there: the distribution
         parameters (``actions`` None), or the log-probabilities of the ``actions`` it took."""
         n = states.shape[0]
-        parts = [states, behaviour.reshape(n, -1) if actions is None else behaviour.reshape(n)]
-        if actions is not None:
-            parts.append(actions)
+        new = Evidence(states, behaviour.reshape(n, -1) if actions is None else behaviour.reshape(n), actions)
         recent = self.recent[w]
-        if append and recent is not None and len(recent) == len(parts):
-            parts = [torch.cat([old, new])[-self.kl_states :] for old, new in zip(recent, parts, strict=True)]
+        if append and recent is not None and (recent.actions is None) == (actions is None):
+            new = Evidence(*(torch.cat([old, t])[-self.kl_states :]
+                             for old, t in zip(recent.tensors(), new.tensors(), strict=True)))
         elif n > self.kl_states:
             idx = torch.linspace(0, n - 1, self.kl_states).long()
-            parts = [p[idx] for p in parts]
-        self.recent[w] = tuple(parts)
+            new = new.map(lambda t: t[idx])
+        self.recent[w] = new
 
     def _kl_estimator(self, agent: ActorCritic) -> Callable[[int], float | None]:
         def kl(w: int) -> float | None:
@@ -141,11 +156,12 @@ class PolicySync:
             if recent is None:
                 return None
             with torch.no_grad():
-                learner = agent.dist_params(recent[0]).float()
-                if len(recent) == 2:  # full behaviour parameters: the exact KL on each state
-                    value = float(dists.kl(agent.dist_kind, recent[1], learner).mean())
+                learner = agent.dist_params(recent.states).float()
+                if recent.actions is None:  # full behaviour parameters: the exact KL on each state
+                    value = float(dists.kl(agent.dist_kind, recent.behaviour, learner).mean())
                 else:  # taken actions a ~ μ: E[r − 1 − log r], r = π(a|s) / μ(a|s)
-                    log_r = (dists.log_prob(agent.dist_kind, learner, recent[2]).float() - recent[1]).clamp(-30, 30)
+                    log_pi = dists.log_prob(agent.dist_kind, learner, recent.actions).float()
+                    log_r = (log_pi - recent.behaviour).clamp(-30, 30)
                     value = float((torch.expm1(log_r) - log_r).mean())
             self.last_kl[w] = value
             return value
@@ -181,7 +197,7 @@ class PolicySync:
             "worker_versions": list(self.worker_versions),
             "sync_counts": torch.from_numpy(self.sync_counts.copy()),
             "last_kl": list(self.last_kl),
-            "recent": [None if r is None else [t.clone() for t in r] for r in self.recent],
+            "recent": [None if r is None else [t.clone() for t in r.tensors()] for r in self.recent],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -190,7 +206,7 @@ class PolicySync:
         self.worker_versions = list(state["worker_versions"])
         self.sync_counts = state["sync_counts"].numpy().copy()
         self.last_kl = list(state["last_kl"])
-        self.recent = [None if r is None else tuple(r) for r in state["recent"]]
+        self.recent = [None if r is None else Evidence(*r) for r in state["recent"]]
         self._fingerprint = self._tracked = self._message = self._held = None
 
 
