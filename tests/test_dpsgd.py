@@ -231,7 +231,7 @@ def _replay(cfg: DPSGDConfig) -> tuple[np.ndarray, dict[int, float]]:
         for _ in range(cfg.local_steps):
             u = u - np.float32(eta) * problem.stochastic_grad(u.copy(), rng)
         v = v + np.float32(cfg.rho) * (u - v)
-        avg = beta * avg + (np.float32(1) - beta) * v if beta else v
+        avg = avg + (np.float32(1) - beta) * (v - avg) if beta else v  # = β v̄ + (1 − β) v, the server's rounding
         if t % cfg.log_every == 0:
             losses[t] = problem.loss(avg)
     return avg, losses

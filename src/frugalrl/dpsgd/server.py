@@ -232,8 +232,11 @@ class ParameterServer:
         self._pending.clear()
         self.version += 1
         if self.average is not None:
-            beta = np.float32(self.average_decay)
-            self.average = beta * self.average + (np.float32(1) - beta) * self.v
+            # v̄ + (1 − β)(v − v̄) = β v̄ + (1 − β) v, in one new array (v̄ is never modified in place)
+            average = self.v - self.average
+            average *= np.float32(1) - np.float32(self.average_decay)
+            average += self.average
+            self.average = average
         recorded = self.v if self.average is None else self.average
         if self.log_every_s is not None:  # a wall-clock cadence: the first update after each period
             now = self._now()
