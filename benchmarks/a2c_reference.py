@@ -18,8 +18,10 @@ run for ``--steps`` env steps and scored by frugalrl's evaluation protocol (10 e
   ends the learner's episode, FIRE starts each life, rewards are clipped to their sign) with the same
   network as frugalrl's (ALE: the Nature-CNN, SB3's ``CnnPolicy``; MinAtar: the MinAtar paper's CNN, as a features
   extractor of SB3's, ``learning_suite.grid_extractor``). The env is frugalrl's (ALE: ``make_atari``, sticky
-  actions), so both libraries see the same game, and both are evaluated on the plain game (every life, no automatic
-  FIRE);
+  actions), so both libraries see the same game. Both are evaluated on the whole game (every life); on ALE SB3's
+  policy plays it with automatic FIRE at the start and after each lost life (``AutoFire``), as it trained (its
+  scores on the plain game are kept in each run's ``plain_game``: it never learned to serve), while frugalrl's
+  trained without it and plays without it;
 - ``a2c-zoo`` (LunarLander only): frugalrl's A2C (:class:`~frugalrl.algos.hsa2c.A2CProblem`) with the same
   settings, as one DPSGD worker with one process, B = 1 and Alg. 1's plain master step (ρ = 1, no momentum, no
   averaging, no reward scaling), and ``vf_coef`` 1 (frugalrl's value loss is ½ MSE, SB3's MSE): the same algorithm
@@ -41,6 +43,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from dpsgd_speedup import RESULTS, _fmt, hsa2c_run, save_results, timed_hsa2c
 from hsa2c_vs_sync import ENVS as TIMED_ENVS
@@ -87,6 +90,27 @@ def atari_training_wrappers(env: Any) -> Any:
     return ClipRewardEnv(env)
 
 
+class AutoFire(gym.Wrapper):
+    """Presses FIRE when the game starts and after every lost life, so that a policy trained with ``AtariWrapper``'s
+    automatic FIRE (which never had to serve) plays the whole game as it learned to. The FIRE steps are the
+    wrapper's, not the policy's; their rewards count."""
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        self.env.reset(**kwargs)
+        obs, _, _, _, info = self.env.step(1)
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs, reward, term, trunc, info = self.env.step(action)
+        lives = self.env.unwrapped.ale.lives()
+        if lives < self.lives and not (term or trunc):
+            obs, more, term, trunc, info = self.env.step(1)
+            reward = float(reward) + float(more)
+        self.lives = lives
+        return obs, float(reward), term, trunc, info
+
+
 def sb3_run(env: str, seed: int, steps: int) -> dict[str, Any]:
     """SB3's A2C with rl-zoo's entry for ``env``; its final deterministic and sampled returns on frugalrl's
     evaluation episodes."""
@@ -121,10 +145,16 @@ def sb3_run(env: str, seed: int, steps: int) -> dict[str, Any]:
     train_s = time.monotonic() - t0
     cap = spec["eval_max_steps"]
     vecnorm = venv if normalize else None
-    final, final_std = evaluate_sb3(model, env_spec, seed, True, vecnorm, cap)
-    stochastic, _ = evaluate_sb3(model, env_spec, seed, False, vecnorm, cap)
+    out: dict[str, Any] = {}
+    if spec["policy"] == "cnn":  # scored as it trained, with automatic FIRE; the plain game's scores kept beside
+        out["plain_game"] = {"final_eval_return": evaluate_sb3(model, env_spec, seed, True, vecnorm, cap)[0],
+                             "stochastic_return": evaluate_sb3(model, env_spec, seed, False, vecnorm, cap)[0]}
+    wrapper = AutoFire if spec["policy"] == "cnn" else None
+    final, final_std = evaluate_sb3(model, env_spec, seed, True, vecnorm, cap, wrapper)
+    stochastic, _ = evaluate_sb3(model, env_spec, seed, False, vecnorm, cap, wrapper)
     return {"seed": seed, "final_eval_return": final, "final_eval_std": final_std, "stochastic_return": stochastic,
-            "env_steps": int(model.num_timesteps), "train_s": train_s, "sb3": stable_baselines3.__version__}
+            "env_steps": int(model.num_timesteps), "train_s": train_s, "sb3": stable_baselines3.__version__,
+            "eval_wrapper": None if wrapper is None else wrapper.__name__, **out}
 
 
 class UniformPolicy:
@@ -197,7 +227,7 @@ def markdown(rows: list[dict[str, Any]], steps: int) -> str:
     for r in rows:
         sampled = (f"{r['stochastic_mean']:.1f} ± {r['stochastic_std']:.1f}" if "stochastic_mean" in r else "—")
         lines.append(f"| {r['variant']} | {r['mean']:.1f} ± {r['std']:.1f} | "
-                     f"{' '.join(f'{x:.0f}' for x in r['finals'])} | {sampled} | {_fmt(r.get('mb_mean'))} | "
+                     f"{' '.join(f'{x:.1f}' if max(map(abs, r['finals'])) < 20 else f'{x:.0f}' for x in r['finals'])} | {sampled} | {_fmt(r.get('mb_mean'))} | "
                      f"{_fmt(r['train_s_mean'] or None)} |")
     return "\n".join(lines)
 

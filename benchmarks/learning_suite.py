@@ -286,11 +286,12 @@ def grid_extractor() -> type:
 
 
 def evaluate_sb3(model: Any, env_spec: Any, seed: int, deterministic: bool, vecnorm: Any,
-                 max_steps: int | None = None) -> tuple[float, float]:
+                 max_steps: int | None = None, wrapper: Any = None) -> tuple[float, float]:
     """frugalrl's evaluation protocol for an SB3 model: ``EVAL_EPISODES`` episodes on a fresh env seeded
     ``EVAL_SEED + seed + i``, observations normalised with the (frozen) VecNormalize statistics if any, each
-    episode cut after ``max_steps`` steps if given (frugalrl's ``eval_max_steps``)."""
-    env = env_spec.make()
+    episode cut after ``max_steps`` steps if given (frugalrl's ``eval_max_steps``), the env wrapped in
+    ``wrapper`` if given."""
+    env = env_spec.make() if wrapper is None else wrapper(env_spec.make())
     returns = []
     for ep in range(EVAL_EPISODES):
         obs, _ = env.reset(seed=EVAL_SEED + seed + ep)

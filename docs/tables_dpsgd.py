@@ -202,8 +202,9 @@ def t_a2c_reference(name: str) -> list[Table]:
     for i, r in enumerate(s("rows")):
         p = ("rows", i)
         n = len(r["finals"])
+        small = all(abs(x) < 20 for x in r["finals"])  # Breakout's scores: a decimal tells 1.5 from 2
         row = [[r["variant"]], pm(s, (*p, "mean"), (*p, "std")),
-               join([s.num(*p, "finals", k, fmt=".0f") for k in range(n)], " ")]
+               join([s.num(*p, "finals", k, fmt=".1f" if small else ".0f") for k in range(n)], " ")]
         if sampled:
             row += [pm(s, (*p, "stochastic_mean"), (*p, "stochastic_std")) if "stochastic_mean" in r else [DASH],
                     [s.num(*p, "mb_mean", fmt=".0f")] if "mb_mean" in r else [DASH]]
