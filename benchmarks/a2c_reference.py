@@ -65,6 +65,10 @@ ENVS: dict[str, dict[str, Any]] = {
     "MinAtar-Breakout": {"env": TIMED_ENVS["MinAtar-Breakout"]["env"],
                          "env_kwargs": TIMED_ENVS["MinAtar-Breakout"]["settings"]["env_kwargs"],
                          "zoo": ZOO_ATARI, "policy": "grid", "eval_max_steps": 10_000},  # MinAtar's own cap
+    **{f"MinAtar-{title}": {"env": TIMED_ENVS["MinAtar-Breakout"]["env"], "env_kwargs": {"game": game},
+                            "zoo": ZOO_ATARI, "policy": "grid", "eval_max_steps": 10_000}
+       for game, title in (("asterix", "Asterix"), ("freeway", "Freeway"), ("seaquest", "Seaquest"),
+                           ("space_invaders", "SpaceInvaders"))},  # the other four games: nothing tuned for them
     # 4500 steps of 4 frames: the 5 minutes of play that Mnih et al. (2015) capped an evaluation episode at
     "ALE-Breakout": {"env": "frugalrl.envs.atari:make_atari", "env_kwargs": {"env_id": "ALE/Breakout-v5"},
                      "zoo": ZOO_ATARI, "policy": "cnn", "eval_max_steps": 4500},
