@@ -29,6 +29,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from frugalrl.nets import Net
 from frugalrl.sync import SyncRule, make_sync_rule
 from frugalrl.wire.uplink import Behaviour, ObsCodec, Uplink, UplinkOptions
 
@@ -261,7 +262,7 @@ class OptimConfig(ActorCriticConfig):
 class NetConfig(ConfigPart):
     """The actor-critic network: an MLP for flat observations, a CNN for images (``net``)."""
 
-    net: Literal["auto", "mlp", "cnn"] = "auto"
+    net: Net = "auto"
     """'auto': the Nature-CNN for uint8 (C, H, W) frames (Atari), the MinAtar paper's CNN for small (H, W, C)
     grids (MinAtar), an MLP otherwise; 'mlp': an MLP on the flattened observation; 'cnn': a CNN (an error for
     observations that are not images)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, get_args
 
 import gymnasium as gym
 import numpy as np
@@ -358,7 +358,7 @@ def make_agent(
     """
     if not isinstance(observation_space, gym.spaces.Box):
         raise TypeError(f"frugalrl's agents need a Box observation space, got {observation_space}")
-    if net not in ("auto", "mlp", "cnn"):
+    if net not in get_args(Net):
         raise ValueError(f"net must be 'auto', 'mlp' or 'cnn', got {net!r}")
     layout = image_layout(observation_space) if net != "mlp" else None
     if net == "cnn" and layout is None:
