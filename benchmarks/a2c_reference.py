@@ -12,8 +12,10 @@ run for ``--steps`` env steps and scored by frugalrl's evaluation protocol (10 e
 - ``sb3-zoo``: ``stable_baselines3.A2C`` with rl-zoo's entry for the env (``ENVS`` below). LunarLander: its
   ``LunarLander-v2`` entry (8 envs, 5-step rollouts, γ 0.995, linear learning rate from 8.3e-4, entropy 1e-5; SB3's
   defaults otherwise: RMSprop with α 0.99, ε 1e-5, gradient norm 0.5, value coefficient 0.5, separate 64-64 tanh
-  networks, orthogonal init); CartPole and Acrobot: theirs (8 envs, entropy 0; 16 envs, entropy 0, VecNormalize
-  of observations and rewards, its statistics frozen for the evaluation). Pixels: its ``atari`` entry (16 envs, 5-step rollouts, entropy 0.01, value coefficient
+  networks, orthogonal init); CartPole, Acrobot and MountainCar: theirs (8 envs, entropy 0; 16 envs, entropy 0,
+  VecNormalize of observations and rewards, its statistics frozen for the evaluation); Pendulum: its ``Pendulum``
+  entry (8 envs, 8-step rollouts, GAE λ 0.9, value coefficient 0.4, linear rate from 7e-4, no advantage
+  normalisation, gSDE with log std −2, no orthogonal init, VecNormalize). Pixels: its ``atari`` entry (16 envs, 5-step rollouts, entropy 0.01, value coefficient
   0.25, TF-like RMSprop with ε 1e-5, learning rate 7e-4; on ALE its ``AtariWrapper``'s training signal: a lost life
   ends the learner's episode, FIRE starts each life, rewards are clipped to their sign) with the same
   network as frugalrl's (ALE: the Nature-CNN, SB3's ``CnnPolicy``; MinAtar: the MinAtar paper's CNN, as a features
@@ -24,7 +26,7 @@ run for ``--steps`` env steps and scored by frugalrl's evaluation protocol (10 e
   trained without it and plays without it;
 - ``a2c-zoo`` (LunarLander only): frugalrl's A2C (:class:`~frugalrl.algos.hsa2c.A2CProblem`) with the same
   settings, as one DPSGD worker with one process, B = 1 and Alg. 1's plain master step (ρ = 1, no momentum, no
-  averaging, no reward scaling), and ``vf_coef`` 1 (frugalrl's value loss is ½ MSE, SB3's MSE): the same algorithm
+  averaging, no reward or observation scaling), and ``vf_coef`` 1 (frugalrl's value loss is ½ MSE, SB3's MSE): the same algorithm
   as SB3's (``tests/test_a2c_sb3_replay.py`` checks the update is SB3's, weight for weight), so the two differ only
   by their random draws;
 - ``hsa2c`` and ``a3c``: 2 workers with HSA2C's defaults (the env's ``hsa2c_vs_sync`` settings), B = 10 and B = 1
@@ -57,11 +59,18 @@ ZOO: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/a2c.yml, LunarLander-v2
 ZOO_ATARI: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/a2c.yml, atari (frame_stack 4, AtariWrapper)
     "n_envs": 16, "ent_coef": 0.01, "vf_coef": 0.25,
 }
+ZOO_PENDULUM: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/a2c.yml, Pendulum ("almost tuned", 1e6 steps)
+    "normalize": True, "n_envs": 8, "ent_coef": 0.0, "max_grad_norm": 0.5, "n_steps": 8, "gae_lambda": 0.9,
+    "vf_coef": 0.4, "gamma": 0.99, "use_rms_prop": True, "normalize_advantage": False, "learning_rate": "lin_7e-4",
+    "use_sde": True, "policy_kwargs": {"log_std_init": -2, "ortho_init": False},
+}
 ENVS: dict[str, dict[str, Any]] = {
     # env factory and kwargs, rl-zoo's entry, SB3's policy, the evaluation's step cap
     "LunarLander-v3": {"zoo": ZOO, "policy": "mlp", "eval_max_steps": 1000},
     "CartPole-v1": {"zoo": {"n_envs": 8, "ent_coef": 0.0}, "policy": "mlp", "eval_max_steps": 500},
     "Acrobot-v1": {"zoo": {"normalize": True, "n_envs": 16, "ent_coef": 0.0}, "policy": "mlp", "eval_max_steps": 500},
+    "MountainCar-v0": {"zoo": {"normalize": True, "n_envs": 16, "ent_coef": 0.0}, "policy": "mlp", "eval_max_steps": 200},
+    "Pendulum-v1": {"zoo": ZOO_PENDULUM, "policy": "mlp", "eval_max_steps": 200},
     "MinAtar-Breakout": {"env": TIMED_ENVS["MinAtar-Breakout"]["env"],
                          "env_kwargs": TIMED_ENVS["MinAtar-Breakout"]["settings"]["env_kwargs"],
                          "zoo": ZOO_ATARI, "policy": "grid", "eval_max_steps": 10_000},  # MinAtar's own cap
@@ -136,7 +145,7 @@ def sb3_run(env: str, seed: int, steps: int) -> dict[str, Any]:
     if isinstance(hp.get("learning_rate"), str):  # "lin_<start>": linear to 0
         start = float(hp.pop("learning_rate")[4:])
         hp["learning_rate"] = lambda progress: progress * start
-    policy, kwargs = "MlpPolicy", {}
+    policy, kwargs = "MlpPolicy", dict(hp.pop("policy_kwargs", {}))
     if pixels:
         kwargs = {"optimizer_class": RMSpropTFLike, "optimizer_kwargs": {"eps": 1e-5}}
         if spec["policy"] == "cnn":
@@ -193,7 +202,7 @@ def frugal_run(env: str, variant: str, seed: int, steps: int, settings: dict[str
         if env != "LunarLander-v3":
             raise SystemExit("a2c-zoo replays rl-zoo's LunarLander entry only (--env LunarLander-v3)")
         cfg = timed_hsa2c(name, 3600.0, 1e9, 1, workers=1, processes=1, local_steps=1, rho=1.0, momentum=0.0,
-                          average=0.0, norm_reward=False, envs_per_process=ZOO["n_envs"], k=ZOO["n_steps"],
+                          average=0.0, norm_reward=False, norm_obs=False, envs_per_process=ZOO["n_envs"], k=ZOO["n_steps"],
                           gamma=ZOO["gamma"], ent_coef=ZOO["ent_coef"], eta=float(ZOO["learning_rate"][4:]),
                           eta_anneal=1.0, vf_coef=1.0, **common)  # ½ MSE × 1 = SB3's MSE × 0.5
     else:
@@ -207,7 +216,7 @@ def frugal_run(env: str, variant: str, seed: int, steps: int, settings: dict[str
             "env_steps": rec["env_steps"], "train_s": rec["env_steps"] / rec["env_steps_per_s"],
             "wall_s": time.monotonic() - t0, "bytes_total": rec["bytes_total"],
             "config": {k: getattr(cfg, k) for k in ("workers", "local_steps", "rho", "momentum", "average",
-                                                     "norm_reward", "envs_per_process", "k", "gamma", "ent_coef",
+                                                     "norm_reward", "norm_obs", "envs_per_process", "k", "gamma", "ent_coef",
                                                      "eta", "eta_anneal", "max_grad_norm", "vf_coef", "hidden",
                                                      "net")}}
 

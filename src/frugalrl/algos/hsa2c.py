@@ -35,6 +35,13 @@ Choices and differences from the paper, and why:
   with clipping: it learns, but its greedy return oscillates more).
   The paper's master uses SGD with momentum 0.5, and so does HSA2C by default (``momentum`` 0.5 with
   ``rho`` 0.5; DPSGD's own default is Alg. 1's plain ``ρ`` step).
+- *Observation normalisation* (``norm_obs``, on by default for vector observations): the agent normalises its
+  input by a running mean and variance (:class:`~frugalrl.normalize.ObsNormalizer`, as rl-zoo's ``VecNormalize``)
+  whose statistics are part of DPSGD's vector, after the weights. No gradient moves them: each local step merges its
+  rollout's observations into them and returns the change divided by ``η`` (:meth:`A2CProblem.set_rate`), so the
+  step ``u − η g`` makes the merge, the master adds the pushes like any update, and pulls, Polyak averages,
+  checkpoints and evaluations all carry them. Without it MountainCar-v0's velocity (±0.07) is invisible to the
+  network and HSA2C never reached the flag in 1M steps (SB3's A2C with rl-zoo's ``normalize`` does).
 - *Server-side loss*: :meth:`A2CProblem.loss` (called by the server every ``eval_every`` global
   updates) is the negative mean return of ``log_eval_episodes`` greedy episodes on a separate
   evaluation env with fixed seeds, in the calling process. Training returns seen by workers never
@@ -69,13 +76,13 @@ import numpy as np
 import torch
 
 from frugalrl import dists
-from frugalrl.config import ActorCriticConfig, NetConfig, RunConfig, check_fields
+from frugalrl.config import ActorCriticConfig, NetConfig, NormConfig, RunConfig, check_fields
 from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
 from frugalrl.dpsgd.run import run_dpsgd
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.evaluation import EVAL_SEED, Evaluation, evaluate, policy_evaluator
 from frugalrl.nets import Net, make_agent
-from frugalrl.normalize import ReturnScaler
+from frugalrl.normalize import ObsNormalizer, ReturnScaler, RunningMeanStd
 from frugalrl.training import Training
 
 PROBLEM = "frugalrl.algos.hsa2c:make_a2c_problem"
@@ -114,7 +121,8 @@ class A2CProblem:
         eval_max_steps: int = 1000,
         target_return: float | None = None,
         confirm_episodes: int = 10,
-        norm_reward: bool = False,
+        norm_reward: bool | None = False,
+        norm_obs: bool | None = False,
     ) -> None:
         if grad_scaling not in ("rmsprop", "none"):
             raise ValueError(f"grad_scaling must be 'rmsprop' or 'none', got {grad_scaling!r}")
@@ -133,18 +141,23 @@ class A2CProblem:
         self.eval_max_steps = int(eval_max_steps)
         self.target_return = None if target_return is None else float(target_return)
         self.confirm_episodes = int(confirm_episodes)
-        self.scaler = ReturnScaler(self.gamma, self.m) if norm_reward else None
         probe = self.env_spec.make()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         probe.close()
         self.box = isinstance(self.action_space, gym.spaces.Box)
+        norm_obs, norm_reward = NormConfig(norm_obs=norm_obs, norm_reward=norm_reward).normalization(self.box)
+        self.scaler = ReturnScaler(self.gamma, self.m) if norm_reward else None
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             self.agent = make_agent(self.observation_space, self.action_space, tuple(int(h) for h in hidden), net,
-                                    **(mlp_options or {}))
+                                    **{**(mlp_options or {}), "obs_norm": bool(norm_obs)})
         self.params = list(self.agent.parameters())
-        self.size = int(sum(p.numel() for p in self.params))
-        self._init = torch.nn.utils.parameters_to_vector(self.params).detach().numpy().astype(np.float32)
+        self.n_params = int(sum(p.numel() for p in self.params))
+        self.obs_norm: ObsNormalizer | None = getattr(self.agent, "obs_norm", None)  # None for the CNNs
+        self.size = self.n_params + (0 if self.obs_norm is None else 2 * self.obs_norm.mean.numel() + 1)
+        self._init = self.flat()
+        self.rate = 1.0
+        """The local rate of the steps that follow (:meth:`set_rate`)."""
         self.envs: list[gym.Env] | None = None
         self.obs: list[np.ndarray] = []
         self.ep_return: list[float] = []
@@ -160,10 +173,30 @@ class A2CProblem:
         """The seeded initial weights, flattened (float32)."""
         return self._init.copy()
 
+    def flat(self) -> np.ndarray:
+        """The agent's weights as DPSGD's flat float32 vector: its parameters, then (with ``norm_obs``) the
+        observation statistics ``mean``, ``var`` and ``count``."""
+        parts = [torch.nn.utils.parameters_to_vector(self.params).detach()]
+        if self.obs_norm is not None:
+            parts += [self.obs_norm.mean.float(), self.obs_norm.var.float(), self.obs_norm.count.reshape(1).float()]
+        return torch.cat(parts).numpy().astype(np.float32)
+
     def load(self, params: np.ndarray) -> None:
-        """Copy the flat vector ``params`` into the network."""
+        """Copy the flat vector ``params`` into the network (and its observation statistics)."""
         flat = torch.from_numpy(np.ascontiguousarray(params, dtype=np.float32))
-        torch.nn.utils.vector_to_parameters(flat, self.params)
+        n = self.n_params
+        torch.nn.utils.vector_to_parameters(flat[:n], self.params)
+        if self.obs_norm is not None:
+            d = self.obs_norm.mean.numel()
+            self.obs_norm.mean.copy_(flat[n : n + d])
+            self.obs_norm.var.copy_(flat[n + d : n + 2 * d].clamp(min=0.0))  # an update may overshoot below 0
+            self.obs_norm.count.copy_(flat[-1].clamp(min=1e-4))
+
+    def set_rate(self, eta: float) -> None:
+        """The local rate ``η`` of the steps that follow (DPSGD's workers call it each round): the observation
+        statistics are not moved by a gradient, so :meth:`stochastic_grad` returns their change divided by ``η``
+        (1 until this is called)."""
+        self.rate = float(eta)
 
     def stochastic_grad(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Roll ``k`` steps in each env with ``params``; return the (clipped, scaled) A2C gradient."""
@@ -247,7 +280,24 @@ class A2CProblem:
             denom = np.sqrt(self.square_avg)
             denom += np.float32(self.rms_eps)
             grad /= denom
+        if self.obs_norm is not None:  # the statistics' own step: merge this rollout's observations, as u − η g
+            grad = np.concatenate([grad, self._stats_step(params[self.n_params :], obs_all)])
         return grad
+
+    def _stats_step(self, old: np.ndarray, obs: torch.Tensor) -> np.ndarray:
+        """``(old − new) / η`` for the statistics ``old`` (mean, var, count) merged with the observations
+        ``obs``: a local step ``u ← u − η g`` moves them to ``new``, as Chan et al.'s merge would."""
+        if self.rate == 0:
+            return np.zeros_like(old)  # an annealed-out rate: nothing moves, the statistics neither
+        assert self.obs_norm is not None
+        d = self.obs_norm.mean.numel()
+        stats = RunningMeanStd((d,))
+        stats.mean.copy_(torch.from_numpy(old[:d]))
+        stats.var.copy_(torch.from_numpy(old[d : 2 * d]).clamp(min=0.0))
+        stats.count.fill_(max(float(old[-1]), 1e-4))
+        stats.update(obs.reshape(obs.shape[0], -1))
+        new = torch.cat([stats.mean, stats.var, stats.count.reshape(1)]).numpy()
+        return ((old.astype(np.float64) - new) / self.rate).astype(np.float32)
 
     def loss(self, params: np.ndarray) -> float:
         """Negative mean return of ``log_eval_episodes`` greedy episodes (fixed seeds) at ``params``.
@@ -294,7 +344,7 @@ def make_a2c_problem(**kwargs: Any) -> A2CProblem:
 
 # ------------------------------------------------------------------------------------ the config
 @dataclass(kw_only=True)
-class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
+class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
     """Every knob of an HSA2C run (the paper's symbols in brackets). Field names are the CLI flags.
 
     The DPSGD options (workers, processes, local steps, master batch, rates, stopping, codecs,
@@ -334,9 +384,16 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
     """Decay of the RMSProp running mean of squared gradients."""
     rms_eps: float = 1e-5
     """ε of the RMSProp denominator."""
-    norm_reward: bool = True
+    norm_reward: bool | None = True
     """Scale each Hogwild process's rewards by the running std of its envs' discounted return (the value
-    function then learns scaled returns; evaluations report raw ones)."""
+    function then learns scaled returns; evaluations report raw ones); None: as norm_obs resolves."""
+    norm_obs: bool | None = True
+    """Normalise vector observations by their running mean and variance inside the agent (frames and grids are
+    scaled, not normalised). The statistics are part of the weights DPSGD moves: each local step merges its
+    rollout's observations, the master adds the pushes like any update, and pulls, averages, checkpoints and
+    evaluations carry them. On by default, whatever the actions: without it MountainCar-v0's velocity
+    (±0.07) is invisible to the network and HSA2C did not reach the flag in 1M env steps (docs/benchmarks.md, "HSA2C on
+    tasks nobody tuned it for"); None: on for Box actions only, as PPO's and IMPALA's default."""
     log_eval_episodes: int = 1
     """Greedy episodes of each periodic evaluation (the server-side loss). One that reaches ``target_return``
     is confirmed on ``eval_episodes`` episodes (those of the final evaluation) before the run stops."""
@@ -395,6 +452,7 @@ class HSA2CConfig(NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
             "target_return": self.target_return,
             "confirm_episodes": self.eval_episodes,
             "norm_reward": self.norm_reward,
+            "norm_obs": self.norm_obs,
         }
 
     def dpsgd_config(self, done_updates: int = 0) -> DPSGDConfig:
@@ -454,7 +512,7 @@ def train(cfg: HSA2CConfig, resume: str | Path | None = None) -> dict[str, Any]:
             run.save()
             last_saved = update
 
-    initial = torch.nn.utils.parameters_to_vector(agent.parameters()).detach().numpy() if done else None
+    initial = problem.flat() if done else None
     out = run_dpsgd(cfg.dpsgd_config(done), problem, initial=initial, on_record=on_record)
 
     problem.load(out["params"])

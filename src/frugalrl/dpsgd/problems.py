@@ -7,7 +7,10 @@ must provide:
 - ``init_params() -> np.ndarray``: the starting point, a flat float32 vector;
 - ``stochastic_grad(params, rng) -> np.ndarray``: a stochastic gradient at ``params`` (same shape,
   float32; it may be mostly zeros), drawing its sample(s) from the ``np.random.Generator`` ``rng``;
-- ``loss(params) -> float``: the full objective, for monitoring and evaluation (server side only).
+- ``loss(params) -> float``: the full objective, for monitoring and evaluation (server side only);
+- optionally ``set_rate(eta)``: called by each Hogwild process before a round's steps with their rate ``η``,
+  for a problem whose vector also holds state that no gradient moves (HSA2C's observation statistics return
+  their change divided by ``η``, so that the step ``u − η g`` makes it).
 
 Both examples build a seeded synthetic dataset, so every process that calls the factory with the
 same arguments holds the same data, and both know their optimum:

@@ -97,6 +97,9 @@ def hogwild_steps(
 ) -> None:
     """Alg. 2, lines 5-9, for one Hogwild process: ``steps`` lock-free updates ``u -= η ∇f_i(û)`` in place."""
     eta32 = np.float32(eta)
+    set_rate = getattr(problem, "set_rate", None)
+    if set_rate is not None:
+        set_rate(eta)
     for _ in range(steps):
         u_hat = u.copy()  # line 6: read u (other processes may be writing it meanwhile)
         grad = check_vector(problem.stochastic_grad(u_hat, rng), u.size, name, "stochastic_grad()")
