@@ -35,13 +35,14 @@ Choices and differences from the paper, and why:
   with clipping: it learns, but its greedy return oscillates more).
   The paper's master uses SGD with momentum 0.5, and so does HSA2C by default (``momentum`` 0.5 with
   ``rho`` 0.5; DPSGD's own default is Alg. 1's plain ``ρ`` step).
-- *Observation normalisation* (``norm_obs``, on by default for vector observations): the agent normalises its
+- *Observation normalisation* (``norm_obs``, on by default for vector observations and discrete actions): the agent normalises its
   input by a running mean and variance (:class:`~frugalrl.normalize.ObsNormalizer`, as rl-zoo's ``VecNormalize``)
   whose statistics are part of DPSGD's vector, after the weights. No gradient moves them: each local step merges its
   rollout's observations into them and returns the change divided by ``η`` (:meth:`A2CProblem.set_rate`), so the
   step ``u − η g`` makes the merge, the master adds the pushes like any update, and pulls, Polyak averages,
   checkpoints and evaluations all carry them. Without it MountainCar-v0's velocity (±0.07) is invisible to the
-  network and HSA2C never reached the flag in 1M steps (SB3's A2C with rl-zoo's ``normalize`` does).
+  network and HSA2C never reached the flag in 1M steps (SB3's A2C with rl-zoo's ``normalize`` does). It is off by
+  default for Box actions: with it HSA2C broke down on Pendulum-v1 on 2 seeds of 3, without it every seed matches SB3.
 - *Server-side loss*: :meth:`A2CProblem.loss` (called by the server every ``eval_every`` global
   updates) is the negative mean return of ``log_eval_episodes`` greedy episodes on a separate
   evaluation env with fixed seeds, in the calling process. Training returns seen by workers never
@@ -145,6 +146,7 @@ class A2CProblem:
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         probe.close()
         self.box = isinstance(self.action_space, gym.spaces.Box)
+        norm_obs = (not self.box) if norm_obs is None else bool(norm_obs)  # HSA2CConfig.norm_obs says why
         norm_obs, norm_reward = NormConfig(norm_obs=norm_obs, norm_reward=norm_reward).normalization(self.box)
         self.scaler = ReturnScaler(self.gamma, self.m) if norm_reward else None
         with torch.random.fork_rng():
@@ -387,13 +389,14 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     norm_reward: bool | None = True
     """Scale each Hogwild process's rewards by the running std of its envs' discounted return (the value
     function then learns scaled returns; evaluations report raw ones); None: as norm_obs resolves."""
-    norm_obs: bool | None = True
+    norm_obs: bool | None = None
     """Normalise vector observations by their running mean and variance inside the agent (frames and grids are
     scaled, not normalised). The statistics are part of the weights DPSGD moves: each local step merges its
     rollout's observations, the master adds the pushes like any update, and pulls, averages, checkpoints and
-    evaluations carry them. On by default, whatever the actions: without it MountainCar-v0's velocity
-    (±0.07) is invisible to the network and HSA2C did not reach the flag in 1M env steps (docs/benchmarks.md, "HSA2C on
-    tasks nobody tuned it for"); None: on for Box actions only, as PPO's and IMPALA's default."""
+    evaluations carry them. None (the default): on for discrete actions, off for Box actions, as measured
+    (docs/benchmarks.md, "HSA2C on tasks nobody tuned it for"): without it MountainCar-v0's velocity (±0.07) is
+    invisible to the network and HSA2C did not reach the flag in 1M env steps; with it HSA2C broke down on
+    Pendulum-v1 on 2 seeds of 3 (cause not found). PPO's and IMPALA's None means the opposite (on for Box)."""
     log_eval_episodes: int = 1
     """Greedy episodes of each periodic evaluation (the server-side loss). One that reaches ``target_return``
     is confirmed on ``eval_episodes`` episodes (those of the final evaluation) before the run stops."""
