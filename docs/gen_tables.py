@@ -397,7 +397,7 @@ def t_headline(where: str) -> list[Table]:
     ls, up, a3, t6 = Source("learning_suite"), Source("uplink"), Source("aaps_3seeds"), Source("compress_table6")
     pc, psa, ps = Source("pipeline_carracing"), Source("pipeline_carracing_sa"), Source("pipeline_suite")
     lda, hs, tp = Source("lda_baselines_large_seed0_bf16"), Source("hsa2c_vs_sync_norm_obs"), Source("throughput")
-    ar, am, hm = Source("a2c_reference_1m_defaults"), Source("a2c_reference_minatar"), Source("hsa2c_vs_sync_minatar_cnn")
+    ar, am, hm = Source("a2c_reference_1m_norm_obs"), Source("a2c_reference_minatar"), Source("hsa2c_vs_sync_minatar_cnn")
     ll = ("table", "LunarLander-v3", "variants")
     chain = len(t6("rows")) - 1
     w1, g1 = method_path(lda, "dpsvi-w1p1"), method_path(lda, "gensim-w1")
@@ -480,7 +480,7 @@ def t_headline(where: str) -> list[Table]:
          link(lda, "dpsgd.md")],
         vs_a3c(hs, 200, "LunarLander-v3, HSA2C's defaults"),
         vs_a3c(hm, 10, "MinAtar Breakout, grid CNN"),
-        vs_sb3(ar, "LunarLander-v3", "its defaults before observation normalisation"),
+        vs_sb3(ar, "LunarLander-v3"),
         vs_sb3(am, "MinAtar Breakout (atari recipe, same CNN)"),
         [["ClusterEnv `step()` vs Gymnasium's AsyncVectorEnv, LunarLander-v3, 2 processes"],
          [tp.num("results", "LunarLander-v3", "ratios", "head_vs_async", fmt=".2f", suffix="×"), " the env steps/s"],
