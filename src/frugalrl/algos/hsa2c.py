@@ -157,6 +157,8 @@ class A2CProblem:
         self.n_params = int(sum(p.numel() for p in self.params))
         self.obs_norm: ObsNormalizer | None = getattr(self.agent, "obs_norm", None)  # None for the CNNs
         self.size = self.n_params + (0 if self.obs_norm is None else 2 * self.obs_norm.mean.numel() + 1)
+        self._merge = None if self.obs_norm is None else RunningMeanStd(tuple(self.obs_norm.mean.shape))
+        """Where :meth:`_stats_step` merges a rollout into the pulled statistics (one, reused)."""
         self._init = self.flat()
         self.rate = 1.0
         """The local rate of the steps that follow (:meth:`set_rate`)."""
@@ -189,10 +191,7 @@ class A2CProblem:
         n = self.n_params
         torch.nn.utils.vector_to_parameters(flat[:n], self.params)
         if self.obs_norm is not None:
-            d = self.obs_norm.mean.numel()
-            self.obs_norm.mean.copy_(flat[n : n + d])
-            self.obs_norm.var.copy_(flat[n + d : n + 2 * d].clamp(min=0.0))  # an update may overshoot below 0
-            self.obs_norm.count.copy_(flat[-1].clamp(min=1e-4))
+            _load_stats(self.obs_norm, flat[n:])
 
     def set_rate(self, eta: float) -> None:
         """The local rate ``η`` of the steps that follow (DPSGD's workers call it each round): the observation
@@ -291,12 +290,9 @@ class A2CProblem:
         ``obs``: a local step ``u ← u − η g`` moves them to ``new``, as Chan et al.'s merge would."""
         if self.rate == 0:
             return np.zeros_like(old)  # an annealed-out rate: nothing moves, the statistics neither
-        assert self.obs_norm is not None
-        d = self.obs_norm.mean.numel()
-        stats = RunningMeanStd((d,))
-        stats.mean.copy_(torch.from_numpy(old[:d]))
-        stats.var.copy_(torch.from_numpy(old[d : 2 * d]).clamp(min=0.0))
-        stats.count.fill_(max(float(old[-1]), 1e-4))
+        stats = self._merge
+        assert stats is not None
+        _load_stats(stats, torch.from_numpy(old))
         stats.update(obs.reshape(obs.shape[0], -1))
         new = torch.cat([stats.mean, stats.var, stats.count.reshape(1)]).numpy()
         return ((old.astype(np.float64) - new) / self.rate).astype(np.float32)
@@ -337,6 +333,15 @@ class A2CProblem:
             return 0.0
         first = EVAL_SEED + self.seed if seed is None else seed
         return evaluate(self.agent, self.env_spec, episodes, seed=first, max_steps=self.eval_max_steps)[0]
+
+
+def _load_stats(stats: RunningMeanStd, flat: torch.Tensor) -> None:
+    """Copy a flat ``mean, var, count`` slice of DPSGD's vector into ``stats`` (a variance that a summed update
+    overshot below 0 is clamped to 0, a count to its starting 1e-4)."""
+    d = stats.mean.numel()
+    stats.mean.copy_(flat[:d])
+    stats.var.copy_(flat[d : 2 * d].clamp(min=0.0))
+    stats.count.copy_(flat[2 * d].clamp(min=1e-4))
 
 
 def make_a2c_problem(**kwargs: Any) -> A2CProblem:
