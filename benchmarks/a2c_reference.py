@@ -64,6 +64,8 @@ ZOO_PENDULUM: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/a2c.yml, Pendu
     "vf_coef": 0.4, "gamma": 0.99, "use_rms_prop": True, "normalize_advantage": False, "learning_rate": "lin_7e-4",
     "use_sde": True, "policy_kwargs": {"log_std_init": -2, "ortho_init": False},
 }
+ZOO_LUNAR_CONTINUOUS: dict[str, Any] = {**ZOO_PENDULUM, "n_envs": 4}
+"""rl-baselines3-zoo hyperparams/a2c.yml, LunarLanderContinuous ("tuned", 5e6 steps): Pendulum's with 4 envs."""
 ENVS: dict[str, dict[str, Any]] = {
     # env factory and kwargs, rl-zoo's entry, SB3's policy, the evaluation's step cap
     "LunarLander-v3": {"zoo": ZOO, "policy": "mlp", "eval_max_steps": 1000},
@@ -71,6 +73,7 @@ ENVS: dict[str, dict[str, Any]] = {
     "Acrobot-v1": {"zoo": {"normalize": True, "n_envs": 16, "ent_coef": 0.0}, "policy": "mlp", "eval_max_steps": 500},
     "MountainCar-v0": {"zoo": {"normalize": True, "n_envs": 16, "ent_coef": 0.0}, "policy": "mlp", "eval_max_steps": 200},
     "Pendulum-v1": {"zoo": ZOO_PENDULUM, "policy": "mlp", "eval_max_steps": 200},
+    "LunarLanderContinuous-v3": {"zoo": ZOO_LUNAR_CONTINUOUS, "policy": "mlp", "eval_max_steps": 1000},
     "MinAtar-Breakout": {"env": TIMED_ENVS["MinAtar-Breakout"]["env"],
                          "env_kwargs": TIMED_ENVS["MinAtar-Breakout"]["settings"]["env_kwargs"],
                          "zoo": ZOO_ATARI, "policy": "grid", "eval_max_steps": 10_000},  # MinAtar's own cap

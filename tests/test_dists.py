@@ -177,3 +177,21 @@ def test_bad_arguments():
         dists.kl("beta", p, p)
     with pytest.raises(ValueError, match="unknown distribution kind 'beta'"):
         dists.sample("beta", p)
+
+
+def test_entropy_bonus_stops_at_half_the_action_box():
+    """Below the cap the bonus is the entropy; above it the bonus no longer grows with log σ (no gradient), and
+    unbounded dimensions are not capped. Uncapped, HSA2C's log σ ran to 5-10 on Pendulum-v1 (see :func:`dists.entropy_bonus`)."""
+    from frugalrl.nets import box_log_half_width
+
+    cap = box_log_half_width({"low": [-2.0, -np.inf], "high": [2.0, np.inf]})
+    assert torch.allclose(cap[:1], torch.tensor([np.log(2.0)], dtype=torch.float32)) and torch.isinf(cap[1])
+    log_std = torch.tensor([[0.1, 5.0], [3.0, 7.0]], requires_grad=True)
+    params = torch.cat([torch.zeros(2, 2), log_std], -1)
+    bonus = dists.entropy_bonus("gaussian", params, cap)
+    assert torch.allclose(bonus[0], dists.entropy("gaussian", params)[0])
+    bonus.sum().backward()
+    assert log_std.grad is not None
+    assert log_std.grad.tolist() == [[1.0, 1.0], [0.0, 1.0]]  # row 2's first σ is past half the box
+    logits = torch.randn(3, 4)
+    assert torch.equal(dists.entropy_bonus("categorical", logits, cap), dists.entropy("categorical", logits))

@@ -161,10 +161,11 @@ def surrogate_epochs(
         for start in range(0, size - minibatch + 1, minibatch):
             mb = order[start : start + minibatch]
             params = agent.dist_params(batch.obs[mb])
+            bonus = dists.entropy_bonus(agent.dist_kind, params, getattr(agent, "max_entropy_log_std", None))
             out = ppo_loss(
                 cfg, ent_coef, vf_coef,
                 new_logp=dists.log_prob(agent.dist_kind, params, batch.actions[mb]), old_logp=batch.old_logp[mb],
-                advantages=batch.advantages[mb], entropy=dists.entropy(agent.dist_kind, params),
+                advantages=batch.advantages[mb], entropy=bonus,
                 new_value=agent.value(batch.obs[mb]), old_value=batch.values[mb], returns=batch.returns[mb],
                 weights=batch.weights[mb], clip_coef=clip_coef,
             )

@@ -72,6 +72,9 @@ class ActorCritic(nn.Module):
     """The action distribution :meth:`dist_params` parameterises (see :mod:`frugalrl.dists`)."""
     exact_tensors: tuple[str, ...] = ()
     """State-dict keys that must travel losslessly whatever the weights codec (running statistics)."""
+    max_entropy_log_std: torch.Tensor | None = None
+    """Gaussian heads whose actions are clipped to a box: the log of half the box's width per action dimension,
+    the most log-std an entropy bonus rewards (:func:`frugalrl.dists.entropy_bonus`); None: no cap."""
 
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
         """Parameters of the action distribution for each state, shape ``(batch, P)``."""
@@ -118,6 +121,16 @@ def action_desc(space: gym.Space) -> dict[str, Any]:
             "high": np.asarray(space.high, dtype=np.float64).reshape(-1).tolist(),
         }
     raise TypeError(f"unsupported action space {space}; frugalrl supports Discrete and Box")
+
+
+def box_log_half_width(action: dict[str, Any]) -> torch.Tensor:
+    """``log((high − low) / 2)`` per dimension of a Box :func:`action_desc` (``inf`` where a bound is infinite)."""
+    low = np.asarray(action["low"], dtype=np.float64)
+    high = np.asarray(action["high"], dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        half = (high - low) / 2
+    half = np.where(np.isfinite(half) & (half > 0), half, np.inf)
+    return torch.as_tensor(np.log(half), dtype=torch.float32)
 
 
 _Layer = TypeVar("_Layer", nn.Linear, nn.Conv2d)
@@ -226,6 +239,7 @@ class MLPActorCritic(ActorCritic):
         elif action["type"] == "box":
             self.dist_kind = "gaussian"
             out = int(np.prod(action["shape"]))
+            self.max_entropy_log_std = box_log_half_width(action)
         else:
             raise ValueError(f"unsupported action description {action!r}")
 

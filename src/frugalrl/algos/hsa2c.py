@@ -35,14 +35,16 @@ Choices and differences from the paper, and why:
   with clipping: it learns, but its greedy return oscillates more).
   The paper's master uses SGD with momentum 0.5, and so does HSA2C by default (``momentum`` 0.5 with
   ``rho`` 0.5; DPSGD's own default is Alg. 1's plain ``ρ`` step).
-- *Observation normalisation* (``norm_obs``, on by default for vector observations and discrete actions): the agent normalises its
+- *Observation normalisation* (``norm_obs``, on by default for vector observations): the agent normalises its
   input by a running mean and variance (:class:`~frugalrl.normalize.ObsNormalizer`, as rl-zoo's ``VecNormalize``)
   whose statistics are part of DPSGD's vector, after the weights. No gradient moves them: each local step merges its
   rollout's observations into them and returns the change divided by ``η`` (:meth:`A2CProblem.set_rate`), so the
   step ``u − η g`` makes the merge, the master adds the pushes like any update, and pulls, Polyak averages,
   checkpoints and evaluations all carry them. Without it MountainCar-v0's velocity (±0.07) is invisible to the
-  network and HSA2C never reached the flag in 1M steps (SB3's A2C with rl-zoo's ``normalize`` does). It is off by
-  default for Box actions: with it HSA2C broke down on Pendulum-v1 on 2 seeds of 3, without it every seed matches SB3.
+  network and HSA2C never reached the flag in 1M steps (SB3's A2C with rl-zoo's ``normalize`` does).
+- *Entropy bonus with Box actions*: the bonus counts a Gaussian's log-std at most up to half the action box
+  (:func:`frugalrl.dists.entropy_bonus`): uncapped, RMSProp turned its constant push on ``log σ`` into fixed steps, and
+  on Pendulum-v1 ``log σ`` ran to 5-10 (bang-bang sampling; with ``norm_obs`` the mean stopped learning on 1 seed of 3).
 - *Server-side loss*: :meth:`A2CProblem.loss` (called by the server every ``eval_every`` global
   updates) is the negative mean return of ``log_eval_episodes`` greedy episodes on a separate
   evaluation env with fixed seeds, in the calling process. Training returns seen by workers never
@@ -146,7 +148,6 @@ class A2CProblem:
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         probe.close()
         self.box = isinstance(self.action_space, gym.spaces.Box)
-        norm_obs = (not self.box) if norm_obs is None else bool(norm_obs)  # HSA2CConfig.norm_obs says why
         norm_obs, norm_reward = NormConfig(norm_obs=norm_obs, norm_reward=norm_reward).normalization(self.box)
         self.scaler = ReturnScaler(self.gamma, self.m) if norm_reward else None
         with torch.random.fork_rng():
@@ -262,7 +263,7 @@ class A2CProblem:
         logp = dists.log_prob(self.agent.dist_kind, dparams, act_all)
         policy_loss = -(logp * advantages).mean()
         value_loss = 0.5 * (ret_all - values).pow(2).mean()
-        entropy = dists.entropy(self.agent.dist_kind, dparams).mean()
+        entropy = dists.entropy_bonus(self.agent.dist_kind, dparams, self.agent.max_entropy_log_std).mean()
         loss = policy_loss + self.vf_coef * value_loss - self.ent_coef * entropy
         for p in self.params:
             p.grad = None
@@ -394,14 +395,13 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     norm_reward: bool | None = True
     """Scale each Hogwild process's rewards by the running std of its envs' discounted return (the value
     function then learns scaled returns; evaluations report raw ones); None: as norm_obs resolves."""
-    norm_obs: bool | None = None
+    norm_obs: bool | None = True
     """Normalise vector observations by their running mean and variance inside the agent (frames and grids are
     scaled, not normalised). The statistics are part of the weights DPSGD moves: each local step merges its
     rollout's observations, the master adds the pushes like any update, and pulls, averages, checkpoints and
-    evaluations carry them. None (the default): on for discrete actions, off for Box actions, as measured
-    (docs/benchmarks.md, "HSA2C on tasks nobody tuned it for"): without it MountainCar-v0's velocity (±0.07) is
-    invisible to the network and HSA2C did not reach the flag in 1M env steps; with it HSA2C broke down on
-    Pendulum-v1 on 2 seeds of 3 (cause not found). PPO's and IMPALA's None means the opposite (on for Box)."""
+    evaluations carry them. Without it MountainCar-v0's velocity (±0.07) is invisible to the network and HSA2C did
+    not reach the flag in 1M env steps (docs/benchmarks.md, "HSA2C on tasks nobody tuned it for"). None: as
+    PPO's, on for Box actions only."""
     log_eval_episodes: int = 1
     """Greedy episodes of each periodic evaluation (the server-side loss). One that reaches ``target_return``
     is confirmed on ``eval_episodes`` episodes (those of the final evaluation) before the run stops."""
