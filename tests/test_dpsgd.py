@@ -453,6 +453,32 @@ def test_target_loss_stops_the_run_and_deferred_eval_keeps_the_curve():
     assert out["global_updates"] == 0
 
 
+class _SlowLoss(LeastSquares):
+    """Least squares whose server-side loss takes 50 ms, as an HSA2C evaluation does (10 episodes): the server
+    takes several snapshots while one loss is computed."""
+
+    def loss(self, params: np.ndarray) -> float:
+        time.sleep(0.05)
+        return super().loss(params)
+
+
+def test_a_target_stop_keeps_the_first_parameters_that_met_it():
+    """The run's result is the first recorded parameters that met the target, however many snapshots the server
+    took meanwhile (a full-suite run of HSA2C on CartPole evaluated the later ones too and returned those)."""
+    kw = {"n": 400, "dim": 10, "batch_size": 8, "noise": 0.1, "seed": 1}
+    problem = _SlowLoss(**kw)
+    start = problem.loss(problem.init_params())
+    target = problem.optimal_loss + 0.5 * (start - problem.optimal_loss)
+    cfg = DPSGDConfig(problem=LSQ, problem_kwargs=kw, workers=2, local_steps=1, eta=0.02,
+                      global_updates=10**6, time_limit_s=60, log_every=1, target_loss=target)
+    out = run_dpsgd(cfg, problem)
+    reached = out["target"]
+    assert out["stop_reason"] == "target_loss" and reached["loss"] <= target
+    assert out["loss_curve"][-1][1] == reached["global_update"] == out["params_version"], out["loss_curve"]
+    assert out["final_loss"] == reached["loss"] == pytest.approx(problem.loss(out["params"]))
+    assert out["global_updates"] > reached["global_update"]  # the server went on while the loss was computed
+
+
 # ------------------------------------------------------------------------------- eq. 13
 def test_scale_learning_rate_eq13():
     assert scale_learning_rate(0.1, (1, 1, 1), (1, 1, 1)) == pytest.approx(0.1)

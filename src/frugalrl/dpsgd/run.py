@@ -120,6 +120,8 @@ def run_dpsgd(
         while True:
             stopped = server.wait(0.1)
             for seconds, version, v in server.drain_snapshots():
+                if reached is not None:
+                    break  # snapshots the server took before it saw the stop: the run's result is already chosen
                 if cfg.deferred_eval:
                     deferred.append((seconds, version, v))  # v is never modified in place: no copy
                     continue
