@@ -66,6 +66,10 @@ ZOO_PENDULUM: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/a2c.yml, Pendu
 }
 ZOO_LUNAR_CONTINUOUS: dict[str, Any] = {**ZOO_PENDULUM, "n_envs": 4}
 """rl-baselines3-zoo hyperparams/a2c.yml, LunarLanderContinuous ("tuned", 5e6 steps): Pendulum's with 4 envs."""
+ZOO_MOUNTAINCAR_CONTINUOUS: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/a2c.yml ("tuned", 1e5 steps)
+    "normalize": True, "n_envs": 4, "n_steps": 100, "ent_coef": 0.0, "use_sde": True, "sde_sample_freq": 16,
+    "policy_kwargs": {"log_std_init": 0.0, "ortho_init": False},
+}
 ENVS: dict[str, dict[str, Any]] = {
     # env factory and kwargs, rl-zoo's entry, SB3's policy, the evaluation's step cap
     "LunarLander-v3": {"zoo": ZOO, "policy": "mlp", "eval_max_steps": 1000},
@@ -74,6 +78,7 @@ ENVS: dict[str, dict[str, Any]] = {
     "MountainCar-v0": {"zoo": {"normalize": True, "n_envs": 16, "ent_coef": 0.0}, "policy": "mlp", "eval_max_steps": 200},
     "Pendulum-v1": {"zoo": ZOO_PENDULUM, "policy": "mlp", "eval_max_steps": 200},
     "LunarLanderContinuous-v3": {"zoo": ZOO_LUNAR_CONTINUOUS, "policy": "mlp", "eval_max_steps": 1000},
+    "MountainCarContinuous-v0": {"zoo": ZOO_MOUNTAINCAR_CONTINUOUS, "policy": "mlp", "eval_max_steps": 999},
     "MinAtar-Breakout": {"env": TIMED_ENVS["MinAtar-Breakout"]["env"],
                          "env_kwargs": TIMED_ENVS["MinAtar-Breakout"]["settings"]["env_kwargs"],
                          "zoo": ZOO_ATARI, "policy": "grid", "eval_max_steps": 10_000},  # MinAtar's own cap

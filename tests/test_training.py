@@ -92,6 +92,15 @@ def test_one_episode_checks_borrow_the_final_spread():
     assert evaluation_regression([_entry(0, 250.0, 0.0, 1), _entry(1, -150.0, 100.0)]) is not None
 
 
+def test_a_drop_of_nothing_is_no_regression():
+    """A policy stuck at a return of about 0 with no spread (HSA2C standing still on MountainCarContinuous-v0) once
+    warned that it "got worse" from -0.0 to -0.0; a drop below ``MIN_DROP`` is none, one above it still counts."""
+    assert evaluation_regression([_entry(0, -1e-5, 0.0), _entry(1, -2e-5, 0.0)]) is None
+    assert evaluation_regression([_entry(0, 1.0, 0.0), _entry(1, 0.5, 0.0)]) is not None
+    stuck = regression_recheck(Evaluation(-1e-5, 0.0, 3, returns=[-1e-5] * 3), Evaluation(-2e-5, 0.0, 3, returns=[-2e-5] * 3))
+    assert not stuck["confirmed"]
+
+
 def test_best_policy_is_kept_and_a_run_that_ends_below_it_says_so(tmp_path, caplog):
     """A run whose third evaluation falls far below its second: best.pt holds the weights evaluated second, the
     summary names the drop and points to best.pt, and ``load_policy(run, "best")`` gives that policy back."""

@@ -77,13 +77,19 @@ def evaluation_disagreement(deterministic: Evaluation | None, stochastic: Evalua
             "train_return": train_return, "message": "evaluation contradicts training: " + "; ".join(problems)}
 
 
+MIN_DROP = 0.05
+"""A drop in return smaller than this is never a regression: the reports print returns to one decimal, and a policy
+stuck at a return of about 0 with no spread (MountainCarContinuous's standing still) otherwise "fell" from -0.00001
+to -0.00002 by more than 10% of it and more than twice a standard error of 0."""
+
+
 def evaluation_regression(history: list[dict[str, Any]], tolerance: float = 0.1) -> dict[str, Any] | None:
     """What is wrong when the last evaluation of ``history`` (the final one) is clearly below the best earlier one:
     the run peaked, then got worse (an RL run's collapse, which a curve shows and a final number hides). Else None.
 
     Entries are :class:`Training`'s ``eval_history`` rows: ``step``, ``mean``, ``std`` and ``episodes`` (1 if
     absent). "Clearly" is by more than ``tolerance`` × the best's magnitude and more than twice the standard error
-    of the difference of the two means; an entry without a spread of its own (one episode, or none recorded: HSA2C's
+    of the difference of the two means (and by more than :data:`MIN_DROP`); an entry without a spread of its own (one episode, or none recorded: HSA2C's
     server-side checks report only a mean) borrows the final's.
     Since the best is the luckiest of many noisy evaluations, the second condition keeps noise from passing for a
     collapse; with one-episode checks only a large drop counts.
@@ -99,7 +105,7 @@ def evaluation_regression(history: list[dict[str, Any]], tolerance: float = 0.1)
         s_best = s_final
     error = math.sqrt(s_best**2 / n_best + s_final**2 / n_final)
     drop = float(best["mean"]) - float(final["mean"])
-    margin = max(tolerance * abs(float(best["mean"])), 2.0 * error)
+    margin = max(tolerance * abs(float(best["mean"])), 2.0 * error, MIN_DROP)
     if drop <= margin:
         return None
     message = (f"the run got worse after its best evaluation: the final one scores {final['mean']:.1f} over "
@@ -121,7 +127,7 @@ def regression_recheck(best: Evaluation, final: Evaluation, tolerance: float = 0
     diff = np.asarray(best.returns, dtype=np.float64) - np.asarray(final.returns, dtype=np.float64)
     error = float(diff.std(ddof=1) / math.sqrt(diff.size)) if diff.size > 1 else 0.0
     drop = float(diff.mean())
-    margin = max(tolerance * abs(best.mean), 2.0 * error)
+    margin = max(tolerance * abs(best.mean), 2.0 * error, MIN_DROP)
     message = (f"on {diff.size} fresh episodes the best evaluation's policy scores {best.mean:.1f} and the final "
                f"one {final.mean:.1f}")
     return {"episodes": int(diff.size), "best": best.mean, "final": final.mean, "drop": drop, "error": error,
