@@ -70,6 +70,11 @@ ZOO_MOUNTAINCAR_CONTINUOUS: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/
     "normalize": True, "n_envs": 4, "n_steps": 100, "ent_coef": 0.0, "use_sde": True, "sde_sample_freq": 16,
     "policy_kwargs": {"log_std_init": 0.0, "ortho_init": False},
 }
+ZOO_BULLET: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/a2c.yml, HopperBulletEnv-v0 (the pybullet defaults, 2e6
+    # steps; the zoo's A2C file has no entry for gymnasium's MuJoCo Hopper, and SB3-zoo's Bullet entries run without
+    # its TimeFeatureWrapper here)
+    **{k: v for k, v in ZOO_PENDULUM.items() if k != "learning_rate"}, "n_envs": 4, "learning_rate": "lin_0.00096",
+}
 ENVS: dict[str, dict[str, Any]] = {
     # env factory and kwargs, rl-zoo's entry, SB3's policy, the evaluation's step cap
     "LunarLander-v3": {"zoo": ZOO, "policy": "mlp", "eval_max_steps": 1000},
@@ -78,6 +83,7 @@ ENVS: dict[str, dict[str, Any]] = {
     "MountainCar-v0": {"zoo": {"normalize": True, "n_envs": 16, "ent_coef": 0.0}, "policy": "mlp", "eval_max_steps": 200},
     "Pendulum-v1": {"zoo": ZOO_PENDULUM, "policy": "mlp", "eval_max_steps": 200},
     "LunarLanderContinuous-v3": {"zoo": ZOO_LUNAR_CONTINUOUS, "policy": "mlp", "eval_max_steps": 1000},
+    "Hopper-v5": {"zoo": ZOO_BULLET, "policy": "mlp", "eval_max_steps": 1000},
     "MountainCarContinuous-v0": {"zoo": ZOO_MOUNTAINCAR_CONTINUOUS, "policy": "mlp", "eval_max_steps": 999},
     "MinAtar-Breakout": {"env": TIMED_ENVS["MinAtar-Breakout"]["env"],
                          "env_kwargs": TIMED_ENVS["MinAtar-Breakout"]["settings"]["env_kwargs"],
