@@ -415,9 +415,13 @@ def t_headline(where: str) -> list[Table]:
 
     def all_seeds(s: Source, h: int, a: int) -> Cell:
         """When a seed missed the target: both means with every seed counted (an unreached one at its whole time)."""
-        if all(s("rows", i, "time_to_target", "reached").split("/")[0] == s("rows", i, "time_to_target", "reached")
-               .split("/")[1] for i in (h, a)):
+        def every_seed_reached(i: int) -> bool:
+            reached, seeds = s("rows", i, "time_to_target", "reached").split("/")
+            return bool(reached == seeds)
+
+        if every_seed_reached(h) and every_seed_reached(a):
             return []
+
         def mean(i: int) -> Num:
             bound = "≥ " if s("rows", i, "time_to_target", "all_lower_bound") else ""
             return s.num("rows", i, "time_to_target", "all_mean", prefix=bound, suffix=" s")

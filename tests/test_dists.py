@@ -181,7 +181,8 @@ def test_bad_arguments():
 
 def test_entropy_bonus_stops_at_half_the_action_box():
     """Below the cap the bonus is the entropy; above it the bonus no longer grows with log σ (no gradient), and
-    unbounded dimensions are not capped. Uncapped, HSA2C's log σ ran to 5-10 on Pendulum-v1 (see :func:`dists.entropy_bonus`)."""
+    unbounded dimensions are not capped. Uncapped, HSA2C's log σ ran to 5-10 on Pendulum-v1
+    (see :func:`dists.entropy_bonus`)."""
     from frugalrl.nets import box_log_half_width
 
     cap = box_log_half_width({"low": [-2.0, -np.inf], "high": [2.0, np.inf]})

@@ -97,7 +97,8 @@ def test_a_drop_of_nothing_is_no_regression():
     warned that it "got worse" from -0.0 to -0.0; a drop below ``MIN_DROP`` is none, one above it still counts."""
     assert evaluation_regression([_entry(0, -1e-5, 0.0), _entry(1, -2e-5, 0.0)]) is None
     assert evaluation_regression([_entry(0, 1.0, 0.0), _entry(1, 0.5, 0.0)]) is not None
-    stuck = regression_recheck(Evaluation(-1e-5, 0.0, 3, returns=[-1e-5] * 3), Evaluation(-2e-5, 0.0, 3, returns=[-2e-5] * 3))
+    stuck = regression_recheck(Evaluation(-1e-5, 0.0, 3, returns=[-1e-5] * 3),
+                               Evaluation(-2e-5, 0.0, 3, returns=[-2e-5] * 3))
     assert not stuck["confirmed"]
 
 

@@ -64,7 +64,10 @@ def entropy(kind: DistKind, params: torch.Tensor) -> torch.Tensor:
     if kind == "categorical":
         logp = F.log_softmax(params, dim=-1)
         return -(logp.exp() * logp).sum(-1)
-    _, log_std = _split(params)
+    return _gaussian_entropy(_split(params)[1])
+
+
+def _gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
 
 
@@ -81,8 +84,8 @@ def entropy_bonus(kind: DistKind, params: torch.Tensor, max_log_std: torch.Tenso
     """
     if kind != "gaussian" or max_log_std is None:
         return entropy(kind, params)
-    _, log_std = _split(params)
-    return (torch.minimum(log_std, max_log_std.to(log_std)) + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+    log_std = _split(params)[1]
+    return _gaussian_entropy(torch.minimum(log_std, max_log_std.to(log_std)))
 
 
 def kl(kind: DistKind, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

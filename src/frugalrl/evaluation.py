@@ -88,9 +88,9 @@ def evaluation_regression(history: list[dict[str, Any]], tolerance: float = 0.1)
     the run peaked, then got worse (an RL run's collapse, which a curve shows and a final number hides). Else None.
 
     Entries are :class:`Training`'s ``eval_history`` rows: ``step``, ``mean``, ``std`` and ``episodes`` (1 if
-    absent). "Clearly" is by more than ``tolerance`` × the best's magnitude and more than twice the standard error
-    of the difference of the two means (and by more than :data:`MIN_DROP`); an entry without a spread of its own (one episode, or none recorded: HSA2C's
-    server-side checks report only a mean) borrows the final's.
+    absent). "Clearly" is by more than ``tolerance`` × the best's magnitude, more than twice the standard error
+    of the difference of the two means and more than :data:`MIN_DROP`; an entry without a spread of its own (one
+    episode, or none recorded: HSA2C's server-side checks report only a mean) borrows the final's.
     Since the best is the luckiest of many noisy evaluations, the second condition keeps noise from passing for a
     collapse; with one-episode checks only a large drop counts.
     """
