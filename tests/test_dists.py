@@ -196,3 +196,21 @@ def test_entropy_bonus_stops_at_half_the_action_box():
     assert log_std.grad.tolist() == [[1.0, 1.0], [0.0, 1.0]]  # row 2's first σ is past half the box
     logits = torch.randn(3, 4)
     assert torch.equal(dists.entropy_bonus("categorical", logits, cap), dists.entropy("categorical", logits))
+
+
+def test_ppo_logs_the_policy_entropy_not_the_capped_bonus():
+    """``losses/entropy`` reports the policy's entropy even when the bonus it was rewarded is capped: a Gaussian
+    with log σ = 3 on a [-1, 1] box logs 3 + ½ log(2πe) per dimension, not the cap's ½ log(2πe)."""
+    from frugalrl.losses import SurrogateBatch, SurrogateConfig, surrogate_epochs
+    from frugalrl.nets import MLPActorCritic
+
+    torch.manual_seed(0)
+    agent = MLPActorCritic(3, {"type": "box", "shape": [2], "low": [-1, -1], "high": [1, 1]}, log_std_init=3.0)
+    n = 16
+    batch = SurrogateBatch(obs=torch.randn(n, 3), actions=torch.randn(n, 2), old_logp=torch.zeros(n),
+                           advantages=torch.randn(n), returns=torch.randn(n), values=torch.zeros(n),
+                           weights=torch.ones(n))
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-6)
+    stats = surrogate_epochs(agent, optimizer, batch, SurrogateConfig(num_minibatches=1, update_epochs=1),
+                             ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, generator=torch.Generator())
+    assert stats["losses/entropy"] == pytest.approx(2 * (3.0 + 0.5 * np.log(2 * np.pi * np.e)), abs=1e-3)

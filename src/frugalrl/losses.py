@@ -176,10 +176,12 @@ def surrogate_epochs(
             optimizer.step()
         if cfg.target_kl is not None and out.approx_kl > cfg.target_kl:
             break
+    with torch.no_grad():  # the policy's entropy, not the capped bonus the loss rewarded
+        entropy = dists.entropy(agent.dist_kind, params).mean().item()
     return {
         "losses/policy": out.policy.item(),
         "losses/value": out.value.item(),
-        "losses/entropy": out.entropy.item(),
+        "losses/entropy": entropy,
         "losses/approx_kl": out.approx_kl.item(),
         "losses/clipfrac": float(sum(clipfracs) / len(clipfracs)),
         "losses/explained_variance": explained_variance(batch.values, batch.returns),
