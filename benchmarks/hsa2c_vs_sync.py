@@ -107,9 +107,12 @@ def finished_runs(dirs: list[str]) -> list[tuple[dict[str, Any], dict[str, Any]]
 
 
 def reused_summary(cfg: HSA2CConfig, finished: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any] | None:
-    """The summary of a finished run whose config is ``cfg`` (but for :data:`NOT_MATCHED`), or None."""
+    """The summary of a finished run whose config is ``cfg`` (but for :data:`NOT_MATCHED`), or None. A field the run's
+    config.json lacks (added to HSA2CConfig since) counts at its default, which keeps the behaviour of before."""
     want = {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k not in NOT_MATCHED}
-    return next((summary for config, summary in finished if {k: config.get(k) for k in want} == want), None)
+    default = json.loads(json.dumps(asdict(HSA2CConfig())))
+    return next((summary for config, summary in finished
+                 if {k: config.get(k, default.get(k)) for k in want} == want), None)
 
 
 def rescore(run_dir: str | None, episodes: int) -> dict[str, Any] | None:

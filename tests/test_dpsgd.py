@@ -54,6 +54,33 @@ def constant_pull(**kwargs) -> ConstantPull:
     return ConstantPull(**kwargs)
 
 
+class Clocked(LeastSquares):
+    """Least squares that checks its clock: a round (at most ``B`` = 2 gradients) must begin with ``set_version``
+    of the global update after the last one told (one worker pulls 0, 1, 2, ...), else a gradient raises, which
+    fails the run."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.next_version = 0
+        self.since = 0  # gradients since the last set_version (the server's check takes one before any round)
+
+    def set_version(self, version: int) -> None:
+        if version != self.next_version:
+            raise RuntimeError(f"told global update {version}, expected {self.next_version}")
+        self.next_version, self.since = version + 1, 0
+
+    def stochastic_grad(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        self.since += 1
+        if self.since > 2:
+            raise RuntimeError("a round began without set_version")
+        return super().stochastic_grad(params, rng)
+
+
+def clocked(**kwargs) -> Clocked:
+    """Factory of :class:`Clocked`."""
+    return Clocked(**kwargs)
+
+
 class Faulty(LeastSquares):
     """Least squares whose gradient goes wrong after ``after`` calls, in worker processes only."""
 
@@ -378,6 +405,15 @@ def test_hogwild_processes_update_one_shared_u():
     out = run_dpsgd(cfg)
     assert out["gradient_steps"] == 2 * b
     assert np.all(out["params"] > b) and np.all(out["params"] <= 2 * b)
+
+
+def test_every_hogwild_process_is_told_the_global_update_it_pulled():
+    """``set_version`` reaches the worker's own process and its helper each round, with the version pulled (the
+    clock HSA2C's entropy schedule runs on)."""
+    cfg = DPSGDConfig(problem="test_dpsgd:clocked", problem_kwargs=LSQ_KW, workers=1, processes=2, local_steps=2,
+                      eta=0.01, global_updates=6)
+    out = run_dpsgd(cfg)
+    assert out["global_updates"] == 6 and out["gradient_steps"] == 6 * 2 * 2
 
 
 # ------------------------------------------------------------------------------- convergence

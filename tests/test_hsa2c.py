@@ -72,6 +72,7 @@ def test_a2c_problem_plain_sgd_gradient_is_clipped():
         ("hidden", []),
         ("global_updates", 0),
         ("ent_coef", -0.1),
+        ("ent_anneal", 1.5),
         ("eval_episodes", -1),
     ],
 )
@@ -119,6 +120,28 @@ def test_config_embeds_the_dpsgd_options():
     assert docs["local_steps"] == "Local steps of each Hogwild process per pull (B)."  # redeclared default
     assert docs["processes"].startswith("Lock-free Hogwild processes per worker (p)")
     assert docs["env"].startswith("Gymnasium id")
+
+
+def test_entropy_schedule_follows_the_global_clock():
+    """``ent_anneal``: the coefficient falls linearly to 0 over the run's last fraction, by the global update the
+    round pulled (``set_version``), resuming where an earlier segment stopped; constant without it."""
+    cfg = HSA2CConfig(env="CartPole-v1", total_timesteps=8_000, ent_coef=0.02, ent_anneal=0.5)
+    kw = cfg.problem_kwargs()
+    assert (kw["ent_anneal"], kw["horizon"], kw["version_offset"]) == (0.5, cfg.budget_updates, 0) == (0.5, 20, 0)
+    problem = make_a2c_problem(**kw)
+    coef = []
+    for version in (0, 10, 15, 20):
+        problem.set_version(version)
+        coef.append(problem.ent_now)
+    assert coef == pytest.approx([0.02, 0.02, 0.01, 0.0])
+    resumed = make_a2c_problem(**cfg.dpsgd_config(done_updates=10).problem_kwargs)
+    resumed.set_version(5)  # the 15th global update of the run
+    assert resumed.ent_now == pytest.approx(0.01)
+    constant = make_a2c_problem(**HSA2CConfig(env="CartPole-v1", ent_coef=0.02).problem_kwargs())
+    constant.set_version(10**6)
+    assert constant.ent_now == 0.02
+    with pytest.raises(ValueError, match="ent_anneal needs a horizon"):
+        make_a2c_problem(env="CartPole-v1", ent_anneal=0.5)
 
 
 def test_unknown_env_is_a_value_error(tmp_path):

@@ -45,6 +45,9 @@ Choices and differences from the paper, and why:
 - *Entropy bonus with Box actions*: the bonus counts a Gaussian's log-std at most up to half the action box
   (:func:`frugalrl.dists.entropy_bonus`): uncapped, RMSProp turned its constant push on ``log σ`` into fixed steps, and
   on Pendulum-v1 ``log σ`` ran to 5-10 (bang-bang sampling; with ``norm_obs`` the mean stopped learning on 1 seed of 3).
+  ``ent_anneal`` lets the coefficient fall linearly to 0 over the run's last fraction, on the global clock the workers
+  pulled (:meth:`A2CProblem.set_version`); off by default (measurements in docs/benchmarks.md, "HSA2C on tasks
+  nobody tuned it for").
 - *Server-side loss*: :meth:`A2CProblem.loss` (called by the server every ``eval_every`` global
   updates) is the negative mean return of ``log_eval_episodes`` greedy episodes on a separate
   evaluation env with fixed seeds, in the calling process. Training returns seen by workers never
@@ -81,6 +84,7 @@ import torch
 from frugalrl import dists
 from frugalrl.config import ActorCriticConfig, NetConfig, NormConfig, RunConfig, check_fields
 from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
+from frugalrl.dpsgd.rates import decayed_rate
 from frugalrl.dpsgd.run import run_dpsgd
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.evaluation import EVAL_SEED, Evaluation, evaluate, policy_evaluator
@@ -126,6 +130,9 @@ class A2CProblem:
         confirm_episodes: int = 10,
         norm_reward: bool | None = False,
         norm_obs: bool | None = False,
+        ent_anneal: float = 0.0,
+        horizon: int | None = None,
+        version_offset: int = 0,
     ) -> None:
         if grad_scaling not in ("rmsprop", "none"):
             raise ValueError(f"grad_scaling must be 'rmsprop' or 'none', got {grad_scaling!r}")
@@ -134,6 +141,15 @@ class A2CProblem:
         self.k = int(k)
         self.gamma = float(gamma)
         self.ent_coef = float(ent_coef)
+        if not 0.0 <= float(ent_anneal) <= 1.0:
+            raise ValueError(f"ent_anneal must be a fraction in [0, 1], got {ent_anneal!r}")
+        if ent_anneal and horizon is None:
+            raise ValueError("ent_anneal needs a horizon (the run's global updates) to anneal the entropy bonus over")
+        self.ent_anneal = float(ent_anneal)
+        self.horizon = horizon
+        self.version_offset = int(version_offset)
+        self.ent_now = self.ent_coef
+        """The entropy coefficient of the steps that follow (:meth:`set_version`)."""
         self.vf_coef = float(vf_coef)
         self.max_grad_norm = float(max_grad_norm)
         self.grad_scaling = grad_scaling
@@ -200,6 +216,13 @@ class A2CProblem:
         (1 until this is called)."""
         self.rate = float(eta)
 
+    def set_version(self, version: int) -> None:
+        """The global update the steps that follow pulled (DPSGD's workers call it each round): with
+        ``ent_anneal`` the entropy coefficient falls linearly to 0 over the run's last ``ent_anneal`` fraction of
+        ``horizon`` global updates (``version_offset``: those an earlier segment of a resumed run made)."""
+        self.ent_now = decayed_rate(self.ent_coef, version + self.version_offset, 0.0, 1.0,
+                                    self.horizon if self.ent_anneal else None, self.ent_anneal)
+
     def stochastic_grad(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Roll ``k`` steps in each env with ``params``; return the (clipped, scaled) A2C gradient."""
         if self.envs is None:
@@ -264,7 +287,7 @@ class A2CProblem:
         policy_loss = -(logp * advantages).mean()
         value_loss = 0.5 * (ret_all - values).pow(2).mean()
         entropy = dists.entropy_bonus(self.agent.dist_kind, dparams, self.agent.max_entropy_log_std).mean()
-        loss = policy_loss + self.vf_coef * value_loss - self.ent_coef * entropy
+        loss = policy_loss + self.vf_coef * value_loss - self.ent_now * entropy
         for p in self.params:
             p.grad = None
         loss.backward()
@@ -402,6 +425,9 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     evaluations carry them. Without it MountainCar-v0's velocity (±0.07) is invisible to the network and HSA2C did
     not reach the flag in 1M env steps (docs/benchmarks.md, "HSA2C on tasks nobody tuned it for"). None: as
     PPO's, on for Box actions only."""
+    ent_anneal: float = 0.0
+    """Anneal the entropy coefficient linearly to 0 over this last fraction of the run's global updates (1: from
+    the start; 0: constant ``ent_coef``), on the global clock the rates use (``eta_anneal``)."""
     log_eval_episodes: int = 1
     """Greedy episodes of each periodic evaluation (the server-side loss). One that reaches ``target_return``
     is confirmed on ``eval_episodes`` episodes (those of the final evaluation) before the run stops."""
@@ -417,7 +443,9 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
         """
         super().validate()
         check_fields(self, positive_ints=("k", "envs_per_process", "log_eval_episodes", "eval_max_steps"),
-                     positive=("rms_eps", "eval_every_s"), unit=("rms_alpha",))
+                     positive=("rms_eps", "eval_every_s"), unit=("rms_alpha", "ent_anneal"))
+        if self.ent_anneal and self.budget_updates is None:
+            raise ValueError("HSA2CConfig.ent_anneal needs a budget (total_timesteps or global_updates)")
         self.validate_options()
         self.dpsgd_config()
 
@@ -437,8 +465,10 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
         by_steps = math.ceil(self.total_timesteps / self.env_steps_per_update)
         return by_steps if self.global_updates is None else min(self.global_updates, by_steps)
 
-    def problem_kwargs(self) -> dict[str, Any]:
-        """JSON keyword arguments of :func:`make_a2c_problem` (every process builds its problem from them)."""
+    def problem_kwargs(self, done_updates: int = 0) -> dict[str, Any]:
+        """JSON keyword arguments of :func:`make_a2c_problem` (every process builds its problem from them;
+        ``done_updates``: global updates an earlier segment of a resumed run made, where the entropy schedule
+        resumes)."""
         return {
             "env": self.env,
             "env_kwargs": dict(self.env_kwargs),
@@ -461,6 +491,9 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
             "confirm_episodes": self.eval_episodes,
             "norm_reward": self.norm_reward,
             "norm_obs": self.norm_obs,
+            "ent_anneal": self.ent_anneal,
+            "horizon": self.budget_updates,
+            "version_offset": done_updates,
         }
 
     def dpsgd_config(self, done_updates: int = 0) -> DPSGDConfig:
@@ -470,7 +503,7 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
         return DPSGDConfig(
             **{**self.options(), "global_updates": None if budget is None else max(1, budget - done_updates)},
             problem=PROBLEM,
-            problem_kwargs=self.problem_kwargs(),
+            problem_kwargs=self.problem_kwargs(done_updates),
             seed=self.seed + done_updates,
             log_every=self.eval_every,
             log_every_s=self.eval_every_s,

@@ -93,13 +93,17 @@ class SharedVector:
 
 
 def hogwild_steps(
-    u: np.ndarray, problem: Problem, eta: float, steps: int, rng: np.random.Generator, name: str
+    u: np.ndarray, problem: Problem, eta: float, steps: int, rng: np.random.Generator, name: str, version: int = 0
 ) -> None:
-    """Alg. 2, lines 5-9, for one Hogwild process: ``steps`` lock-free updates ``u -= η ∇f_i(û)`` in place."""
+    """Alg. 2, lines 5-9, for one Hogwild process: ``steps`` lock-free updates ``u -= η ∇f_i(û)`` in place, on
+    parameters pulled at global update ``version`` (told to the problem's optional ``set_version``)."""
     eta32 = np.float32(eta)
     set_rate = getattr(problem, "set_rate", None)
     if set_rate is not None:
         set_rate(eta)
+    set_version = getattr(problem, "set_version", None)
+    if set_version is not None:
+        set_version(version)
     for _ in range(steps):
         u_hat = u.copy()  # line 6: read u (other processes may be writing it meanwhile)
         grad = check_vector(problem.stochastic_grad(u_hat, rng), u.size, name, "stochastic_grad()")
@@ -134,9 +138,10 @@ class HogwildPool:
             self.close()
             raise
 
-    def begin(self, steps: int, eta: float) -> None:
-        """Start ``steps`` Hogwild steps of rate ``eta`` in every helper."""
-        run = Message("run", {"steps": int(steps), "eta": float(eta)})
+    def begin(self, steps: int, eta: float, version: int = 0) -> None:
+        """Start ``steps`` Hogwild steps of rate ``eta`` on parameters of global update ``version`` in every
+        helper."""
+        run = Message("run", {"steps": int(steps), "eta": float(eta), "version": int(version)})
         for helper in self.helpers:
             try:
                 helper.send(run)
@@ -214,9 +219,9 @@ class DPSGDWorker:
         u, steps = self.vector.array, int(self.cfg["local_steps"])
         eta = self.rate(version)
         u[:] = v  # line 3
-        self.pool.begin(steps, eta)  # line 4
+        self.pool.begin(steps, eta, version)  # line 4
         try:
-            hogwild_steps(u, self.problem, eta, steps, self.rng, self.name)
+            hogwild_steps(u, self.problem, eta, steps, self.rng, self.name, version)
         finally:
             self.pool.finish()
         return u - v  # line 10
@@ -310,9 +315,9 @@ class _HelperProcess:
         self.vector = SharedVector.attach(int(cfg["fd"]), int(cfg["size"]))
         self.rng = make_rng(cfg["seed"], cfg["worker"], self.index)
 
-    def steps(self, eta: float, steps: int) -> None:
-        """Alg. 2, lines 5-9, on the shared ``u``."""
-        hogwild_steps(self.vector.array, self.problem, eta, steps, self.rng, self.name)
+    def steps(self, eta: float, steps: int, version: int) -> None:
+        """Alg. 2, lines 5-9, on the shared ``u``, pulled at global update ``version``."""
+        hogwild_steps(self.vector.array, self.problem, eta, steps, self.rng, self.name, version)
 
 
 def hogwild_entry() -> None:
@@ -327,7 +332,7 @@ def hogwild_entry() -> None:
             if msg.op != "run":
                 return
             try:
-                helper.steps(float(msg.meta["eta"]), int(msg.meta["steps"]))
+                helper.steps(float(msg.meta["eta"]), int(msg.meta["steps"]), int(msg.meta["version"]))
             except Exception as e:  # noqa: BLE001 - reported to the worker, which reports to the server
                 link.send(error_message(e, f"Hogwild process {helper.index}: "))
                 return
