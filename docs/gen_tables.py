@@ -398,6 +398,7 @@ def t_headline(where: str) -> list[Table]:
     pc, psa, ps = Source("pipeline_carracing"), Source("pipeline_carracing_sa"), Source("pipeline_suite")
     lda, hs, tp = Source("lda_baselines_large_seed0_bf16"), Source("hsa2c_vs_sync_norm_obs"), Source("throughput")
     ar, am, hm = Source("a2c_reference_1m_norm_obs"), Source("a2c_reference_minatar"), Source("hsa2c_vs_sync_minatar_cnn")
+    alc, aho = Source("a2c_reference_lunar_continuous_sde"), Source("a2c_reference_hopper_sde")
     ll = ("table", "LunarLander-v3", "variants")
     chain = len(t6("rows")) - 1
     w1, g1 = method_path(lda, "dpsvi-w1p1"), method_path(lda, "gensim-w1")
@@ -486,6 +487,8 @@ def t_headline(where: str) -> list[Table]:
         vs_a3c(hm, 10, "MinAtar Breakout, grid CNN"),
         vs_sb3(ar, "LunarLander-v3"),
         vs_sb3(am, "MinAtar Breakout (atari recipe, same CNN)"),
+        vs_sb3(alc, "LunarLanderContinuous-v3", "its defaults: gSDE exploration"),
+        vs_sb3(aho, "MuJoCo Hopper-v5 (short of SB3)", "its defaults: gSDE exploration"),
         [["ClusterEnv `step()` vs Gymnasium's AsyncVectorEnv, LunarLander-v3, 2 processes"],
          [tp.num("results", "LunarLander-v3", "ratios", "head_vs_async", fmt=".2f", suffix="×"), " the env steps/s"],
          link(tp, "benchmarks.md")],

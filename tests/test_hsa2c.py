@@ -144,6 +144,29 @@ def test_entropy_schedule_follows_the_global_clock():
         make_a2c_problem(env="CartPole-v1", ent_anneal=0.5)
 
 
+def test_sde_noise_is_held_for_sde_sample_freq_steps():
+    """``sde``: the exploration matrices are drawn once per ``sde_sample_freq`` env steps, across gradients (5-step
+    rollouts, redrawn at step 9 of 15), and the agent carries the (features × actions) log-std matrix."""
+    problem = make_a2c_problem(env="MountainCarContinuous-v0", envs=2, k=5, sde=True, sde_sample_freq=8, seed=0)
+    assert problem.agent.log_std.shape == (64, 1)
+    rng = np.random.default_rng(0)
+    held = []
+    for _ in range(3):
+        grad = problem.stochastic_grad(problem.init_params(), rng)
+        assert np.isfinite(grad).all()
+        held.append((problem.sde_eps, problem.sde_age))
+    assert [age for _, age in held] == [5, 2, 7]
+    assert held[0][0] is not held[1][0] and held[1][0] is held[2][0] and held[0][0].shape == (2, 64, 1)
+    with pytest.raises(ValueError, match="Box actions"):
+        make_a2c_problem(env="CartPole-v1", sde=True)
+    # HSA2C's defaults: on for Box actions, its matrix from log σ −1; off for Discrete; log σ 0 without it
+    box = make_a2c_problem(**HSA2CConfig(env="Pendulum-v1").problem_kwargs())
+    assert box.sde and box.agent.log_std.shape == (64, 1) and bool((box.agent.log_std == -1.0).all())
+    assert not make_a2c_problem(**HSA2CConfig(env="CartPole-v1").problem_kwargs()).sde
+    plain = make_a2c_problem(**HSA2CConfig(env="Pendulum-v1", sde=False).problem_kwargs())
+    assert plain.agent.log_std.shape == (1,) and float(plain.agent.log_std.detach()) == 0.0
+
+
 def test_unknown_env_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="NoSuchEnv"):
         train(_cfg(tmp_path, env="NoSuchEnv-v0", global_updates=1))
@@ -287,10 +310,11 @@ def test_hsa2c_defaults_reach_the_flag_on_mountaincar(tmp_path):
 
 
 def test_hsa2c_defaults_swing_up_pendulum(tmp_path):
-    """Box actions with its defaults (observation normalisation, entropy bonus 0.01 capped at half the action box):
-    HSA2C swings Pendulum-v1 up in 1M env steps (about 35 s; seeds 1-3 gave −135, −123, −160, SB3's A2C with rl-zoo's
-    settings −131 on average). Before the cap, the bonus drove log σ to 5-10 and seed 1 ended at −1618 and −1593
-    (greedy, worse than random play's −1200) in two runs."""
+    """Box actions with its defaults (observation normalisation, state-dependent exploration, entropy bonus 0.01
+    capped at half the action box): HSA2C swings Pendulum-v1 up in 1M env steps (about 45 s; seeds 1-3 of the
+    benchmark ended near −130, SB3's A2C with rl-zoo's settings −131 on average). Before the cap, the bonus drove
+    log σ to 5-10 and seed 1 ended at −1618 and −1593 (greedy, worse than random play's −1200) in two runs; with gSDE
+    from log σ −2 (rl-zoo's Pendulum value) seed 1 ended at −923."""
     cfg = _cfg(tmp_path, env="Pendulum-v1", seed=1, workers=2, total_timesteps=1_000_000, eval_every=0,
                eval_episodes=10, eval_max_steps=200, eval_stochastic=False)
     s = train(cfg)

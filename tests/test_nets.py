@@ -82,3 +82,28 @@ def test_grid_cnn_rebuilds_exports_and_quantizes(breakout: tuple[gym.Env, torch.
     int8 = OnnxPolicy.from_bytes(quantize_int8(graph, grids), "categorical", precision="int8")
     agree = (int8.dist_params(grids).argmax(1) == agent.dist_params(grids).argmax(1)).float().mean()
     assert agree > 0.9, f"the int8 graph picks the fp32 network's action on only {agree:.0%} of the grids"
+
+
+def test_sde_noise_is_the_gaussian_dist_params_describes() -> None:
+    """gSDE (``sde``): for one step, ``φ(s) ε`` with ``ε_ij ~ N(0, σ_ij²)`` is Gaussian with the log-std that
+    :meth:`MLPActorCritic.dist_params` returns, so log-probabilities and entropies are those of any Gaussian head;
+    the spec rebuilds the same module (with its (features × actions) log-std matrix); Discrete actions refuse it."""
+    torch.manual_seed(0)
+    action = {"type": "box", "shape": [2], "low": [-1.0, -1.0], "high": [1.0, 1.0]}
+    agent = MLPActorCritic(3, action, hidden=(16, 8), log_std_init=-1.0, sde=True)
+    assert agent.log_std.shape == (8, 2) and agent.spec.kwargs["sde"] is True
+    with torch.no_grad():
+        agent.log_std.add_(0.3 * torch.randn(8, 2))
+    obs = torch.randn(2, 3)
+    params = agent.dist_params(obs)
+    draws = 40_000
+    eps = torch.randn(draws, 8, 2)
+    with torch.no_grad():
+        noise = torch.stack([agent.sde_noise(obs[i : i + 1].expand(draws, 3), eps) for i in range(2)])
+    assert torch.allclose(noise.std(dim=1).log(), params[:, 2:], atol=0.02)
+    assert torch.allclose(noise.mean(dim=1), torch.zeros(2, 2), atol=0.02 * noise.std(dim=1).max())
+    rebuilt = build_policy(agent.spec)
+    rebuilt.load_state_dict(agent.state_dict())
+    assert torch.equal(rebuilt.dist_params(obs), params)
+    with pytest.raises(ValueError, match="Box actions"):
+        MLPActorCritic(3, {"type": "discrete", "n": 2}, sde=True)

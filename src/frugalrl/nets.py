@@ -200,6 +200,15 @@ Activation = Literal["tanh", "relu"]
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
+SDE_LOG_STD_INIT = -1.0
+"""``log_std_init`` of :class:`MLPActorCritic`'s ``sde`` noise matrix when none is given: the per-step σ is then about
+``e⁻¹ ‖φ(s)‖``, near 1 for the 64 tanh features at the start (measured in docs/benchmarks.md, "HSA2C on tasks nobody
+tuned it for": −2, rl-zoo's Pendulum value, left one Pendulum seed of three unswung)."""
+SDE_EPS = 1e-6
+"""Added to the variance of :class:`MLPActorCritic`'s ``sde`` noise (SB3's ε): a state whose features are all 0
+still has a finite log-probability."""
+
+
 class MLPActorCritic(ActorCritic):
     """Separate actor and critic MLPs (CleanRL's PPO agent) for flat observations.
 
@@ -207,6 +216,14 @@ class MLPActorCritic(ActorCritic):
     ``activation`` of the hidden layers, ``log_std_init`` (the Gaussian's initial log-std) and ``ortho_init``
     (orthogonal weights, as CleanRL and SB3 by default; False: PyTorch's default initialisation) are the
     options rl-zoo's hyperparameter files set; ``obs_norm`` puts an :class:`ObsNormalizer` in front.
+
+    ``sde`` (Box actions): generalised state-dependent exploration (Raffin et al. 2022, SB3's gSDE). The noise is
+    ``φ(s) ε`` for the actor's last hidden features ``φ(s)`` and a matrix ``ε`` whose entries are ``N(0, σ_ij²)``,
+    ``log σ`` a learned (features × actions) matrix starting at ``log_std_init``; with ``ε`` held for several
+    steps, exploration is a smooth function of the state instead of fresh noise at every step. For one step the
+    action is Gaussian with variance ``Σ_i φ_i(s)² σ_ij²`` per dimension, which :meth:`dist_params` returns (``φ``
+    detached there, as SB3's default ``learn_features=False``): log-probabilities, entropies and KLs are those of
+    any Gaussian head. :meth:`sde_noise` draws the held noise.
     """
 
     def __init__(
@@ -215,9 +232,10 @@ class MLPActorCritic(ActorCritic):
         action: dict[str, Any],
         hidden: list[int] | tuple[int, ...] = (64, 64),
         activation: Activation = "tanh",
-        log_std_init: float = 0.0,
+        log_std_init: float | None = None,
         ortho_init: bool = True,
         obs_norm: bool = False,
+        sde: bool = False,
     ):
         super().__init__()
         self.obs_dim = int(obs_dim)
@@ -225,10 +243,13 @@ class MLPActorCritic(ActorCritic):
         self.hidden = [int(h) for h in hidden]
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+        if log_std_init is None:
+            log_std_init = SDE_LOG_STD_INIT if sde else 0.0
         self.spec = PolicySpec(
             "frugalrl.nets:MLPActorCritic",
             {"obs_dim": self.obs_dim, "action": self.action, "hidden": self.hidden, "activation": activation,
-             "log_std_init": float(log_std_init), "ortho_init": bool(ortho_init), "obs_norm": bool(obs_norm)},
+             "log_std_init": float(log_std_init), "ortho_init": bool(ortho_init), "obs_norm": bool(obs_norm),
+             **({"sde": True} if sde else {})},
         )
         self.obs_norm = ObsNormalizer((self.obs_dim,)) if obs_norm else None
         if self.obs_norm is not None:
@@ -242,6 +263,9 @@ class MLPActorCritic(ActorCritic):
             self.max_entropy_log_std = box_log_half_width(action)
         else:
             raise ValueError(f"unsupported action description {action!r}")
+        if sde and self.dist_kind != "gaussian":
+            raise ValueError("sde (state-dependent exploration) needs Box actions")
+        self.sde = bool(sde)
 
         def mlp(last: int, last_std: float) -> nn.Sequential:
             layers, width = mlp_layers(self.obs_dim, self.hidden, ACTIVATIONS[activation], ortho_init)
@@ -251,18 +275,31 @@ class MLPActorCritic(ActorCritic):
         self.critic = mlp(1, 1.0)
         self.actor = mlp(out, 0.01)
         if self.dist_kind == "gaussian":
-            self.log_std = nn.Parameter(torch.full((out,), float(log_std_init)))
+            shape = (self.hidden[-1], out) if self.sde else (out,)
+            self.log_std = nn.Parameter(torch.full(shape, float(log_std_init)))
 
     def _inputs(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.reshape(obs.shape[0], -1)
         return x.float() if self.obs_norm is None else self.obs_norm(x)
 
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
-        """Logits, or mean and log-std concatenated."""
-        out = self.actor(self._inputs(obs))
-        if self.dist_kind == "gaussian":
-            out = torch.cat([out, self.log_std.expand_as(out)], dim=-1)
-        return out
+        """Logits, or mean and log-std concatenated (with ``sde``, the log-std of one step's noise ``φ(s) ε``)."""
+        if not self.sde:
+            out = self.actor(self._inputs(obs))
+            if self.dist_kind == "gaussian":
+                out = torch.cat([out, self.log_std.expand_as(out)], dim=-1)
+            return out
+        features = self.actor[:-1](self._inputs(obs))
+        mean = self.actor[-1](features)
+        variance = features.detach().pow(2) @ (2 * self.log_std).exp()
+        return torch.cat([mean, 0.5 * (variance + SDE_EPS).log()], dim=-1)
+
+    def sde_noise(self, obs: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """``φ(s) (ε ⊙ σ)`` per state: the exploration noise of ``sde`` for held standard-normal matrices ``eps``
+        (one (features × actions) matrix per state, shape ``(batch, features, actions)``), scaled by the current
+        ``σ``."""
+        features = self.actor[:-1](self._inputs(obs))
+        return torch.einsum("bf,bfa->ba", features, eps * self.log_std.exp())
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State value, shape ``(batch,)``."""

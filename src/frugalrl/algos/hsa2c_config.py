@@ -1,0 +1,162 @@
+"""The config of an HSA2C run (:class:`HSA2CConfig`): every field is a ``frugalrl train hsa2c`` flag and a key of
+``config.json``; the algorithm is :mod:`frugalrl.algos.hsa2c`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from frugalrl.config import ActorCriticConfig, NetConfig, NormConfig, RunConfig, check_fields
+from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
+
+PROBLEM = "frugalrl.algos.hsa2c:make_a2c_problem"
+"""The DPSGD problem factory every HSA2C process builds its :class:`~frugalrl.algos.hsa2c.A2CProblem` from."""
+
+
+@dataclass(kw_only=True)
+class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOptions):
+    """Every knob of an HSA2C run (the paper's symbols in brackets). Field names are the CLI flags.
+
+    The DPSGD options (workers, processes, local steps, master batch, rates, stopping, codecs,
+    transport) are :class:`~frugalrl.dpsgd.config.DPSGDOptions`' own, the run's (env, seed, budget,
+    evaluation, checkpoints, output) :class:`~frugalrl.config.RunConfig`'s; HSA2C changes some defaults.
+    Its local rate ``eta`` is an RMSProp step size with ``grad_scaling='rmsprop'`` (1e-3 on CartPole), an
+    SGD one with 'none' (0.02-0.03 on CartPole); each Hogwild process has its own ``envs_per_process``
+    envs; ``local_steps=1`` with ``synchronous`` is the DDRL A3C baseline; ``eval_every`` counts global
+    updates (DPSGD's ``log_every``).
+    """
+
+    local_steps: int = 10
+    eta: float = 1e-3
+    rho: float = 0.5
+    momentum: float = 0.5
+    """Master momentum (the paper's HSA2C setting, with ``rho`` 0.5 so that a steady push still moves ``θ`` by
+    ``ρ / (1 − μ) = 1`` times itself): with reward scaling it keeps LunarLander runs from collapsing (README)."""
+    average: float = 0.05
+    """Polyak averaging over about the last 5% of the run's global updates: evaluations, the target check and
+    the final weights use the server's average ``v̄`` (the workers still pull ``v``). On LunarLander a
+    constant-rate run's greedy return swung between ~90 and ~290 from one check to the next after it had
+    learned; the average's stayed within ~255-287 (``benchmarks/results/hsa2c_sweep/average05_check10.json``)."""
+    global_updates: int | None = None
+    """Stop after this many global updates; None: ``total_timesteps`` sets the budget (with both, the fewer)."""
+    eval_every: int = 20
+    eval_every_s: float | None = None
+    """Evaluate at the first global update after every this many seconds of training instead of every
+    ``eval_every`` global updates: one wall-clock cadence for variants whose global updates differ in size
+    (HSA2C against its B = 1 baselines)."""
+    k: int = 5
+    """Steps rolled per env per gradient (k-step bootstrapped returns)."""
+    envs_per_process: int = 8
+    """Environments per Hogwild process: the local mini-batch (m); a gradient costs k × m env steps."""
+    grad_scaling: Literal["rmsprop", "none"] = "rmsprop"
+    """'rmsprop': divide each gradient by its per-process running RMS; 'none': plain SGD steps."""
+    rms_alpha: float = 0.99
+    """Decay of the RMSProp running mean of squared gradients."""
+    rms_eps: float = 1e-5
+    """ε of the RMSProp denominator."""
+    norm_reward: bool | None = True
+    """Scale each Hogwild process's rewards by the running std of its envs' discounted return (the value
+    function then learns scaled returns; evaluations report raw ones); None: as norm_obs resolves."""
+    norm_obs: bool | None = True
+    """Normalise vector observations by their running mean and variance inside the agent (frames and grids are
+    scaled, not normalised). The statistics are part of the weights DPSGD moves: each local step merges its
+    rollout's observations, the master adds the pushes like any update, and pulls, averages, checkpoints and
+    evaluations carry them. Without it MountainCar-v0's velocity (±0.07) is invisible to the network and HSA2C did
+    not reach the flag in 1M env steps (docs/benchmarks.md, "HSA2C on tasks nobody tuned it for"). None: as
+    PPO's, on for Box actions only."""
+    sde: bool | None = None
+    """Generalised state-dependent exploration (SB3's gSDE; :class:`~frugalrl.nets.MLPActorCritic`'s ``sde``): the
+    noise is a learned linear function of the actor's features, held for ``sde_sample_freq`` steps, its matrix
+    starting at ``log_std_init`` −1. None: on for Box actions. With it LunarLanderContinuous-v3 ended 1M steps at
+    185 instead of 28, Hopper-v5 at 873 instead of 596, Pendulum-v1 at −128 instead of −145 (3 seeds each;
+    docs/benchmarks.md, "HSA2C on tasks nobody tuned it for")."""
+    sde_sample_freq: int = 16
+    """Env steps between draws of the ``sde`` noise matrices."""
+    ent_anneal: float = 0.0
+    """Anneal the entropy coefficient linearly to 0 over this last fraction of the run's global updates (1: from
+    the start; 0: constant ``ent_coef``), on the global clock the rates use (``eta_anneal``)."""
+    log_eval_episodes: int = 1
+    """Greedy episodes of each periodic evaluation (the server-side loss). One that reaches ``target_return``
+    is confirmed on ``eval_episodes`` episodes (those of the final evaluation) before the run stops."""
+    eval_max_steps: int = 1000
+    """Step cap of an evaluation episode."""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first invalid field.
+
+        The run and HSA2C fields are checked here, the DPSGD options by
+        :meth:`~frugalrl.dpsgd.config.DPSGDOptions.validate_options` (``"HSA2CConfig.workers must be ..."``),
+        the rest of the DPSGD run by :meth:`dpsgd_config`.
+        """
+        super().validate()
+        check_fields(self, positive_ints=("k", "envs_per_process", "log_eval_episodes", "eval_max_steps",
+                                          "sde_sample_freq"),
+                     positive=("rms_eps", "eval_every_s"), unit=("rms_alpha", "ent_anneal"))
+        if self.ent_anneal and self.budget_updates is None:
+            raise ValueError("HSA2CConfig.ent_anneal needs a budget (total_timesteps or global_updates)")
+        self.validate_options()
+        self.dpsgd_config()
+
+    @property
+    def env_steps_per_gradient(self) -> int:
+        """Env steps behind one local gradient (k × m)."""
+        return self.k * self.envs_per_process
+
+    @property
+    def env_steps_per_update(self) -> int:
+        """Env steps a global update stands for: M updates of B·p gradients of k × m steps."""
+        return self.master_batch * self.local_steps * self.processes * self.env_steps_per_gradient
+
+    @property
+    def budget_updates(self) -> int | None:
+        """Global updates of the run: ``global_updates`` or ``total_timesteps`` worth of them, the fewer."""
+        by_steps = math.ceil(self.total_timesteps / self.env_steps_per_update)
+        return by_steps if self.global_updates is None else min(self.global_updates, by_steps)
+
+    def problem_kwargs(self, done_updates: int = 0) -> dict[str, Any]:
+        """JSON keyword arguments of :func:`~frugalrl.algos.hsa2c.make_a2c_problem` (every process builds its problem from them;
+        ``done_updates``: global updates an earlier segment of a resumed run made, where the entropy schedule
+        resumes)."""
+        return {
+            "env": self.env,
+            "env_kwargs": dict(self.env_kwargs),
+            "envs": self.envs_per_process,
+            "k": self.k,
+            "gamma": self.gamma,
+            "ent_coef": self.ent_coef,
+            "vf_coef": self.vf_coef,
+            "max_grad_norm": self.max_grad_norm,
+            "hidden": list(self.hidden),
+            "net": self.net,
+            "mlp_options": self.mlp_options(),
+            "grad_scaling": self.grad_scaling,
+            "rms_alpha": self.rms_alpha,
+            "rms_eps": self.rms_eps,
+            "seed": self.seed,
+            "log_eval_episodes": self.log_eval_episodes,
+            "eval_max_steps": self.eval_max_steps,
+            "target_return": self.target_return,
+            "confirm_episodes": self.eval_episodes,
+            "norm_reward": self.norm_reward,
+            "norm_obs": self.norm_obs,
+            "ent_anneal": self.ent_anneal,
+            "sde": self.sde,
+            "sde_sample_freq": self.sde_sample_freq,
+            "horizon": self.budget_updates,
+            "version_offset": done_updates,
+        }
+
+    def dpsgd_config(self, done_updates: int = 0) -> DPSGDConfig:
+        """The :class:`~frugalrl.dpsgd.config.DPSGDConfig` this run is: the inherited options, the A2C problem
+        (``done_updates``: global updates an earlier segment of a resumed run made)."""
+        budget = self.budget_updates
+        return DPSGDConfig(
+            **{**self.options(), "global_updates": None if budget is None else max(1, budget - done_updates)},
+            problem=PROBLEM,
+            problem_kwargs=self.problem_kwargs(done_updates),
+            seed=self.seed + done_updates,
+            log_every=self.eval_every,
+            log_every_s=self.eval_every_s,
+            target_loss=None if self.target_return is None else -float(self.target_return),
+        )
