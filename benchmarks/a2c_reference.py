@@ -84,6 +84,8 @@ ENVS: dict[str, dict[str, Any]] = {
     "Pendulum-v1": {"zoo": ZOO_PENDULUM, "policy": "mlp", "eval_max_steps": 200},
     "LunarLanderContinuous-v3": {"zoo": ZOO_LUNAR_CONTINUOUS, "policy": "mlp", "eval_max_steps": 1000},
     "Hopper-v5": {"zoo": ZOO_BULLET, "policy": "mlp", "eval_max_steps": 1000},
+    "HalfCheetah-v5": {"zoo": ZOO_BULLET, "policy": "mlp", "eval_max_steps": 1000},  # the pybullet defaults are its entry
+    "Walker2d-v5": {"zoo": ZOO_BULLET, "policy": "mlp", "eval_max_steps": 1000},
     "MountainCarContinuous-v0": {"zoo": ZOO_MOUNTAINCAR_CONTINUOUS, "policy": "mlp", "eval_max_steps": 999},
     "MinAtar-Breakout": {"env": TIMED_ENVS["MinAtar-Breakout"]["env"],
                          "env_kwargs": TIMED_ENVS["MinAtar-Breakout"]["settings"]["env_kwargs"],

@@ -69,8 +69,9 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     """Generalised state-dependent exploration (SB3's gSDE; :class:`~frugalrl.nets.MLPActorCritic`'s ``sde``): the
     noise is a learned linear function of the actor's features, held for ``sde_sample_freq`` steps, its matrix
     starting at ``log_std_init`` −1. None: on for Box actions. With it LunarLanderContinuous-v3 ended 1M steps at
-    185 instead of 28, Hopper-v5 at 873 instead of 596, Pendulum-v1 at −128 instead of −145 (3 seeds each;
-    docs/benchmarks.md, "HSA2C on tasks nobody tuned it for")."""
+    185 instead of 28, Hopper-v5 at 873 instead of 596, Walker2d-v5 at 2021 instead of 409, Pendulum-v1 at −128
+    instead of −145, but HalfCheetah-v5 at 569 instead of 1342 (3 seeds each; docs/benchmarks.md, "HSA2C on tasks
+    nobody tuned it for")."""
     sde_sample_freq: int = 16
     """Env steps between draws of the ``sde`` noise matrices."""
     ent_anneal: float = 0.0
