@@ -99,7 +99,7 @@ def test_sde_noise_is_the_gaussian_dist_params_describes() -> None:
     draws = 40_000
     eps = torch.randn(draws, 8, 2)
     with torch.no_grad():
-        noise = torch.stack([agent.sde_noise(obs[i : i + 1].expand(draws, 3), eps) for i in range(2)])
+        noise = torch.stack([agent.sde_act(obs[i : i + 1].expand(draws, 3), eps)[1] - params[i, :2] for i in range(2)])
     assert torch.allclose(noise.std(dim=1).log(), params[:, 2:], atol=0.02)
     assert torch.allclose(noise.mean(dim=1), torch.zeros(2, 2), atol=0.02 * noise.std(dim=1).max())
     rebuilt = build_policy(agent.spec)

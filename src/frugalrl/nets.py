@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from frugalrl import dists
 from frugalrl.dists import DistKind
 from frugalrl.normalize import ObsNormalizer
 
@@ -223,7 +224,7 @@ class MLPActorCritic(ActorCritic):
     steps, exploration is a smooth function of the state instead of fresh noise at every step. For one step the
     action is Gaussian with variance ``Σ_i φ_i(s)² σ_ij²`` per dimension, which :meth:`dist_params` returns (``φ``
     detached there, as SB3's default ``learn_features=False``): log-probabilities, entropies and KLs are those of
-    any Gaussian head. :meth:`sde_noise` draws the held noise.
+    any Gaussian head. :meth:`sde_act` acts with the held noise.
     """
 
     def __init__(
@@ -289,17 +290,21 @@ class MLPActorCritic(ActorCritic):
             if self.dist_kind == "gaussian":
                 out = torch.cat([out, self.log_std.expand_as(out)], dim=-1)
             return out
-        features = self.actor[:-1](self._inputs(obs))
-        mean = self.actor[-1](features)
-        variance = features.detach().pow(2) @ (2 * self.log_std).exp()
-        return torch.cat([mean, 0.5 * (variance + SDE_EPS).log()], dim=-1)
+        return self._sde_params(self.actor[:-1](self._inputs(obs)))
 
-    def sde_noise(self, obs: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-        """``φ(s) (ε ⊙ σ)`` per state: the exploration noise of ``sde`` for held standard-normal matrices ``eps``
-        (one (features × actions) matrix per state, shape ``(batch, features, actions)``), scaled by the current
-        ``σ``."""
+    def _sde_params(self, features: torch.Tensor) -> torch.Tensor:
+        """Mean and one step's log-std of ``sde`` from the actor's last hidden features."""
+        variance = features.detach().pow(2) @ (2 * self.log_std).exp()
+        return torch.cat([self.actor[-1](features), 0.5 * (variance + SDE_EPS).log()], dim=-1)
+
+    def sde_act(self, obs: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`dist_params` and the ``sde`` actions ``mean + φ(s) (ε ⊙ σ)`` for held standard-normal matrices
+        ``eps`` (one (features × actions) matrix per state, shape ``(batch, features, actions)``), scaled by the
+        current ``σ``; the features are computed once for both."""
         features = self.actor[:-1](self._inputs(obs))
-        return torch.einsum("bf,bfa->ba", features, eps * self.log_std.exp())
+        params = self._sde_params(features)
+        noise = torch.einsum("bf,bfa->ba", features, eps * self.log_std.exp())
+        return params, dists.mode("gaussian", params) + noise
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State value, shape ``(batch,)``."""

@@ -169,9 +169,6 @@ class A2CProblem:
         probe.close()
         self.box = isinstance(self.action_space, gym.spaces.Box)
         norm_obs, norm_reward = NormConfig(norm_obs=norm_obs, norm_reward=norm_reward).normalization(self.box)
-        self.sde = self.box if sde is None else bool(sde)
-        if self.sde and not self.box:
-            raise ValueError(f"sde (state-dependent exploration) needs Box actions; {env} has {self.action_space}")
         if int(sde_sample_freq) < 1:
             raise ValueError(f"sde_sample_freq must be an integer >= 1, got {sde_sample_freq!r}")
         self.sde_sample_freq = int(sde_sample_freq)
@@ -184,7 +181,8 @@ class A2CProblem:
             torch.manual_seed(self.seed)
             self.agent = make_agent(self.observation_space, self.action_space, tuple(int(h) for h in hidden), net,
                                     **{**(mlp_options or {}), "obs_norm": bool(norm_obs),
-                                       **({"sde": True} if self.sde else {})})
+                                       **({"sde": True} if (self.box if sde is None else sde) else {})})
+        self.sde = bool(getattr(self.agent, "sde", False))  # the agent refuses it for Discrete actions
         self.params = list(self.agent.parameters())
         self.n_params = int(sum(p.numel() for p in self.params))
         self.obs_norm: ObsNormalizer | None = getattr(self.agent, "obs_norm", None)  # None for the CNNs
@@ -238,16 +236,15 @@ class A2CProblem:
         self.ent_now = decayed_rate(self.ent_coef, version + self.version_offset, 0.0, 1.0,
                                     self.horizon if self.ent_anneal else None, self.ent_anneal)
 
-    def _sde_actions(self, obs: torch.Tensor, dparams: torch.Tensor) -> torch.Tensor:
-        """Mean plus the held state-dependent noise ``φ(s) ε`` (:meth:`~frugalrl.nets.MLPActorCritic.sde_noise`),
-        the matrices redrawn every ``sde_sample_freq`` env steps."""
+    def _sde_step(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The distribution's parameters and the actions with the held state-dependent noise
+        (:meth:`~frugalrl.nets.MLPActorCritic.sde_act`), the matrices redrawn every ``sde_sample_freq`` env steps."""
         agent = cast(MLPActorCritic, self.agent)  # sde is an MLP option
         if self.sde_eps is None or self.sde_age >= self.sde_sample_freq:
             self.sde_eps = torch.randn((self.m, *agent.log_std.shape), generator=self.generator)
             self.sde_age = 0
         self.sde_age += 1
-        mean = dparams[:, : dparams.shape[1] // 2]
-        return mean + agent.sde_noise(obs, self.sde_eps)
+        return agent.sde_act(obs, self.sde_eps)
 
     def stochastic_grad(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Roll ``k`` steps in each env with ``params``; return the (clipped, scaled) A2C gradient."""
@@ -259,9 +256,11 @@ class A2CProblem:
         with torch.no_grad():
             for _ in range(self.k):
                 obs = torch.as_tensor(np.stack(self.obs), dtype=torch.float32)
-                dparams = self.agent.dist_params(obs)
-                actions = self._sde_actions(obs, dparams) if self.sde else dists.sample(
-                    self.agent.dist_kind, dparams, self.generator)
+                if self.sde:
+                    dparams, actions = self._sde_step(obs)
+                else:
+                    dparams = self.agent.dist_params(obs)
+                    actions = dists.sample(self.agent.dist_kind, dparams, self.generator)
                 rewards = np.zeros(self.m, dtype=np.float32)
                 boot = np.zeros(self.m, dtype=np.float32)  # γ V(last observation) of a truncated episode
                 dones = np.zeros(self.m, dtype=np.float32)
