@@ -398,7 +398,7 @@ def t_headline(where: str) -> list[Table]:
     pc, psa, ps = Source("pipeline_carracing"), Source("pipeline_carracing_sa"), Source("pipeline_suite")
     lda, hs, tp = Source("lda_baselines_large_seed0_bf16"), Source("hsa2c_vs_sync_norm_obs"), Source("throughput")
     ar, am, hm = Source("a2c_reference_1m_norm_obs"), Source("a2c_reference_minatar"), Source("hsa2c_vs_sync_minatar_cnn")
-    alc, aho = Source("a2c_reference_lunar_continuous_sde"), Source("a2c_reference_hopper_sde")
+    alc, aho = Source("a2c_reference_lunar_continuous_sde2"), Source("a2c_reference_hopper_sde2")
     ll = ("table", "LunarLander-v3", "variants")
     chain = len(t6("rows")) - 1
     w1, g1 = method_path(lda, "dpsvi-w1p1"), method_path(lda, "gensim-w1")

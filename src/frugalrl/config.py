@@ -272,8 +272,9 @@ class NetConfig(ConfigPart):
     activation: Literal["tanh", "relu"] = "tanh"
     """Activation of the hidden layers."""
     log_std_init: float | None = None
-    """Initial log standard deviation of a Gaussian policy (Box actions); None: 0, or −1 with state-dependent
-    exploration (HSA2C's ``sde``: the log-std of each entry of its noise matrix, rl-zoo's gSDE entries use −2 to 0)."""
+    """Initial log standard deviation of a Gaussian policy (Box actions); None: 0, or −2 with state-dependent
+    exploration (HSA2C's ``sde``: the log-std of each entry of its noise matrix, in half-widths of the action box;
+    rl-zoo's gSDE entries use −2 to 0)."""
     ortho_init: bool = True
     """Orthogonal initialisation (CleanRL, SB3); False: PyTorch's default."""
 

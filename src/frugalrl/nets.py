@@ -201,10 +201,12 @@ Activation = Literal["tanh", "relu"]
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
-SDE_LOG_STD_INIT = -1.0
-"""``log_std_init`` of :class:`MLPActorCritic`'s ``sde`` noise matrix when none is given: the per-step σ is then about
-``e⁻¹ ‖φ(s)‖``, near 1 for the 64 tanh features at the start (measured in docs/benchmarks.md, "HSA2C on tasks nobody
-tuned it for": −2, rl-zoo's Pendulum value, left one Pendulum seed of three unswung)."""
+SDE_LOG_STD_INIT = -2.0
+"""``log_std_init`` of :class:`MLPActorCritic`'s ``sde`` noise matrix when none is given (rl-zoo's gSDE value), in
+half-widths of the action box: the matrix starts at ``log_std_init + log((high − low) / 2)``, so one step's σ is about
+``e⁻² ‖φ(s)‖`` half-boxes, near 0.5 for the 64 tanh features at the start. −1 left HalfCheetah-v5 at 569 (2344 with
+−2); −2 in absolute units left a Pendulum-v1 seed (torque ±2) unswung (docs/benchmarks.md, "HSA2C on tasks nobody
+tuned it for")."""
 SDE_EPS = 1e-6
 """Added to the variance of :class:`MLPActorCritic`'s ``sde`` noise (SB3's ε): a state whose features are all 0
 still has a finite log-probability."""
@@ -220,7 +222,8 @@ class MLPActorCritic(ActorCritic):
 
     ``sde`` (Box actions): generalised state-dependent exploration (Raffin et al. 2022, SB3's gSDE). The noise is
     ``φ(s) ε`` for the actor's last hidden features ``φ(s)`` and a matrix ``ε`` whose entries are ``N(0, σ_ij²)``,
-    ``log σ`` a learned (features × actions) matrix starting at ``log_std_init``; with ``ε`` held for several
+    ``log σ`` a learned (features × actions) matrix starting at ``log_std_init`` plus the log of each dimension's half
+    box width (:data:`SDE_LOG_STD_INIT`); with ``ε`` held for several
     steps, exploration is a smooth function of the state instead of fresh noise at every step. For one step the
     action is Gaussian with variance ``Σ_i φ_i(s)² σ_ij²`` per dimension, which :meth:`dist_params` returns (``φ``
     detached there, as SB3's default ``learn_features=False``): log-probabilities, entropies and KLs are those of
@@ -277,7 +280,11 @@ class MLPActorCritic(ActorCritic):
         self.actor = mlp(out, 0.01)
         if self.dist_kind == "gaussian":
             shape = (self.hidden[-1], out) if self.sde else (out,)
-            self.log_std = nn.Parameter(torch.full(shape, float(log_std_init)))
+            log_std = torch.full(shape, float(log_std_init))
+            if self.sde:  # in units of each dimension's half box: Pendulum's ±2 torque explores twice as far as ±1
+                log_half = box_log_half_width(action)
+                log_std += torch.where(torch.isfinite(log_half), log_half, torch.zeros_like(log_half))
+            self.log_std = nn.Parameter(log_std)
 
     def _inputs(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.reshape(obs.shape[0], -1)

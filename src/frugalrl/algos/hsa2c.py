@@ -52,8 +52,9 @@ Choices and differences from the paper, and why:
   ``φ(s) ε``, the actor's last hidden features times a matrix drawn every ``sde_sample_freq`` (16) env steps from
   learned per-entry σ (SB3's gSDE, Raffin et al. 2022), instead of fresh independent noise each step; the one-step
   Gaussian it implies is what :meth:`~frugalrl.nets.MLPActorCritic.dist_params` returns, so the loss is unchanged.
-  With it LunarLanderContinuous-v3 ended 1M steps at 185 instead of 28 and Walker2d-v5 at 2021 instead of 409; it
-  lost on HalfCheetah-v5 (569 instead of 1342).
+  Its σ starts at e⁻² half-widths of the action box per feature (:data:`~frugalrl.nets.SDE_LOG_STD_INIT`). With it
+  LunarLanderContinuous-v3, Walker2d-v5 and HalfCheetah-v5 end 1M steps far above independent noise (figures in
+  docs/benchmarks.md, "HSA2C on tasks nobody tuned it for").
 - *Server-side loss*: :meth:`A2CProblem.loss` (called by the server every ``eval_every`` global
   updates) is the negative mean return of ``log_eval_episodes`` greedy episodes on a separate
   evaluation env with fixed seeds, in the calling process. Training returns seen by workers never

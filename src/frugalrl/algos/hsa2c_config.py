@@ -68,10 +68,10 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     sde: bool | None = None
     """Generalised state-dependent exploration (SB3's gSDE; :class:`~frugalrl.nets.MLPActorCritic`'s ``sde``): the
     noise is a learned linear function of the actor's features, held for ``sde_sample_freq`` steps, its matrix
-    starting at ``log_std_init`` −1. None: on for Box actions. With it LunarLanderContinuous-v3 ended 1M steps at
-    185 instead of 28, Hopper-v5 at 873 instead of 596, Walker2d-v5 at 2021 instead of 409, Pendulum-v1 at −128
-    instead of −145, but HalfCheetah-v5 at 569 instead of 1342 (3 seeds each; docs/benchmarks.md, "HSA2C on tasks
-    nobody tuned it for")."""
+    starting at ``log_std_init`` −2 in half-widths of the action box. None: on for Box actions. With it, at 1M env
+    steps, LunarLanderContinuous-v3 ended at 142 instead of 28, Hopper-v5 at 986 instead of 596, Walker2d-v5 at 1501
+    instead of 409, HalfCheetah-v5 at 3012 instead of 1342, Pendulum-v1 at −130 instead of −145 (3-5 seeds;
+    docs/benchmarks.md, "HSA2C on tasks nobody tuned it for")."""
     sde_sample_freq: int = 16
     """Env steps between draws of the ``sde`` noise matrices."""
     ent_anneal: float = 0.0
