@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -107,3 +109,15 @@ def test_sde_noise_is_the_gaussian_dist_params_describes() -> None:
     assert torch.equal(rebuilt.dist_params(obs), params)
     with pytest.raises(ValueError, match="Box actions"):
         MLPActorCritic(3, {"type": "discrete", "n": 2}, sde=True)
+
+
+def test_sde_noise_starts_in_half_widths_of_the_box() -> None:
+    """The gSDE matrix starts at ``log_std_init`` plus the log of each dimension's half box (Pendulum's ±2 torque
+    explores twice as far as a ±1 box), an unbounded dimension as ±1, and a half-width past 1000 as 1000: float32's
+    maximum, which envs use for "unbounded", would overflow the variance (e^86) and give infinite log-stds."""
+    big = float(np.finfo(np.float32).max)
+    action = {"type": "box", "shape": [4], "low": [-2.0, -np.inf, -big, 0.0], "high": [2.0, np.inf, big, 0.5]}
+    agent = MLPActorCritic(3, action, hidden=(8,), log_std_init=-2.0, sde=True)
+    start = [-2.0 + math.log(2.0), -2.0, -2.0 + math.log(1e3), -2.0 + math.log(0.25)]
+    assert torch.allclose(agent.log_std, torch.tensor(start).expand(8, 4))
+    assert torch.isfinite(agent.dist_params(torch.randn(5, 3))).all()

@@ -16,6 +16,7 @@ a user's module with those attributes works without deriving from :class:`ActorC
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar, cast, get_args
 
@@ -207,6 +208,9 @@ half-widths of the action box: the matrix starts at ``log_std_init + log((high �
 ``e⁻² ‖φ(s)‖`` half-boxes, near 0.5 for the 64 tanh features at the start. −1 left HalfCheetah-v5 at 569 (2344 with
 −2); −2 in absolute units left a Pendulum-v1 seed (torque ±2) unswung (docs/benchmarks.md, "HSA2C on tasks nobody
 tuned it for")."""
+SDE_BOX_LOG_LIMIT = math.log(1e3)
+"""The most the box moves :data:`SDE_LOG_STD_INIT` either way: a half-width past 1000 (float32's maximum often stands
+for an unbounded action) starts as 1000 would (e^86 would overflow the variance), an unbounded one as 1."""
 SDE_EPS = 1e-6
 """Added to the variance of :class:`MLPActorCritic`'s ``sde`` noise (SB3's ε): a state whose features are all 0
 still has a finite log-probability."""
@@ -283,7 +287,8 @@ class MLPActorCritic(ActorCritic):
             log_std = torch.full(shape, float(log_std_init))
             if self.sde:  # in units of each dimension's half box: Pendulum's ±2 torque explores twice as far as ±1
                 log_half = box_log_half_width(action)
-                log_std += torch.where(torch.isfinite(log_half), log_half, torch.zeros_like(log_half))
+                log_std += torch.where(torch.isfinite(log_half), log_half, torch.zeros_like(log_half)).clamp(
+                    -SDE_BOX_LOG_LIMIT, SDE_BOX_LOG_LIMIT)
             self.log_std = nn.Parameter(log_std)
 
     def _inputs(self, obs: torch.Tensor) -> torch.Tensor:
