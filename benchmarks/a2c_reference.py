@@ -87,6 +87,9 @@ ENVS: dict[str, dict[str, Any]] = {
     "HalfCheetah-v5": {"zoo": ZOO_BULLET, "policy": "mlp", "eval_max_steps": 1000},  # the pybullet defaults are its entry
     "Walker2d-v5": {"zoo": ZOO_BULLET, "policy": "mlp", "eval_max_steps": 1000},
     "MountainCarContinuous-v0": {"zoo": ZOO_MOUNTAINCAR_CONTINUOUS, "policy": "mlp", "eval_max_steps": 999},
+    # discrete observations (one-hot, frugalrl.envs.spec.flat_observations); rl-zoo has no A2C entry: SB3's defaults
+    "FrozenLake-v1": {"zoo": {"n_envs": 8}, "policy": "mlp", "eval_max_steps": 100},
+    "Taxi-v4": {"zoo": {"n_envs": 8}, "policy": "mlp", "eval_max_steps": 200},
     "MinAtar-Breakout": {"env": TIMED_ENVS["MinAtar-Breakout"]["env"],
                          "env_kwargs": TIMED_ENVS["MinAtar-Breakout"]["settings"]["env_kwargs"],
                          "zoo": ZOO_ATARI, "policy": "grid", "eval_max_steps": 10_000},  # MinAtar's own cap

@@ -291,6 +291,8 @@ def evaluate_sb3(model: Any, env_spec: Any, seed: int, deterministic: bool, vecn
     ``EVAL_SEED + seed + i``, observations normalised with the (frozen) VecNormalize statistics if any, each
     episode cut after ``max_steps`` steps if given (frugalrl's ``eval_max_steps``), the env wrapped in
     ``wrapper`` if given."""
+    import gymnasium as gym
+
     env = env_spec.make() if wrapper is None else wrapper(env_spec.make())
     returns = []
     for ep in range(EVAL_EPISODES):
@@ -299,6 +301,8 @@ def evaluate_sb3(model: Any, env_spec: Any, seed: int, deterministic: bool, vecn
         while not done and (max_steps is None or steps < max_steps):
             x = obs if vecnorm is None else vecnorm.normalize_obs(obs)
             action, _ = model.predict(x, deterministic=deterministic)
+            if isinstance(env.action_space, gym.spaces.Discrete):
+                action = int(action)  # a 0-d array is no key of the toy-text envs' transition tables
             obs, r, term, trunc, _ = env.step(action)
             total += float(r)
             steps += 1

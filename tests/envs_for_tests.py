@@ -116,3 +116,11 @@ class MultiDiscreteEnv(CounterEnv):
     def __init__(self) -> None:
         super().__init__()
         self.action_space = gym.spaces.MultiDiscrete([2, 3])
+
+
+class TextObservationEnv(CounterEnv):
+    """A CounterEnv whose observation space is Text (which Gymnasium cannot flatten, so no agent takes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = gym.spaces.Text(8)

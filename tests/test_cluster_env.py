@@ -168,6 +168,25 @@ def test_out_of_bounds_box_actions_reach_the_env_unchanged(closing):
     assert_same_step(env.step(actions), ref.step(actions), 0)
 
 
+@pytest.mark.parametrize("env_id, size, ones", [("FrozenLake-v1", 16, 1), ("Blackjack-v1", 45, 3)])
+def test_discrete_and_tuple_observations_arrive_one_hot(env_id, size, ones, closing):
+    """Discrete and Tuple observations reach the agent as one flat one-hot Box (Stable-Baselines3's preprocessing,
+    :func:`frugalrl.envs.spec.flat_observations`), a byte per entry, the steps those of Gymnasium's own
+    ``FlattenObservation`` on the same seeds."""
+    env = closing(ClusterEnv(env_id, 1, 2, backend="local", seed=SEED))
+    assert env.single_observation_space == gym.spaces.Box(0, 1, (size,), np.uint8)
+    ref = SyncVectorEnv([lambda: gym.wrappers.FlattenObservation(gym.make(env_id)) for _ in range(2)])
+    obs, ref_obs = env.reset(seed=SEED)[0], ref.reset(seed=SEED)[0]
+    assert obs.dtype == np.uint8 and (obs.sum(1) == ones).all()
+    np.testing.assert_array_equal(obs, ref_obs)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        actions = random_actions(env.single_action_space, 2, rng)
+        out, ref_out = env.step(actions), ref.step(actions)
+        np.testing.assert_array_equal(out[0], ref_out[0])
+        np.testing.assert_array_equal(out[1], ref_out[1])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_same_step_autoreset_matches_sync_vector_env(backend, closing):
     env = closing(ClusterEnv("CartPole-v1", W, K, backend=backend, seed=SEED, autoreset_mode="SameStep"))

@@ -425,7 +425,9 @@ def make_agent(
     ``log_std_init``, ``ortho_init``, ``obs_norm``.
     """
     if not isinstance(observation_space, gym.spaces.Box):
-        raise TypeError(f"frugalrl's agents need a Box observation space, got {observation_space}")
+        raise TypeError(f"frugalrl's agents need a Box observation space, got {observation_space} (envs that frugalrl "
+                        "builds flatten Discrete, MultiDiscrete, MultiBinary, Tuple and Dict ones: "
+                        "frugalrl.envs.spec.flat_observations(env) does it to an env of your own)")
     if net not in get_args(Net):
         raise ValueError(f"net must be 'auto', 'mlp' or 'cnn', got {net!r}")
     layout = image_layout(observation_space) if net != "mlp" else None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from frugalrl.nets import import_string
 
@@ -24,22 +25,44 @@ class EnvSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def make(self) -> gym.Env:
-        """Build one environment."""
+        """Build one environment (observations that are not a Box are flattened: :func:`flat_observations`)."""
         if self.id is not None:
-            return gym.make(self.id, **self.kwargs)
+            return flat_observations(gym.make(self.id, **self.kwargs))
         if self.factory is None:
             raise ValueError("EnvSpec has neither an id nor a factory; set exactly one of them")
         fn = import_string(self.factory) if isinstance(self.factory, str) else self.factory
         env = fn(**self.kwargs)
         if not isinstance(env, gym.Env):
             raise TypeError(f"env factory {self.factory!r} returned {type(env).__name__}, not a gymnasium.Env")
-        return env
+        return flat_observations(env)
 
     def describe(self) -> str:
         """A short human-readable name."""
         if self.id is not None:
             return self.id
         return self.factory if isinstance(self.factory, str) else getattr(self.factory, "__qualname__", "factory")
+
+
+FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
+"""Observation spaces :func:`flat_observations` turns into one flat Box."""
+
+
+def flat_observations(env: gym.Env) -> gym.Env:
+    """``env`` with Discrete, MultiDiscrete, MultiBinary, Tuple and Dict observations as one flat Box, as
+    Stable-Baselines3's preprocessing sees them: each discrete part one-hot, the parts concatenated (Gymnasium's
+    ``FlattenObservation``), in uint8 when every entry is an integer in [0, 255] (one-hots: a byte each on the wire,
+    not int64's eight), float32 otherwise. Box observations, and spaces Gymnasium cannot flatten, pass unchanged (the
+    agent then names the space it cannot take). FrozenLake, Taxi, CliffWalking and Blackjack train this way."""
+    if not isinstance(env.observation_space, FLATTENED):
+        return env
+    try:
+        flat = gym.wrappers.FlattenObservation(env)
+    except NotImplementedError:  # e.g. a Graph or Text part
+        return env
+    space = flat.observation_space
+    assert isinstance(space, gym.spaces.Box)
+    small = np.issubdtype(space.dtype, np.integer) and space.low.min() >= 0 and space.high.max() <= 255
+    return gym.wrappers.DtypeObservation(flat, np.uint8 if small else np.float32)
 
 
 def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
