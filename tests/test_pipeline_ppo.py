@@ -95,7 +95,7 @@ def test_bad_configs_raise_before_any_process_starts(tmp_path):
     with pytest.raises(ValueError, match="unknown Gymnasium environment id"):
         train(_car_cfg(tmp_path, env="NoSuchEnv-v0"))
     with pytest.raises(ValueError, match="Box observation|frames or flat"):
-        train(_car_cfg(tmp_path, env="FrozenLake-v1", env_kwargs={}))
+        train(_car_cfg(tmp_path, env="envs_for_tests:TextObservationEnv", env_kwargs={}))
 
 
 def test_stages_with_different_configs_refuse_to_train(tmp_path):
