@@ -294,6 +294,7 @@ def evaluate_sb3(model: Any, env_spec: Any, seed: int, deterministic: bool, vecn
     import gymnasium as gym
 
     env = env_spec.make() if wrapper is None else wrapper(env_spec.make())
+    discrete = isinstance(env.action_space, gym.spaces.Discrete)  # a 0-d array is no key of toy-text envs' tables
     returns = []
     for ep in range(EVAL_EPISODES):
         obs, _ = env.reset(seed=EVAL_SEED + seed + ep)
@@ -301,8 +302,8 @@ def evaluate_sb3(model: Any, env_spec: Any, seed: int, deterministic: bool, vecn
         while not done and (max_steps is None or steps < max_steps):
             x = obs if vecnorm is None else vecnorm.normalize_obs(obs)
             action, _ = model.predict(x, deterministic=deterministic)
-            if isinstance(env.action_space, gym.spaces.Discrete):
-                action = int(action)  # a 0-d array is no key of the toy-text envs' transition tables
+            if discrete:
+                action = int(action)
             obs, r, term, trunc, _ = env.step(action)
             total += float(r)
             steps += 1

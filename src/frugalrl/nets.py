@@ -268,7 +268,7 @@ class MLPActorCritic(ActorCritic):
         elif action["type"] == "box":
             self.dist_kind = "gaussian"
             out = int(np.prod(action["shape"]))
-            self.max_entropy_log_std = box_log_half_width(action)
+            self.max_entropy_log_std = log_half = box_log_half_width(action)
         else:
             raise ValueError(f"unsupported action description {action!r}")
         if sde and self.dist_kind != "gaussian":
@@ -286,9 +286,7 @@ class MLPActorCritic(ActorCritic):
             shape = (self.hidden[-1], out) if self.sde else (out,)
             log_std = torch.full(shape, float(log_std_init))
             if self.sde:  # in units of each dimension's half box: Pendulum's ±2 torque explores twice as far as ±1
-                log_half = box_log_half_width(action)
-                log_std += torch.where(torch.isfinite(log_half), log_half, torch.zeros_like(log_half)).clamp(
-                    -SDE_BOX_LOG_LIMIT, SDE_BOX_LOG_LIMIT)
+                log_std += log_half.nan_to_num(posinf=0.0).clamp(-SDE_BOX_LOG_LIMIT, SDE_BOX_LOG_LIMIT)
             self.log_std = nn.Parameter(log_std)
 
     def _inputs(self, obs: torch.Tensor) -> torch.Tensor:
