@@ -126,7 +126,8 @@ def test_config_embeds_the_dpsgd_options():
 
 def test_entropy_schedule_follows_the_global_clock():
     """``ent_anneal``: the coefficient falls linearly to 0 over the run's last fraction, by the global update the
-    round pulled (``set_version``), resuming where an earlier segment stopped; constant without it."""
+    round pulled (``set_version``), resuming where an earlier segment stopped (as DPSGD's rate schedule and
+    average do); constant without it."""
     cfg = HSA2CConfig(env="CartPole-v1", total_timesteps=8_000, ent_coef=0.02, ent_anneal=0.5)
     kw = cfg.problem_kwargs()
     assert (kw["ent_anneal"], kw["horizon"], kw["version_offset"]) == (0.5, cfg.budget_updates, 0) == (0.5, 20, 0)
@@ -136,7 +137,9 @@ def test_entropy_schedule_follows_the_global_clock():
         problem.set_version(version)
         coef.append(problem.ent_now)
     assert coef == pytest.approx([0.02, 0.02, 0.01, 0.0])
-    resumed = make_a2c_problem(**cfg.dpsgd_config(done_updates=10).problem_kwargs)
+    segment = cfg.dpsgd_config(done_updates=10)
+    assert (segment.clock_offset, segment.global_updates, segment.run_updates) == (10, 10, 20)  # η's clock too
+    resumed = make_a2c_problem(**segment.problem_kwargs)
     resumed.set_version(5)  # the 15th global update of the run
     assert resumed.ent_now == pytest.approx(0.01)
     constant = make_a2c_problem(**HSA2CConfig(env="CartPole-v1", ent_coef=0.02).problem_kwargs())

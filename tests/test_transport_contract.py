@@ -3,8 +3,9 @@
 Every transport must give a deterministic run's parameters and byte counts exactly, converge and count
 its bytes by kind, fail a worker whose problem cannot be built with a ValueError naming it, fail the run
 with a DPSGDError naming a worker that dies or hangs, and close without leaving a process behind (the
-workers nor their Hogwild helpers). The problems come from tests/test_dpsgd.py, which worker processes and
-actors import (the tests directory travels on their import path).
+workers nor their Hogwild helpers). The problems come from tests/test_dpsgd.py and the NumPy replay from
+tests/test_dpsgd_schedules.py, which worker processes and actors import (the tests directory travels on their
+import path).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import pid_alive, pid_exists, wait_dead
-from test_dpsgd import LSQ, LSQ_KW, _one_worker_cfg, _replay, hogwild_pids
+from test_dpsgd import LSQ, LSQ_KW, hogwild_pids
+from test_dpsgd_schedules import _one_worker_cfg, _replay
 
 from frugalrl.dpsgd import TRANSPORTS, DPSGDConfig, DPSGDError, ParameterServer, run_dpsgd
 from frugalrl.dpsgd.config import TRANSPORT_NAMES

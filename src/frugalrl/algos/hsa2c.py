@@ -68,7 +68,8 @@ Choices and differences from the paper, and why:
   figures; with ``deferred_eval`` the returns are computed after the run and do not stop it.
 - *Run*: :class:`~frugalrl.training.Training` owns the run directory, the summary and the checkpoints
   (the global weights, written on the ``checkpoint_every`` cadence as the server's losses are recorded).
-  A resumed run starts DPSGD again from the checkpoint's weights for the remaining global updates; the
+  A resumed run starts DPSGD again from the checkpoint's weights for the remaining global updates, on the whole
+  run's clock (``eta_anneal``, ``ent_anneal`` and the average's window go on where the first segment stopped); the
   Hogwild processes' RMSProp statistics, the master's momentum and env states start anew.
 - *Polyak averaging*: by default (``average`` 0.05) the server also keeps an exponential average of ``θ`` over
   about the last 5% of the run's global updates; evaluations, the target check, checkpoints and the final

@@ -160,4 +160,5 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
             log_every=self.eval_every,
             log_every_s=self.eval_every_s,
             target_loss=None if self.target_return is None else -float(self.target_return),
+            clock_offset=done_updates,
         )

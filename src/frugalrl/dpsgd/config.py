@@ -199,12 +199,6 @@ class DPSGDOptions:
             return "current" if self.workers > 1 else "pulled"
         return self.column_base
 
-    def average_decay(self) -> float:
-        """β of the server's Polyak average (0: none), from ``average`` and ``global_updates``."""
-        if not self.average or self.global_updates is None:
-            return 0.0
-        return 1.0 - 1.0 / max(1.0, self.average * self.global_updates)
-
     def as_synchronous_baseline(self) -> Self:
         """This config as the synchronous SGD baseline: ``B = 1``, ``M = workers``, ``synchronous=True``."""
         return replace(self, local_steps=1, master_batch=self.workers, synchronous=True)
@@ -237,6 +231,10 @@ class DPSGDConfig(DPSGDOptions):
     target_loss: float | None = None
     """Stop once a recorded loss is at or below this (the summary's ``target`` says when); None: never.
     With ``deferred_eval`` the losses are known only after the run, which then does not stop early."""
+    clock_offset: int = 0
+    """Global updates that earlier segments of this run made (a resumed run): the local-rate schedule and the
+    Polyak average's window run on the whole run's clock, update ``t + clock_offset`` of ``global_updates +
+    clock_offset``, so a run resumed halfway through ``eta_anneal`` goes on from half the rate, not from ``η``."""
 
     def __post_init__(self) -> None:
         if callable(self.problem):
@@ -264,6 +262,7 @@ class DPSGDConfig(DPSGDOptions):
         self.validate_options()
         _check_int("DPSGDConfig", "seed", self.seed, 0)
         _check_int("DPSGDConfig", "log_every", self.log_every, 0)
+        _check_int("DPSGDConfig", "clock_offset", self.clock_offset, 0)
         if self.eta_anneal and self.global_updates is None:
             raise ValueError("DPSGDConfig.eta_anneal needs global_updates (the horizon η anneals to 0 over)")
         if self.average and self.global_updates is None:
@@ -277,6 +276,17 @@ class DPSGDConfig(DPSGDOptions):
         ):
             raise ValueError(f"DPSGDConfig.target_loss must be a finite number or None, got {self.target_loss!r}")
 
+    def average_decay(self) -> float:
+        """β of the server's Polyak average (0: none), from ``average`` and the whole run's global updates."""
+        if not self.average or self.run_updates is None:
+            return 0.0
+        return 1.0 - 1.0 / max(1.0, self.average * self.run_updates)
+
+    @property
+    def run_updates(self) -> int | None:
+        """Global updates of the whole run: this segment's ``global_updates`` plus ``clock_offset``."""
+        return None if self.global_updates is None else self.global_updates + self.clock_offset
+
     def worker_config(self, worker: int, eta: float) -> dict[str, Any]:
         """The JSON config worker ``worker`` is built from."""
         return {
@@ -287,8 +297,9 @@ class DPSGDConfig(DPSGDOptions):
             "eta": eta,
             "eta_decay": float(self.eta_decay),
             "eta_offset": float(self.eta_offset),
-            "eta_horizon": self.global_updates if self.eta_anneal else None,
+            "eta_horizon": self.run_updates if self.eta_anneal else None,
             "eta_anneal": float(self.eta_anneal),
+            "clock_offset": self.clock_offset,
             "seed": self.seed,
             "problem": self.problem,
             "problem_kwargs": self.problem_kwargs,

@@ -175,7 +175,7 @@ class DPSGDWorker:
     """Alg. 2 for one worker: its problem, its shared ``u`` and its Hogwild helpers.
 
     ``cfg`` holds ``worker``, ``processes`` (p), ``local_steps`` (B), ``eta`` (with ``eta_decay`` and
-    ``eta_offset``, ``eta_horizon`` and ``eta_anneal``, :func:`~frugalrl.dpsgd.rates.decayed_rate`), ``seed``,
+    ``eta_offset``, ``eta_horizon``, ``eta_anneal`` and ``clock_offset``, :func:`~frugalrl.dpsgd.rates.decayed_rate`), ``seed``,
     ``problem``, ``problem_kwargs``, ``update_codec`` and ``size`` (the vector's length; optional). Building it
     starts the helpers (so that a transport can report "ready" only once the worker can compute); :meth:`run`
     talks to the server through any ``exchange(Message) -> Message`` function.
@@ -208,9 +208,10 @@ class DPSGDWorker:
             raise
 
     def rate(self, version: int) -> float:
-        """The local rate η of a round on parameters pulled at global update ``version`` (the global clock)."""
+        """The local rate η of a round on parameters pulled at global update ``version`` (the global clock; a
+        resumed run's ``clock_offset`` adds the updates of its earlier segments)."""
         cfg = self.cfg
-        return decayed_rate(cfg["eta"], version, cfg["eta_decay"], cfg["eta_offset"], cfg.get("eta_horizon"),
+        return decayed_rate(cfg["eta"], version + cfg.get("clock_offset", 0), cfg["eta_decay"], cfg["eta_offset"], cfg.get("eta_horizon"),
                             cfg.get("eta_anneal", 1.0))
 
     def round(self, v: np.ndarray, version: int = 0) -> np.ndarray:
