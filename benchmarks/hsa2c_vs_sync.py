@@ -29,7 +29,8 @@ luckiest of ~100 noisy ones, so that ratio is biased low: each run's best-checke
 one are also scored again on the same ``--rescore-episodes`` (100) fresh greedy episodes, after training.
 Results: ``benchmarks/results/<out>.json`` and ``.md`` (``--out``, default ``hsa2c_vs_sync``). ``--reuse-runs`` takes
 finished run directories (e.g. those of a run cut short) in place of training the (variant, seed) whose settings they
-match; their records say ``reused`` and the JSON lists them.
+match; their records say ``reused`` and the JSON lists them. ``--merge A B --out C`` recomputes the table over the stored
+runs of results A and B together (e.g. seeds 1-5 and 6-10 of one setting), without training.
 """
 
 from __future__ import annotations
@@ -222,6 +223,27 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def stored_groups(names: list[str], rescore_episodes: int) -> tuple[list[tuple[str, str, dict, list]], Any]:
+    """The ``(env, variant, config, runs)`` groups of stored results ``names`` (runs of one env and variant
+    concatenated, in the order given; a seed twice raises), and where their runs came from."""
+    groups: dict[tuple[str, str], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    sources = []
+    for name in names:
+        old = json.loads((RESULTS / f"{name}.json").read_text())
+        sources.append(old.get("runs_from") or {k: old.get(k) for k in ("command", "date", "machine", "total_s")})
+        for row in old["rows"]:
+            if row["target"] != ENVS[row["env"]]["targets"][0]:
+                continue
+            config, runs = groups.setdefault((row["env"], row["variant"]), (row["config"], []))
+            seeds = {r["seed"] for r in runs}
+            for r in row["runs"]:
+                if r["seed"] in seeds:
+                    raise SystemExit(f"--merge: {row['env']} {row['variant']} seed {r['seed']} is in two results")
+                runs.append(with_rescore(r, rescore_episodes))
+    return ([(env, label, config, runs) for (env, label), (config, runs) in groups.items()],
+            sources[0] if len(names) == 1 else dict(zip(names, sources, strict=True)))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS), choices=list(ENVS))
@@ -241,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rescore-episodes", type=int, default=100,
                     help="score each run's best-checked and final policies again on this many fresh greedy "
                          "episodes, the same for both (0: off; --reanalyse rescores runs that lack it)")
+    ap.add_argument("--merge", nargs="+", default=[], metavar="RESULT",
+                    help="recompute the table, as --reanalyse does, over the runs of these stored results together "
+                         "(names under benchmarks/results, e.g. seeds 1-5 and 6-10 of one setting), into --out")
     ap.add_argument("--reuse-runs", nargs="+", default=[], metavar="RUN_DIR",
                     help="finished run directories to take instead of training a (variant, seed) whose config they "
                          "match (all but where it ran), e.g. the finished runs of an interrupted benchmark")
@@ -251,12 +276,8 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     body: dict[str, Any] = {}
-    if args.reanalyse:  # new reference returns over the stored runs (their curves), no training
-        old = json.loads((RESULTS / f"{args.out}.json").read_text())
-        groups = [(row["env"], row["variant"], row["config"],
-                   [with_rescore(r, args.rescore_episodes) for r in row["runs"]]) for row in old["rows"]
-                  if row["target"] == ENVS[row["env"]]["targets"][0]]
-        body["runs_from"] = old.get("runs_from") or {k: old[k] for k in ("command", "date", "machine", "total_s")}
+    if args.reanalyse or args.merge:  # new reference returns over the stored runs (their curves), no training
+        groups, body["runs_from"] = stored_groups(args.merge or [args.out], args.rescore_episodes)
     else:
         groups = []
         finished = finished_runs(args.reuse_runs)
