@@ -75,6 +75,10 @@ ZOO_BULLET: dict[str, Any] = {  # rl-baselines3-zoo hyperparams/a2c.yml, HopperB
     # its TimeFeatureWrapper here)
     **{k: v for k, v in ZOO_PENDULUM.items() if k != "learning_rate"}, "n_envs": 4, "learning_rate": "lin_0.00096",
 }
+ZOO_REACHER: dict[str, Any] = {**ZOO_BULLET, "learning_rate": "lin_0.0008"}
+"""rl-baselines3-zoo hyperparams/a2c.yml, ReacherBulletEnv-v0 ("tuned but unstable"): the pybullet defaults, lin_8e-4."""
+ZOO_BIPEDAL: dict[str, Any] = {**ZOO_BULLET, "n_envs": 16}
+"""rl-baselines3-zoo hyperparams/a2c.yml, BipedalWalker-v3 ("tuned", 5e6 steps): the pybullet defaults with 16 envs."""
 ENVS: dict[str, dict[str, Any]] = {
     # env factory and kwargs, rl-zoo's entry, SB3's policy, the evaluation's step cap
     "LunarLander-v3": {"zoo": ZOO, "policy": "mlp", "eval_max_steps": 1000},
@@ -87,6 +91,8 @@ ENVS: dict[str, dict[str, Any]] = {
     "HalfCheetah-v5": {"zoo": ZOO_BULLET, "policy": "mlp", "eval_max_steps": 1000},  # the pybullet defaults are its entry
     "Walker2d-v5": {"zoo": ZOO_BULLET, "policy": "mlp", "eval_max_steps": 1000},
     "MountainCarContinuous-v0": {"zoo": ZOO_MOUNTAINCAR_CONTINUOUS, "policy": "mlp", "eval_max_steps": 999},
+    "Reacher-v5": {"zoo": ZOO_REACHER, "policy": "mlp", "eval_max_steps": 50},
+    "BipedalWalker-v3": {"zoo": ZOO_BIPEDAL, "policy": "mlp", "eval_max_steps": 1600},
     # discrete observations (one-hot, frugalrl.envs.spec.flat_observations); rl-zoo has no A2C entry: SB3's defaults
     "FrozenLake-v1": {"zoo": {"n_envs": 8}, "policy": "mlp", "eval_max_steps": 100},
     "Taxi-v4": {"zoo": {"n_envs": 8}, "policy": "mlp", "eval_max_steps": 200},
