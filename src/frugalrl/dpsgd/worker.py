@@ -174,8 +174,8 @@ class HogwildPool:
 class DPSGDWorker:
     """Alg. 2 for one worker: its problem, its shared ``u`` and its Hogwild helpers.
 
-    ``cfg`` holds ``worker``, ``processes`` (p), ``local_steps`` (B), ``eta`` (with ``eta_decay`` and
-    ``eta_offset``, ``eta_horizon``, ``eta_anneal`` and ``clock_offset``, :func:`~frugalrl.dpsgd.rates.decayed_rate`), ``seed``,
+    ``cfg`` holds ``worker``, ``processes`` (p), ``local_steps`` (B), ``eta`` (with ``eta_decay``, ``eta_offset``,
+    ``eta_horizon``, ``eta_anneal`` and ``clock_offset``, :func:`~frugalrl.dpsgd.rates.decayed_rate`), ``seed``,
     ``problem``, ``problem_kwargs``, ``update_codec`` and ``size`` (the vector's length; optional). Building it
     starts the helpers (so that a transport can report "ready" only once the worker can compute); :meth:`run`
     talks to the server through any ``exchange(Message) -> Message`` function.
@@ -211,7 +211,8 @@ class DPSGDWorker:
         """The local rate η of a round on parameters pulled at global update ``version`` (the global clock; a
         resumed run's ``clock_offset`` adds the updates of its earlier segments)."""
         cfg = self.cfg
-        return decayed_rate(cfg["eta"], version + cfg.get("clock_offset", 0), cfg["eta_decay"], cfg["eta_offset"], cfg.get("eta_horizon"),
+        t = version + cfg.get("clock_offset", 0)
+        return decayed_rate(cfg["eta"], t, cfg["eta_decay"], cfg["eta_offset"], cfg.get("eta_horizon"),
                             cfg.get("eta_anneal", 1.0))
 
     def round(self, v: np.ndarray, version: int = 0) -> np.ndarray:
