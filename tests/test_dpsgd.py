@@ -54,12 +54,12 @@ def constant_pull(**kwargs) -> ConstantPull:
 
 class Clocked(LeastSquares):
     """Least squares that checks its clock: a round (at most ``B`` = 2 gradients) must begin with ``set_version``
-    of the global update after the last one told (one worker pulls 0, 1, 2, ...), else a gradient raises, which
-    fails the run."""
+    of the global update after the last one told (one worker pulls ``first``, ``first`` + 1, ...), else a gradient
+    raises, which fails the run."""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, first: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.next_version = 0
+        self.next_version = first
         self.since = 0  # gradients since the last set_version (the server's check takes one before any round)
 
     def set_version(self, version: int) -> None:
@@ -282,11 +282,14 @@ def test_hogwild_processes_update_one_shared_u():
 
 def test_every_hogwild_process_is_told_the_global_update_it_pulled():
     """``set_version`` reaches the worker's own process and its helper each round, with the version pulled (the
-    clock HSA2C's entropy schedule runs on)."""
+    clock HSA2C's entropy schedule runs on), on the whole run's clock: a resumed segment's counts on from the
+    updates made before it (``clock_offset``)."""
     cfg = DPSGDConfig(problem="test_dpsgd:clocked", problem_kwargs=LSQ_KW, workers=1, processes=2, local_steps=2,
                       eta=0.01, global_updates=6)
     out = run_dpsgd(cfg)
     assert out["global_updates"] == 6 and out["gradient_steps"] == 6 * 2 * 2
+    resumed = replace(cfg, problem_kwargs={**LSQ_KW, "first": 6}, global_updates=3, clock_offset=6)
+    assert run_dpsgd(resumed)["global_updates"] == 3
 
 
 # ------------------------------------------------------------------------------- convergence

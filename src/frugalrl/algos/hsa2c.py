@@ -136,7 +136,6 @@ class A2CProblem:
         norm_obs: bool | None = False,
         ent_anneal: float = 0.0,
         horizon: int | None = None,
-        version_offset: int = 0,
         sde: bool | None = False,
         sde_sample_freq: int = 16,
     ) -> None:
@@ -153,7 +152,6 @@ class A2CProblem:
             raise ValueError("ent_anneal needs a horizon (the run's global updates) to anneal the entropy bonus over")
         self.ent_anneal = float(ent_anneal)
         self.horizon = horizon
-        self.version_offset = int(version_offset)
         self.ent_now = self.ent_coef
         """The entropy coefficient of the steps that follow (:meth:`set_version`)."""
         self.vf_coef = float(vf_coef)
@@ -234,8 +232,8 @@ class A2CProblem:
     def set_version(self, version: int) -> None:
         """The global update the steps that follow pulled (DPSGD's workers call it each round): with
         ``ent_anneal`` the entropy coefficient falls linearly to 0 over the run's last ``ent_anneal`` fraction of
-        ``horizon`` global updates (``version_offset``: those an earlier segment of a resumed run made)."""
-        self.ent_now = decayed_rate(self.ent_coef, version + self.version_offset, 0.0, 1.0,
+        ``horizon`` global updates, on the whole run's clock (a resumed run's included)."""
+        self.ent_now = decayed_rate(self.ent_coef, version, 0.0, 1.0,
                                     self.horizon if self.ent_anneal else None, self.ent_anneal)
 
     def _sde_step(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

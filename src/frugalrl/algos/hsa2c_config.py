@@ -115,10 +115,9 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
         by_steps = math.ceil(self.total_timesteps / self.env_steps_per_update)
         return by_steps if self.global_updates is None else min(self.global_updates, by_steps)
 
-    def problem_kwargs(self, done_updates: int = 0) -> dict[str, Any]:
-        """JSON keyword arguments of :func:`~frugalrl.algos.hsa2c.make_a2c_problem` (every process builds its problem from them;
-        ``done_updates``: global updates an earlier segment of a resumed run made, where the entropy schedule
-        resumes)."""
+    def problem_kwargs(self) -> dict[str, Any]:
+        """JSON keyword arguments of :func:`~frugalrl.algos.hsa2c.make_a2c_problem` (every process builds its problem
+        from them; the entropy schedule's clock, a resumed run's included, comes from DPSGD's workers)."""
         return {
             "env": self.env,
             "env_kwargs": dict(self.env_kwargs),
@@ -145,7 +144,6 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
             "sde": self.sde,
             "sde_sample_freq": self.sde_sample_freq,
             "horizon": self.budget_updates,
-            "version_offset": done_updates,
         }
 
     def dpsgd_config(self, done_updates: int = 0) -> DPSGDConfig:
@@ -155,7 +153,7 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
         return DPSGDConfig(
             **{**self.options(), "global_updates": None if budget is None else max(1, budget - done_updates)},
             problem=PROBLEM,
-            problem_kwargs=self.problem_kwargs(done_updates),
+            problem_kwargs=self.problem_kwargs(),
             seed=self.seed + done_updates,
             log_every=self.eval_every,
             log_every_s=self.eval_every_s,

@@ -12,7 +12,8 @@ must provide:
   for a problem whose vector also holds state that no gradient moves (HSA2C's observation statistics return
   their change divided by ``η``, so that the step ``u − η g`` makes it);
 - optionally ``set_version(t)``: called with ``set_rate``, with the global update ``t`` the round's parameters were
-  pulled at (the clock the rate schedules run on; HSA2C anneals its entropy bonus by it).
+  pulled at, on the whole run's clock (a resumed run's segment adds the updates of the earlier ones,
+  ``DPSGDConfig.clock_offset``): the clock the rate schedules run on; HSA2C anneals its entropy bonus by it.
 
 Both examples build a seeded synthetic dataset, so every process that calls the factory with the
 same arguments holds the same data, and both know their optimum:

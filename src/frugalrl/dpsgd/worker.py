@@ -96,7 +96,8 @@ def hogwild_steps(
     u: np.ndarray, problem: Problem, eta: float, steps: int, rng: np.random.Generator, name: str, version: int = 0
 ) -> None:
     """Alg. 2, lines 5-9, for one Hogwild process: ``steps`` lock-free updates ``u -= η ∇f_i(û)`` in place, on
-    parameters pulled at global update ``version`` (told to the problem's optional ``set_version``)."""
+    parameters of the whole run's global update ``version`` (:meth:`DPSGDWorker.clock`; told to the problem's
+    optional ``set_version``)."""
     eta32 = np.float32(eta)
     set_rate = getattr(problem, "set_rate", None)
     if set_rate is not None:
@@ -139,8 +140,8 @@ class HogwildPool:
             raise
 
     def begin(self, steps: int, eta: float, version: int = 0) -> None:
-        """Start ``steps`` Hogwild steps of rate ``eta`` on parameters of global update ``version`` in every
-        helper."""
+        """Start ``steps`` Hogwild steps of rate ``eta`` on parameters of the whole run's global update ``version``
+        in every helper."""
         run = Message("run", {"steps": int(steps), "eta": float(eta), "version": int(version)})
         for helper in self.helpers:
             try:
@@ -207,11 +208,15 @@ class DPSGDWorker:
             self.vector.close()
             raise
 
-    def rate(self, version: int) -> float:
-        """The local rate η of a round on parameters pulled at global update ``version`` (the global clock; a
-        resumed run's ``clock_offset`` adds the updates of its earlier segments)."""
+    def clock(self, version: int) -> int:
+        """The whole run's clock of parameters pulled at this segment's global update ``version``: a resumed run's
+        ``clock_offset`` adds the updates of its earlier segments. The rate schedule runs on it, and the problem's
+        ``set_version`` is told it."""
+        return version + int(self.cfg.get("clock_offset", 0))
+
+    def rate(self, t: int) -> float:
+        """The local rate η of a round on parameters of the whole run's global update ``t`` (:meth:`clock`)."""
         cfg = self.cfg
-        t = version + cfg.get("clock_offset", 0)
         return decayed_rate(cfg["eta"], t, cfg["eta_decay"], cfg["eta_offset"], cfg.get("eta_horizon"),
                             cfg.get("eta_anneal", 1.0))
 
@@ -219,11 +224,12 @@ class DPSGDWorker:
         """One pass of the outer loop on parameters ``v`` pulled at global update ``version``: return the
         update ``u - v``."""
         u, steps = self.vector.array, int(self.cfg["local_steps"])
-        eta = self.rate(version)
+        t = self.clock(version)
+        eta = self.rate(t)
         u[:] = v  # line 3
-        self.pool.begin(steps, eta, version)  # line 4
+        self.pool.begin(steps, eta, t)  # line 4
         try:
-            hogwild_steps(u, self.problem, eta, steps, self.rng, self.name, version)
+            hogwild_steps(u, self.problem, eta, steps, self.rng, self.name, t)
         finally:
             self.pool.finish()
         return u - v  # line 10
@@ -233,7 +239,7 @@ class DPSGDWorker:
         the problem's ``column_step``, returned as a :class:`~frugalrl.dpsgd.sparse.ColumnUpdate`. :meth:`run`
         pushes it densely instead (``u − v``, the same update) when that is no larger and ``base`` is ``pulled``."""
         u, steps = self.vector.array, int(self.cfg["local_steps"])
-        eta = self.rate(version)
+        eta = self.rate(self.clock(version))
         problem: Any = self.problem
         u[:] = v
         touched = []
@@ -318,7 +324,7 @@ class _HelperProcess:
         self.rng = make_rng(cfg["seed"], cfg["worker"], self.index)
 
     def steps(self, eta: float, steps: int, version: int) -> None:
-        """Alg. 2, lines 5-9, on the shared ``u``, pulled at global update ``version``."""
+        """Alg. 2, lines 5-9, on the shared ``u``, pulled at the whole run's global update ``version``."""
         hogwild_steps(self.vector.array, self.problem, eta, steps, self.rng, self.name, version)
 
 
