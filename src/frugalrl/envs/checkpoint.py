@@ -1,5 +1,5 @@
-"""Checkpoints of a :class:`~frugalrl.envs.cluster.ClusterEnv` (``replayable`` workers): what
-``ClusterEnv.state_dict()`` and ``load_state_dict()`` do.
+"""Checkpoints of a :class:`~frugalrl.envs.cluster.ClusterEnv` (``replayable`` workers): its ``state_dict()`` and
+``load_state_dict()``, from :class:`Checkpoints`, a base class of ClusterEnv.
 
 A worker's snapshot is how its envs' episodes began and the actions taken since, its sampling generator and the
 policy it holds; restoring replays the episodes, so the envs continue exactly where they were whenever the env is
@@ -9,75 +9,106 @@ deterministic given its ``np_random``. Both directions cross the wire as ``check
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from frugalrl.envs.spec import EnvSpec
+from frugalrl.sync_state import PolicySync
 from frugalrl.wire.message import Message
-
-if TYPE_CHECKING:
-    from frugalrl.envs.cluster import ClusterEnv
+from frugalrl.wire.meter import ByteMeter
 
 log = logging.getLogger("frugalrl")
 
 
-def snapshot(env: ClusterEnv) -> dict[str, Any]:
-    """The sync state, the byte meter, restarts, the current observations and each worker's snapshot."""
-    env._check_open()
-    if not env.replayable:
-        raise RuntimeError("ClusterEnv.state_dict() needs workers started with replayable=True")
-    if env._obs is None:
-        env.reset(seed=env.seed)
-    msg = Message("snapshot")
+class Checkpoints:
+    """``state_dict()`` and ``load_state_dict()`` of :class:`~frugalrl.envs.cluster.ClusterEnv`, which defines what
+    they use (declared here): its workers, sync state, byte meter, restarts, current observations and requests."""
 
-    def recover(w: int, reason: str) -> Message:
-        env._restart(w, reason)
-        env._reset_worker(w, seed=None)
-        return msg
+    num_workers: int
+    envs_per_worker: int
+    env_spec: EnvSpec
+    seed: int
+    replayable: bool
+    policies: PolicySync
+    meter: ByteMeter
+    restart_events: list[dict[str, Any]]
+    _obs: np.ndarray | None
 
-    replies = env._request({w: msg for w in range(env.num_workers)}, on_failure=recover)
-    assert env._obs is not None
-    workers = [
-        {"meta": replies[w].meta, "arrays": {k: torch.from_numpy(np.ascontiguousarray(v))
-                                             for k, v in replies[w].arrays.items()}}
-        for w in range(env.num_workers)
-    ]
-    return {
-        "policies": env.policies.state_dict(),
-        "meter": env.meter.state_dict(),
-        "restart_events": list(env.restart_events),
-        "obs": torch.from_numpy(env._obs.copy()),
-        "workers": workers,
-    }
+    if TYPE_CHECKING:  # ClusterEnv's methods, declared for the type checker only (nothing here to override them)
+        def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any: ...
+        def _check_open(self) -> None: ...
+        def _request(self, requests: dict[int, Message],
+                     on_failure: Callable[[int, str], Message | None]) -> dict[int, Message]: ...
+        def _restart(self, w: int, reason: str) -> None: ...
+        def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message: ...
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly from here in a new ClusterEnv (``replayable`` workers):
+        the sync state, the byte meter, restarts, the current observations and each worker's snapshot
+        (how its envs' episodes began and the actions since, its sampling generator, the policy it holds).
+        Fetching the snapshots is counted as ``checkpoint`` bytes."""
+        self._check_open()
+        if not self.replayable:
+            raise RuntimeError("ClusterEnv.state_dict() needs workers started with replayable=True")
+        if self._obs is None:
+            self.reset(seed=self.seed)
+        msg = Message("snapshot")
 
-def restore(env: ClusterEnv, state: dict[str, Any]) -> list[int]:
-    """Every worker rebuilds its envs from ``state`` (a :func:`snapshot`); returns the envs whose replay did not
-    reproduce the observation (they start new episodes, with a warning)."""
-    env._check_open()
-    if not env.replayable:
-        raise RuntimeError("ClusterEnv.load_state_dict() needs workers started with replayable=True")
-    if len(state["workers"]) != env.num_workers:
-        raise ValueError(f"the checkpoint has {len(state['workers'])} workers, this ClusterEnv {env.num_workers}")
-    obs = state["obs"].numpy()
-    k = env.envs_per_worker
-    requests = {}
-    for w, snap in enumerate(state["workers"]):
-        arrays = {name: t.numpy() for name, t in snap["arrays"].items()}
-        arrays["obs"] = obs[w * k : (w + 1) * k]
-        requests[w] = Message("restore", dict(snap["meta"]), arrays, kinds={n: "checkpoint" for n in arrays})
+        def recover(w: int, reason: str) -> Message:
+            self._restart(w, reason)
+            self._reset_worker(w, seed=None)
+            return msg
 
-    def fail(w: int, reason: str) -> None:
-        raise RuntimeError(f"worker {w} failed while restoring a checkpoint: {reason}")
+        replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
+        assert self._obs is not None
+        workers = [
+            {"meta": replies[w].meta, "arrays": {k: torch.from_numpy(np.ascontiguousarray(v))
+                                                 for k, v in replies[w].arrays.items()}}
+            for w in range(self.num_workers)
+        ]
+        return {
+            "policies": self.policies.state_dict(),
+            "meter": self.meter.state_dict(),
+            "restart_events": list(self.restart_events),
+            "obs": torch.from_numpy(self._obs.copy()),
+            "workers": workers,
+        }
 
-    replies = env._request(requests, on_failure=fail)
-    env.policies.load_state_dict(state["policies"])
-    env.meter.load_state_dict(state["meter"])
-    env.restart_events = list(state["restart_events"])
-    inexact = [w * k + i for w in range(env.num_workers) for i, ok in enumerate(replies[w].meta["exact"]) if not ok]
-    env._obs = np.concatenate([replies[w].arrays["obs"] for w in range(env.num_workers)])
-    if inexact:
-        log.warning("frugalrl: envs %s could not be rebuilt exactly from the checkpoint (%s is not "
-                    "deterministic given its np_random); they start new episodes", inexact, env.env_spec.describe())
-    return inexact
+    def load_state_dict(self, state: dict[str, Any]) -> list[int]:
+        """Continue from :meth:`state_dict`: every worker rebuilds its envs by replaying their episodes.
+
+        Returns the envs that could not be rebuilt exactly (their replay did not reproduce the
+        observation: the env is not deterministic given its ``np_random``); those start a new episode,
+        with a warning. Restoring is counted as ``checkpoint`` bytes.
+        """
+        self._check_open()
+        if not self.replayable:
+            raise RuntimeError("ClusterEnv.load_state_dict() needs workers started with replayable=True")
+        if len(state["workers"]) != self.num_workers:
+            raise ValueError(f"the checkpoint has {len(state['workers'])} workers, this ClusterEnv {self.num_workers}")
+        obs = state["obs"].numpy()
+        k = self.envs_per_worker
+        requests = {}
+        for w, snap in enumerate(state["workers"]):
+            arrays = {name: t.numpy() for name, t in snap["arrays"].items()}
+            arrays["obs"] = obs[w * k : (w + 1) * k]
+            requests[w] = Message("restore", dict(snap["meta"]), arrays, kinds={n: "checkpoint" for n in arrays})
+
+        def fail(w: int, reason: str) -> None:
+            raise RuntimeError(f"worker {w} failed while restoring a checkpoint: {reason}")
+
+        replies = self._request(requests, on_failure=fail)
+        self.policies.load_state_dict(state["policies"])
+        self.meter.load_state_dict(state["meter"])
+        self.restart_events = list(state["restart_events"])
+        inexact = [w * k + i for w in range(self.num_workers) for i, ok in enumerate(replies[w].meta["exact"])
+                   if not ok]
+        self._obs = np.concatenate([replies[w].arrays["obs"] for w in range(self.num_workers)])
+        if inexact:
+            log.warning("frugalrl: envs %s could not be rebuilt exactly from the checkpoint (%s is not "
+                        "deterministic given its np_random); they start new episodes", inexact,
+                        self.env_spec.describe())
+        return inexact

@@ -35,7 +35,7 @@ from gymnasium.vector.utils import batch_space
 from frugalrl.envs.backends import BACKENDS, make_backend
 from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
 from frugalrl.envs.batching import assemble_rollout, check_actions, merge_infos, rollout_bound
-from frugalrl.envs.checkpoint import restore, snapshot
+from frugalrl.envs.checkpoint import Checkpoints
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype, space_shape
 from frugalrl.nets import ActorCritic, as_agent
@@ -55,7 +55,7 @@ def _positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
-class ClusterEnv(gym.vector.VectorEnv):
+class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
     """A distributed Gymnasium vector env with worker-side inference and adaptive policy sync.
 
     Args:
@@ -372,23 +372,6 @@ class ClusterEnv(gym.vector.VectorEnv):
             "restart_events": list(self.restart_events),
             "backend": self.backend_name,
         }
-
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly from here in a new ClusterEnv (``replayable`` workers):
-        the sync state, the byte meter, restarts, the current observations and each worker's snapshot
-        (how its envs' episodes began and the actions since, its sampling generator, the policy it holds).
-        Fetching the snapshots is counted as ``checkpoint`` bytes."""
-        return snapshot(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> list[int]:
-        """Continue from :meth:`state_dict`: every worker rebuilds its envs by replaying their episodes.
-
-        Returns the envs that could not be rebuilt exactly (their replay did not reproduce the
-        observation: the env is not deterministic given its ``np_random``); those start a new episode,
-        with a warning. Restoring is counted as ``checkpoint`` bytes.
-        """
-        return restore(self, state)
 
     # ------------------------------------------------------------------ internals
     def _check_open(self) -> None:
