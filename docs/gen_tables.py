@@ -396,7 +396,7 @@ def t_headline(where: str) -> list[Table]:
     (links from the repository's root) or ``site`` (links inside the docs)."""
     ls, up, a3, t6 = Source("learning_suite"), Source("uplink"), Source("aaps_3seeds"), Source("compress_table6")
     pc, psa, ps = Source("pipeline_carracing"), Source("pipeline_carracing_sa"), Source("pipeline_suite")
-    lda, hs, tp = Source("lda_baselines_large_seed0_bf16"), Source("hsa2c_vs_sync_norm_obs_10seeds"), Source("throughput")
+    lda, hs, tp = Source("lda_baselines_large_seed0_bf16"), Source("hsa2c_vs_sync_norm_obs_15seeds"), Source("throughput")
     ar, am, hm = Source("a2c_reference_1m_norm_obs"), Source("a2c_reference_minatar"), Source("hsa2c_vs_sync_minatar_cnn")
     alc, aho = Source("a2c_reference_lunar_continuous_sde2"), Source("a2c_reference_hopper_sde2")
     ll = ("table", "LunarLander-v3", "variants")
