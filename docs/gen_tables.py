@@ -385,7 +385,6 @@ def t_index(_: str) -> list[Table]:
     return [Table(["file", "command"], rows)]
 
 
-# --------------------------------------------------------------------------------------- headline
 BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "headline": t_headline,
     "index": t_index,

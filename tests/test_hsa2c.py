@@ -17,6 +17,7 @@ from frugalrl.algos import load_policy
 from frugalrl.algos.hsa2c import A2CProblem, HSA2CConfig, make_a2c_problem, train
 from frugalrl.dpsgd.config import DPSGDConfig
 from frugalrl.dpsgd.problems import Problem, check_problem
+from frugalrl.dpsgd.worker import DPSGDWorker
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import EVAL_SEED, evaluate
 
@@ -139,7 +140,14 @@ def test_entropy_schedule_follows_the_global_clock():
     assert coef == pytest.approx([0.02, 0.02, 0.01, 0.0])
     segment = cfg.dpsgd_config(done_updates=10)  # its workers tell set_version the run's clock, 10 + version
     assert (segment.clock_offset, segment.global_updates, segment.run_updates) == (10, 10, 20)  # η's clock too
-    assert segment.problem_kwargs == kw  # (test_dpsgd_schedules: the worker adds clock_offset)
+    assert segment.problem_kwargs == kw  # the clock comes from the worker (tests/test_dpsgd.py runs it)
+    worker = DPSGDWorker(segment.worker_config(0, segment.eta))  # p = 1: no helper processes
+    try:
+        resumed = worker.problem
+        resumed.set_version(worker.clock(5))  # the 15th global update of the run
+        assert resumed.ent_now == pytest.approx(0.01)
+    finally:
+        worker.close()
     constant = make_a2c_problem(**HSA2CConfig(env="CartPole-v1", ent_coef=0.02).problem_kwargs())
     constant.set_version(10**6)
     assert constant.ent_now == 0.02
