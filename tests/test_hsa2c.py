@@ -76,6 +76,7 @@ def test_a2c_problem_plain_sgd_gradient_is_clipped():
         ("global_updates", 0),
         ("ent_coef", -0.1),
         ("ent_anneal", 1.5),
+        ("gae_lambda", 1.5),
         ("eval_episodes", -1),
     ],
 )
@@ -256,6 +257,21 @@ def test_hsa2c_on_atari_frames_builds_the_cnn(tmp_path):
     assert s["details"]["global_updates"] == 2 and s["details"]["gradients"] == 4
     assert s["env_steps"] == 4 * 4 * 2
     assert s["bytes"]["gradients"] >= 2 * 4 * problem.size  # two fp32 pushes of the whole CNN
+
+
+def test_gae_lambda_one_is_the_k_step_return_and_lower_changes_the_advantages():
+    """``gae_lambda`` 1 (the default) is Alg. 9's k-step bootstrapped return: the same gradient as no setting; a
+    lower λ weights the value function's own estimates more, so the same rollout gives another gradient."""
+    grads = {}
+    for lam in (None, 1.0, 0.5, 0.0):
+        problem = make_a2c_problem(env="CartPole-v1", envs=2, k=6, seed=0, **({} if lam is None else
+                                                                               {"gae_lambda": lam}))
+        grads[lam] = problem.stochastic_grad(problem.init_params(), np.random.default_rng(3))
+        assert np.isfinite(grads[lam]).all()
+    assert np.array_equal(grads[None], grads[1.0])
+    assert not np.allclose(grads[1.0], grads[0.5]) and not np.allclose(grads[0.5], grads[0.0])
+    with pytest.raises(ValueError, match="gae_lambda"):
+        make_a2c_problem(env="CartPole-v1", gae_lambda=-0.1)
 
 
 def test_reward_scaling_scales_the_returns_the_value_learns():

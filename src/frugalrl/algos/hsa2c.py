@@ -90,6 +90,7 @@ import torch
 from frugalrl import dists
 from frugalrl.algos.hsa2c_config import PROBLEM, HSA2CConfig
 from frugalrl.config import NormConfig
+from frugalrl.correct import gae
 from frugalrl.dpsgd.rates import decayed_rate
 from frugalrl.dpsgd.run import run_dpsgd
 from frugalrl.envs.spec import EnvSpec, to_env_spec
@@ -117,6 +118,7 @@ class A2CProblem:
         env_kwargs: dict[str, Any] | None = None,
         envs: int = 8,
         k: int = 5,
+        gae_lambda: float = 1.0,
         gamma: float = 0.99,
         ent_coef: float = 0.01,
         vf_coef: float = 0.5,
@@ -145,6 +147,9 @@ class A2CProblem:
         self.m = int(envs)
         self.k = int(k)
         self.gamma = float(gamma)
+        if not 0.0 <= float(gae_lambda) <= 1.0:
+            raise ValueError(f"gae_lambda must be in [0, 1], got {gae_lambda!r}")
+        self.gae_lambda = float(gae_lambda)
         self.ent_coef = float(ent_coef)
         if not 0.0 <= float(ent_anneal) <= 1.0:
             raise ValueError(f"ent_anneal must be a fraction in [0, 1], got {ent_anneal!r}")
@@ -291,24 +296,25 @@ class A2CProblem:
                 rew_buf.append(rewards)
                 boot_buf.append(boot)
                 done_buf.append(dones)
-            # k-step returns, bootstrapped from V(s_{t+k}) unless the episode ended (Alg. 9, lines 14-16), in
-            # the units of the scaled rewards when the rewards are scaled (the value function learns those)
             raw = np.stack(rew_buf)
             scaled = raw if self.scaler is None else self.scaler.scale(raw, np.stack(done_buf) > 0)
-            ret = self.agent.value(torch.as_tensor(np.stack(self.obs), dtype=torch.float32)).numpy()
-            returns = np.zeros((self.k, self.m), dtype=np.float32)
-            for t in reversed(range(self.k)):
-                ret = scaled[t] + boot_buf[t] + self.gamma * ret * (1.0 - done_buf[t])
-                returns[t] = ret
+            last_value = self.agent.value(torch.as_tensor(np.stack(self.obs), dtype=torch.float32))
         self.env_steps += self.k * self.m
         self.gradients += 1
 
         obs_all = torch.cat(obs_buf)
         act_all = torch.cat(act_buf)
-        ret_all = torch.as_tensor(returns.reshape(-1))
         dparams = self.agent.dist_params(obs_all)
         values = self.agent.value(obs_all)
-        advantages = (ret_all - values).detach()
+        # advantages by GAE over the k steps, bootstrapped from V(s_{t+k}) unless the episode ended (λ = 1: the
+        # k-step returns of Alg. 9, lines 14-16); an episode's end folds γ V(its last observation) of a time limit
+        # into the reward (``boot``). In the units of the scaled rewards when the rewards are scaled (the value
+        # function learns those).
+        v = values.detach().reshape(self.k, self.m)
+        ended = torch.as_tensor(np.stack(done_buf))
+        advantages, ret = gae(torch.as_tensor(scaled + np.stack(boot_buf)), v, torch.cat([v[1:], last_value[None]]),
+                              ended, ended, self.gamma, self.gae_lambda)
+        advantages, ret_all = advantages.reshape(-1), ret.reshape(-1)
         logp = dists.log_prob(self.agent.dist_kind, dparams, act_all)
         policy_loss = -(logp * advantages).mean()
         value_loss = 0.5 * (ret_all - values).pow(2).mean()

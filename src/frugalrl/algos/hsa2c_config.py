@@ -47,6 +47,10 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     (HSA2C against its B = 1 baselines)."""
     k: int = 5
     """Steps rolled per env per gradient (k-step bootstrapped returns)."""
+    gae_lambda: float = 1.0
+    """λ of generalised advantage estimation within each k-step rollout: 1 is the paper's k-step bootstrapped
+    return (Alg. 9) and SB3's A2C default; lower trades variance for bias (rl-zoo's A2C uses 0.9 on its pybullet
+    locomotion tasks)."""
     envs_per_process: int = 8
     """Environments per Hogwild process: the local mini-batch (m); a gradient costs k × m env steps."""
     grad_scaling: Literal["rmsprop", "none"] = "rmsprop"
@@ -93,7 +97,7 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
         super().validate()
         check_fields(self, positive_ints=("k", "envs_per_process", "log_eval_episodes", "eval_max_steps",
                                           "sde_sample_freq"),
-                     positive=("rms_eps", "eval_every_s"), unit=("rms_alpha", "ent_anneal"))
+                     positive=("rms_eps", "eval_every_s"), unit=("rms_alpha", "ent_anneal", "gae_lambda"))
         if self.ent_anneal and self.budget_updates is None:
             raise ValueError("HSA2CConfig.ent_anneal needs a budget (total_timesteps or global_updates)")
         self.validate_options()
@@ -123,6 +127,7 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
             "env_kwargs": dict(self.env_kwargs),
             "envs": self.envs_per_process,
             "k": self.k,
+            "gae_lambda": self.gae_lambda,
             "gamma": self.gamma,
             "ent_coef": self.ent_coef,
             "vf_coef": self.vf_coef,
