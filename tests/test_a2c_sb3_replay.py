@@ -3,7 +3,8 @@
 SB3's A2C trains for a few dozen updates while a callback records its actions and its weights after each update.
 :class:`~frugalrl.algos.hsa2c.A2CProblem` then starts from SB3's initial weights, in envs seeded as SB3's
 ``make_vec_env`` seeds them, and replays the same actions (only the sampler is replaced: everything else,
-rollouts, k-step returns, time-limit bootstrapping, the loss, clipping and RMSProp, is the default path). Taking
+rollouts, k-step returns, time-limit bootstrapping, the loss, clipping and RMSProp, is the default path; with
+``gae_lambda`` below 1 the advantages are GAE's, as SB3's with the same λ). Taking
 ``u ← u − η g`` with SB3's rate after each of its gradients must give SB3's weights after each update.
 
 The one convention that differs is the value loss: SB3's is ``vf_coef · MSE``, frugalrl's ``vf_coef · ½ MSE``
@@ -66,27 +67,29 @@ def flat(agent: torch.nn.Module, weights: dict[str, torch.Tensor]) -> np.ndarray
 
 
 @pytest.mark.parametrize(
-    ("env", "env_kwargs", "updates", "truncated"),
+    ("env", "env_kwargs", "updates", "truncated", "lam"),
     [
-        ("LunarLander-v3", {}, 60, False),  # discrete actions; episodes end by crashing (terminated)
-        ("CartPole-v1", {"max_episode_steps": 30}, 40, True),  # and by the time limit too (bootstrapped)
-        ("Pendulum-v1", {"max_episode_steps": 30}, 20, True),  # Box actions (Gaussian, clipped in the env only)
+        ("LunarLander-v3", {}, 60, False, 1.0),  # discrete actions; episodes end by crashing (terminated)
+        ("CartPole-v1", {"max_episode_steps": 30}, 40, True, 1.0),  # and by the time limit too (bootstrapped)
+        ("Pendulum-v1", {"max_episode_steps": 30}, 20, True, 1.0),  # Box actions (Gaussian, clipped in the env only)
+        ("CartPole-v1", {"max_episode_steps": 30}, 40, True, 0.9),  # GAE's advantages (gae_lambda)
+        ("Pendulum-v1", {"max_episode_steps": 30}, 20, True, 0.9),
     ],
 )
 def test_a2c_problem_replays_sb3_a2c_update_by_update(
-    env: str, env_kwargs: dict[str, Any], updates: int, truncated: bool
+    env: str, env_kwargs: dict[str, Any], updates: int, truncated: bool, lam: float
 ) -> None:
     spec = to_env_spec(env, env_kwargs)
     total = updates * ENVS * K
     model = A2C("MlpPolicy", make_vec_env(spec.make, n_envs=ENVS, seed=SEED), seed=SEED, device="cpu", n_steps=K,
-                gamma=GAMMA, ent_coef=ENT, learning_rate=lambda progress: progress * LR)
+                gamma=GAMMA, gae_lambda=lam, ent_coef=ENT, learning_rate=lambda progress: progress * LR)
     rec = Recorder()
     model.learn(total_timesteps=total, callback=rec)
     rec.weights.append({n: p.detach().clone() for n, p in model.policy.named_parameters()})
     assert len(rec.weights) == updates + 1 and len(rec.actions) == updates * K
 
-    problem = A2CProblem(env=env, env_kwargs=env_kwargs, envs=ENVS, k=K, gamma=GAMMA, ent_coef=ENT, vf_coef=1.0,
-                         max_grad_norm=0.5)
+    problem = A2CProblem(env=env, env_kwargs=env_kwargs, envs=ENVS, k=K, gamma=GAMMA, gae_lambda=lam, ent_coef=ENT,
+                         vf_coef=1.0, max_grad_norm=0.5)
     agent = problem.agent
     u = flat(agent, rec.weights[0])
     problem._start_envs(np.random.default_rng(0))
