@@ -296,8 +296,8 @@ class A2CProblem:
                 rew_buf.append(rewards)
                 boot_buf.append(boot)
                 done_buf.append(dones)
-            raw = np.stack(rew_buf)
-            scaled = raw if self.scaler is None else self.scaler.scale(raw, np.stack(done_buf) > 0)
+            raw, ended = np.stack(rew_buf), np.stack(done_buf)
+            scaled = raw if self.scaler is None else self.scaler.scale(raw, ended > 0)
             last_value = self.agent.value(torch.as_tensor(np.stack(self.obs), dtype=torch.float32))
         self.env_steps += self.k * self.m
         self.gradients += 1
@@ -311,9 +311,9 @@ class A2CProblem:
         # into the reward (``boot``). In the units of the scaled rewards when the rewards are scaled (the value
         # function learns those).
         v = values.detach().reshape(self.k, self.m)
-        ended = torch.as_tensor(np.stack(done_buf))
+        end = torch.as_tensor(ended)
         advantages, ret = gae(torch.as_tensor(scaled + np.stack(boot_buf)), v, torch.cat([v[1:], last_value[None]]),
-                              ended, ended, self.gamma, self.gae_lambda)
+                              end, end, self.gamma, self.gae_lambda)
         advantages, ret_all = advantages.reshape(-1), ret.reshape(-1)
         logp = dists.log_prob(self.agent.dist_kind, dparams, act_all)
         policy_loss = -(logp * advantages).mean()
