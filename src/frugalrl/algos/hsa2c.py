@@ -33,8 +33,8 @@ Choices and differences from the paper, and why:
   across rounds), so ``η`` is an RMSProp step size (``1e-3`` on CartPole with ``m = 8``: steadier
   than ``3e-3``); ``grad_scaling="none"`` gives plain SGD (``η`` about ``0.02``-``0.03`` on CartPole
   with clipping: it learns, but its greedy return oscillates more).
-  The paper's master uses SGD with momentum 0.5, and so does HSA2C by default (``momentum`` 0.5 with
-  ``rho`` 0.5; DPSGD's own default is Alg. 1's plain ``ρ`` step).
+  The paper's master uses SGD with momentum 0.5; HSA2C's default is Alg. 1's plain step (``momentum`` 0, ``rho`` 1),
+  which reached 200 on LunarLander sooner (``--momentum 0.5 --rho 0.5`` gives the paper's master).
 - *Observation normalisation* (``norm_obs``, on by default for vector observations): the agent normalises its
   input by a running mean and variance (:class:`~frugalrl.normalize.ObsNormalizer`, as rl-zoo's ``VecNormalize``)
   whose statistics are part of DPSGD's vector, after the weights. No gradient moves them: each local step merges its
