@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-scale", type=float, default=2.0, help="hsa2c_vs_sync's --budget-scale (2: 4M steps)")
     ap.add_argument("--time-limit-scale", type=float, default=2.0,
                     help="extra factor on the time guard only (Ray runs are slower; the step budget decides)")
+    ap.add_argument("--settings", type=json.loads, default={},
+                    help="JSON of HSA2C config fields for both variants, as hsa2c_vs_sync's --settings (the transport "
+                         "and the Ray address are this script's)")
     ap.add_argument("--out", default="hsa2c_link")
     ap.add_argument("--timeout", type=float, default=4 * 3600)
     ap.add_argument("--reanalyse", action="store_true",
@@ -132,7 +135,7 @@ def run_rates(args: argparse.Namespace, rows: list[dict], commands: dict[str, st
         for rate in args.rates:
             hosts.shape(rate=None if rate == "unshaped" else rate)
             out = f"{args.out}_{rate}"
-            settings = {"transport": "ray", "ray_address": cluster.address}
+            settings = {**args.settings, "transport": "ray", "ray_address": cluster.address}
             argv_run = [sys.executable, str(HERE / "hsa2c_vs_sync.py"), "--envs", ENV, "--variants", "hsa2c", "a3c",
                         "--budget-scale", str(args.budget_scale),
                         "--time-limit-scale", str(args.time_limit_scale), "--seeds", *map(str, args.seeds),

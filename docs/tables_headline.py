@@ -7,6 +7,9 @@ from __future__ import annotations
 from table_model import RESULTS_URL, Cell, Num, Source, Table, cross, pm
 from tables_dpsgd import method_path
 
+M05 = "its defaults with master momentum 0.5"
+"""How rows measured before 2026-11-27, when HSA2C's master momentum defaulted to 0.5 (ρ 0.5), name their setting."""
+
 
 def _steps(n: int) -> str:
     """2000000 → "2M", 200000 → "200k"."""
@@ -18,9 +21,10 @@ def t_headline(where: str) -> list[Table]:
     (links from the repository's root) or ``site`` (links inside the docs)."""
     ls, up, a3, t6 = Source("learning_suite"), Source("uplink"), Source("aaps_3seeds"), Source("compress_table6")
     pc, psa, ps = Source("pipeline_carracing"), Source("pipeline_carracing_sa"), Source("pipeline_suite")
-    lda, hs, tp = Source("lda_baselines_large_seed0_bf16"), Source("hsa2c_vs_sync_norm_obs_15seeds"), Source("throughput")
+    lda, hs, tp = Source("lda_baselines_large_seed0_bf16"), Source("hsa2c_sweep/m0_vs_a3c_seeds1_10"), Source("throughput")
     ar, am, hm = Source("a2c_reference_1m_norm_obs"), Source("a2c_reference_minatar"), Source("hsa2c_vs_sync_minatar_cnn")
     alc, aho = Source("a2c_reference_lunar_continuous_sde2"), Source("a2c_reference_hopper_sde2")
+    hl = Source("hsa2c_link_m0_50mbit")
     ll = ("table", "LunarLander-v3", "variants")
     chain = len(t6("rows")) - 1
     w1, g1 = method_path(lda, "dpsvi-w1p1"), method_path(lda, "gensim-w1")
@@ -50,7 +54,7 @@ def t_headline(where: str) -> list[Table]:
             return s.num("rows", i, "time_to_target", "all_mean", prefix=bound, suffix=" s")
         return [" (every seed, an unreached one at its whole training time: ", mean(h), " vs ", mean(a), ")"]
 
-    def vs_sb3(s: Source, what: str, defaults: str = "its defaults") -> list[list[Cell]]:
+    def vs_sb3(s: Source, what: str, defaults: str = M05) -> list[list[Cell]]:
         """An ``a2c_reference`` file's HSA2C and SB3 rows: final returns and the training-time ratio."""
         h, r = (next(("rows", i) for i, x in enumerate(s("rows")) if x["variant"] == v) for v in ("hsa2c", "sb3-zoo"))
         return [[f"HSA2C (B = 10, {defaults}) vs Stable-Baselines3 A2C (rl-zoo), {what}, "
@@ -105,12 +109,13 @@ def t_headline(where: str) -> list[Table]:
          [lda.num(*w1, "time_to_target_s", fmt=".2f", suffix=" s"), " vs gensim ",
           lda.num(*g1, "time_to_target_s", fmt=".2f", suffix=" s")],
          link(lda, "dpsgd.md")],
-        vs_a3c(hs, 200, "LunarLander-v3, HSA2C's defaults"),
-        vs_a3c(hm, 10, "MinAtar Breakout, grid CNN"),
+        vs_a3c(hs, 200, "LunarLander-v3, HSA2C's defaults, one machine"),
+        vs_a3c(hl, 200, "LunarLander-v3, HSA2C's defaults, workers across a 50 Mbit/s link, 2M steps"),
+        vs_a3c(hm, 10, "MinAtar Breakout, grid CNN, master momentum 0.5"),
         vs_sb3(ar, "LunarLander-v3"),
         vs_sb3(am, "MinAtar Breakout (atari recipe, same CNN)"),
-        vs_sb3(alc, "LunarLanderContinuous-v3", "its defaults: gSDE exploration"),
-        vs_sb3(aho, "MuJoCo Hopper-v5 (short of SB3)", "its defaults: gSDE exploration"),
+        vs_sb3(alc, "LunarLanderContinuous-v3", f"{M05}, gSDE exploration"),
+        vs_sb3(aho, "MuJoCo Hopper-v5 (short of SB3)", f"{M05}, gSDE exploration"),
         [["ClusterEnv `step()` vs Gymnasium's AsyncVectorEnv, LunarLander-v3, 2 processes"],
          [tp.num("results", "LunarLander-v3", "ratios", "head_vs_async", fmt=".2f", suffix="×"), " the env steps/s"],
          link(tp, "benchmarks.md")],
