@@ -32,9 +32,9 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     momentum: float = 0.0
     """Master momentum μ (``m ← μ m + Σ w``, ``v ← v + ρ m``). The DPSGD paper's HSA2C master uses 0.5, and so did this
     default (with ``rho`` 0.5) until 2026-11-27; without it, Alg. 1's plain step (``rho`` 1), HSA2C and A3C reach 200 on
-    LunarLander sooner and hold as well (10 seeds), and over eleven other tasks HSA2C ends higher on Hopper and
-    LunarLanderContinuous, level on six, lower within the seeds' spread on Walker2d, MinAtar Breakout and Space
-    Invaders (3 seeds each; docs/benchmarks.md#hsa2c-m0-lunar). ``--momentum 0.5 --rho 0.5`` replays the runs before."""
+    LunarLander sooner and hold as well (10 seeds), and over twelve other tasks HSA2C ends higher on Hopper and
+    LunarLanderContinuous, level on six, lower within the seeds' spread on Walker2d, BipedalWalker, MinAtar Breakout
+    and Space Invaders (3 seeds each; docs/benchmarks.md#hsa2c-m0-lunar). ``--momentum 0.5 --rho 0.5`` replays the runs before."""
     average: float = 0.05
     """Polyak averaging over about the last 5% of the run's global updates: evaluations, the target check and
     the final weights use the server's average ``v̄`` (the workers still pull ``v``). On LunarLander a
