@@ -330,16 +330,19 @@ def test_hsa2c_learns_frozenlake_from_one_hot_states(tmp_path):
     """A Discrete observation space (FrozenLake's 16 cells, one-hot: :func:`frugalrl.envs.spec.flat_observations`)
     trains with HSA2C's defaults: on the slippery 4×4 lake a random policy reaches the goal on 0 of 10 evaluation
     episodes; after 200k env steps seeds 1-3 reached it on 8, 8 and 7 of 10, SB3's A2C on 7 of 10 each
-    (``benchmarks/results/a2c_reference_frozenlake.json``). Asynchronous runs differ: eight runs of seed 1 at 400k
-    steps reached it on 54-72% of 50 episodes (about 17 s each), and one of six at 200k on 24%; since master momentum
-    is off by default one 400k run reached it on 24% (CI, 2026-11-27), so the bar is 15%: ten times random play
-    (about 1.5%) and below every run seen."""
-    cfg = _cfg(tmp_path, env="FrozenLake-v1", seed=1, workers=2, total_timesteps=400_000, eval_every=0,
+    (``benchmarks/results/a2c_reference_frozenlake.json``). One worker, because two push in no fixed order: twelve
+    two-worker runs of seed 1 at 400k steps reached the goal on 54-72% of 50 episodes, one in CI on 24%. A single
+    worker pulls, computes and pushes in turn (:mod:`frugalrl.dpsgd.worker`), so the run is the same every time:
+    seed 1 reached it on 72% of 50 episodes in each of two runs (three more at 400k steps: 72% each; 2026-11-27),
+    seeds 2 and 3 on 58% and 26%; the bar, 30%, is twenty times random play and leaves room for another CPU's
+    rounding."""
+    cfg = _cfg(tmp_path, env="FrozenLake-v1", seed=1, workers=1, total_timesteps=200_000, eval_every=0,
                eval_episodes=50, eval_max_steps=100, eval_stochastic=False)
     s = train(cfg)
-    assert s["eval_return_mean"] >= 0.15, s["eval_history"]
+    assert s["eval_return_mean"] >= 0.30, s["eval_history"]
 
 
+@pytest.mark.slow  # ~60 s: `make test-all`; the default suite must stay under 15 minutes on 2 cores
 def test_hsa2c_defaults_reach_the_flag_on_mountaincar(tmp_path):
     """With its defaults (observation normalisation on) HSA2C reaches MountainCar-v0's flag: a greedy return above
     −200 on 10 episodes after 1M env steps (about 35 s); seeds 1-3 gave −116, −120, −139 and SB3's A2C with rl-zoo's
@@ -352,6 +355,7 @@ def test_hsa2c_defaults_reach_the_flag_on_mountaincar(tmp_path):
     assert s["eval_return_mean"] > -190, s["eval_history"]
 
 
+@pytest.mark.slow  # ~60 s: `make test-all`; the default suite must stay under 15 minutes on 2 cores
 def test_hsa2c_defaults_swing_up_pendulum(tmp_path):
     """Box actions with its defaults (observation normalisation, state-dependent exploration, entropy bonus 0.01
     capped at half the action box): HSA2C swings Pendulum-v1 up in 1M env steps (about 45 s; seeds 1-3 of the
