@@ -24,7 +24,7 @@ def t_headline(where: str) -> list[Table]:
     lda, hs, tp = Source("lda_baselines_large_seed0_bf16"), Source("hsa2c_sweep/m0_vs_a3c_seeds1_10"), Source("throughput")
     ar, am, hm = Source("a2c_reference_1m_norm_obs"), Source("a2c_reference_minatar"), Source("hsa2c_vs_sync_minatar_cnn")
     alc, aho = Source("a2c_reference_lunar_continuous_sde2"), Source("a2c_reference_hopper_sde2")
-    hl = Source("hsa2c_link_m0_50mbit")
+    hl = Source("hsa2c_link_m0_3m_50mbit")
     ll = ("table", "LunarLander-v3", "variants")
     chain = len(t6("rows")) - 1
     w1, g1 = method_path(lda, "dpsvi-w1p1"), method_path(lda, "gensim-w1")
@@ -110,7 +110,7 @@ def t_headline(where: str) -> list[Table]:
           lda.num(*g1, "time_to_target_s", fmt=".2f", suffix=" s")],
          link(lda, "dpsgd.md")],
         vs_a3c(hs, 200, "LunarLander-v3, HSA2C's defaults, one machine"),
-        vs_a3c(hl, 200, "LunarLander-v3, HSA2C's defaults, workers across a 50 Mbit/s link, 2M steps"),
+        vs_a3c(hl, 200, "LunarLander-v3, HSA2C's defaults, workers across a 50 Mbit/s link, 3M steps"),
         vs_a3c(hm, 10, "MinAtar Breakout, grid CNN, master momentum 0.5"),
         vs_sb3(ar, "LunarLander-v3"),
         vs_sb3(am, "MinAtar Breakout (atari recipe, same CNN)"),
