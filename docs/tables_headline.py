@@ -111,7 +111,7 @@ def t_headline(where: str) -> list[Table]:
          link(lda, "dpsgd.md")],
         vs_a3c(hs, 200, "LunarLander-v3, HSA2C's defaults, one machine"),
         vs_a3c(hl, 200, "LunarLander-v3, HSA2C's defaults, workers across a 50 Mbit/s link, 3M steps"),
-        vs_a3c(hm, 10, "MinAtar Breakout, grid CNN, master momentum 0.5"),
+        vs_a3c(hm, 10, f"MinAtar Breakout, grid CNN, {M05}"),
         vs_sb3(ar, "LunarLander-v3"),
         vs_sb3(am, "MinAtar Breakout (atari recipe, same CNN)"),
         vs_sb3(alc, "LunarLanderContinuous-v3", f"{M05}, gSDE exploration"),

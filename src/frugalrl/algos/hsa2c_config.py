@@ -30,11 +30,9 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     local_steps: int = 10
     eta: float = 1e-3
     momentum: float = 0.0
-    """Master momentum μ (``m ← μ m + Σ w``, ``v ← v + ρ m``). The DPSGD paper's HSA2C master uses 0.5, and so did this
-    default (with ``rho`` 0.5) until 2026-11-27; without it, Alg. 1's plain step (``rho`` 1), HSA2C and A3C reach 200 on
-    LunarLander sooner and hold as well (10 seeds), and over twelve other tasks HSA2C ends higher on Hopper and
-    LunarLanderContinuous, level on six, lower within the seeds' spread on Walker2d, BipedalWalker, MinAtar Breakout
-    and Space Invaders (3 seeds each; docs/benchmarks.md#hsa2c-m0-lunar). ``--momentum 0.5 --rho 0.5`` replays the runs before."""
+    """Master momentum μ (``m ← μ m + Σ w``, ``v ← v + ρ m``); 0 is Alg. 1's plain step. The DPSGD paper's HSA2C
+    master uses 0.5 with ``rho`` 0.5, the default until 2026-11-27 (``--momentum 0.5 --rho 0.5`` replays it); the
+    measurements behind the change: docs/benchmarks.md#hsa2c-m0-lunar."""
     average: float = 0.05
     """Polyak averaging over about the last 5% of the run's global updates: evaluations, the target check and
     the final weights use the server's average ``v̄`` (the workers still pull ``v``). On LunarLander a
