@@ -172,6 +172,12 @@ def cross(a: Source, pa: Pointer, b: Source, pb: Pointer, fmt: str, prefix: str 
     return Num(combine("ratio", values), fmt, ((a.name, pa), (b.name, pb)), "ratio", 1.0, prefix, suffix)
 
 
+def pooled(op: str, parts: Sequence[tuple[Source, Pointer]], fmt: str = ".1f") -> Num:
+    """``op`` (mean, std, ...) of numbers gathered across files: ``(source, path)`` pairs."""
+    values = [walk(src.data, path) for src, path in parts]
+    return Num(combine(op, values), fmt, tuple((src.name, tuple(path)) for src, path in parts), op)
+
+
 def pm(src: Source, mean: Pointer, std: Pointer, fmt: str = ".1f") -> Cell:
     """``mean ± std``."""
     return [src.num(*mean, fmt=fmt), " ± ", src.num(*std, fmt=fmt)]

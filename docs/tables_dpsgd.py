@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from table_model import DASH, RESULTS, Cell, Num, Pointer, Source, Table, join, opt, pm
+from table_model import DASH, RESULTS, Cell, Num, Pointer, Source, Table, join, opt, pm, pooled
 
 
 def t_dpsgd_speedup(name: str) -> list[Table]:
@@ -215,3 +215,41 @@ def t_a2c_reference(name: str) -> list[Table]:
     if sampled:
         head += ["sampled actions (mean ± std)", "MB on the wire"]
     return [Table([*head, "train s (mean)"], rows, [s.name], [s.command()], align="lrl" + "rr" * sampled + "r")]
+
+
+# HSA2C without master momentum (μ = 0, the default) against the paper's μ = 0.5, 5 seeds pooled from the files
+# of seeds 1-3 and of seeds 4-5 (docs/benchmarks.md#hsa2c-m0-four-tasks-5-seeds)
+MOMENTUM_POOLS = {
+    "Walker2d-v5 (1M)": (("hsa2c_sweep/walker2d_m0", "hsa2c_sweep/walker2d_m0_seeds45"),
+                         ("a2c_reference_walker2d_vs_sb3", "hsa2c_sweep/walker2d_mu05_seeds45")),
+    "BipedalWalker-v3 (1M)": (("hsa2c_sweep/bipedal_m0", "hsa2c_sweep/bipedal_m0_seeds45"),
+                              ("hsa2c_sweep/bipedal_mu05", "hsa2c_sweep/bipedal_mu05_seeds45")),
+    "MinAtar Breakout (2M)": (("hsa2c_sweep/breakout_m0", "hsa2c_sweep/breakout_m0_seeds45"),
+                              ("hsa2c_sweep/breakout_mu05", "hsa2c_sweep/breakout_mu05_seeds45")),
+    "MinAtar Space Invaders (1M)": (("hsa2c_sweep/space_invaders_m0", "hsa2c_sweep/space_invaders_m0_seeds45"),
+                                    ("a2c_reference_minatar_space_invaders", "hsa2c_sweep/space_invaders_mu05_seeds45")),
+}
+
+
+def t_hsa2c_momentum_pooled(_: str) -> list[Table]:
+    """Final greedy return of HSA2C's ``hsa2c`` rows, each setting's seeds pooled over its files."""
+    rows, names, commands = [], [], []
+    for task, settings in MOMENTUM_POOLS.items():
+        pools: list[list[tuple[Source, Pointer]]] = []
+        for files in settings:
+            parts: list[tuple[Source, Pointer]] = []
+            for f in files:
+                s = Source(f)
+                i = next(i for i, r in enumerate(s("rows")) if r["variant"] == "hsa2c")
+                parts += [(s, ("rows", i, "finals", k)) for k in range(len(s("rows", i, "finals")))]
+                names.append(s.name)
+                commands.append(s.command())
+            pools.append(parts)
+        fmt = ".1f" if all(abs(src(*p)) < 30 for parts in pools for src, p in parts) else ".0f"  # Breakout's scores
+        row: list[Cell] = [[task]]
+        for parts in pools:
+            row += [[pooled("mean", parts), " ± ", pooled("std", parts)],
+                    join([pooled("value", [part], fmt) for part in parts], " ")]
+        rows.append(row)
+    head = ["task (env steps)", "μ = 0, ρ = 1 (default)", "per seed", "μ = 0.5, ρ = 0.5", "per seed"]
+    return [Table(head, rows, names, commands, align="lrlrl")]
