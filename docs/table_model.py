@@ -155,8 +155,7 @@ class Source:
     def agg(self, op: str, paths: Sequence[Pointer], fmt: str = ".1f", scale: float = 1.0, prefix: str = "",
             suffix: str = "") -> Num:
         """``op`` (mean, std, ratio, sum, count) of the numbers at ``paths``."""
-        values = [walk(self.data, p) for p in paths]
-        return Num(combine(op, values), fmt, tuple((self.name, tuple(p)) for p in paths), op, scale, prefix, suffix)
+        return pooled(op, [(self, p) for p in paths], fmt, scale, prefix, suffix)
 
     def command(self) -> str:
         c = self.data.get("command") if isinstance(self.data, dict) else None
@@ -168,14 +167,15 @@ class Source:
 
 def cross(a: Source, pa: Pointer, b: Source, pb: Pointer, fmt: str, prefix: str = "", suffix: str = "") -> Num:
     """``a[pa] / b[pb]`` across two files."""
-    values = [walk(a.data, pa), walk(b.data, pb)]
-    return Num(combine("ratio", values), fmt, ((a.name, pa), (b.name, pb)), "ratio", 1.0, prefix, suffix)
+    return pooled("ratio", [(a, pa), (b, pb)], fmt, prefix=prefix, suffix=suffix)
 
 
-def pooled(op: str, parts: Sequence[tuple[Source, Pointer]], fmt: str = ".1f") -> Num:
-    """``op`` (mean, std, ...) of numbers gathered across files: ``(source, path)`` pairs."""
+def pooled(op: str, parts: Sequence[tuple[Source, Pointer]], fmt: str = ".1f", scale: float = 1.0, prefix: str = "",
+           suffix: str = "") -> Num:
+    """``op`` (mean, std, ratio, sum, count) of the numbers at ``(source, path)`` pairs, from one file or several."""
     values = [walk(src.data, path) for src, path in parts]
-    return Num(combine(op, values), fmt, tuple((src.name, tuple(path)) for src, path in parts), op)
+    return Num(combine(op, values), fmt, tuple((src.name, tuple(path)) for src, path in parts), op, scale, prefix,
+               suffix)
 
 
 def pm(src: Source, mean: Pointer, std: Pointer, fmt: str = ".1f") -> Cell:

@@ -249,7 +249,7 @@ def t_hsa2c_momentum_pooled(_: str) -> list[Table]:
         row: list[Cell] = [[task]]
         for parts in pools:
             row += [[pooled("mean", parts), " ± ", pooled("std", parts)],
-                    join([pooled("value", [part], fmt) for part in parts], " ")]
+                    join([src.num(*path, fmt=fmt) for src, path in parts], " ")]
         rows.append(row)
     head = ["task (env steps)", "μ = 0, ρ = 1 (default)", "per seed", "μ = 0.5, ρ = 0.5", "per seed"]
     return [Table(head, rows, names, commands, align="lrlrl")]
