@@ -49,6 +49,7 @@ from table_model import (  # noqa: E402
 from tables_dpsgd import (  # noqa: E402
     t_a2c_reference,
     t_dpsgd_speedup,
+    t_hsa2c_cooldown_pooled,
     t_hsa2c_link,
     t_hsa2c_momentum_pooled,
     t_hsa2c_vs_sync,
@@ -406,6 +407,7 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "hsa2c_link": t_hsa2c_link,  # ARG: hsa2c_link.py's --out
     "a2c_reference": t_a2c_reference,  # ARG: a2c_reference.py's --out
     "hsa2c_momentum_pooled": t_hsa2c_momentum_pooled,
+    "hsa2c_cooldown_pooled": t_hsa2c_cooldown_pooled,
     "lda": t_lda,  # ARG: an lda_baselines.py result name
     "lda_seeds": t_lda_seeds,  # ARG: synthetic or large
     "lda_variants": t_lda_variants,  # ARG: bf16, large, async or small

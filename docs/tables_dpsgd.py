@@ -231,12 +231,23 @@ MOMENTUM_POOLS = {
 }
 
 
-def t_hsa2c_momentum_pooled(_: str) -> list[Table]:
-    """Final greedy return of HSA2C's ``hsa2c`` rows, each setting's seeds pooled over its files."""
+# HSA2C with the cool-down (``eta_anneal`` 0.5, the default) against a constant η, μ = 0 both, 3-5 seeds
+# (docs/benchmarks.md#hsa2c-walker2d-cool50)
+COOLDOWN_POOLS = {
+    "Walker2d-v5 (1M)": (("hsa2c_sweep/walker2d_cool50",),
+                         ("hsa2c_sweep/walker2d_m0", "hsa2c_sweep/walker2d_m0_seeds45")),
+    "Hopper-v5 (1M)": (("hsa2c_sweep/hopper_cool50",), ("hsa2c_sweep/hopper_m0",)),
+    "HalfCheetah-v5 (1M)": (("hsa2c_sweep/halfcheetah_cool50",), ("hsa2c_sweep/halfcheetah_m0",)),
+}
+
+
+def _pooled_settings(pools: dict[str, tuple[tuple[str, ...], ...]], settings: list[str]) -> list[Table]:
+    """Final greedy return of the ``hsa2c`` rows of each task, one column pair (mean ± std, per seed) per setting,
+    each setting's seeds pooled over its files; ``settings`` names the settings in ``pools``' order."""
     rows, names, commands = [], [], []
-    for task, settings in MOMENTUM_POOLS.items():
-        pools: list[list[tuple[Source, Pointer]]] = []
-        for files in settings:
+    for task, files_of_setting in pools.items():
+        columns: list[list[tuple[Source, Pointer]]] = []
+        for files in files_of_setting:
             parts: list[tuple[Source, Pointer]] = []
             for f in files:
                 s = Source(f)
@@ -244,12 +255,22 @@ def t_hsa2c_momentum_pooled(_: str) -> list[Table]:
                 parts += [(s, ("rows", i, "finals", k)) for k in range(len(s("rows", i, "finals")))]
                 names.append(s.name)
                 commands.append(s.command())
-            pools.append(parts)
-        fmt = ".1f" if all(abs(src(*p)) < 30 for parts in pools for src, p in parts) else ".0f"  # Breakout's scores
+            columns.append(parts)
+        fmt = ".1f" if all(abs(src(*p)) < 30 for parts in columns for src, p in parts) else ".0f"  # Breakout's scores
         row: list[Cell] = [[task]]
-        for parts in pools:
+        for parts in columns:
             row += [[pooled("mean", parts), " ± ", pooled("std", parts)],
                     join([src.num(*path, fmt=fmt) for src, path in parts], " ")]
         rows.append(row)
-    head = ["task (env steps)", "μ = 0, ρ = 1 (default)", "per seed", "μ = 0.5, ρ = 0.5", "per seed"]
-    return [Table(head, rows, names, commands, align="lrlrl")]
+    head = ["task (env steps)"] + [h for name in settings for h in (name, "per seed")]
+    return [Table(head, rows, names, commands, align="l" + "rl" * len(settings))]
+
+
+def t_hsa2c_momentum_pooled(_: str) -> list[Table]:
+    """μ = 0 against μ = 0.5 (both with a constant η), 5 seeds per task."""
+    return _pooled_settings(MOMENTUM_POOLS, ["μ = 0, ρ = 1 (constant η)", "μ = 0.5, ρ = 0.5 (constant η)"])
+
+
+def t_hsa2c_cooldown_pooled(_: str) -> list[Table]:
+    """The cool-down (the default since 2026-11-27) against a constant η, both μ = 0, 3-5 seeds per task."""
+    return _pooled_settings(COOLDOWN_POOLS, ["η cooled over the second half (default)", "constant η"])

@@ -334,8 +334,9 @@ def test_hsa2c_learns_frozenlake_from_one_hot_states(tmp_path):
     two-worker runs of seed 1 at 400k steps reached the goal on 54-72% of 50 episodes, one in CI on 24%. A single
     worker pulls, computes and pushes in turn (:mod:`frugalrl.dpsgd.worker`), so the run is the same every time:
     seed 1 reached it on 72% of 50 episodes in each of two runs (three more at 400k steps: 72% each; 2026-11-27),
-    seeds 2 and 3 on 58% and 26%; the bar, 30%, is twenty times random play and leaves room for another CPU's
-    rounding."""
+    seeds 2 and 3 on 58% and 26% with a constant rate, 72%, 58% and 16% for seeds 1-3 with the cool-down
+    (``eta_anneal`` 0.5, the default since 2026-11-27); the bar, 30%, is twenty times random play and leaves room
+    for another CPU's rounding."""
     cfg = _cfg(tmp_path, env="FrozenLake-v1", seed=1, workers=1, total_timesteps=200_000, eval_every=0,
                eval_episodes=50, eval_max_steps=100, eval_stochastic=False)
     s = train(cfg)
@@ -346,7 +347,8 @@ def test_hsa2c_learns_frozenlake_from_one_hot_states(tmp_path):
 def test_hsa2c_defaults_reach_the_flag_on_mountaincar(tmp_path):
     """With its defaults (observation normalisation on) HSA2C reaches MountainCar-v0's flag: a greedy return above
     −200 on 10 episodes after 1M env steps (about 35 s); seeds 1-3 gave −116, −120, −139 and SB3's A2C with rl-zoo's
-    settings −107, −118, −107 (``benchmarks/results/a2c_reference_mountaincar.json``). Without the normalisation
+    settings −107, −118, −107 (``benchmarks/results/a2c_reference_mountaincar.json``); with the cool-down
+    (``eta_anneal`` 0.5, the default since 2026-11-27) seed 1 gave −109. Without the normalisation
     every seed but one stayed at −200 (``a2c_reference_mountaincar_no_norm_obs.json``): the velocity, ±0.07, is
     invisible to the network."""
     cfg = _cfg(tmp_path, env="MountainCar-v0", seed=1, workers=2, total_timesteps=1_000_000, eval_every=0,
@@ -362,7 +364,8 @@ def test_hsa2c_defaults_swing_up_pendulum(tmp_path):
     benchmark ended near −130, SB3's A2C with rl-zoo's settings −131 on average). Before the cap, the bonus drove
     log σ to 5-10 and seed 1 ended at −1618 and −1593 (greedy, worse than random play's −1200) in two runs; with gSDE
     from log σ −2 in absolute units (rl-zoo's Pendulum value) seed 1 ended at −923, from −2 in half-widths of the ±2
-    torque box (the default) at −132."""
+    torque box (the default) at −132, and with the cool-down (``eta_anneal`` 0.5, the default since 2026-11-27)
+    at −135."""
     cfg = _cfg(tmp_path, env="Pendulum-v1", seed=1, workers=2, total_timesteps=1_000_000, eval_every=0,
                eval_episodes=10, eval_max_steps=200, eval_stochastic=False)
     s = train(cfg)
@@ -372,7 +375,8 @@ def test_hsa2c_defaults_swing_up_pendulum(tmp_path):
 def test_hsa2c_learns_minatar_with_the_grid_cnn(tmp_path):
     """HSA2C with its defaults on MinAtar Breakout (10×10×4 bool grids) builds the MinAtar paper's CNN by itself
     and learns to return the ball: from a greedy return below 1 to at least 2 (2 bricks; random play scores 0.2) in
-    150k env steps, on 10 evaluation episodes (seeds 1-3 gave 5.2, 4.8, 5.5; two workers push in no fixed order, and
+    150k env steps, on 10 evaluation episodes (seeds 1-3 gave 5.2, 4.8, 5.5 with a constant rate, 5.0, 5.0, 5.5 with
+    the cool-down, the default since 2026-11-27; two workers push in no fixed order, and
     one full-suite run of seed 1 scored 2.9). Every push carries the whole CNN."""
     cfg = _cfg(tmp_path, env="frugalrl.envs.minatar:make_minatar", env_kwargs={"game": "breakout"}, seed=1,
                workers=2, total_timesteps=150_000, eval_every=0, eval_episodes=10, eval_max_steps=1000,

@@ -34,7 +34,9 @@ Choices and differences from the paper, and why:
   than ``3e-3``); ``grad_scaling="none"`` gives plain SGD (``η`` about ``0.02``-``0.03`` on CartPole
   with clipping: it learns, but its greedy return oscillates more).
   The paper's master uses SGD with momentum 0.5; HSA2C's default is Alg. 1's plain step (``momentum`` 0, ``rho`` 1),
-  which reached 200 on LunarLander sooner (``--momentum 0.5 --rho 0.5`` gives the paper's master).
+  which reached 200 on LunarLander sooner (``--momentum 0.5 --rho 0.5`` gives the paper's master). ``η`` is constant
+  for the run's first half and falls linearly to 0 over the second (``eta_anneal`` 0.5): with a constant rate the
+  policy kept drifting after it had learned (``--eta-anneal 0`` gives the paper's constant η).
 - *Observation normalisation* (``norm_obs``, on by default for vector observations): the agent normalises its
   input by a running mean and variance (:class:`~frugalrl.normalize.ObsNormalizer`, as rl-zoo's ``VecNormalize``)
   whose statistics are part of DPSGD's vector, after the weights. No gradient moves them: each local step merges its
