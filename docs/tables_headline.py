@@ -10,8 +10,6 @@ from tables_dpsgd import method_path
 M05 = "its defaults with master momentum 0.5 and a constant η"
 """How rows measured before 2026-11-27, when HSA2C's master momentum defaulted to 0.5 (ρ 0.5) and its rate was
 constant, name their setting."""
-CONSTANT = "HSA2C's defaults with a constant η"
-"""How rows measured without master momentum but before the cool-down (``eta_anneal`` 0.5) name their setting."""
 
 
 def _steps(n: int) -> str:
@@ -25,9 +23,9 @@ def t_headline(where: str) -> list[Table]:
     ls, up, a3, t6 = Source("learning_suite"), Source("uplink"), Source("aaps_3seeds"), Source("compress_table6")
     pc, psa, ps = Source("pipeline_carracing"), Source("pipeline_carracing_sa"), Source("pipeline_suite")
     lda, hs, tp = Source("lda_baselines_large_seed0_bf16"), Source("hsa2c_sweep/anneal50_vs_a3c_seeds1_10"), Source("throughput")
-    ar, am, hm = Source("a2c_reference_1m_norm_obs"), Source("a2c_reference_minatar"), Source("hsa2c_vs_sync_minatar_cnn")
+    ar, am, hm = Source("a2c_reference_1m_cool50"), Source("a2c_reference_minatar"), Source("hsa2c_vs_sync_minatar_cnn")
     alc, aho = Source("a2c_reference_lunar_continuous_sde2"), Source("a2c_reference_hopper_sde2")
-    hl = Source("hsa2c_link_m0_3m_50mbit")
+    hl = Source("hsa2c_link_cool50_3m_50mbit")
     ll = ("table", "LunarLander-v3", "variants")
     chain = len(t6("rows")) - 1
     w1, g1 = method_path(lda, "dpsvi-w1p1"), method_path(lda, "gensim-w1")
@@ -113,9 +111,9 @@ def t_headline(where: str) -> list[Table]:
           lda.num(*g1, "time_to_target_s", fmt=".2f", suffix=" s")],
          link(lda, "dpsgd.md")],
         vs_a3c(hs, 200, "LunarLander-v3, HSA2C's defaults, one machine"),
-        vs_a3c(hl, 200, f"LunarLander-v3, {CONSTANT}, workers across a 50 Mbit/s link, 3M steps"),
+        vs_a3c(hl, 200, "LunarLander-v3, HSA2C's defaults, workers across a 50 Mbit/s link, 3M steps"),
         vs_a3c(hm, 10, f"MinAtar Breakout, grid CNN, {M05}"),
-        vs_sb3(ar, "LunarLander-v3"),
+        vs_sb3(ar, "LunarLander-v3", "its defaults"),
         vs_sb3(am, "MinAtar Breakout (atari recipe, same CNN)"),
         vs_sb3(alc, "LunarLanderContinuous-v3", f"{M05}, gSDE exploration"),
         vs_sb3(aho, "MuJoCo Hopper-v5 (short of SB3)", f"{M05}, gSDE exploration"),

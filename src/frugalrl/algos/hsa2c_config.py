@@ -34,11 +34,12 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     master uses 0.5 with ``rho`` 0.5, the default until 2026-11-27 (``--momentum 0.5 --rho 0.5`` replays it); the
     measurements behind the change: docs/benchmarks.md#hsa2c-m0-lunar."""
     eta_anneal: float = 0.5
-    """Fraction of the run's global updates, at its end, over which ``eta`` falls linearly to 0: the rate is
-    constant for the first half, then cools down (0: constant throughout, the default until 2026-11-27; 1: A3C's
-    linear schedule over the whole run). On LunarLander-v3 (10 seeds, DDRL A3C beside it with the same schedule)
-    the constant rate's policy drifted after it had learned and ended below 0.9 × its best checkpoint on 1 seed of
-    10; with the cool-down on none, and 200 was reached as soon: docs/benchmarks.md#hsa2c-anneal50-vs-a3c-lunar."""
+    """Fraction of the run's global updates, at its end, over which ``eta`` falls linearly to 0: with the default
+    0.5 the rate is constant for the first half, then cools down (0: constant throughout, the default until
+    2026-11-27; 1: A3C's linear schedule over the whole run). On LunarLander-v3 (10 seeds, DDRL A3C beside it
+    with the same schedule) the constant rate's policy drifted after it had learned and ended below 0.9 × its best
+    checkpoint on 1 seed of 10; with the cool-down on none, and 200 was reached as soon:
+    docs/benchmarks.md#hsa2c-anneal50-vs-a3c-lunar."""
     average: float = 0.05
     """Polyak averaging over about the last 5% of the run's global updates: evaluations, the target check and
     the final weights use the server's average ``v̄`` (the workers still pull ``v``). On LunarLander a
