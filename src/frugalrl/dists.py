@@ -78,9 +78,8 @@ def entropy_bonus(kind: DistKind, params: torch.Tensor, max_log_std: torch.Tenso
     Box actions are clipped to the box, so a Gaussian wider than half the box gains no exploration, only
     actions piled on the bounds; yet its entropy keeps growing with ``log σ``. With an adaptive optimiser
     (RMSProp, Adam) the bonus's constant gradient on ``log σ`` is a fixed-size step, which nothing opposes once
-    the clipped actions stop depending on ``σ``: on Pendulum-v1 HSA2C's ``log σ`` ran to 5-10, the sampling
-    policy became bang-bang and the mean stopped learning (greedy return -1600 on one seed of three). Capped,
-    the bonus stops at half the box and the policy gradient alone decides beyond.
+    the clipped actions stop depending on ``σ``, until the mean stops learning (docs/benchmarks.md#hsa2c-pendulum).
+    Capped, the bonus stops at half the box and the policy gradient alone decides beyond.
     """
     if kind != "gaussian" or max_log_std is None:
         return entropy(kind, params)

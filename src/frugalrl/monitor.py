@@ -1,32 +1,19 @@
 """AcceRL's Monitor: indicators on the compressed actor, and strategies that change the compression.
 
-Actors run a compressed copy of the learner's policy. The Monitor (AcceRL, Zhang 2022, section 2.4)
-watches how far that copy has drifted and adjusts the compression:
+Actors run a compressed copy of the learner's policy. The Monitor (AcceRL, Zhang 2022, section 2.4) watches how far
+that copy has drifted and adjusts the compression (the maths: docs/accerl.md):
 
-Indicators (plain functions of real policies and states)
-
-- :func:`kl_indicators`: mean, max and variance of the per-state KL(learner ‖ actor) on recent
-  states, and the actor's mean entropy there (equation 5 of the paper);
-- :class:`RewardGap`: reference return of the uncompressed policy minus a moving average of the
-  compressed actors' recent episode returns (the "cumulative reward indicator"), and that gap in
-  standard errors. A training run's reference is the learner's *stochastic* evaluation made since the
-  last check (the actors sample their actions too), never a best-ever or greedy return.
-
-Strategies (small dataclasses with ``update(indicators, step) -> change | None``)
-
-- :class:`PrecisionLadder`: more bits when KL max exceeds ``epsilon`` (Fig. 6: int8 -> fp16 when
-  KL max > 14.0);
-- :class:`AlphaMix`: probability ``alpha`` of acting with the small network, linear in KL mean
-  (Fig. 9, knowledge distillation results);
-- :class:`SparsitySchedule`: conservative pruning sparsity when the reward gap exceeds a threshold
-  (Fig. 7: 0.5 -> 0.2 when the gap > 10), plus an optional step schedule;
-- :class:`CompressionGuard` (ours, the default of a compressed run): backs the compression off and warns
+- indicators, plain functions of real policies and states: :func:`kl_indicators` (mean, max and variance of the
+  per-state KL(learner ‖ actor) on recent states, and the actor's entropy there; eq. 5 of the paper) and
+  :class:`RewardGap` (the learner's *stochastic* evaluation since the last check minus the actors' recent
+  episode returns, and that gap in standard errors: the actors sample too, so like is compared with like);
+- strategies, small dataclasses with ``update(indicators, step) -> change | None`` in :mod:`frugalrl.strategies`:
+  the paper's :class:`PrecisionLadder` (Fig. 6), :class:`AlphaMix` (Fig. 9) and :class:`SparsitySchedule`
+  (Fig. 7), and :class:`CompressionGuard` (ours, the default of a compressed run), which backs the compression off
   when the actors score significantly below the learner's sampling policy.
 
-They live in :mod:`frugalrl.strategies`.
-
-:class:`Monitor` computes the indicators, runs the strategies, records history and events and logs
-every change. :class:`MixPolicy` is the alpha-mix actor agent of Fig. 9.
+:class:`Monitor` computes the indicators, runs the strategies, records history and events and logs every change.
+:class:`MixPolicy` is the alpha-mix actor agent of Fig. 9.
 """
 
 from __future__ import annotations

@@ -1,40 +1,18 @@
 """Test hosts in network namespaces, with their links shaped by ``tc``, for multi-node benchmarks.
 
-:class:`TestHosts` builds ``n`` hosts, each its own network namespace with loopback up and one
-interface ``veth0`` addressed ``10.213.0.{i+1}/24`` (host index ``i`` counts from 0). Two hosts are
-joined by a veth pair; more are joined by a bridge that lives in a namespace of its own (the
-"switch"), so nothing at all is created in, or routed through, the caller's namespace: traffic only
-flows between our own namespaces. Deleting a namespace destroys its interfaces, so the whole set is
-gone once its namespaces are.
+:class:`TestHosts` builds ``n`` hosts, each its own network namespace with one interface ``veth0`` addressed
+``10.213.0.{i+1}/24``, joined by a veth pair (two hosts) or by a bridge in a namespace of its own: nothing is
+created in, or routed through, the caller's namespace, and deleting the namespaces deletes everything.
+:meth:`TestHosts.shape` shapes every host's egress (so both directions of a link): ``rate`` (``tbf``), one-way
+``delay`` (``netem``) and ``loss`` (``netem``, or a BPF filter where the kernel lacks ``sch_netem``, which then
+cannot add delay: :func:`netem_available`). Namespace names carry the pid, so parallel runs never clash;
+:func:`cleanup_stale` removes the sets of dead processes. Needs root, ``ip`` and ``tc``.
 
-Shaping is applied on the egress of every host's ``veth0`` (so both directions of a link are shaped):
-
-* ``rate`` -- a token bucket (``tbf``), e.g. ``"10mbit"`` or an ``int`` in bit/s;
-* ``delay`` -- ``netem delay``, one way, e.g. ``"20ms"`` or a ``float`` in seconds; a round trip
-  between two hosts therefore takes at least ``2 * delay``;
-* ``loss`` -- percent of packets dropped on egress, e.g. ``1.5`` or ``"1.5%"``: ``netem loss`` when
-  the kernel has ``sch_netem``, otherwise a classic-BPF filter on ``clsact`` egress that drops
-  packets at random (``bpf_get_prandom_u32``), which needs only ``cls_bpf``.
-
-With both netem and a rate, netem is the root qdisc and ``tbf`` its child. Kernels without
-``sch_netem`` cannot add delay at all; :func:`netem_available` says so and :meth:`TestHosts.shape`
-raises :class:`ShapingUnavailable`.
-
-Namespace names are ``{prefix}-{pid}-{k}-h{i}`` (and ``...-sw`` for the switch), so runs in parallel
-processes never clash; :func:`cleanup_stale` removes the sets left by processes that died without
-cleaning up. Everything needs root, ``ip`` and ``tc`` (Debian: ``apt-get install -y iproute2``).
-
-Command line (``python -m frugalrl.netem ...``), for trying things by hand::
+By hand (every command and the shaping in detail: docs/multi-node.md#test-hosts-emulated-machines-and-links)::
 
     python -m frugalrl.netem check                 # can namespaces (and netem) be used here?
-    python -m frugalrl.netem up -n 3 --rate 10mbit --delay 20ms --loss 1
-                                                   # persistent hosts {prefix}-cli-h0.. (prefix frl)
-    ip netns exec frl-cli-h1 python -m http.server --bind 10.213.0.2   # use them
-    python -m frugalrl.netem shape --rate 100mbit  # change the shaping of the CLI hosts live
-    python -m frugalrl.netem shape                 # no options: remove all shaping
-    python -m frugalrl.netem list                  # namespaces of this prefix
+    python -m frugalrl.netem up -n 3 --rate 10mbit --delay 20ms --loss 1   # persistent hosts frl-cli-h0..
     python -m frugalrl.netem down                  # delete the CLI hosts
-    python -m frugalrl.netem cleanup [--all]       # delete sets of dead processes (--all: any set)
 """
 
 from __future__ import annotations

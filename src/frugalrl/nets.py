@@ -205,9 +205,8 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 SDE_LOG_STD_INIT = -2.0
 """``log_std_init`` of :class:`MLPActorCritic`'s ``sde`` noise matrix when none is given (rl-zoo's gSDE value), in
 half-widths of the action box: the matrix starts at ``log_std_init + log((high − low) / 2)``, so one step's σ is about
-``e⁻² ‖φ(s)‖`` half-boxes, near 0.5 for the 64 tanh features at the start. −1 left HalfCheetah-v5 at 569 (2344 with
-−2); −2 in absolute units left a Pendulum-v1 seed (torque ±2) unswung (docs/benchmarks.md, "HSA2C on tasks nobody
-tuned it for")."""
+``e⁻² ‖φ(s)‖`` half-boxes, near 0.5 for the 64 tanh features at the start. A larger start saturates the actor's
+features, and the same value in absolute units is too small for wide boxes (why: docs/benchmarks.md#hsa2c-sde-start)."""
 SDE_BOX_LOG_LIMIT = math.log(1e3)
 """The most the box moves :data:`SDE_LOG_STD_INIT` either way: a half-width past 1000 (float32's maximum often stands
 for an unbounded action) starts as 1000 would (e^86 would overflow the variance), an unbounded one as 1."""
@@ -224,14 +223,11 @@ class MLPActorCritic(ActorCritic):
     (orthogonal weights, as CleanRL and SB3 by default; False: PyTorch's default initialisation) are the
     options rl-zoo's hyperparameter files set; ``obs_norm`` puts an :class:`ObsNormalizer` in front.
 
-    ``sde`` (Box actions): generalised state-dependent exploration (Raffin et al. 2022, SB3's gSDE). The noise is
-    ``φ(s) ε`` for the actor's last hidden features ``φ(s)`` and a matrix ``ε`` whose entries are ``N(0, σ_ij²)``,
-    ``log σ`` a learned (features × actions) matrix starting at ``log_std_init`` plus the log of each dimension's half
-    box width (:data:`SDE_LOG_STD_INIT`); with ``ε`` held for several
-    steps, exploration is a smooth function of the state instead of fresh noise at every step. For one step the
-    action is Gaussian with variance ``Σ_i φ_i(s)² σ_ij²`` per dimension, which :meth:`dist_params` returns (``φ``
-    detached there, as SB3's default ``learn_features=False``): log-probabilities, entropies and KLs are those of
-    any Gaussian head. :meth:`sde_act` acts with the held noise.
+    ``sde`` (Box actions): SB3's gSDE (Raffin et al. 2022). The noise ``φ(s) ε``, the actor's last hidden features
+    times a matrix of ``N(0, σ_ij²)`` entries (learned ``log σ``, starting at :data:`SDE_LOG_STD_INIT` half-widths of
+    the box), is held for several steps, so exploration is a smooth function of the state; :meth:`sde_act` acts
+    with it. One step's action is Gaussian with variance ``Σ_i φ_i(s)² σ_ij²``, which :meth:`dist_params` returns
+    (``φ`` detached, as SB3's ``learn_features=False``), so losses and KLs are those of any Gaussian head.
     """
 
     def __init__(

@@ -1,35 +1,17 @@
 """The one process layer: how frugalrl starts a child process, gives it its config, learns that it is ready
 (or why it is not), sees it die, and stops it.
 
-Every local child of frugalrl goes through here: the workers of ClusterEnv's local backend, DPSGD's worker
-processes and their Hogwild helpers. The design, once:
+Every local child goes through here (ClusterEnv's local workers, DPSGD's workers and their Hogwild helpers), so
+each of these is solved once (the design in full: docs/architecture.md#the-process-layer):
 
-- **Start.** A child is ``python -c "<ignore SIGINT>; from MOD import FN; FN()" FD PARENT_PID``
-  (:func:`spawn`), started with plain ``subprocess``, never ``multiprocessing``: the user's main script is
-  never re-imported and nothing is pickled. Its end of a socket pair is the inherited descriptor ``FD``;
-  its import path is the parent's ``sys.path`` (``PYTHONPATH``), so it imports whatever the parent can
-  (tests, the user's modules). SIGINT is ignored before anything is imported: Ctrl-C is the parent's to
-  handle. DPSGD children also get one BLAS thread each (their parallelism is their count).
-- **Config and handshake.** The first message on the socket is ``config`` (a
-  :class:`~frugalrl.wire.Message` whose JSON ``meta`` is the config). The child builds what it runs from
-  it and answers ``ready`` (with a ``meta`` of its choice) or ``error`` (:func:`error_message`: the text,
-  and the type ``ValueError`` or ``RuntimeError``, so that a ValueError of the child stays a ValueError
-  for the parent if the parent wants it to). The parent waits for that answer with a deadline, on the
-  socket and on the child's pidfd at once, and raises an error naming the child
-  (:meth:`Child.await_ready`: ``"worker 3 could not start: ..."`` or ``"worker 3 died or hung while
-  starting (exit code N)"``), of a class the caller chooses.
-- **Death.** A pidfd (``os.pidfd_open``) becomes readable the moment the child exits, so a parent that
-  polls the child's socket and pidfd together never waits on a dead child (:meth:`Child.poll`,
-  :meth:`Child.wait_message`, :func:`poll_children`).
-- **Orphans.** A child exits by itself within about a second once its parent is gone
-  (:class:`ParentLink`: while waiting for a message it checks ``os.getppid()`` once a second;
-  :meth:`ParentLink.watch_parent` does the same from a thread for a child that computes for long
-  stretches).
-- **Stop.** A child normally runs in its own process group (``process_group=0``): Ctrl-C in a terminal
-  reaches only the parent, and the child is killed together with its own children (a DPSGD worker's
-  Hogwild helpers) by one ``killpg``. The group is killed *before* the child is reaped, while its group id
-  cannot belong to anyone else. :meth:`Child.stop` lets a child exit by itself for a grace period, then
-  kills and reaps it; nothing is left behind.
+- :func:`spawn` runs ``python -c "<ignore SIGINT>; from MOD import FN; FN()" FD PARENT_PID`` with plain
+  ``subprocess``, never ``multiprocessing``: the user's script is not re-imported and nothing is pickled;
+- the first message is the ``config``; the child answers ``ready`` or ``error`` (:func:`error_message`), and
+  :meth:`Child.await_ready` raises an error that names the child;
+- a pidfd makes a dead child visible at once (:meth:`Child.poll`, :func:`poll_children`);
+- a child exits within about a second of its parent's end (:class:`ParentLink`);
+- a child runs in its own process group, killed with its own children by one ``killpg`` before it is reaped
+  (:meth:`Child.stop`).
 
 Messages are framed by :class:`~frugalrl.wire.channel.Channel` (the one framing layer). This module
 imports only the standard library and :mod:`frugalrl.wire` (no torch), so a child starts fast.

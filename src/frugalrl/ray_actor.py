@@ -11,12 +11,9 @@ local child's (:mod:`frugalrl.process`), with the same bytes. Where the actor ru
 id and IP address) comes from :meth:`ActorBody.node`, beside the handshake, so that the handshake costs the
 same on every transport. Ray only ever moves ``bytes`` of our messages: nothing of ours is pickled.
 
-On the head, :func:`start_actor` starts one actor (spread across nodes, never restarted by Ray: a dead
-worker is frugalrl's to report or replace), :func:`await_ready` waits for its handshake under a deadline
-and raises an error naming the worker (``"worker 3 could not start: ..."``, ``"worker 3 (Ray actor) did
-not start within 60 s ..."``, ``"... died while starting: ..."``), :func:`kill_actor` ends it, and
-:func:`first_line` shortens Ray's long error texts. Ray is optional: only the modules of its users import
-this one, and the Ray instance itself is :mod:`frugalrl.ray_session`'s.
+On the head, :func:`start_actor` starts one actor (never restarted by Ray: a dead worker is frugalrl's to report
+or replace), :func:`await_ready` waits for its handshake and raises an error naming the worker, and
+:func:`kill_actor` ends it. Ray is optional: only the modules of its users import this one.
 """
 
 from __future__ import annotations

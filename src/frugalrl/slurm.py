@@ -3,33 +3,12 @@
     frugalrl slurm --nodes 4 --partition cpu --time 02:00:00 -- frugalrl train ppo --env LunarLander-v3
 
 writes an sbatch script (``--script-out``, or stdout) and, with ``--submit``, hands it to ``sbatch``.
-The script follows the usual Ray-on-Slurm pattern (one task per node):
-
-1. ``scontrol show hostnames "$SLURM_JOB_NODELIST"``; the first node is the Ray head and its address is
-   ``srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address`` (first IPv4 if it lists several);
-2. ``srun ... -w "$head_node" ray start --head --node-ip-address="$head_ip" --port=6379 --block &``;
-3. once the head answers, ``srun --nodes=N-1 --ntasks=N-1 --exclude="$head_node" ray start
-   --address="$head_ip:6379" --block &`` (skipped when N == 1);
-4. waits (a ``python3`` snippet polling ``ray.nodes()``, bounded by ``--ray-wait``) until N nodes are alive;
-5. runs the command in the batch step (on the head node); a ``frugalrl train`` command gets
-   ``--backend ray --ray-address "$head_ip:6379"`` appended unless it already passes them (``--transport ray``
-   for ``train hsa2c``, whose DPSGD workers are placed by their transport);
-6. on exit (success, failure or ``scancel``) stops Ray on every node (``srun --overlap ... ray stop``)
-   and ends the background ``srun`` steps. The script exits with the command's status.
-
-Ray token authentication (Ray >= 2.52; without it anyone who can reach port 6379 or the dashboard can run
-code on the allocation):
-
-* once, on a login node: ``ray get-auth-token --generate`` writes a token to the default token file
-  ``~/.ray/auth_token`` (visible to every node if the home directory is shared), or put the token in a file
-  of your own (mode 600) and ``export RAY_AUTH_TOKEN_PATH=/path/to/token``; ``RAY_AUTH_TOKEN`` (the token
-  itself) takes precedence over both but ends up in the job's environment;
-* ``RAY_AUTH_MODE=token`` must be set for every Ray process and every client (head, workers, the training
-  driver): pass ``--ray-auth-token`` to put ``export RAY_AUTH_MODE=token`` in the script, or export it
-  before ``sbatch`` (``sbatch`` forwards the submitting environment by default, and ``srun`` forwards the
-  batch environment to the Ray steps).
-
-The generated script repeats this as a comment block.
+The script follows the usual Ray-on-Slurm pattern (one task per node): the first node of the allocation starts the
+Ray head, the others Ray workers; once all are alive the command runs in the batch step, a ``frugalrl train``
+command with ``--backend ray --ray-address`` appended (``--transport ray`` for ``train hsa2c``); on exit Ray stops
+on every node and the script exits with the command's status. ``--ray-auth-token`` turns on Ray's token
+authentication, without which anyone who can reach the head's port can run code on the allocation. Each step, and
+how to provide the token: docs/multi-node.md#slurm (the generated script repeats the token steps as comments).
 """
 
 from __future__ import annotations

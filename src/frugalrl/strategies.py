@@ -230,8 +230,7 @@ class CompressionGuard(Strategy):
     (``reward_gap_z``) and at least ``min_relative`` of the return's scale ``max(1, |reference|, |actors|)``,
     and the compression's own error (``compression_kl``: KL between the actor and the snapshot it was built
     from, when known) is at least ``min_kl``: actors that lag a fast-learning learner show a gap too, but the
-    compression is not what to back off then (CartPole's int8 actors: KL about 1e-4; actors pruned to 5 %
-    of their neurons: above 0.1).
+    compression is not what to back off then (docs/accerl.md#the-parts).
     After ``patience`` such checks in a row it takes one step back: pruning sparsity down to ``conservative``
     (when the chain prunes harder), then precision one rung up (``int8 → fp16 → fp32``). Each step is a warning
     on the ``frugalrl.monitor`` logger and an entry of :meth:`notes`; when nothing is left to back off, one

@@ -21,8 +21,8 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     The DPSGD options (workers, processes, local steps, master batch, rates, stopping, codecs,
     transport) are :class:`~frugalrl.dpsgd.config.DPSGDOptions`' own, the run's (env, seed, budget,
     evaluation, checkpoints, output) :class:`~frugalrl.config.RunConfig`'s; HSA2C changes some defaults.
-    Its local rate ``eta`` is an RMSProp step size with ``grad_scaling='rmsprop'`` (1e-3 on CartPole), an
-    SGD one with 'none' (0.02-0.03 on CartPole); each Hogwild process has its own ``envs_per_process``
+    Its local rate ``eta`` is an RMSProp step size with ``grad_scaling='rmsprop'``, a plain SGD one with 'none'
+    (values for each: docs/benchmarks.md#hsa2c-defaults); each Hogwild process has its own ``envs_per_process``
     envs; ``local_steps=1`` with ``synchronous`` is the DDRL A3C baseline; ``eval_every`` counts global
     updates (DPSGD's ``log_every``).
     """
@@ -30,21 +30,16 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     local_steps: int = 10
     eta: float = 1e-3
     momentum: float = 0.0
-    """Master momentum μ (``m ← μ m + Σ w``, ``v ← v + ρ m``); 0 is Alg. 1's plain step. The DPSGD paper's HSA2C
-    master uses 0.5 with ``rho`` 0.5, the default until 2026-11-27 (``--momentum 0.5 --rho 0.5`` replays it); the
-    measurements behind the change: docs/benchmarks.md#hsa2c-m0-lunar."""
+    """Master momentum μ (``m ← μ m + Σ w``, ``v ← v + ρ m``); 0 is Alg. 1's plain step, and ``--momentum 0.5
+    --rho 0.5`` the DPSGD paper's HSA2C master (why 0: docs/benchmarks.md#hsa2c-m0-lunar)."""
     eta_anneal: float = 0.5
-    """Fraction of the run's global updates, at its end, over which ``eta`` falls linearly to 0: with the default
-    0.5 the rate is constant for the first half, then cools down (0: constant throughout, the default until
-    2026-11-27; 1: A3C's linear schedule over the whole run). On LunarLander-v3 (10 seeds, DDRL A3C beside it
-    with the same schedule) the constant rate's policy drifted after it had learned and ended below 0.9 × its best
-    checkpoint on 1 seed of 10; with the cool-down on none, and 200 was reached as soon:
-    docs/benchmarks.md#hsa2c-anneal50-vs-a3c-lunar."""
+    """Fraction of the run's global updates, at its end, over which ``eta`` falls linearly to 0 (0: constant, the
+    paper's; 1: A3C's linear schedule over the whole run). The default cools the rate down over the second half, so
+    that a learned policy stops drifting (why: docs/benchmarks.md#hsa2c-anneal50-vs-a3c-lunar)."""
     average: float = 0.05
     """Polyak averaging over about the last 5% of the run's global updates: evaluations, the target check and
-    the final weights use the server's average ``v̄`` (the workers still pull ``v``). On LunarLander a
-    constant-rate run's greedy return swung between ~90 and ~290 from one check to the next after it had
-    learned; the average's stayed within ~255-287 (``benchmarks/results/hsa2c_sweep/average05_check10.json``)."""
+    the final weights use the server's average ``v̄`` (the workers still pull ``v``), which holds still where a
+    constant-rate policy keeps swinging (why: docs/benchmarks.md#hsa2c-average)."""
     global_updates: int | None = None
     """Stop after this many global updates; None: ``total_timesteps`` sets the budget (with both, the fewer)."""
     eval_every: int = 20
@@ -73,16 +68,13 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     """Normalise vector observations by their running mean and variance inside the agent (frames and grids are
     scaled, not normalised). The statistics are part of the weights DPSGD moves: each local step merges its
     rollout's observations, the master adds the pushes like any update, and pulls, averages, checkpoints and
-    evaluations carry them. Without it MountainCar-v0's velocity (±0.07) is invisible to the network and HSA2C did
-    not reach the flag in 1M env steps (docs/benchmarks.md, "HSA2C on tasks nobody tuned it for"). None: as
-    PPO's, on for Box actions only."""
+    evaluations carry them. Without it small inputs such as MountainCar-v0's velocity (±0.07) are invisible to the
+    network (why: docs/benchmarks.md#hsa2c-mountaincar). None: as PPO's, on for Box actions only."""
     sde: bool | None = None
     """Generalised state-dependent exploration (SB3's gSDE; :class:`~frugalrl.nets.MLPActorCritic`'s ``sde``): the
     noise is a learned linear function of the actor's features, held for ``sde_sample_freq`` steps, its matrix
-    starting at ``log_std_init`` −2 in half-widths of the action box. None: on for Box actions. With it, at 1M env
-    steps, LunarLanderContinuous-v3 ended at 142 instead of 28, Hopper-v5 at 986 instead of 596, Walker2d-v5 at 1501
-    instead of 409, HalfCheetah-v5 at 3012 instead of 1342, Pendulum-v1 at −130 instead of −145 (3-5 seeds;
-    docs/benchmarks.md, "HSA2C on tasks nobody tuned it for")."""
+    starting at ``log_std_init`` −2 in half-widths of the action box. None: on for Box actions, where it learns
+    far more than independent noise (why: docs/benchmarks.md#hsa2c-sde)."""
     sde_sample_freq: int = 16
     """Env steps between draws of the ``sde`` noise matrices."""
     ent_anneal: float = 0.0

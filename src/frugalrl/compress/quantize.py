@@ -56,10 +56,9 @@ def quantize_int8(
     ``calibration_obs`` is a batch of states in the graph input's dtype; activation ranges are their
     min/max. ``per_channel`` quantizes weights per output channel (much more accurate for convolutions).
     The edge layers stay in float (:func:`edge_layers`): the fully connected layers that read raw vector
-    observations and those that write the policy's and the critic's outputs. On the learning suite's trained
-    LunarLander policy (64×64 MLP, seed 1) that brings KL(policy ‖ int8 actor) from 7.5e-3 to 2.3e-4 with a
-    smaller graph: one uint8 scale over all observation features, and one over a sharp policy's logits, were
-    the error.
+    observations and those that write the policy's and the critic's outputs, where one uint8 scale over all
+    observation features, or over a sharp policy's logits, would be most of the error
+    (docs/benchmarks.md#accerl-edge-layers).
     """
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static

@@ -84,8 +84,8 @@ class OnnxPolicy(ActorCritic):
 
     model: torch.Tensor
     """The serialized ONNX graph, zlib-compressed, a 1-D uint8 buffer (empty until weights arrive). What a sync
-    sends: a small network's graph is mostly node names and quantization parameters, which compress 2-3×
-    (CartPole's int8 64×64 MLP: 28.4 kB raw, 13.3 kB compressed; pruned by half: 19.6 and 6.2 kB)."""
+    sends: a small network's graph is mostly node names and quantization parameters, which compress well
+    (sizes: docs/benchmarks.md#accerl-graph-bytes)."""
 
     def __init__(self, dist_kind: DistKind, precision: Precision = "fp32", threads: int = 1):
         super().__init__()

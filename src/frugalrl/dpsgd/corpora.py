@@ -9,22 +9,11 @@ Sources (:func:`load_corpus` picks one from a string):
 
 - ``synthetic_corpus(...)``: documents drawn from a known LDA model, with its true topics;
 - a file in the UCI bag-of-words *docword* format (the format of the paper's NYTimes corpus,
-  ``docword.nytimes.txt`` + ``vocab.nytimes.txt``; see :func:`save_docword`), optionally gzipped;
+  ``docword.nytimes.txt`` + ``vocab.nytimes.txt``; see :func:`load_docword`), optionally gzipped;
 - a file in the LDA-C format (``*.ldac``: one document a line, ``N id:count id:count ...``);
 - ``"reuters"``: the 395 Reuters news stories (vocabulary 4,258) that the ``lda`` PyPI package ships
   as data files in ``lda/tests/``; they are read directly, without importing ``lda`` (its compiled
   extension is never loaded). Needs ``pip install lda`` (no download happens at run time).
-
-UCI docword format (all ids 1-based)::
-
-    D            number of documents
-    W            vocabulary size
-    NNZ          number of (doc, word, count) lines that follow
-    docID wordID count
-    ...
-
-The vocabulary, if any, is a separate text file with one word a line (line ``i`` is word ``i``):
-``vocab.X.txt`` next to ``docword.X.txt``, else ``<docword file>.vocab``.
 """
 
 from __future__ import annotations
@@ -256,7 +245,8 @@ def _open_text(path: str, mode: str = "rt") -> Any:
 
 
 def vocab_path_for(path: str) -> str:
-    """Where the vocabulary of docword file ``path`` is looked for / written (module docstring)."""
+    """Where the vocabulary of docword file ``path`` is looked for / written: ``vocab.X.txt`` next to
+    ``docword.X.txt``, else ``<docword file>.vocab``."""
     head, tail = os.path.split(path)
     if tail.startswith("docword."):
         base = tail[len("docword.") :]
@@ -279,8 +269,15 @@ def save_docword(corpus: Corpus, path: str, write_vocab: bool = True) -> None:
 
 
 def load_docword(path: str, vocab_path: str | None = None) -> Corpus:
-    """Read a UCI docword file (see the module docstring); the vocabulary from ``vocab_path``, else
-    from :func:`vocab_path_for` ``(path)`` if that file exists."""
+    """Read a UCI docword file; the vocabulary from ``vocab_path``, else from :func:`vocab_path_for` ``(path)`` if
+    that file exists. The format (all ids 1-based; the vocabulary file has one word a line)::
+
+        D            number of documents
+        W            vocabulary size
+        NNZ          number of (doc, word, count) lines that follow
+        docID wordID count
+        ...
+    """
     with _open_text(path) as f:
         try:
             n_docs, n_words, nnz = (int(f.readline()) for _ in range(3))

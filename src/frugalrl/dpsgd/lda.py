@@ -15,19 +15,10 @@ the master's ``v ← v + ρ Σ_m w_m`` combines ``M`` of them. The expectations 
 ``max(λ, topic_prior)``: ``λ̂ ≥ topic_prior`` always, so any convex combination stays above the prior, and a clamp only matters
 when aggressive rates (``ρ · η · M > 1``) or stale Hogwild reads overshoot.
 
-The loss is the held-out perplexity by *document completion* (Hoffman et al. 2013, Sec. 4.1): each
-held-out document's words are split at random into halves; ``γ`` is fitted on the first half with
-``λ`` fixed, and the second half is scored with ``p(w) = Σ_k E[θ_k] E[β_kw]``;
-``perplexity = exp(−Σ log p(w) / #words)``.
-
-Run it with :func:`fit_lda` (an :class:`LDAConfig`). No scipy: ``ψ`` (digamma) is computed here. The E-step
-(:mod:`frugalrl.dpsgd.lda_estep`) runs compiled by numba where it is installed, else vectorised numpy.
-
-Column-sparse pushes (``update_format="columns"``; :class:`LDAConfig`'s ``"auto"`` picks them with one Hogwild
-process per worker). Off the batch's words ``λ̂ = topic_prior``, so an SVI step only *decays* those
-columns towards the prior; the worker sends that decay as one number plus the ``K × |batch words|``
-columns it changed
-(:class:`~frugalrl.dpsgd.sparse.ColumnUpdate`; :meth:`LDAProblem.column_step` is the step).
+The loss is the held-out perplexity by *document completion* (Hoffman et al. 2013, Sec. 4.1). Off the batch's
+words ``λ̂ = topic_prior``, so a push can be one decay factor plus the ``K × |batch words|`` columns the batch
+changed (:class:`~frugalrl.dpsgd.sparse.ColumnUpdate`, :meth:`LDAProblem.column_step`). Run it with
+:func:`fit_lda` (an :class:`LDAConfig`); the maths and design: docs/dpsgd.md.
 """
 
 from __future__ import annotations
@@ -220,16 +211,10 @@ class LDAProblem:
         ``init="seeded"`` (the default) topic ``k`` also gets ``init_seed_weight × V`` pseudo-counts spread as
         the words of one training document, ``k``'s *seed document* (:meth:`seed_documents`).
 
-        Why: from near-uniform random topics SVI has to break the symmetry between topics itself, and which
-        optimum it settles in is a lottery of the first batches (on the 20k-document synthetic corpus, seed 1,
-        one worker, the final perplexity ranged over 555-578 by the order of the batches alone), and two
-        asynchronous workers, whose first steps both start from the same uninformative ``λ``, did worse.
-        Seeding every topic with a different, mutually dissimilar document (farthest-first, as k-means++
-        seeds clusters) breaks the symmetry along the data: it lowered the final perplexity on every corpus
-        and seed of ``benchmarks/lda_baselines.py`` (``benchmarks/results/lda_sweep/``). It does not remove
-        local optima: which documents are drawn still matters (synthetic seed 2: 552 or 577 by the draw). The
-        weight is small (2% of a topic's mass): the seed is a nudge; the first SVI step (rate 1) replaces
-        ``λ``, only its E-step sees this start. Cost: one pass of cosines over ``50 K`` documents per topic.
+        Why: from near-uniform topics SVI must break the symmetry between topics itself, and which optimum it
+        lands in is a lottery of the first batches; mutually dissimilar seed documents (farthest first, as
+        k-means++ seeds clusters) break it along the data (docs/benchmarks.md#lda-seeded). The weight is a
+        nudge: the first SVI step (rate 1) replaces ``λ``, only its E-step sees this start.
         """
         rng = np.random.default_rng([self.seed, 2])
         lam = rng.gamma(100.0, 0.01, size=self.n_topics * self.n_words)
@@ -307,8 +292,8 @@ class LDAProblem:
         ``sampling="epochs"``: the next ones of a pass over the documents in an order drawn from ``rng``
         anew for every pass (without replacement, as scikit-learn's and gensim's passes go; a batch that
         spans two passes takes the rest of one and the start of the next); ``"uniform"``: distinct documents
-        drawn afresh for each batch (Hoffman et al. 2013, Alg. 1). Passes need fewer documents to reach a
-        given perplexity and settle in better optima (``benchmarks/results/lda_baselines*.json``).
+        drawn afresh for each batch (Hoffman et al. 2013, Alg. 1). Passes settle in better optima
+        (docs/benchmarks.md#lda-defaults).
         """
         d = self.train.n_docs
         size = min(self.batch_size, d)
@@ -385,15 +370,14 @@ class LDAConfig(DPSGDOptions):
     update_format: UpdateFormat = "auto"
     update_codec: Codec = "bf16"
     """Wire codec of the pushed updates; LDA's default ``bf16`` halves them and leaves the final perplexity where
-    fp32 puts it (one worker: within 0.02% on every corpus and seed of ``benchmarks/lda_baselines.py``,
-    ``benchmarks/results/lda_baselines*_bf16.json``)."""
+    fp32 puts it (why: docs/benchmarks.md#lda-bf16)."""
     column_base: ColumnBaseOption = "auto"
     """What a column push's decay applies to on the server (:mod:`frugalrl.dpsgd.sparse`); ``auto`` (the default):
     ``current`` with several workers, so that a stale SVI step is still a convex combination of the server's
     current ``λ`` and ``λ̂`` (as in gensim's ``LdaMulticore``) rather than an overshoot (with ``pulled`` and rate
-    1 at t = 0, two workers' first steps *add*: ``λ2 = λ̂_A + λ̂_B − λ0``); with the seeded start, asynchronous
-    workers then settle where one worker does (``benchmarks/results/lda_sweep/``). ``pulled`` with one worker,
-    where both are the same and it keeps the dense fallback of a batch that covers the vocabulary."""
+    1 at t = 0, two workers' first steps *add*: ``λ2 = λ̂_A + λ̂_B − λ0``; docs/benchmarks.md#lda-seeded).
+    ``pulled`` with one worker, where both are the same and it keeps the dense fallback of a batch that covers
+    the vocabulary."""
     corpus: str = "synthetic"
     """``"synthetic"``, ``"reuters"`` (needs the ``lda`` package), or a UCI docword / ``.ldac`` file."""
     n_topics: int = 10
@@ -404,8 +388,8 @@ class LDAConfig(DPSGDOptions):
     """η of LDA (ζ of eq. 52): the Dirichlet prior on each topic's word distribution; None: 1/K."""
     batch_size: int = 2000
     """Documents per stochastic gradient (G of eq. 52; all of them if the corpus has fewer). The DPSGD paper
-    uses 64; 2000 is gensim's default chunk, and with the default schedule it is what reaches gensim's
-    perplexity (``benchmarks/results/lda_baselines*.json``): small batches settle in worse local optima."""
+    uses 64; 2000 is gensim's default chunk, which the default rate schedule needs: smaller batches want a
+    smaller ``eta`` (why: docs/benchmarks.md#lda-defaults)."""
     target_perplexity: float | None = None
     """Stop once the held-out perplexity reaches this (``time_to_target_s`` says when)."""
     log_every: int = 10

@@ -1,43 +1,14 @@
 """The Ray transport of DPSGD: one Ray actor per worker, possibly on other machines of a Ray cluster.
 
-Design. The :class:`~frugalrl.dpsgd.server.ParameterServer` stays in the calling process, where
-:func:`~frugalrl.dpsgd.run.run_dpsgd` builds it and polls it (``wait``, ``drain_snapshots``,
-``failure``, ``stop``, ``snapshot``...), exactly as with the local transport. A Ray actor cannot call
-a plain driver process back, and putting the server itself in an actor would mean proxying every one
-of those calls (and moving snapshots of ``v`` as extra traffic), so the calls go the other way: the
-head *drives* the workers. Each worker actor (:class:`DPSGDActor`, on the common body of :mod:`frugalrl.ray_actor`) builds a
-:class:`~frugalrl.dpsgd.worker.DPSGDWorker` (with its ``p - 1`` Hogwild helper processes on the
-actor's node, sharing ``u`` through shared memory as in the local transport) and runs its unchanged
-``run(exchange)`` loop in a thread of the actor. ``exchange`` hands the request to the actor's
-:meth:`DPSGDActor.exchange` method and waits for the reply: the head calls
-``actor.exchange(reply) -> next request`` in one thread per worker, and answers each request with
-:meth:`ParameterServer.handle` (which may block in synchronous pulls, as with the local transport's
-connection threads). So every message is still one trip between a worker and the server, the server
-is the one the caller holds, and the head is the master machine of the paper's setup.
-
-Ray only ever moves ``bytes`` of encoded :class:`~frugalrl.wire.Message` s
-(:func:`~frugalrl.wire.message.encode_message`): nothing of ours is pickled, the worker's config
-travels as a JSON message, and the head counts on the :class:`~frugalrl.wire.ByteMeter` the same
-logical bytes as the local transport (``config`` down and ``ready`` up at start, the same handshake
-as a local child's, then pulls as ``weights`` down, pushes as ``gradients`` up, headers and commands as
-``control``): a run counts exactly the same bytes on both transports.
-
-Failures. A worker actor that dies (its process killed, ``os._exit``, its node lost) makes its
-pending ``exchange`` call fail with a Ray error at once, which goes to :meth:`ParameterServer.fail`
-naming the worker; so does a worker that sends nothing for ``worker_timeout`` seconds. A worker that
-cannot build its problem answers ``error`` at start: a ``ValueError`` of the worker comes back as
-``ValueError("worker N could not start: ...")``, anything else as a
-:class:`~frugalrl.dpsgd.transport.DPSGDError`. :meth:`RayTransport.close` lets the workers finish
-their round (after a normal stop), closes their Hogwild helpers and kills every actor.
-
-Ray itself is :mod:`frugalrl.ray_session`, shared with ClusterEnv's Ray backend: an instance the user
-initialised is used and left running; otherwise ``ray_address`` joins an existing cluster (``"auto"`` or
-``"host:port"``), and without it a private single-machine instance is started (no dashboard, a small
-object store); the last frugalrl user of either shuts it down (or disconnects). Actors are spread across
-nodes (``scheduling_strategy="SPREAD"``) and reserve ``num_cpus`` CPUs each (by default ``processes``,
-one per Hogwild process). The head's ``sys.path`` travels to the actors (and to their helpers), so
-problem factories in modules the head imports from a shared file system (tests, user code) import
-there too.
+The :class:`~frugalrl.dpsgd.server.ParameterServer` stays in the calling process, exactly as with the local
+transport. A Ray actor cannot call a plain driver process back, so the head *drives* the workers: each worker actor
+(:class:`DPSGDActor`, on the common body of :mod:`frugalrl.ray_actor`) runs an unchanged
+:class:`~frugalrl.dpsgd.worker.DPSGDWorker` loop (its Hogwild helpers on the actor's node) in a thread, and the
+head calls ``actor.exchange(reply) -> next request`` in one thread per worker, answering each request with
+:meth:`ParameterServer.handle`. Ray only moves ``bytes`` of encoded :class:`~frugalrl.wire.Message` s, so nothing
+is pickled and a run counts exactly the same bytes as on the local transport. A dead or silent worker fails the
+run naming it; Ray itself is :mod:`frugalrl.ray_session`'s, shared with ClusterEnv's Ray backend. The design in
+full: docs/dpsgd.md#the-ray-transport.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The DPSGD master (Alg. 1): the parameter server, independent of any transport.
 
-:class:`ParameterServer` keeps the global parameters ``v`` and the global step ``t`` (the number of
-global updates applied so far, also called the *version* of ``v``). Workers pull ``v`` and push
-update vectors ``w = u - v_pulled``; once ``M`` updates have arrived the server applies
-``v ← v + ρ Σ_m w_m`` (:func:`apply_update`; with master momentum μ: ``m ← μ m + Σ_m w_m``,
-``v ← v + ρ m``) under its lock, so no worker can pull a half-updated ``v`` (the paper's atomic update).
-With ``average_decay`` β > 0 it also keeps the Polyak average ``v̄ ← β v̄ + (1 − β) v`` after each global update:
-the workers still pull ``v``; the recorded parameters and the result are ``v̄`` (:meth:`ParameterServer.result`).
+:class:`ParameterServer` keeps the global parameters ``v`` and the global step ``t`` (the *version* of ``v``).
+Workers pull ``v`` and push ``w = u - v_pulled``; once ``M`` updates have arrived the server applies
+``v ← v + ρ Σ_m w_m`` (:func:`apply_update`; with master momentum μ: ``m ← μ m + Σ_m w_m``, ``v ← v + ρ m``) under
+its lock, so no worker pulls a half-updated ``v`` (the paper's atomic update). With ``average_decay`` β > 0 it also
+keeps the Polyak average ``v̄ ← β v̄ + (1 − β) v``, which it records and returns (:meth:`ParameterServer.result`)
+while the workers still pull ``v``. The staleness of an update pulled at version ``s`` and applied by the step to
+version ``t`` is ``τ = (t - 1) - s``, the paper's ``τ_{t,m}`` (docs/dpsgd.md, "The maths").
 
-Staleness. An update pulled at version ``s`` and applied by the global step that takes ``v`` from
-version ``t-1`` to ``t`` has staleness ``τ = (t - 1) - s``: the number of global updates that were
-applied between the worker's pull and the server's use of its update (the paper's ``τ_{t,m}`` in
-``v_t = v_{t-1} + ρ Σ_m (u_{t-τ,m} - v_{t-1-τ})``). A synchronous run has ``τ = 0`` throughout.
-
-Protocol. The server speaks :class:`~frugalrl.wire.Message` through :meth:`ParameterServer.handle`,
-so any transport (local processes today, a Ray actor next) can put it behind a connection:
+The server speaks :class:`~frugalrl.wire.Message` (:meth:`ParameterServer.handle`), behind any transport:
 
 ====== ============================================ =================================================
 op     request (worker → server)                    reply (server → worker)
@@ -26,9 +20,8 @@ push   ``grad/w``, meta ``version`` (pulled), steps  the next ``params`` (push a
 error  meta ``error``, ``type``                     ``stop``
 ====== ============================================ =================================================
 
-In synchronous mode (``synchronous=True``, ``M`` = number of workers) a worker that has pushed for
-round ``t`` waits in its next pull until the round is applied: every worker contributes exactly one
-update per global step, all computed from the same ``v``.
+In synchronous mode (``synchronous=True``, ``M`` = workers) a worker's next pull waits until its round is applied,
+so every global step has one update from every worker, all computed from the same ``v``.
 """
 
 from __future__ import annotations

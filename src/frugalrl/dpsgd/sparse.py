@@ -9,24 +9,13 @@ columns of ``u`` seen as a ``rows × cols`` matrix. SVI for LDA is one (Hoffman,
     w[:, J] = (u − v)[:, J]     on the touched columns J
 
 so a worker sends ``d``, ``c``, the column indices ``J`` (int32) and the ``rows × |J|`` *innovation*
-``E = u[:, J] − d v[:, J] − (1 − d) c`` instead of the dense ``rows × cols`` vector (:class:`ColumnUpdate`).
-The server rebuilds ``w = (d − 1)(v_base − c)`` plus ``E`` on ``J`` (:meth:`ColumnUpdate.dense`) and applies it
-as a dense push. ``base="pulled"``: ``v_base`` is the ``v`` the worker pulled
-(:meth:`~frugalrl.dpsgd.server.ParameterServer.pulled_params`), so ``w`` is the dense ``u − v`` up to
-float32 rounding: exactly DPSGD. ``base="current"``: ``v_base`` is the server's current ``v``, so that
-with ``ρ = 1`` the global step is ``v ← d v + (1 − d) c + E``, a convex combination even when the update
-is stale (the asynchronous SVI of gensim's ``LdaMulticore``, which blends each worker's statistics into
-the current topics); without staleness both are the same.
-
-A problem supports it by providing ``column_shape`` (``(rows, cols)``), ``decay_target`` (``c``) and
-``column_step(u, eta, rng) -> columns`` (one local step in place on the flat ``u``, returning the columns
-it changed beyond the decay): :func:`supports_columns`. Hogwild processes racing on ``u`` would lose
-decays, so column pushes need ``processes == 1``. A batch that touches (nearly) every column gains
-nothing: the worker then pushes the dense ``u − v`` (:meth:`ColumnUpdate.smaller_than_dense`).
-
-On the wire (:mod:`frugalrl.wire`, never pickled) a column push is the ``push`` message with meta
-``format="columns"``, ``decay``, ``target``, ``shape``, ``base`` and the arrays ``grad/cols`` (raw int32) and
-``grad/vals`` (the update codec); both are counted as ``gradients`` by the byte meter.
+``E = u[:, J] − d v[:, J] − (1 − d) c`` (:class:`ColumnUpdate`), which the server turns back into a dense push
+(:meth:`ColumnUpdate.dense`) against the ``v`` the worker pulled (``base="pulled"``: exactly DPSGD) or its current
+``v`` (``base="current"``: a stale step is still a convex combination, as in gensim's ``LdaMulticore``). A problem
+supports it with ``column_shape``, ``decay_target`` and ``column_step`` (:func:`supports_columns`); column pushes
+need ``processes == 1`` (racing Hogwild processes would lose decays), and a batch that touches nearly every column
+pushes dense instead. On the wire: the ``push`` message with meta ``format="columns"`` (docs/dpsgd.md,
+"Column-sparse pushes").
 """
 
 from __future__ import annotations

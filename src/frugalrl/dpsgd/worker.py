@@ -14,12 +14,9 @@ Reads and writes of ``u`` are not synchronised: a step may read a ``u`` that ano
 halfway through updating, and two processes may overwrite each other's elements (the paper's
 ``S_j`` matrices). The worker waits for every helper to finish its ``B`` steps before pushing.
 
-Processes are children of :mod:`frugalrl.process` (``python -c``, nothing pickled; configs travel as
-JSON in :class:`~frugalrl.wire.Message`, answered by ``ready`` or a named ``error``). ``frugalrl``
-imports its public names lazily, so a process that needs only ``frugalrl.dpsgd`` and numpy starts in a
-fraction of a second. A worker leads its own process group, which its helpers join, so the server kills
-a worker with its helpers at once; every process exits by itself within about a second once its parent
-is gone, and a helper that dies is reported by its worker, which then fails.
+Processes are children of :mod:`frugalrl.process` (docs/architecture.md#the-process-layer). A worker leads its own
+process group, which its helpers join, so the server kills a worker with its helpers at once; a helper that dies
+is reported by its worker, which then fails.
 
 The worker's loop, :func:`run_worker`, only needs an ``exchange(Message) -> Message`` function to
 talk to the server, so another transport (Ray) can reuse it as is.

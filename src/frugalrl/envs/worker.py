@@ -1,7 +1,6 @@
 """EnvWorker: the worker side of ClusterEnv (DETACH), independent of any transport.
 
-A worker owns ``k`` environments and, once it has received weights, a cached copy of the
-policy. It answers :class:`~frugalrl.wire.Message` requests:
+A worker owns ``k`` environments and, once it has received weights, a cached copy of the policy. It answers:
 
 ========== ============================================== ===========================================
 op         request                                        reply
@@ -17,20 +16,12 @@ restore    a ``snapshot`` reply + ``obs`` expected         ``restored``: meta ``
 ping       —                                               ``ok``
 ========== ============================================== ===========================================
 
-Snapshots (for checkpoints and ``--resume``). Environments cannot be saved in general, but Gymnasium
-envs are deterministic given how they were reset and the actions since. With ``replayable`` a worker
-records, for each env, how its current episode began (the reset seed, or the state of the env's
-``np_random`` generator before an unseeded reset) and the actions it has taken since; a fresh worker
-rebuilds the env by resetting it the same way and replaying the actions. The replayed observation is
-compared with the one the head holds: an env whose randomness does not come from ``np_random`` (or
-that is not deterministic) is reported as not restored exactly and starts a new episode instead.
-
-Uplink: ``reset``, ``step`` and ``rollout`` replies carry their experience streams (observations,
-rewards, terminations / truncations, behaviour) with the codecs the worker's uplink options pick
-(:class:`frugalrl.wire.uplink.UplinkCodecs`: lossless unless lossy observations were asked for).
-
-Errors (a NaN observation, an env that raises) come back as an ``error`` message that the
-head turns into an exception naming the worker and environment.
+Snapshots (checkpoints, ``--resume``): with ``replayable`` a worker records how each env's episode began and the
+actions since, and a fresh worker rebuilds the env by replaying them; an env whose replay does not reproduce the
+observation the head holds starts a new episode instead (docs/clusterenv.md#checkpoints-and-resume). ``reset``,
+``step`` and ``rollout`` replies carry their experience streams with the codecs of the worker's uplink options
+(:class:`frugalrl.wire.uplink.UplinkCodecs`). Errors (a NaN observation, an env that raises) come back as an
+``error`` message that the head turns into an exception naming the worker and environment.
 """
 
 from __future__ import annotations

@@ -15,38 +15,13 @@ workers and brings back observations, rewards and done flags, counted by Cluster
 Worker-side inference and weight sync (``ClusterEnv.step(agent)`` / ``rollout``) are frugalrl's own
 algorithms' business; SB3 never uses them.
 
-**Autoreset.** SB3's ``step_wait`` must return, for an env whose episode just ended, the *first
-observation of its next episode*, with the last one in ``infos[i]["terminal_observation"]``. That
-is Gymnasium's ``SAME_STEP`` autoreset, which ClusterEnv supports natively: its workers reset a
-finished env inside the step that ended it and send back both observations (``final_obs``).
-:class:`SB3VecEnv` therefore needs a ClusterEnv built with ``autoreset_mode="SameStep"``
-(:func:`make_sb3_vec_env` does that) and rejects a ``NextStep`` one. Under ``NextStep`` the reset
-observation arrives only with the *next* step of the whole vector env, so the adapter would have to
-step every env once more (stepping the others twice) or hold results back by one step; the
-``SameStep`` mode costs nothing extra: no additional round trip and no step taken twice.
-
-What SB3 gets, per :meth:`SB3VecEnv.step_wait`, as its own ``DummyVecEnv`` of ``Monitor``-wrapped
-envs gives it:
-
-* ``obs`` (the reset observation for finished envs), ``rewards`` (float32), ``dones``
-  (``terminated or truncated``) and one ``info`` dict per env: the env's own (numeric) infos;
-* for finished envs: ``terminal_observation``, ``TimeLimit.truncated`` (``truncated and not
-  terminated``) and ``episode = {"r": return, "l": length, "t": seconds since the adapter started}``
-  (SB3's ``Monitor`` statistics, which its logger reads for ``rollout/ep_rew_mean``), plus
-  ``frugalrl/bytes_total``: every byte ClusterEnv has counted so far. The reset infos of the new
-  episodes go to :attr:`~SB3VecEnv.reset_infos`, as in ``DummyVecEnv``.
-
-**Faults.** A worker that dies is replaced inside ClusterEnv; its envs' episodes end in that step as
-truncated (``done``, ``TimeLimit.truncated``, ``terminal_observation`` = the last observation seen)
-and their infos carry ``frugalrl/worker_restarted = True``; SB3 bootstraps from the terminal value
-and goes on.
-
-**Attributes and methods of the envs.** They live in worker processes that the head cannot reach, so
-:meth:`~SB3VecEnv.get_attr` reads only what ClusterEnv knows on the head (``render_mode``, ``spec``,
-``observation_space``, ``action_space``, ``metadata``) and :meth:`~SB3VecEnv.set_attr` /
-:meth:`~SB3VecEnv.env_method` raise ``NotImplementedError``. :meth:`~SB3VecEnv.env_is_wrapped`
-answers from one head-side copy of the env built by the same factory (the workers' envs have the same
-wrappers), and says True for SB3's ``Monitor``, whose statistics the adapter records.
+**Autoreset.** SB3 expects a finished env's step to return the *first observation of its next episode*, with the
+last one in ``infos[i]["terminal_observation"]``: Gymnasium's ``SAME_STEP`` autoreset, which ClusterEnv's workers do
+natively (they reset a finished env inside the step that ended it and send back both observations). So
+:class:`SB3VecEnv` needs a ClusterEnv built with ``autoreset_mode="SameStep"`` (:func:`make_sb3_vec_env` builds
+one); under ``NextStep`` the adapter would have to step every env once more or hold results back by one step.
+What SB3 gets from each step, dead workers included, is :meth:`SB3VecEnv.step_wait`'s. The envs' attributes live
+in worker processes, so only those ClusterEnv knows on the head can be read (:meth:`SB3VecEnv.get_attr`).
 """
 
 from __future__ import annotations
@@ -201,7 +176,14 @@ class SB3VecEnv(VecEnv):
         """Step every env with the actions of :meth:`step_async`.
 
         Returns:
-            ``(obs, rewards, dones, infos)`` with SB3's conventions: see the module docs.
+            ``(obs, rewards, dones, infos)`` as SB3's ``DummyVecEnv`` of ``Monitor``-wrapped envs gives them:
+            ``obs`` (the reset observation for finished envs), float32 ``rewards``, ``dones`` (``terminated or
+            truncated``) and one ``info`` per env, its env's own (numeric) infos. A finished env's info adds
+            ``terminal_observation``, ``TimeLimit.truncated`` (``truncated and not terminated``), ``episode =
+            {"r": return, "l": length, "t": seconds since the adapter started}`` (what SB3's logger reads) and
+            ``frugalrl/bytes_total`` (every byte counted so far); the new episodes' reset infos go to
+            :attr:`reset_infos`. A worker that died is replaced inside ClusterEnv: its envs' episodes end in
+            this step as truncated, with ``frugalrl/worker_restarted = True``.
 
         Raises:
             RuntimeError: no :meth:`step_async` since the last step (or reset), or the ClusterEnv failed.

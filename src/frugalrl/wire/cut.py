@@ -1,67 +1,19 @@
 """The cut message format: the gradients (and activations) that cross the cut of a split model.
 
-A model split across two machines sends activations forward and gradients backward at the cut.
-This module turns one such tensor into one self-describing binary message and back:
+One tensor becomes one self-describing binary message and back: :func:`encode_dense` (every entry, as ``fp32``,
+``bf16`` or ``fp16``), :func:`encode_sparse` (selected entries as sorted flat indices, ``coo16``, ``bitmask`` or
+Golomb-Rice ``gap``, plus their values), :func:`decode_cut` (any message to a dense float32 tensor) and
+:func:`cut_info` (its header). :func:`dense_nbytes`, :func:`sparse_nbytes`, :func:`expected_gap_nbytes` and
+:func:`topk_count` give exact message sizes without building the messages.
 
-- :func:`encode_dense`: every entry, as ``fp32``, ``bf16`` or ``fp16``;
-- :func:`encode_sparse`: selected entries only, as sorted flat (row-major) indices plus values;
-- :func:`decode_cut` turns any of these messages into a dense float32 tensor of its shape, and
-  :func:`cut_info` reads a message's header;
-- :func:`dense_nbytes`, :func:`sparse_nbytes`, :func:`expected_gap_nbytes` and :func:`topk_count`
-  give message sizes without building the messages.
+*Which* entries to send is decided by the stateful codecs of :mod:`frugalrl.wire.sparsify`. A sparsifier must know
+what the receiver will decode (its residual keeps the rest), so the steps of an encoder are building blocks here:
+the input checks (:func:`check_shape`, :func:`check_value_dtype`, :func:`check_index_encoding`,
+:func:`as_float32`, :func:`int64_vector`, :func:`all_finite`), :func:`quantize` and :func:`dense_message` /
+:func:`sparse_message`. The ``gap`` code lives in :mod:`frugalrl.wire.rice`.
 
-*Which* entries to send is not decided here: :mod:`frugalrl.wire.sparsify` holds the stateful
-codecs (:class:`~frugalrl.wire.sparsify.TopPercentile`, the error-feedback sparsifier, and
-:class:`~frugalrl.wire.sparsify.DenseCut`). Because a sparsifier must know what the receiver will
-decode (its residual keeps the rest), this module also exposes the steps of an encoder as building
-blocks: the input checks (:func:`check_shape`, :func:`check_value_dtype`,
-:func:`check_index_encoding`, :func:`as_float32`, :func:`int64_vector`, :func:`all_finite`),
-:func:`quantize` (the wire values and their decoded float32), and :func:`dense_message` /
-:func:`sparse_message` (the message of values already quantized). The Golomb-Rice coding of the
-``gap`` index encoding lives in :mod:`frugalrl.wire.rice`.
-
-Nothing is pickled; a message from an untrusted peer can at worst fail with :class:`ValueError`.
-
-Message layout (little-endian)
-------------------------------
-Every message starts with the same fixed header of :func:`header_nbytes` ``= 12 + 4 * ndim``
-bytes::
-
-    u8 magic (0xC7) | u8 version (1) | u8 kind (0 dense, 1 sparse)
-    u8 value dtype (0 bf16, 1 fp16, 2 fp32) | u8 index encoding (0 none, 1 coo16, 2 bitmask, 3 gap)
-    u8 rice k (gap only, else 0) | u8 ndim (1..8) | u8 flags (0) | u32 nnz (sparse; 0 when dense)
-    ndim x u32 dims
-
-A dense message is followed by ``numel`` values (row-major). A sparse message is followed by
-``nnz`` values (in increasing index order) and then the index payload, in one of three
-encodings of the sorted unique flat indices ``i_0 < i_1 < ...``:
-
-``coo16`` (the paper's int16 coordinates)
-    One uint16 per coordinate digit per nonzero, stored as column streams (every nonzero's
-    first digit, then every nonzero's second digit, ...). A dimension of size ``s`` needs one
-    16-bit digit if ``s <= 65536`` and two (high part, then low part: "offsets") otherwise.
-    Payload ``2 * nnz * sum(digits(s) for s in shape)`` bytes.
-``bitmask``
-    One bit per entry (``np.packbits``, most significant bit first, zero padding):
-    ``ceil(numel / 8)`` bytes.
-``gap`` (Golomb-Rice)
-    Gaps ``g_0 = i_0``, ``g_j = i_j - i_{j-1} - 1`` (so every gap is >= 0), each split as
-    ``q = g >> k``, ``r = g & (2**k - 1)``. The payload is ``u32 L`` (byte length of the unary
-    stream), then the k-bit remainders packed MSB first (``ceil(nnz * k / 8)`` bytes), then the
-    unary stream: for each gap ``q`` one-bits and a zero-bit, padded with one-bits to
-    ``L = ceil((sum(q) + nnz) / 8)`` bytes. The payload is
-    ``4 + ceil(nnz * k / 8) + ceil((sum(q) + nnz) / 8)`` bytes, and ``k`` (0..62) is chosen per
-    message as the value that minimises exactly that. Both streams decode without a Python loop
-    (the unary stream by ``np.flatnonzero`` on its zero bits).
-
-Values take 2 bytes (``bf16``: the upper half of the fp32 pattern, rounded to nearest even;
-``fp16``) or 4 bytes (``fp32``) each. The encoders refuse NaN and infinities; finite values
-beyond the range of ``bf16``/``fp16`` saturate to the largest finite value of that dtype.
-
-Sizes, header included, are exact: :func:`dense_nbytes` ``= header + numel * value_bytes`` and
-:func:`sparse_nbytes` ``= header + nnz * value_bytes + index payload``. There is no checksum:
-the transport is trusted for integrity, the decoder only checks the structure (magic, lengths,
-indices in range and strictly increasing, finite values).
+Nothing is pickled; a message from an untrusted peer can at worst fail with :class:`ValueError`. The byte layout,
+field by field: docs/pipeline.md#the-cut-message-format.
 """
 
 from __future__ import annotations
@@ -341,6 +293,13 @@ def _le_bytes(a: np.ndarray) -> bytes:
 
 
 def _header(kind: int, values: str, index_code: int, k: int, dims: tuple[int, ...], nnz: int) -> bytes:
+    """The fixed header (little-endian; docs/pipeline.md#the-cut-message-format)::
+
+        u8 magic (0xC7) | u8 version (1) | u8 kind (0 dense, 1 sparse)
+        u8 value dtype (0 bf16, 1 fp16, 2 fp32) | u8 index encoding (0 none, 1 coo16, 2 bitmask, 3 gap)
+        u8 rice k (gap only, else 0) | u8 ndim (1..8) | u8 flags (0) | u32 nnz (sparse; 0 when dense)
+        ndim x u32 dims
+    """
     return _FIXED.pack(
         MAGIC, VERSION, kind, _VALUE_CODE[values], index_code, k, len(dims), 0, nnz
     ) + struct.pack(f"<{len(dims)}I", *dims)

@@ -19,10 +19,9 @@ filtered bytes themselves (stored: ``L`` is then exactly the filtered size ``F``
 never reaches). :func:`encoded_nbytes` has no formula for them (:func:`payload_nbytes` reads ``L``), and
 the byte meter counts the payloads actually produced.
 
-Decoding reproduces the original bytes exactly (NaN payloads, signed zeros, any byte order) and checks
-everything a header declares before allocating anything: ``L`` against the bytes present and against ``F``
-(``shape × itemsize``), the zstd frame's content size against ``F``, ``F`` against the most a body of ``L``
-bytes can expand to and against :data:`MAX_DECODED_NBYTES`. Corrupt input raises ``ValueError``.
+Decoding reproduces the original bytes exactly (NaN payloads, signed zeros, any byte order) and checks every size a
+header declares (``L``, the filtered size ``F``, the zstd frame's content size, :data:`MAX_DECODED_NBYTES`) before
+allocating anything. Corrupt input raises ``ValueError``.
 """
 
 from __future__ import annotations

@@ -76,32 +76,24 @@ class DenseCut:
 class TopPercentile:
     """Error-feedback top-percentile sparsifier (eq. 3-6 of the paper).
 
-    Each :meth:`encode` accumulates ``G = residual + grad`` (eq. 3), sends the
-    ``k = topk_count(G.numel(), p)`` entries of largest ``|G|`` as a sparse message (eq. 4-5) and
-    keeps in the residual ``G`` minus what the receiver decodes (eq. 6). Exactly ``k`` entries
-    are sent: this equals the paper's ``|G| >= quantile(|G|, p)`` when there are no ties at the
-    threshold, and keeps message sizes deterministic (ties go to the lowest flat indices). The
-    selection is NumPy's O(n) ``partition`` (after a sampled pre-filter on large tensors), which
-    picks the same entries as ``torch.topk`` on ``|G|.flatten()`` would (up to ties) at a fraction
-    of its CPU time, and yields the indices already sorted.
+    Each :meth:`encode` accumulates ``G = residual + grad`` (eq. 3), sends the ``k = topk_count(G.numel(), p)``
+    entries of largest ``|G|`` as a sparse message (eq. 4-5) and keeps in the residual ``G`` minus what the receiver
+    decodes (eq. 6). Exactly ``k`` entries (the paper's ``|G| >= quantile(|G|, p)`` without ties; ties go to the
+    lowest flat indices) keep message sizes deterministic. The selection is NumPy's O(n) ``partition``: the
+    entries ``torch.topk`` would pick, for less CPU, with the indices already sorted.
 
     - Position mode (``keys=None``, the paper's): one accumulator of the gradient's shape; a
       gradient of another shape raises :class:`ValueError`.
-    - Keyed mode (``keys``: 1-D unique integers, one per row of ``grad``): per-sample error
-      feedback. Residual rows are stored per key (any int64 key; storage grows on demand), so a
-      sample's unsent gradient is replayed when that sample recurs (e.g. next epoch), instead of
-      being added to whatever sample next sits at the same row. Rows must keep one shape.
-      One instance uses one mode; switching raises :class:`ValueError`.
+    - Keyed mode (``keys``: 1-D unique integers, one per row of ``grad``): per-sample error feedback; a
+      sample's unsent gradient is replayed when that sample recurs (e.g. next epoch), instead of being added
+      to whatever sample next sits at the same row. Rows keep one shape; one instance uses one mode.
     - Warm start: while ``steps < warmup_steps``, or with ``dense=True``, ``G`` is sent densely in
       ``warmup_dtype`` and the residual becomes its rounding error (0 for ``fp32``).
 
-    With ``keep_rounding_error=True`` (default) the residual at a sent entry is the rounding error
-    of its value, and ``decode_cut(msg) + residual_after == residual_before + grad`` holds
-    *exactly* in float32 (the sum on the right is the float32 sum that ``encode`` computes; a
-    value and its ``bf16``/``fp16`` rounding are within a factor 2, so their difference is exact).
-    Only saturation (|G| beyond the fp16/bf16 range) breaks exactness. With
-    ``keep_rounding_error=False`` the residual at sent entries is exactly 0, as in eq. 6, and
-    the identity holds up to the value dtype's rounding.
+    With ``keep_rounding_error=True`` (default) the residual at a sent entry is the rounding error of its value,
+    so ``decode_cut(msg) + residual_after == residual_before + grad`` holds *exactly* in float32 (a value and its
+    ``bf16``/``fp16`` rounding are within a factor 2, so their difference is exact; only saturation breaks it).
+    With ``False`` the residual at sent entries is 0, as in eq. 6.
 
     The accumulators are float32 CPU arrays; gradients on another device are copied to the CPU.
     """

@@ -6,20 +6,16 @@ which the compressor of :mod:`frugalrl.wire.lossless` encodes (self-delimiting).
 
     side bytes | lz4 / zstd payload of the main array
 
-Transforms:
+Transforms (docs/clusterenv.md#the-experience-uplink):
 
-- ``frames`` (lossless) for a rollout of stacked frames, shape ``(T, k, S, ...)`` (T steps of k envs, a stack
-  of S frames, e.g. ``(128, 8, 4, 84, 84)`` uint8). When step ``t`` of env ``i`` is step ``t − 1``'s stack
-  shifted by one frame (``x[t, i, :-1] == x[t − 1, i, 1:]``), only its newest frame ``x[t, i, -1]`` is sent;
-  otherwise (the first step, an episode start, an autoreset) the whole stack. Side bytes: those flags, 8 to
-  a byte. Main: the frames sent, env by env (the frames of one env are neighbours for the compressor). The
-  receiver rebuilds every stack from the previous one: exactly the array that was encoded.
+- ``frames`` (lossless) for a rollout of stacked frames, shape ``(T, k, S, ...)`` (T steps of k envs, a stack of
+  S frames): a step whose stack is the previous one shifted by one frame (``x[t, i, :-1] == x[t − 1, i, 1:]``)
+  sends only its newest frame, others (an episode start, an autoreset) the whole stack. Side bytes: those flags,
+  8 to a byte; main: the frames sent, env by env. The receiver rebuilds exactly the array that was encoded.
 - ``fp16`` / ``bf16`` (lossy): float32 rounded to 16 bits (relative error ≤ 2⁻¹¹ / 2⁻⁸).
-- ``int8`` / ``int16`` (lossy): an affine code per feature (the last axis): ``x ≈ lo + scale · q`` with
-  ``q`` in ``[0, 2^b − 1]``, ``lo`` and ``scale`` of each feature the message's minimum and range over
-  ``2^b − 1`` (float32, in the side bytes: ``8 × features``). The error of a feature is at most half its
-  step, ``scale / 2`` (:func:`quantisation_error` measures it; ``benchmarks/uplink.py`` reports it). NaN and
-  ±inf are refused.
+- ``int8`` / ``int16`` (lossy): an affine code per feature (the last axis), ``x ≈ lo + scale · q``, ``lo`` and
+  ``scale`` each feature's minimum and range over ``2^b − 1`` in the message (float32 side bytes); the error is at
+  most ``scale / 2`` (:func:`quantisation_error`). NaN and ±inf are refused.
 
 Decoding checks every size the shape and the side bytes imply before allocating (corrupt input raises
 ``ValueError``).
@@ -139,7 +135,7 @@ def _affine(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def quantisation_error(x: np.ndarray, transform: str) -> float:
-    """The largest absolute error ``transform`` makes on ``x`` (measured: encode, decode, compare)."""
+    """The largest absolute error ``transform`` makes on ``x`` (found by encoding, decoding and comparing)."""
     if x.size == 0:
         return 0.0
     y = decode(encode(x, f"{transform}+lz4"), x.shape, x.dtype, f"{transform}+lz4")

@@ -1,20 +1,8 @@
 """The experience uplink: which codec carries each stream of a worker's replies.
 
-Options (one :class:`UplinkOptions`, the fields of ``ClusterConfig`` named ``uplink*``):
-
-- ``compressor`` (``--uplink``): ``auto`` (the default), ``lz4``, ``zstd`` or ``none``. The streams of
-  :data:`UPLINK_STREAMS` of at least :data:`MIN_COMPRESS_NBYTES` go through the compressor of
-  :mod:`frugalrl.wire.lossless`; a rollout of stacked image frames (uint8, ``(T, k, S, H, W)``) first through
-  the ``frames`` transform of :mod:`frugalrl.wire.transforms` (only each step's new frame). Lossless: the
-  learner gets the very same arrays. Smaller boolean arrays are bit-packed, other small arrays stay raw.
-- ``obs`` (``--uplink-obs``): ``exact`` (the default) or a lossy low-bit code for float observations
-  (``fp16``, ``bf16``, ``int8``, ``int16``: see :mod:`frugalrl.wire.transforms` for their errors), followed
-  by the compressor (which must not be ``none``).
-- ``behaviour`` (``--uplink-behaviour``): ``logprob`` (the default) sends the log-probability of each taken
-  action, all that the learner's losses use (PPO's ratio, V-trace's ratios) and what AAPS's KL estimate
-  needs (:class:`frugalrl.sync_state.PolicySync`); ``params`` sends the full distribution parameters.
-- ``link_mbps``: the link rate ``auto`` assumes when it weighs a codec's CPU time against the time its
-  saving takes off the link.
+:class:`UplinkOptions` (the fields of ``ClusterConfig`` named ``uplink*``) says how experience travels, and
+:class:`UplinkCodecs` picks each reply's stream codecs for one worker. Lossless by default: the learner gets the very
+same arrays (docs/clusterenv.md#the-experience-uplink).
 
 ``auto`` measures: on the first message and every :data:`PROBE_EVERY` messages it encodes each
 compressible stream, times it and counts the bytes saved; a stream is compressed while its encode time,
@@ -62,12 +50,24 @@ PROBE_EVERY = 64
 
 @dataclass(frozen=True)
 class UplinkOptions:
-    """How a worker's experience travels (see the module docstring)."""
+    """How a worker's experience travels (``auto``: see the module docstring)."""
 
     compressor: Uplink = "auto"
+    """``--uplink``: ``auto``, ``lz4``, ``zstd`` or ``none``. The streams of :data:`UPLINK_STREAMS` of at least
+    :data:`MIN_COMPRESS_NBYTES` go through the compressor of :mod:`frugalrl.wire.lossless`, a rollout of stacked
+    image frames (uint8, ``(T, k, S, H, W)``) first through the ``frames`` transform of
+    :mod:`frugalrl.wire.transforms` (only each step's new frame); smaller boolean arrays are bit-packed, other
+    small arrays stay raw."""
     obs: ObsCodec = "exact"
+    """``--uplink-obs``: ``exact`` or a lossy low-bit code for float observations (``fp16``, ``bf16``, ``int8``,
+    ``int16``: their errors in :mod:`frugalrl.wire.transforms`), followed by the compressor (not ``none``)."""
     behaviour: Behaviour = "logprob"
+    """``--uplink-behaviour``: ``logprob`` sends the log-probability of each taken action, all that the learner's
+    losses (PPO's ratio, V-trace's ratios) and AAPS's KL estimate use (:class:`frugalrl.sync_state.PolicySync`);
+    ``params`` sends the full distribution parameters."""
     link_mbps: float = 100.0
+    """The link rate ``auto`` assumes when it weighs a codec's CPU time against the time its saving takes off the
+    link."""
 
     def __post_init__(self) -> None:
         if self.compressor not in UPLINK_OPTIONS:

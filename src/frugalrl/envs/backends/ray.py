@@ -14,12 +14,9 @@ A message sent to several workers (weights, mostly) is put in Ray's object store
 timeout: an actor that dies comes back as a :class:`~frugalrl.envs.backends.base.WorkerFailure`, one
 that stays silent too, after ``timeout`` seconds (and is killed), so the head never hangs.
 
-If this process has already initialised Ray, that instance is used (and left running); otherwise
-``ray_address`` joins an existing cluster (``"auto"`` or ``"host:port"``; :meth:`RayBackend.close`
-disconnects), and without it a private single-machine instance is started (and shut down by
-:meth:`RayBackend.close`). That instance and its count of users are :mod:`frugalrl.ray_session`'s,
-shared with DPSGD's Ray transport: the last user shuts it down. Actors are spread across nodes
-(``scheduling_strategy="SPREAD"``) and reserve ``num_cpus`` CPUs each (1 by default).
+Ray itself (a Ray this process already runs, the cluster at ``ray_address``, or a private single-machine one) is
+:mod:`frugalrl.ray_session`'s, shared with DPSGD's Ray transport. Actors are spread across nodes and reserve
+``num_cpus`` CPUs each (1 by default).
 """
 
 from __future__ import annotations
