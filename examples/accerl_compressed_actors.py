@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from frugalrl import AdaptiveKL, ClusterEnv, make_agent
+from frugalrl import AAPS, ClusterEnv, make_agent
 from frugalrl.algos.impala import IMPALAConfig, impala_update
 from frugalrl.compress import CompressorChain, Export, Quantize
 from frugalrl.correct import CorrectorChain, VTraceCorrector
@@ -22,7 +22,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--updates", type=int, default=300, help="learner updates (20 env steps × 8 envs each)")
     args = parser.parse_args()
-    envs = ClusterEnv("CartPole-v1", num_workers=2, envs_per_worker=4, backend="local", sync=AdaptiveKL(0.01), seed=1)
+    envs = ClusterEnv("CartPole-v1", num_workers=2, envs_per_worker=4, backend="local", sync=AAPS(0.01), seed=1)
     learner = make_agent(envs.single_observation_space, envs.single_action_space)
     optimizer = torch.optim.Adam(learner.parameters(), lr=5e-4, eps=1e-5)
     cfg = IMPALAConfig(gamma=0.99, ent_coef=0.01, vf_coef=0.5)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import worker_children
 
-from frugalrl import AdaptiveKL, ClusterEnv, Interval, make_agent
+from frugalrl import AAPS, ClusterEnv, Interval, make_agent
 from frugalrl.nets import MLPActorCritic
 
 pytestmark = pytest.mark.timeout(60)
@@ -111,14 +111,14 @@ def test_invalid_config_values(kwargs, match):
 
 
 def test_invalid_sync_rules():
-    with pytest.raises(ValueError, match=r"AdaptiveKL\(delta\) needs delta > 0, got 0"):
-        AdaptiveKL(0)
-    with pytest.raises(ValueError, match=r"AdaptiveKL\(delta\) needs delta > 0, got -0.1"):
-        AdaptiveKL(-0.1)
-    with pytest.raises(ValueError, match=r"AdaptiveKL\(delta\) needs delta > 0, got nan"):
-        AdaptiveKL(float("nan"))
+    with pytest.raises(ValueError, match=r"AAPS\(delta\) needs delta > 0, got 0"):
+        AAPS(0)
+    with pytest.raises(ValueError, match=r"AAPS\(delta\) needs delta > 0, got -0.1"):
+        AAPS(-0.1)
+    with pytest.raises(ValueError, match=r"AAPS\(delta\) needs delta > 0, got nan"):
+        AAPS(float("nan"))
     with pytest.raises(ValueError, match=r"max_lag must be >= 1, got 0"):
-        AdaptiveKL(0.1, max_lag=0)
+        AAPS(0.1, max_lag=0)
     with pytest.raises(ValueError, match=r"Interval\(n\) needs n >= 1, got 0"):
         Interval(0)
     with pytest.raises(ValueError, match=r"Interval\(n\) needs n >= 1, got -3"):

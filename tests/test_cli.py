@@ -148,3 +148,19 @@ def test_eval_plays_fresh_episodes_by_default():
 
     assert build_parser().parse_args(["eval", "run"]).seed == FRESH_SEED
     assert len({EVAL_SEED, FRESH_SEED, RECHECK_SEED}) == 3
+
+
+def test_help_shows_the_defaults_the_env_preset_takes_effect_with(capsys):
+    """``train ALGO --env X --help`` shows X's preset value beside the dataclass default; without a preset, the
+    dataclass default alone."""
+    import pytest
+
+    from frugalrl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "ppo", "--env", "LunarLander-v3", "--help"])
+    assert "preset LunarLander-v3: 0.0005; without it 0.00025" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["train", "ppo", "--env", "NoPreset-v0", "--preset", "none", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Adam step size. (default: 0.00025)" in out and "preset" not in out.split("--learning-rate")[2][:80]

@@ -15,12 +15,9 @@ from frugalrl.correct import (
     ISCorrector,
     RetraceCorrector,
     VTraceCorrector,
-    gae,
-    importance_weights,
     parse_correctors,
-    retrace,
-    vtrace,
 )
+from frugalrl.returns import gae, importance_weights, retrace, vtrace
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -64,9 +64,10 @@ def test_one_epoch_of_one_minibatch_without_clip_is_the_papers_loss():
 
     from frugalrl import dists
     from frugalrl.algos.impala import impala_update
-    from frugalrl.correct import bootstrap_values, parse_correctors, vtrace
+    from frugalrl.correct import parse_correctors
     from frugalrl.envs.cluster import ClusterEnv
     from frugalrl.nets import make_agent
+    from frugalrl.returns import bootstrap_values, vtrace
 
     envs = ClusterEnv("CartPole-v1", num_workers=1, envs_per_worker=3, backend="serial", seed=0)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +21,9 @@ from frugalrl.nets import Heads, action_desc, make_encoder
 from frugalrl.pipeline import PipelinePPOConfig, predict_bytes, train
 from frugalrl.pipeline.bytes import table_one
 from frugalrl.pipeline.launcher import free_port
+from frugalrl.pipeline.stage0 import make_vector_env, truncated_final_obs
+from frugalrl.pipeline.stage1 import rollout_targets
+from frugalrl.returns import bootstrap_values, gae
 
 QUIET = {"progress": False, "tensorboard": False, "plots": False}
 
@@ -31,6 +35,10 @@ def _car_cfg(tmp_path: Path, **kw) -> PipelinePPOConfig:
                 run_dir=str(tmp_path), **QUIET)
     base.update(kw)
     return PipelinePPOConfig(**base)
+
+
+def _measured(summary: dict) -> dict:
+    return {k: v for k, v in summary["bytes"].items() if v and k not in ("up", "down", "per_worker", "messages")}
 
 
 def test_encoder_and_heads_match_the_paper():
@@ -53,10 +61,9 @@ def test_two_stage_carracing_bytes_equal_the_estimator(tmp_path, index):
     assert summary["env_steps"] == 128 and summary["details"]["feature_dim"] == 4096
     ckpt = Path(summary["run_dir"]) / "checkpoints"
     assert (ckpt / "latest.pt").exists() and (ckpt / "heads.pt").exists()  # each stage keeps its half
-    predicted = predict_bytes(cfg)
+    predicted = predict_bytes(cfg, summary["details"]["truncation_bootstraps"])  # episodes end at 40 steps
     assert predicted["exact"]
-    measured = {k: v for k, v in summary["bytes"].items() if v and k not in ("up", "down", "per_worker", "messages")}
-    assert measured == predicted["bytes"]
+    assert _measured(summary) == predicted["bytes"]
     assert summary["bytes"]["up"] == {k: v for k, v in predicted["up"].items()}
     assert summary["bytes"]["down"] == {k: v for k, v in predicted["down"].items()}
     # The sparse update really is smaller than the dense warm-start one.
@@ -181,7 +188,98 @@ def test_sparse_activations_are_lossless_and_smaller(tmp_path):
     assert len(msg) < 0.75 * len(dense)
     assert torch.equal(decode_cut(msg), decode_cut(dense))
     summary = train(cfg)
-    predicted = predict_bytes(cfg)
+    predicted = predict_bytes(cfg, summary["details"]["truncation_bootstraps"])
     assert not predicted["exact"]
     assert 0 < summary["bytes"]["activations"] <= predicted["bytes"]["activations"]
     assert summary["bytes"]["gradients"] == predicted["bytes"]["gradients"]
+
+
+def test_stage1_bootstraps_a_truncation_from_its_final_observation_and_a_termination_from_nothing():
+    """Stage 1's targets are PPO's: GAE with ``next_values`` from :func:`frugalrl.returns.bootstrap_values`, which
+    puts the final observation's value at every finished step (``gae`` drops it at terminations)."""
+    T, N, gamma, lam = 4, 2, 0.9, 0.8
+    gen = torch.Generator().manual_seed(0)
+    rewards, values, last_value = torch.rand(T, N, generator=gen), torch.rand(T, N, generator=gen), torch.rand(N, generator=gen)
+    terminations, dones = torch.zeros(T, N), torch.zeros(T, N)
+    terminations[1, 0] = dones[1, 0] = 1  # env 0 terminates at step 1
+    dones[2, 1] = 1  # env 1 is truncated at step 2; the value of its final observation is 5
+    advantages, returns = rollout_targets(rewards, values, last_value, torch.tensor([5.0]), terminations, dones,
+                                          gamma, lam)
+    # PPO's way: observations that are their own values, the final ones kept apart.
+    _, next_values = bootstrap_values(lambda x: x[:, 0], values[..., None], last_value[:, None],
+                                      torch.tensor([[1, 0], [2, 1]]), torch.tensor([[7.0], [5.0]]))
+    expected = gae(rewards, values, next_values, terminations, dones, gamma, lam)
+    torch.testing.assert_close(advantages, expected[0])
+    torch.testing.assert_close(returns, expected[1])
+    torch.testing.assert_close(advantages[2, 1], rewards[2, 1] + gamma * 5.0 - values[2, 1])
+    torch.testing.assert_close(advantages[1, 0], rewards[1, 0] - values[1, 0])
+
+
+def test_stage0_keeps_the_final_observations_of_truncated_steps():
+    """Gymnasium's same-step autoreset: the step returns the reset observation, ``info["final_obs"]`` the last one."""
+    cfg = PipelinePPOConfig(env="envs_for_tests:CounterEnv", env_kwargs={"horizon": 2}, num_envs=2)
+    envs = make_vector_env(cfg, seed=0)
+    try:
+        for _ in range(2):
+            obs, _, terminated, truncated, info = envs.step(np.zeros(2, dtype=np.int64))
+    finally:
+        envs.close()
+    assert truncated.all() and not terminated.any() and (obs[:, 0] == 0).all()
+    assert [f[0] for f in truncated_final_obs(info, terminated, truncated)] == [2.0, 2.0]
+    assert len(truncated_final_obs(info, np.array([True, False]), truncated)) == 1  # a termination: none
+
+
+def test_time_limited_env_bootstraps_every_truncation_and_bytes_stay_exact(tmp_path):
+    """A time limit, never a termination (CounterEnv: reward 1, truncated after 5 steps): stage 0 sends the
+    features of every final observation, stage 1 reads them (or the stream would go out of step), and the
+    predictor, given the count, still predicts every byte."""
+    cfg = PipelinePPOConfig(env="envs_for_tests:CounterEnv", env_kwargs={"horizon": 5}, num_envs=2, num_steps=16,
+                            num_minibatches=2, update_epochs=1, total_timesteps=64, head_hidden=16,
+                            warmup_timesteps=0, cut_index="coo16", run_dir=str(tmp_path), **QUIET)
+    summary = train(cfg)
+    # Each env is truncated at its steps 5, 10, 15 (first rollout) and 20, 25, 30 (second).
+    assert summary["details"]["truncation_bootstraps"] == [6, 6]
+    predicted = predict_bytes(cfg, summary["details"]["truncation_bootstraps"])
+    assert predicted["exact"] and _measured(summary) == predicted["bytes"]
+    untruncated = predict_bytes(cfg)
+    # One bf16 feature row per truncation, and one header and length prefix per rollout that has any.
+    feature_dim = summary["details"]["feature_dim"]
+    assert predicted["bytes"]["activations"] - untruncated["bytes"]["activations"] == 12 * feature_dim * 2
+    assert predicted["bytes"]["control"] - untruncated["bytes"]["control"] == 2 * (12 + 4 * 2 + 8)
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_stops_both_stages_with_their_checkpoints_and_resume_finishes(tmp_path):
+    """SIGTERM to ``frugalrl train pipeline-ppo``: the launcher passes it to stage 0, whose driver stops after the
+    iteration in progress and tells stage 1; both halves are saved at the same iteration, the command exits with
+    the preemption code, and ``--resume`` finishes the budget."""
+    from frugalrl.driver import EXIT_PREEMPTED
+    from frugalrl.runs import read_metrics
+
+    settings = {"env": "CartPole-v1", "num-envs": 2, "num-steps": 16, "num-minibatches": 2, "update-epochs": 1,
+                "total-timesteps": 32 * 150, "head-hidden": 16, "warmup-timesteps": 0, "eval-episodes": 1,
+                "run-dir": str(tmp_path), "run-name": "run"}
+    flags = [x for k, v in settings.items() for x in (f"--{k}", str(v))] + ["--no-progress", "--no-plots",
+                                                                            "--no-tensorboard"]
+    proc = subprocess.Popen([sys.executable, "-m", "frugalrl.cli", "train", "pipeline-ppo", *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    run = tmp_path / "run"
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "metrics.jsonl").exists() or len(read_metrics(run)) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or hung before it trained"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == EXIT_PREEMPTED, proc.stderr.read().decode()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "preempted" and 0 < summary["updates"] < 150
+    heads = torch.load(run / "checkpoints" / "heads.pt", weights_only=True)
+    assert heads["iteration"] == summary["updates"]
+
+    resumed = cli_main(["train", "pipeline-ppo", "--resume", str(run), "--no-progress"])
+    assert resumed == 0
+    assert json.loads((run / "summary.json").read_text())["env_steps"] == 32 * 150

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from frugalrl.algos.ppo import PPOConfig, train
-from frugalrl.correct import gae
+from frugalrl.returns import gae
 
 # CartPole settings in the spirit of rl-zoo's tuned PPO: small fragments, many epochs.
 CARTPOLE = dict(
@@ -20,7 +20,7 @@ CARTPOLE = dict(
 
 
 def gae_reference(rewards, values, next_values, terms, dones, gamma, lam):
-    """Straightforward per-env loop over time, written independently of frugalrl.correct.gae."""
+    """Straightforward per-env loop over time, written independently of frugalrl.returns.gae."""
     T, N = rewards.shape
     adv = np.zeros((T, N))
     for n in range(N):

@@ -108,3 +108,45 @@ def test_resume_refuses_another_algorithm(tmp_path):
 
     with pytest.raises(ValueError, match="ppo run"):
         train_impala(IMPALAConfig(backend="serial", run_dir=str(tmp_path), progress=False), resume=tmp_path / "p")
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical(tmp_path):
+    """``frugalrl train`` SIGTERMed mid-run (a scheduler's preemption): it exits with the preemption code within the
+    grace period, leaving a checkpoint and a summary ("preempted"); ``--resume`` finishes the budget with exactly
+    the weights of the same run left alone (serial backend)."""
+    from frugalrl.driver import EXIT_PREEMPTED
+
+    cfg = {**SMALL, "backend": "serial", "total_timesteps": 128 * 60, "seed": 5, "run_dir": str(tmp_path),
+           "uplink": "zstd", "checkpoint_every": 5}
+    straight = train(PPOConfig(**cfg, run_name="straight", tensorboard=False))
+
+    run = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "frugalrl.cli", "train", "ppo", *_flags(cfg), "--run-name",
+                             "stopped", "--no-tensorboard", "--preset", "none"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoints" / "latest.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or hung before its checkpoint"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        code = proc.wait(timeout=60)
+        stopped_in = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stderr = proc.stderr.read().decode()
+    assert code == EXIT_PREEMPTED, stderr
+    assert stopped_in < 30 and "--resume" in stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "preempted" and 0 < summary["env_steps"] < cfg["total_timesteps"]
+    assert read_checkpoint(run)["counters"]["env_steps"] == summary["env_steps"]
+
+    resumed = resume(run)
+    assert resumed["env_steps"] == straight["env_steps"] == cfg["total_timesteps"]
+    assert resumed["stop_reason"] == "budget" and resumed["resumes"][0]["step"] == summary["env_steps"]
+    a, b = read_checkpoint(tmp_path / "straight")["parts"], read_checkpoint(run)["parts"]
+    for key in a["agent"]:
+        assert torch.equal(a["agent"][key], b["agent"][key]), key

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from frugalrl import AdaptiveKL, ClusterEnv, EveryUpdate, Interval, dists, make_agent
+from frugalrl import AAPS, ClusterEnv, EveryUpdate, Interval, dists, make_agent
 from frugalrl.sync import SyncContext, make_sync_rule
 from frugalrl.wire.uplink import UplinkOptions
 
@@ -44,17 +44,17 @@ def test_interval_selects_workers_n_versions_behind():
 
 
 def test_adaptive_kl_selects_by_kl():
-    rule = AdaptiveKL(0.05)
+    rule = AAPS(0.05)
     c = ctx(5, [None, 5, 4, 4, 4, 3], {2: 0.01, 3: 0.2, 4: None, 5: 0.05})
     # 0: never synced; 3: KL above δ; 4: no recent data; 2, 5: KL at or below δ; 1: current.
     assert rule.select(c) == [0, 3, 4]
     assert sorted(c.asked) == [2, 3, 4, 5]  # KL is only evaluated for stale workers that hold weights
     assert rule.describe() == "aaps(0.05, lag<=20)"
-    assert AdaptiveKL(0.05, max_lag=None).describe() == "aaps(0.05)"
+    assert AAPS(0.05, max_lag=None).describe() == "aaps(0.05)"
 
 
 def test_adaptive_kl_max_lag():
-    rule = AdaptiveKL(0.5, max_lag=3)
+    rule = AAPS(0.5, max_lag=3)
     c = ctx(10, [9, 7, 6, 10], {0: 0.0, 1: 0.0, 2: 0.0})
     assert rule.select(c) == [1, 2]
     assert c.asked == [0]  # lagging workers are synced without computing their KL
@@ -63,7 +63,7 @@ def test_adaptive_kl_max_lag():
 def test_make_sync_rule():
     assert isinstance(make_sync_rule("every"), EveryUpdate)
     assert make_sync_rule("interval", interval=4) == Interval(4)
-    assert make_sync_rule("AAPS", kl_threshold=0.1) == AdaptiveKL(0.1)
+    assert make_sync_rule("AAPS", kl_threshold=0.1) == AAPS(0.1)
     with pytest.raises(ValueError, match="unknown sync rule 'sometimes'"):
         make_sync_rule("sometimes")
 
@@ -115,7 +115,7 @@ def _train(rule, iters: int = 10, backend: str = "serial") -> dict:
 def test_aaps_syncs_less_than_every_update():
     iters = 10
     every = _train(EveryUpdate(), iters)
-    aaps = _train(AdaptiveKL(0.05), iters)
+    aaps = _train(AAPS(0.05), iters)
     # EveryUpdate: every worker, every iteration (the learner changes after every rollout).
     assert every["weight_syncs"]["total"] == W * iters
     assert every["weight_syncs"]["per_worker"] == [iters] * W
@@ -136,7 +136,7 @@ def test_aaps_syncs_less_than_every_update():
 
 
 def test_aaps_local_backend_reports_per_worker_syncs():
-    aaps = _train(AdaptiveKL(0.05), iters=4, backend="local")
+    aaps = _train(AAPS(0.05), iters=4, backend="local")
     assert aaps["backend"] == "local"
     assert len(aaps["weight_syncs"]["per_worker"]) == W
     assert aaps["weight_syncs"]["total"] < W * 4
@@ -149,7 +149,7 @@ def test_aaps_local_backend_reports_per_worker_syncs():
 def aaps_env(request):
     """AAPS over both behaviour streams: the taken actions' log-probabilities (the default) and full
     distribution parameters."""
-    env = ClusterEnv("CartPole-v1", W, K, backend="serial", sync=AdaptiveKL(0.05), seed=3,
+    env = ClusterEnv("CartPole-v1", W, K, backend="serial", sync=AAPS(0.05), seed=3,
                      uplink=UplinkOptions(behaviour=request.param))
     yield env
     env.close()
@@ -296,9 +296,9 @@ def test_weights_codec_shrinks_weight_bytes(codec, ratio):
 
 def test_lag_bound_says_how_stale_a_rule_lets_a_worker_get():
     """The stall watch only calls a lag beyond the rule's own bound a stall."""
-    from frugalrl.sync import AdaptiveKL, EveryUpdate, Interval
+    from frugalrl.sync import AAPS, EveryUpdate, Interval
 
     assert EveryUpdate().lag_bound == 1
     assert Interval(3).lag_bound == 3
-    assert AdaptiveKL(0.05).lag_bound == 20
-    assert AdaptiveKL(0.05, None).lag_bound is None
+    assert AAPS(0.05).lag_bound == 20
+    assert AAPS(0.05, None).lag_bound is None

@@ -1,12 +1,43 @@
 """The training loop's own checks: an evaluation that contradicts the training curve is named, and so is a run
-that ends clearly below its best evaluation (whose policy ``checkpoints/best.pt`` keeps)."""
+that ends clearly below its best evaluation (whose policy ``checkpoints/best.pt`` keeps). The runs are driven by
+:func:`frugalrl.driver.drive` with a scripted algorithm whose updates are given."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import torch
 
+from frugalrl.driver import Algorithm, Setup, Step, Update, drive
 from frugalrl.evaluation import Evaluation, evaluation_disagreement, evaluation_regression, regression_recheck
+
+
+class Scripted(Algorithm):
+    """Updates that are given: each runs its ``before`` (e.g. changes the agent's weights), then reports its env
+    steps and episode returns. Named "ppo": ``load_policy``'s generic path reads its run directory."""
+
+    name = "ppo"
+
+    def __init__(self, cfg, updates: list[tuple[Callable[[Any], None], int, list[float]]], parts=None,
+                 evaluate=None, evaluate_stochastic=None) -> None:
+        super().__init__(cfg)
+        self.updates, self.parts = updates, parts or {}
+        self.evaluate, self.evaluate_stochastic = evaluate, evaluate_stochastic
+
+    def setup(self) -> Setup:
+        return Setup(self.parts, total_updates=len(self.updates), steps_per_update=10, evaluate=self.evaluate,
+                     evaluate_stochastic=self.evaluate_stochastic)
+
+    def update(self, step: Step) -> Update:
+        before, steps, returns = self.updates[step.index - 1]
+        before(self.run)
+        return Update(steps, episode_returns=returns)
+
+
+def _nothing(run) -> None:
+    return None
 
 
 def test_a_greedy_policy_that_fails_is_flagged():
@@ -30,7 +61,6 @@ def test_each_evaluation_records_both_modes_and_the_training_return(tmp_path):
     """The cadence's history entries carry the stochastic return, the training return of the moment, and a
     disagreement when they contradict each other; the summary reuses the last step's stochastic evaluation."""
     from frugalrl.config import RunConfig
-    from frugalrl.training import Training
 
     cfg = RunConfig(run_dir=str(tmp_path), progress=False, tensorboard=False, plots=False, eval_every=1)
     calls = {"det": 0, "sto": 0}
@@ -43,14 +73,13 @@ def test_each_evaluation_records_both_modes_and_the_training_return(tmp_path):
         calls["sto"] += 1
         return Evaluation(-100.0, 20.0, 10, False)
 
-    run = Training("test", cfg)
-    run.begin(det, total_steps=20, total_updates=2, evaluate_stochastic=sto)
-    run.update(10, {}, episode_returns=[-90.0, -110.0])
-    first = run.eval_history[0]
+    history = []
+    algo = Scripted(cfg, [(_nothing, 10, [-90.0, -110.0]), (lambda run: history.extend(run.eval_history), 10, [-100.0])],
+                    evaluate=det, evaluate_stochastic=sto)
+    summary = drive(algo)
+    first = history[0]
     assert (first["mean"], first["stochastic_mean"], first["train_return"]) == (-500.0, -100.0, -100.0)
     assert "mode does not do what its samples do" in first["disagreement"]
-    run.update(10, {}, episode_returns=[-100.0])
-    summary = run.finish()
     assert calls == {"det": 2, "sto": 2}  # the final evaluation is the last cadence's, both modes
     assert summary["stochastic_return_mean"] == -100.0
     assert summary["eval_disagreement"]["earlier_evaluations"] == [10]
@@ -108,33 +137,30 @@ def test_best_policy_is_kept_and_a_run_that_ends_below_it_says_so(tmp_path, capl
     from frugalrl.algos import load_policy
     from frugalrl.config import RunConfig
     from frugalrl.nets import make_agent
-    from frugalrl.training import Training
 
     env = gym.make("CartPole-v1")
     agent = make_agent(env.observation_space, env.action_space)
     cfg = RunConfig(run_dir=str(tmp_path), progress=False, tensorboard=False, plots=False, eval_every=1,
                     eval_stochastic=False)
     scores = iter([Evaluation(20.0, 5.0, 10), Evaluation(480.0, 10.0, 10), Evaluation(150.0, 60.0, 10)])
-    run = Training("ppo", cfg)  # ppo: load_policy's generic path reads it
-    run.attach(agent=agent)
-    run.begin(lambda: next(scores), total_steps=30, total_updates=3)
     weights = []
-    for _ in range(3):
+
+    def step(run) -> None:
         with torch.no_grad():
             for p in agent.parameters():
                 p.add_(0.1)
         weights.append(torch.nn.utils.parameters_to_vector(agent.parameters()).clone())
-        run.update(10, {})
+
     with caplog.at_level("WARNING", logger="frugalrl"):
-        summary = run.finish()
+        summary = drive(Scripted(cfg, [(step, 10, [])] * 3, parts={"agent": agent}, evaluate=lambda: next(scores)))
     reg = summary["eval_regression"]
     assert (reg["best"], reg["best_step"], reg["final"]) == (480.0, 20, 150.0)
     assert "checkpoints/best.pt" in reg["message"] and "--checkpoint best" in reg["message"]
     assert "got worse after its best evaluation" in caplog.text
-    best, counters = load_policy(run.dir, "best")
+    best, counters = load_policy(summary["run_dir"], "best")
     assert torch.equal(torch.nn.utils.parameters_to_vector(best.parameters()), weights[1])
     assert counters["env_steps"] == 20 and counters["evaluation"]["mean"] == 480.0
-    latest, _ = load_policy(run.dir)
+    latest, _ = load_policy(summary["run_dir"])
     assert torch.equal(torch.nn.utils.parameters_to_vector(latest.parameters()), weights[2])
 
 
@@ -160,26 +186,25 @@ def _cartpole_run(tmp_path, good_best: bool):
     from frugalrl.envs.spec import to_env_spec
     from frugalrl.evaluation import policy_evaluator
     from frugalrl.nets import make_agent
-    from frugalrl.training import Training
 
     env = gym.make("CartPole-v1")
     agent = make_agent(env.observation_space, env.action_space)
     untrained = {k: v.clone() for k, v in agent.state_dict().items()}
     cfg = RunConfig(run_dir=str(tmp_path), progress=False, tensorboard=False, plots=False, eval_every=0)
-    run = Training("ppo", cfg)
-    run.attach(agent=agent)
-    run.begin(policy_evaluator(agent, to_env_spec("CartPole-v1", {}), cfg), total_steps=20, total_updates=2)
-    if good_best:  # push towards the side the pole falls to: θ + θ'/2 > 0 → right
-        with torch.no_grad():
-            for p in agent.actor.parameters():
-                p.zero_()
-            agent.actor[0].weight[0, 2:] = torch.tensor([1.0, 0.5])
-            agent.actor[2].weight[0, 0] = 1.0
-            agent.actor[4].weight[1, 0], agent.actor[4].weight[0, 0] = 1.0, -1.0
-    run.record_eval(Evaluation(480.0, 10.0, 10), step=10, seconds=0.0)  # writes best.pt with the weights held now
-    agent.load_state_dict(untrained)
-    run.update(20, {})
-    return run.finish()
+
+    def update(run) -> None:
+        if good_best:  # push towards the side the pole falls to: θ + θ'/2 > 0 → right
+            with torch.no_grad():
+                for p in agent.actor.parameters():
+                    p.zero_()
+                agent.actor[0].weight[0, 2:] = torch.tensor([1.0, 0.5])
+                agent.actor[2].weight[0, 0] = 1.0
+                agent.actor[4].weight[1, 0], agent.actor[4].weight[0, 0] = 1.0, -1.0
+        run.record_eval(Evaluation(480.0, 10.0, 10), step=10, seconds=0.0)  # writes best.pt with the weights held now
+        agent.load_state_dict(untrained)
+
+    evaluate = policy_evaluator(agent, to_env_spec("CartPole-v1", {}), cfg)
+    return drive(Scripted(cfg, [(update, 20, [])], parts={"agent": agent}, evaluate=evaluate))
 
 
 def test_a_lucky_best_evaluation_is_not_a_collapse(tmp_path, caplog):

@@ -2,7 +2,7 @@
 
 The public names::
 
-    from frugalrl import ClusterEnv, EveryUpdate, Interval, AdaptiveKL, ByteMeter, Rollout
+    from frugalrl import ClusterEnv, EveryUpdate, Interval, AAPS, ByteMeter, Rollout
 
 They are imported on first use (PEP 562), so that ``import frugalrl.wire.cut`` or a worker process
 that needs only a small part of the library does not pay for torch and gymnasium at startup.
@@ -15,7 +15,7 @@ from frugalrl.lazy import lazy_names
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "AdaptiveKL": "frugalrl.sync",
+    "AAPS": "frugalrl.sync",
     "ByteMeter": "frugalrl.wire.meter",
     "ClusterEnv": "frugalrl.envs.cluster",
     "EnvSpec": "frugalrl.envs.spec",

@@ -86,10 +86,13 @@ def _default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
+                       preset: tuple[dict[str, Any], str | None] = ({}, None)) -> None:
     """One ``--flag`` per field of dataclass ``cls`` (underscores become dashes), its help the field's
-    docstring and default. Only flags given on the command line are set on the namespace (the dataclass
-    supplies the defaults), so a resumed run can tell what was changed."""
+    docstring and its effective default: the ``preset``'s value (its fields and name) where it sets one, else
+    the dataclass's. Only flags given on the command line are set on the namespace (the dataclass supplies the
+    defaults), so a resumed run can tell what was changed."""
+    values, preset_name = preset
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
@@ -98,7 +101,9 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[s
         flag = "--" + f.name.replace("_", "-")
         default = _default(f)
         required = default is dataclasses.MISSING
-        shown = "required" if required else f"default: {json.dumps(default) if isinstance(default, dict | list) else default}"
+        shown = "required" if required else f"default: {_shown(default)}"
+        if f.name in values:
+            shown = f"preset {preset_name}: {_shown(values[f.name])}; without it {shown.removeprefix('default: ')}"
         help_text = f"{docs.get(f.name, '')} ({shown})".strip().replace("%", "%%")
         choices = literal_choices(hints[f.name])
         common: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
@@ -114,13 +119,18 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[s
                             **common)
 
 
+def _shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+
 def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """The fields of ``cls`` given on the command line."""
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser."""
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The full argument parser; with the command line ``argv``, the help of ``train ALGO`` shows the defaults
+    that its ``--env`` / ``--preset`` take effect with."""
     parser = argparse.ArgumentParser(prog="frugalrl", description=(__doc__ or "").split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train an agent (or continue a run with --resume)")
@@ -131,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--resume", metavar="RUN_DIR", default=None,
                        help="continue this run directory from its latest checkpoint, with its config.json "
                             "(flags given here change it, e.g. a larger --total-timesteps)")
-        add_dataclass_args(p, cls)
+        add_dataclass_args(p, cls, preset=_help_preset(name, cls, argv))
     ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint, or its best-evaluated policy (any algorithm)")
     ev.add_argument("run_dir", help="a run directory")
     ev.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
@@ -173,9 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _help_preset(algo: str, cls: type, argv: list[str] | None) -> tuple[dict[str, Any], str | None]:
+    """The preset that ``frugalrl train ALGO --help`` (with its ``--env`` / ``--preset``) would apply: the values
+    its help then shows as the defaults. Nothing unless ``argv`` asks for that algorithm's help."""
+    from frugalrl import presets
+
+    if not argv or argv[:2] != ["train", algo] or not {"-h", "--help"} & set(argv):
+        return {}, None
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--env", default=next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
+    pre.add_argument("--preset", default=presets.AUTO)
+    known, _ = pre.parse_known_args(argv[2:])
+    try:
+        return presets.resolve(algo, known.env, known.preset)
+    except ValueError:
+        return {}, None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``frugalrl`` script."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     if args.command == "train":
         return _train(args)
     if args.command == "eval":
@@ -235,9 +263,15 @@ def _train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("frugalrl: interrupted; workers stopped", file=sys.stderr)
         return 130
-    if summary:  # a lone pipeline stage 1 has nothing to report
-        _print_summary(summary)
-    return 0
+    if not summary:  # a lone pipeline stage 1 has nothing to report
+        return 0
+    from frugalrl.driver import EXIT_PREEMPTED, STOP_SIGNALS
+
+    _print_summary(summary)
+    if summary["stop_reason"] in STOP_SIGNALS.values():
+        print(f"frugalrl: {summary['stop_reason']}: continue with  frugalrl train {args.algo} --resume "
+              f"{summary['run_dir']}", file=sys.stderr)
+    return EXIT_PREEMPTED if summary["stop_reason"] == "preempted" else 0
 
 
 def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
@@ -318,8 +352,10 @@ def _pipeline_bytes(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     try:
         config = read_config(run_dir)
-        measured = json.loads((run_dir / "summary.json").read_text())["bytes"]
-        predicted = predict_bytes(config_from_dict(PipelinePPOConfig, config, where=str(run_dir / "config.json")))
+        summary = json.loads((run_dir / "summary.json").read_text())
+        measured = summary["bytes"]
+        predicted = predict_bytes(config_from_dict(PipelinePPOConfig, config, where=str(run_dir / "config.json")),
+                                  summary["details"].get("truncation_bootstraps", ()))
     except (FileNotFoundError, ValueError) as e:
         return _error(f"{run_dir} is not a finished pipeline-ppo run: {e}")
     kinds = [k for k in predicted["bytes"] if k != "total"] + ["total"]

@@ -151,6 +151,17 @@ class RunConfig(ConfigPart):
         if self.target_return is not None and not math.isfinite(self.target_return):
             raise ValueError(f"target_return must be a finite number or None, got {self.target_return!r}")
 
+    def evaluates_after(self, update: int, total_updates: int) -> bool:
+        """Whether the run evaluates after ``update`` (1-based): every ``eval_every`` updates and after the last.
+        The one evaluation schedule: the driver and both pipeline stages read it."""
+        if not self.eval_episodes:
+            return False
+        return (bool(self.eval_every) and update % self.eval_every == 0) or update >= total_updates
+
+    def checkpoints_after(self, update: int) -> bool:
+        """Whether the run writes a checkpoint after ``update`` (every ``checkpoint_every`` updates)."""
+        return bool(self.checkpoint_every) and update % self.checkpoint_every == 0
+
 
 @dataclass(kw_only=True)
 class ClusterConfig(ConfigPart):
@@ -176,7 +187,8 @@ class ClusterConfig(ConfigPart):
     sync_interval: int = 1
     """n of the 'interval' rule."""
     weights_codec: WeightsCodec = "fp32"
-    """How weights travel to the workers: fp32, bf16, fp16 or int8."""
+    """How weights travel to the workers: fp32, bf16, fp16 or int8 (a symmetric scale per tensor, on the wire
+    only: the workers act with the decoded float weights)."""
     uplink: Uplink = "auto"
     """How experience is compressed on its way from the workers (lossless: the learner gets the very same
     arrays): 'auto' (byte-plane shuffle + zstd, stacked image frames sent one new frame per step, each stream
@@ -184,9 +196,9 @@ class ClusterConfig(ConfigPart):
     (always) or 'none' (raw bytes). Arrays under 1 KiB (per-step replies) are not compressed; small boolean
     ones are still bit-packed."""
     uplink_obs: ObsCodec = "exact"
-    """Float observations on the uplink: 'exact', or lossy 'fp16', 'bf16', 'int8', 'int16' (int: an affine
-    code per feature and message, error at most half a step of range / (2^bits − 1)). Lossy codes change
-    what the learner trains on; the workers still act on exact observations."""
+    """Float observations on the uplink: 'exact', or lossy 'fp16', 'bf16', 'int8', 'int16' (int: an affine code
+    per feature and message, not the weights' int8; error at most half a step of range / (2^bits − 1)). Lossy
+    codes change what the learner trains on; the workers still act on exact observations."""
     uplink_behaviour: Behaviour = "logprob"
     """What the workers send about their policy per step: 'logprob' (the taken action's log-probability: all
     the losses and AAPS's KL estimate need) or 'params' (the full distribution parameters)."""

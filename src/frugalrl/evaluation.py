@@ -87,7 +87,7 @@ def evaluation_regression(history: list[dict[str, Any]], tolerance: float = 0.1)
     """What is wrong when the last evaluation of ``history`` (the final one) is clearly below the best earlier one:
     the run peaked, then got worse (an RL run's collapse, which a curve shows and a final number hides). Else None.
 
-    Entries are :class:`Training`'s ``eval_history`` rows: ``step``, ``mean``, ``std`` and ``episodes`` (1 if
+    Entries are :class:`~frugalrl.training.RunRecorder`'s ``eval_history`` rows: ``step``, ``mean``, ``std`` and ``episodes`` (1 if
     absent). "Clearly" is by more than ``tolerance`` × the best's magnitude, more than twice the standard error
     of the difference of the two means and more than :data:`MIN_DROP`; an entry without a spread of its own (one
     episode, or none recorded: HSA2C's server-side checks report only a mean) borrows the final's.
@@ -120,7 +120,7 @@ def regression_recheck(best: Evaluation, final: Evaluation, tolerance: float = 0
     are the best-evaluated and the final policies scored on the same new episodes (env seeds), so the best is no
     longer the luckiest of many evaluations. Confirmed when the best still scores more than ``tolerance`` × its
     magnitude above the final and more than twice the standard error of the paired differences. A run that seemed to
-    end below its best evaluation (``Training.finish``) scores both on the episodes from ``RECHECK_SEED`` + its seed,
+    end below its best evaluation (``RunRecorder.finish``) scores both on the episodes from ``RECHECK_SEED`` + its seed,
     and warns only if they confirm it."""
     if best.returns is None or final.returns is None or len(best.returns) != len(final.returns):
         raise ValueError("regression_recheck needs both policies' returns on the same episodes")

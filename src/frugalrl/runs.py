@@ -139,7 +139,7 @@ def write_json(path: Path, data: Any) -> None:
     write_atomic(path, (json.dumps(jsonable(data), indent=2) + "\n").encode())
 
 
-class Run:
+class RunDirectory:
     """One training run's directory and its writers.
 
     ``resume_step`` continues an existing directory from a checkpoint taken at that env step: the

@@ -1,10 +1,10 @@
-"""When weights move from the learner to the workers: EveryUpdate, Interval(n), AdaptiveKL(delta).
+"""When weights move from the learner to the workers: EveryUpdate, Interval(n), AAPS(delta).
 
 A sync rule sees, for each worker, the policy version it holds and (for AAPS) a way to estimate
 KL(behaviour ‖ learner) on that worker's recent states, and returns the workers to send the
 current weights to. Only those workers receive weights, so a skipped sync saves its bytes.
 
-AAPS (Adaptive Actor Policy Synchronization, Lafuente-Mercado's ClusterEnv paper) is :class:`AdaptiveKL`. Unlike the
+AAPS (Adaptive Actor Policy Synchronization, Lafuente-Mercado's ClusterEnv paper) is :class:`AAPS`. Unlike the
 paper's public code, the KL is measured on the *same* states for both policies: the states a
 worker visited in its last fragment and the behaviour-distribution parameters it recorded there,
 against the learner's distribution on those states. It is a mean per worker, not a sum over envs.
@@ -94,15 +94,14 @@ class Interval(SyncRule):
 
 
 @dataclass
-class AdaptiveKL(SyncRule):
+class AAPS(SyncRule):
     """AAPS: sync a worker when mean KL(its behaviour policy ‖ learner) on its recent states exceeds δ.
 
     ``max_lag`` (the guard, 20 by default; None turns it off) also syncs a worker that is that many learner
     versions behind, whatever its KL. The KL is measured on the states the worker's own, older policy
     visits; where the learner improves elsewhere (a sparse reward the old policy never reaches) it can stay
-    under δ indefinitely, and the workers would keep acting with their first policy (Acrobot-v1 at δ = 0.05:
-    one sync per worker in 200k steps, training return stuck at −500, against 20 syncs and −148 with the
-    guard; ``tests/test_learning_smoke.py``). The bound also caps how far off-policy the data can get.
+    under δ indefinitely, and the workers would keep acting with their first policy
+    (docs/benchmarks.md#aaps-lag-guard). The bound also caps how far off-policy the data can get.
     """
 
     delta: float = 0.05
@@ -115,9 +114,9 @@ class AdaptiveKL(SyncRule):
 
     def __post_init__(self) -> None:
         if not self.delta > 0:
-            raise ValueError(f"AdaptiveKL(delta) needs delta > 0, got {self.delta}")
+            raise ValueError(f"AAPS(delta) needs delta > 0, got {self.delta}")
         if self.max_lag is not None and self.max_lag < 1:
-            raise ValueError(f"AdaptiveKL max_lag must be >= 1, got {self.max_lag}")
+            raise ValueError(f"AAPS max_lag must be >= 1, got {self.max_lag}")
 
     def select(self, ctx: SyncContext) -> list[int]:
         """Workers without weights, without recent data, or whose KL exceeds δ."""
@@ -148,5 +147,5 @@ def make_sync_rule(name: str, kl_threshold: float = 0.05, interval: int = 1, max
     if name == "interval":
         return Interval(interval)
     if name in ("aaps", "kl", "adaptive", "adaptivekl"):
-        return AdaptiveKL(kl_threshold, max_lag)
+        return AAPS(kl_threshold, max_lag)
     raise ValueError(f"unknown sync rule {name!r}; expected 'every', 'interval' or 'aaps'")

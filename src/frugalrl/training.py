@@ -1,28 +1,13 @@
-"""The one training-loop helper: what every algorithm's run shares, written once.
+"""What a run records: its directory, counters, evaluations, checkpoints and summary.
 
-:class:`Training` owns seeding, the run directory, the evaluation cadence, the target stop, progress
-output, checkpoints and resume, and the run summary (:class:`~frugalrl.runs.RunSummary`: the same keys for every
-algorithm, in ``summary.json``). An algorithm file keeps only its update::
+:class:`RunRecorder` keeps the books of one run for the driver (:func:`frugalrl.driver.drive`, which owns the
+loop and the cadences): seeding, the run directory, the standard metric columns, evaluations and the best
+policy, atomic checkpoints (``checkpoints/latest.pt``: every attached part's ``state_dict()``, the RNG states
+and the counters) and resume, progress output, and ``summary.json`` (:class:`~frugalrl.runs.RunSummary`, the
+same keys for every algorithm).
 
-    run = Training("ppo", cfg, tag=cfg.sync, resume=resume)     # checks cfg, seeds, opens runs/<name>
-    run.attach(agent=agent, optimizer=optimizer, generator=generator, envs=envs)
-    run.begin(evaluate=policy_evaluator(agent, env_spec, cfg), total_steps=num_updates * batch_size)
-    while run.updates < num_updates and not run.stopped:
-        batch = envs.rollout(agent, cfg.num_steps)
-        stats = ppo_update(agent, optimizer, batch, cfg, generator)
-        run.update(batch.num_steps * batch.num_envs, stats, episode_returns=batch.episode_returns, cluster=envs)
-    return run.finish(details={...})
-
-Checkpoints hold every attached part's ``state_dict()`` (a ``torch.Generator``'s state too), the RNG
-states of torch, NumPy and Python, and the counters; they are written atomically (a temporary file
-renamed over ``checkpoints/latest.pt``) so a run killed at any moment leaves a whole checkpoint.
-``resume=run_dir`` continues from it: :meth:`Training.begin` loads the parts (a replayable ClusterEnv
-rebuilds its workers' envs exactly, see :meth:`ClusterEnv.load_state_dict`) and the RNG states, the
-metrics logged after the checkpoint are dropped, and the summary lists the resumes. With the serial
-backend a resumed PPO run ends with the same weights as an uninterrupted one (a test).
-
-Times: ``train_seconds`` leave evaluation out (``wall_seconds`` include it); both add up over resumes.
-The ``time`` column of ``metrics.jsonl`` and ``eval_history`` are training seconds.
+Times: ``train_seconds`` leave evaluation out (``wall_seconds`` include it); both add up over resumes. The
+``time`` column of ``metrics.jsonl`` and ``eval_history`` are training seconds.
 """
 
 from __future__ import annotations
@@ -51,7 +36,7 @@ from frugalrl.evaluation import (
     evaluation_regression,
     regression_recheck,
 )
-from frugalrl.runs import BEST, Run, RunSummary, jsonable, read_checkpoint, read_config
+from frugalrl.runs import BEST, RunDirectory, RunSummary, jsonable, read_checkpoint, read_config
 from frugalrl.sync_state import StallWatch
 
 log = logging.getLogger("frugalrl")
@@ -119,8 +104,8 @@ def cluster_traffic(envs: Any) -> dict[str, Any]:
     return {"bytes": st["bytes"], "weight_syncs": st["weight_syncs"], "restarts": st["restarts"], "uplink": st["uplink"]}
 
 
-class Training:
-    """One run of one algorithm: see the module docstring.
+class RunRecorder:
+    """The books of one run of one algorithm: see the module docstring.
 
     ``tag`` is part of the default run name; ``resume`` is a run directory to continue.
     """
@@ -144,9 +129,9 @@ class Training:
             if changed:
                 log.warning("frugalrl: resuming %s with other settings than it started with: %s", path,
                             ", ".join(f"{k}={config[k]!r} (was {saved.get(k)!r})" for k in changed))
-            self.run = Run(path, config, cfg.tensorboard, resume_step=int(self._checkpoint["counters"]["env_steps"]))
+            self.directory = RunDirectory(path, config, cfg.tensorboard, resume_step=int(self._checkpoint["counters"]["env_steps"]))
         else:
-            self.run = Run(self._new_dir(tag), config, cfg.tensorboard)
+            self.directory = RunDirectory(self._new_dir(tag), config, cfg.tensorboard)
         self.env_steps = 0
         self.updates = 0
         self.episodes = 0
@@ -161,7 +146,6 @@ class Training:
         self._parts: dict[str, Stateful | None] = {}
         self._evaluate: Evaluator | None = None
         self._evaluate_stochastic: Evaluator | None = None
-        self._total_updates: int | None = None
         self._last_eval: Evaluation | None = None
         self._last_stochastic: Evaluation | None = None
         self._eval_seconds = 0.0
@@ -174,12 +158,17 @@ class Training:
     @property
     def dir(self) -> Path:
         """The run directory."""
-        return self.run.dir
+        return self.directory.dir
 
     @property
     def resumed(self) -> bool:
         """Whether this run continues a checkpoint."""
         return self._resumed
+
+    @property
+    def last_stochastic(self) -> Evaluation | None:
+        """The sampling evaluation made beside the latest deterministic one (None: none was made)."""
+        return self._last_stochastic
 
     @property
     def checkpointing(self) -> bool:
@@ -206,17 +195,14 @@ class Training:
         for name, part in parts.items():
             self._parts[name] = _GeneratorState(part) if isinstance(part, torch.Generator) else part
 
-    def begin(self, evaluate: Evaluator | None, total_steps: int, total_updates: int | None = None,
-              evaluate_stochastic: Evaluator | None = None) -> None:
+    def begin(self, evaluate: Evaluator | None, total_steps: int, evaluate_stochastic: Evaluator | None = None) -> None:
         """Restore the checkpoint when resuming (after the parts are built: building consumed the RNG as
         it did in the first run), start the clocks and the progress bar.
 
-        ``evaluate``: the (deterministic) evaluation of the cadence and the end; ``evaluate_stochastic``: one
-        more at the end, sampling actions; ``total_updates``: the update that ends the run (its row then
-        carries the final evaluation)."""
+        ``evaluate``: the (deterministic) evaluation of the schedule and the end; ``evaluate_stochastic``: one
+        beside each, sampling actions; ``total_steps``: the progress bar's end."""
         self._evaluate = evaluate
         self._evaluate_stochastic = evaluate_stochastic
-        self._total_updates = total_updates
         if self._checkpoint is not None:
             self._restore(self._checkpoint)
             self._checkpoint = None
@@ -269,104 +255,84 @@ class Training:
         """Training seconds so far (evaluation excluded, earlier segments included)."""
         return self._past_seconds + (time.monotonic() - self._t0) - self._eval_seconds
 
-    def update(
-        self,
-        steps: int,
-        row: dict[str, Any],
-        *,
-        episode_returns: Iterable[float] = (),
-        episode_lengths: Iterable[int] = (),
-        policy_lag: np.ndarray | None = None,
-        cluster: Any = None,
-        postfix: dict[str, Any] | None = None,
-    ) -> None:
-        """Account for one learner update that consumed ``steps`` env steps; log ``row`` with the standard
-        columns, evaluate / checkpoint / stop at the target on their cadence, and show progress."""
-        self.updates += 1
+    def record_update(self, steps: int, row: dict[str, Any], *, updates: int = 1, episode_returns: Iterable[float] = (),
+                      episode_lengths: Iterable[int] = (), policy_lag: np.ndarray | None = None,
+                      cluster: Any = None) -> dict[str, Any]:
+        """Count ``updates`` learner updates that consumed ``steps`` env steps and return their metrics row: ``row``
+        plus the standard columns (steps/s, training return and length, policy lag, and a ClusterEnv's bytes,
+        syncs and KLs)."""
+        self.updates += updates
         self.env_steps += int(steps)
         returns = [float(r) for r in episode_returns]
         lengths = list(episode_lengths)
         self.episodes += len(returns)
         self._recent.extend(returns)
-        seconds = self.seconds()
         row = dict(row)
-        row["charts/sps"] = self.env_steps / max(seconds, 1e-9)
+        row["charts/sps"] = self.env_steps / max(self.seconds(), 1e-9)
         if returns:
             row["train/episode_return"] = float(np.mean(returns))
         if lengths:
             row["train/episode_length"] = float(np.mean(lengths))
-        if policy_lag is not None and policy_lag.size:
-            self._lag_sum += float(policy_lag.sum())
-            self._lag_n += int(policy_lag.size)
-            row["charts/policy_lag"] = float(policy_lag.mean())
+        lag = policy_lag
+        if lag is not None and lag.size:
+            self._lag_sum += float(lag.sum())
+            self._lag_n += int(lag.size)
+            row["charts/policy_lag"] = float(lag.mean())
         if cluster is not None and hasattr(cluster, "stats"):
-            st = cluster.stats()
-            if policy_lag is not None and policy_lag.size:
-                # A rule that bounds the lag (AAPS's max lag, an interval) keeps the data fresher than that
-                # by design: only a lag beyond the bound is a stall.
-                rule = getattr(cluster, "sync_rule", None)
-                bound = None if rule is None else rule.lag_bound
-                self.stall_watch.min_lag = max(10.0, float(bound or 0))
-                stall = self.stall_watch.observe(self.env_steps, float(policy_lag.mean()),
-                                                 row.get("train/episode_return"), st["sync_rule"])
-                if stall is not None:
-                    log.warning("frugalrl: %s", stall)
-                    row["health/sync_stall"] = 1
-            row["syncs/total"] = st["weight_syncs"]["total"]
-            for kind, n in st["bytes"].items():  # every kind that moved (the bytes-per-step plot splits by kind)
-                if isinstance(n, int) and kind != "messages" and (n or kind in ("total", "weights")):
-                    row[f"bytes/{kind}"] = n
-            kls = [k for k in st["last_kl"] if k is not None]
-            if kls:
-                row["syncs/kl_mean"] = float(np.mean(kls))
-                row["syncs/kl_max"] = float(max(kls))
-                for w, k in enumerate(st["last_kl"][:16]):  # per worker (the first 16: one column each)
-                    if k is not None:
-                        row[f"syncs/kl/{w}"] = k
-        cfg = self.cfg
-        due = bool(cfg.eval_every) and self.updates % cfg.eval_every == 0
-        last = self._total_updates is not None and self.updates >= self._total_updates
-        if cfg.eval_episodes and self._evaluate is not None and (due or last):
-            result = self.evaluate()
-            row["eval/return_mean"], row["eval/return_std"] = result.mean, result.std
-            if self._last_stochastic is not None:
-                row["eval/stochastic_return_mean"] = self._last_stochastic.mean
-        self.run.log(self.env_steps, seconds, row)
-        if cfg.checkpoint_every and self.updates % cfg.checkpoint_every == 0 and not self.stopped:
-            self.save()
-        if self._bar is not None:
-            post = {"ret": f"{np.mean(self._recent):.1f}" if self._recent else "-", "sps": f"{row['charts/sps']:.0f}"}
-            if "syncs/total" in row:
-                post["syncs"] = row["syncs/total"]
-            if self._last_eval is not None:
-                post["eval"] = f"{self._last_eval.mean:.1f}"
-            post.update(postfix or {})
-            self._bar.set_postfix(post, refresh=False)
-            self._bar.update(int(steps))
+            self._cluster_columns(row, cluster, lag)
+        return row
 
-    def checkpoint_due(self) -> bool:
-        """Whether the next :meth:`update` writes a checkpoint (a loop that overlaps collection with
-        learning then leaves nothing in flight)."""
-        every = self.cfg.checkpoint_every
-        return bool(every) and (self.updates + 1) % every == 0
+    def _cluster_columns(self, row: dict[str, Any], cluster: Any, lag: np.ndarray | None) -> None:
+        st = cluster.stats()
+        if lag is not None and lag.size:
+            # A rule that bounds the lag (AAPS's max lag, an interval) keeps the data fresher than that by
+            # design: only a lag beyond the bound is a stall.
+            rule = getattr(cluster, "sync_rule", None)
+            bound = None if rule is None else rule.lag_bound
+            self.stall_watch.min_lag = max(10.0, float(bound or 0))
+            stall = self.stall_watch.observe(self.env_steps, float(lag.mean()), row.get("train/episode_return"),
+                                             st["sync_rule"])
+            if stall is not None:
+                log.warning("frugalrl: %s", stall)
+                row["health/sync_stall"] = 1
+        row["syncs/total"] = st["weight_syncs"]["total"]
+        for kind, n in st["bytes"].items():  # every kind that moved (the bytes-per-step plot splits by kind)
+            if isinstance(n, int) and kind != "messages" and (n or kind in ("total", "weights")):
+                row[f"bytes/{kind}"] = n
+        kls = [k for k in st["last_kl"] if k is not None]
+        if kls:
+            row["syncs/kl_mean"] = float(np.mean(kls))
+            row["syncs/kl_max"] = float(max(kls))
+            for w, k in enumerate(st["last_kl"][:16]):  # per worker (the first 16: one column each)
+                if k is not None:
+                    row[f"syncs/kl/{w}"] = k
+
+    def show_progress(self, steps: int, row: dict[str, Any], postfix: dict[str, Any] | None = None) -> None:
+        """Advance the progress bar by ``steps`` env steps, with the row's headline figures."""
+        if self._bar is None:
+            return
+        post = {"ret": f"{np.mean(self._recent):.1f}" if self._recent else "-", "sps": f"{row['charts/sps']:.0f}"}
+        if "syncs/total" in row:
+            post["syncs"] = row["syncs/total"]
+        if self._last_eval is not None:
+            post["eval"] = f"{self._last_eval.mean:.1f}"
+        post.update(postfix or {})
+        self._bar.set_postfix(post, refresh=False)
+        self._bar.update(int(steps))
+
+    def stop(self, reason: str) -> None:
+        """End the run after this update, for ``reason`` (the summary's ``stop_reason``)."""
+        self.stopped = True
+        self.stop_reason = reason
 
     def log(self, row: dict[str, Any], step: int | None = None, seconds: float | None = None) -> None:
         """Log an extra row (a fault, a monitor event) at ``step`` (default: the current env step)."""
-        self.run.log(self.env_steps if step is None else step, self.seconds() if seconds is None else seconds, row)
+        self.directory.log(self.env_steps if step is None else step, self.seconds() if seconds is None else seconds, row)
 
-    def set_totals(self, env_steps: int, updates: int, seconds: float | None = None) -> None:
-        """Set the counters of a run whose loop is not :meth:`update`'s (HSA2C's asynchronous server);
-        ``seconds``: the training seconds so far, where the algorithm measures them itself."""
-        self.env_steps, self.updates = int(env_steps), int(updates)
-        if seconds is not None:
-            self._past_seconds = seconds + self._eval_seconds - (time.monotonic() - self._t0)
-
-    def progress_to(self, step: int) -> None:
-        """Move the progress bar to ``step`` env steps (for loops that do not call :meth:`update`)."""
-        if self._bar is not None:
-            if self._last_eval is not None:
-                self._bar.set_postfix({"eval": f"{self._last_eval.mean:.1f}"}, refresh=False)
-            self._bar.update(max(0, int(step) - self._bar.n))
+    def set_clock(self, seconds: float) -> None:
+        """Set the training seconds so far, for an algorithm that measures them itself (a server's optimisation
+        time, without its workers' start-up)."""
+        self._past_seconds = seconds + self._eval_seconds - (time.monotonic() - self._t0)
 
     def evaluate(self) -> Evaluation:
         """Evaluate now (timed apart from training): deterministically, and sampling actions too when the run
@@ -408,8 +374,7 @@ class Training:
         target = self.cfg.target_return
         if target is not None and result.mean >= target and self.time_to_target is None:
             self.time_to_target = {"step": int(step), "seconds": round(seconds, 3), **extra}
-            self.stopped = True
-            self.stop_reason = "target_return"
+            self.stop("target_return")
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
@@ -431,7 +396,7 @@ class Training:
         agent = self._parts.get("agent")
         if agent is not None and hasattr(agent, "spec"):
             payload["spec"] = agent.spec.to_json()
-        return self.run.save_checkpoint(payload)
+        return self.directory.save_checkpoint(payload)
 
     def _save_best(self, entry: dict[str, Any]) -> None:
         """Write ``checkpoints/best.pt``: the attached agent (which holds the weights just evaluated) with its spec,
@@ -440,7 +405,7 @@ class Training:
         if agent is None or not hasattr(agent, "spec"):
             return
         t0 = time.monotonic()
-        self.run.save_checkpoint({"format": CHECKPOINT_FORMAT, "algo": self.algo, "spec": agent.spec.to_json(),
+        self.directory.save_checkpoint({"format": CHECKPOINT_FORMAT, "algo": self.algo, "spec": agent.spec.to_json(),
                                   "parts": {"agent": agent.state_dict()},
                                   "counters": {"env_steps": entry["step"], "evaluation": entry}}, BEST)
         self._eval_seconds += time.monotonic() - t0
@@ -448,7 +413,7 @@ class Training:
     def _recheck(self, regression: dict[str, Any]) -> dict[str, Any] | None:
         """``regression`` with the ``recheck`` that confirmed it, None if the recheck did not (see
         :func:`~frugalrl.evaluation.regression_recheck`), unchanged without ``best.pt`` or a :class:`PolicyEvaluator`."""
-        evaluator, path = self._evaluate, self.run.checkpoints / BEST
+        evaluator, path = self._evaluate, self.directory.checkpoints / BEST
         if not isinstance(evaluator, PolicyEvaluator) or evaluator.episodes < 2 or not path.exists():
             return regression
         t0 = time.monotonic()
@@ -469,10 +434,10 @@ class Training:
 
     # ------------------------------------------------------------------ the end
     def finish(self, details: dict[str, Any] | None = None, traffic: dict[str, Any] | None = None,
-               always_evaluate: bool = False) -> dict[str, Any]:
+               always_evaluate: bool = False, evaluate: bool = True) -> dict[str, Any]:
         """Final evaluation (unless an evaluation was made at the last step, e.g. the one that reached the
-        target; ``always_evaluate`` makes one anyway), final checkpoint, summary.json and plots; returns the
-        summary as a dict.
+        target; ``always_evaluate`` makes one anyway; ``evaluate=False`` none, nor the recheck of a regression:
+        a stop on a signal), final checkpoint, summary.json and plots; returns the summary as a dict.
 
         ``traffic``: ``bytes``, ``weight_syncs``, ``restarts`` and ``uplink`` (the experience codecs per stream,
         put in ``details``; see :func:`cluster_traffic`).
@@ -483,14 +448,14 @@ class Training:
         cfg = self.cfg
         last = self._last_eval
         at_end = bool(self.eval_history) and self.eval_history[-1]["step"] == self.env_steps
-        if self._evaluate is not None and cfg.eval_episodes > 0 and (always_evaluate or not at_end):
+        if evaluate and self._evaluate is not None and cfg.eval_episodes > 0 and (always_evaluate or not at_end):
             reason = self.stop_reason
             last = self.evaluate()
             self.stop_reason = reason  # the run stopped for its own reason, whatever this evaluation says
-            self.run.log(self.env_steps, self.seconds(), {"eval/return_mean": last.mean, "eval/return_std": last.std})
+            self.directory.log(self.env_steps, self.seconds(), {"eval/return_mean": last.mean, "eval/return_std": last.std})
         fresh = bool(self.eval_history) and self.eval_history[-1]["step"] == self.env_steps
         stochastic = self._last_stochastic if fresh else None  # the cadence's, when it ran at the last step
-        if stochastic is None and self._evaluate_stochastic is not None and cfg.eval_episodes > 0:
+        if evaluate and stochastic is None and self._evaluate_stochastic is not None and cfg.eval_episodes > 0:
             t0 = time.monotonic()
             stochastic = self._evaluate_stochastic()  # in the summary (the metrics keep one row per step)
             self._eval_seconds += time.monotonic() - t0
@@ -505,12 +470,12 @@ class Training:
             disagreement["earlier_evaluations"] = earlier  # the steps of cadence evaluations that disagreed too
             log.warning("frugalrl: %s", disagreement["message"])
         regression = evaluation_regression(self.eval_history)
-        best = self.run.checkpoints / BEST
-        if regression is not None:
+        best = self.directory.checkpoints / BEST
+        if regression is not None and evaluate:
             regression = self._recheck(regression)
         if regression is not None:
             if best.exists():
-                regression["message"] += f"; the policy of that evaluation is {best} (frugalrl eval {self.run.dir} --checkpoint best)"
+                regression["message"] += f"; the policy of that evaluation is {best} (frugalrl eval {self.directory.dir} --checkpoint best)"
             log.warning("frugalrl: %s", regression["message"])
         summary = RunSummary(
             algo=self.algo,
@@ -541,13 +506,14 @@ class Training:
             sync_stalls=self.stall_watch.events,
             eval_disagreement=disagreement,
             eval_regression=regression,
-            run_dir=str(self.run.dir),
+            run_dir=str(self.directory.dir),
             details={**(details or {}), **({"uplink": traffic["uplink"]} if "uplink" in traffic else {})},
         ).to_json()
-        self.run.write_summary(summary)
-        self.run.close()
+        self.directory.write_summary(summary)
+        self.directory.close()
         if cfg.plots:
             from frugalrl.plots import make_plots
 
-            make_plots(self.run.dir)
+            make_plots(self.directory.dir)
         return summary
+

@@ -1,8 +1,9 @@
 """The algorithms, registered in one table: what ``frugalrl train``, ``frugalrl eval`` and resume look up.
 
-Every algorithm module has a dataclass config (its fields are the CLI flags), ``train(cfg, resume=None)``
-returning the run summary, and may have ``load_policy(run_dir)`` when its checkpoint is not one agent
-(the split-model pipeline); otherwise the checkpoint's ``agent`` part is the policy.
+Every algorithm module has a dataclass config (its fields are the CLI flags), an
+:class:`~frugalrl.driver.Algorithm` subclass that :func:`~frugalrl.driver.drive` runs, ``train(cfg, resume=None)``
+returning the run summary, and may have ``load_policy(run_dir)`` when its checkpoint is not one agent (the
+split-model pipeline); otherwise the checkpoint's ``agent`` part is the policy.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any, Literal
 
 
 @dataclass(frozen=True)
-class Algorithm:
-    """Where an algorithm lives and what it is."""
+class Registered:
+    """Where a registered algorithm lives and what it is."""
 
     module: str
     config: str
@@ -29,21 +30,21 @@ class Algorithm:
         return mod, getattr(mod, self.config)
 
 
-ALGORITHMS: dict[str, Algorithm] = {
-    "ppo": Algorithm("frugalrl.algos.ppo", "PPOConfig",
+ALGORITHMS: dict[str, Registered] = {
+    "ppo": Registered("frugalrl.algos.ppo", "PPOConfig",
                      "PPO on ClusterEnv: workers act with their copy of the policy, AAPS decides when it is refreshed"),
-    "impala": Algorithm("frugalrl.algos.impala", "IMPALAConfig",
+    "impala": Registered("frugalrl.algos.impala", "IMPALAConfig",
                         "AcceRL: V-trace learner, actors running a compressed policy, a Monitor tuning compression"),
-    "pipeline-ppo": Algorithm("frugalrl.pipeline", "PipelinePPOConfig",
+    "pipeline-ppo": Registered("frugalrl.pipeline", "PipelinePPOConfig",
                               "split-model PPO over torch.distributed with sparse, accumulated cut gradients",
                               ray_flag=None),
-    "hsa2c": Algorithm("frugalrl.algos.hsa2c", "HSA2CConfig",
+    "hsa2c": Registered("frugalrl.algos.hsa2c", "HSA2CConfig",
                        "A2C optimised by DPSGD: a parameter server and lock-free Hogwild workers",
                        ray_flag="--transport"),
 }
 
 
-def algorithm(name: str) -> Algorithm:
+def algorithm(name: str) -> Registered:
     """The registered algorithm ``name`` (``ValueError`` listing the known ones otherwise)."""
     try:
         return ALGORITHMS[name]

@@ -1,87 +1,32 @@
 """HSA2C: highly scalable advantage actor-critic, i.e. A2C optimised by DPSGD (the DPSGD paper, Alg. 8 and 9).
 
-A2C is cast as a DPSGD *problem* (:class:`A2CProblem`) and handed to :func:`frugalrl.dpsgd.run_dpsgd`:
+A2C is cast as a DPSGD *problem* (:class:`A2CProblem`) and handed to :func:`frugalrl.dpsgd.run.dpsgd_records`: the
+**master** (Alg. 8) is DPSGD's parameter server, holding the actor-critic weights ``θ`` as one flat float32 vector;
+each **worker** (Alg. 9) pulls ``θ`` into shared memory, where ``p`` Hogwild processes, each owning ``m`` envs, take
+``B`` local steps ``u ← u − η ĝ`` on A2C gradients of ``k``-step rollouts, and then pushes ``u − θ``. The
+synchronous DDRL A3C baseline is the same code (:meth:`HSA2CConfig.as_synchronous_baseline`).
 
-- the **master** (Alg. 8) is DPSGD's parameter server: it keeps the global actor-critic weights ``θ``
-  (actor and critic in one flat float32 vector) and applies ``θ ← θ + ρ Σ_m w_m`` once it holds ``M``
-  update vectors;
-- each **worker** (Alg. 9) pulls ``θ`` into shared memory ``u``; its ``p`` lock-free Hogwild processes
-  each own ``m`` environments, and take ``B`` local steps ``u ← u − η ĝ``. One step reads ``û``, rolls
-  ``k`` steps in each of its ``m`` environments (their state persists from call to call), forms
-  k-step bootstrapped returns, and backpropagates the A2C loss (policy gradient with advantage,
-  value loss, entropy bonus) into the gradient ``ĝ`` (clipped in norm). After ``B`` steps the worker
-  pushes ``u − θ`` and pulls again.
+Where it departs from the paper (the maths: docs/dpsgd.md; why each default: docs/benchmarks.md#hsa2c-defaults):
 
-The synchronous distributed A2C of Adamski et al. (DDRL A3C, the paper's ``B = 1`` baseline) is the
-same code with ``synchronous=True, local_steps=1, master_batch=workers``
-(:meth:`HSA2CConfig.as_synchronous_baseline`, DPSGD's own).
-
-Choices and differences from the paper, and why:
-
-- *The A2C update is Stable-Baselines3's*: with one worker, one process, ``B = 1`` and a plain master step, the
-  weights after each update equal SB3's A2C's on the same trajectory to float32 rounding
-  (``tests/test_a2c_sb3_replay.py`` replays SB3's actions, discrete and Box, across terminations and time limits).
-  One convention differs: the value loss is ``vf_coef · ½ MSE`` (CleanRL's), SB3's ``vf_coef · MSE``.
-- *Rollouts*: every local step rolls a fixed ``k`` steps in each of its ``m`` envs across episode
-  boundaries (standard A2C), instead of Alg. 9's "until terminal or ``t_max``"; each gradient thus
-  costs exactly ``k × m`` env steps, which is how env steps are counted. The mini-batch of Alg. 9
-  (lines 20-24) is the ``m`` envs of one gradient. A truncated episode (time limit) is bootstrapped
-  with the value of its last observation; a terminated one is not.
-- *Local optimiser*: DPSGD takes plain steps ``u ← u − η ĝ``. With ``grad_scaling="rmsprop"``
-  (the default) ``ĝ`` is the clipped gradient divided by a per-process running RMS of past
-  gradients (A3C's RMSProp, unshared: each Hogwild process keeps its own statistics, which persist
-  across rounds), so ``η`` is an RMSProp step size (``1e-3`` on CartPole with ``m = 8``: steadier
-  than ``3e-3``); ``grad_scaling="none"`` gives plain SGD (``η`` about ``0.02``-``0.03`` on CartPole
-  with clipping: it learns, but its greedy return oscillates more).
-  The paper's master uses SGD with momentum 0.5; HSA2C's default is Alg. 1's plain step (``momentum`` 0, ``rho`` 1),
-  which reached 200 on LunarLander sooner (``--momentum 0.5 --rho 0.5`` gives the paper's master). ``η`` is constant
-  for the run's first half and falls linearly to 0 over the second (``eta_anneal`` 0.5): with a constant rate the
-  policy kept drifting after it had learned (``--eta-anneal 0`` gives the paper's constant η).
-- *Observation normalisation* (``norm_obs``, on by default for vector observations): the agent normalises its
-  input by a running mean and variance (:class:`~frugalrl.normalize.ObsNormalizer`, as rl-zoo's ``VecNormalize``)
-  whose statistics are part of DPSGD's vector, after the weights. No gradient moves them: each local step merges its
-  rollout's observations into them and returns the change divided by ``η`` (:meth:`A2CProblem.set_rate`), so the
-  step ``u − η g`` makes the merge, the master adds the pushes like any update, and pulls, Polyak averages,
-  checkpoints and evaluations all carry them. Without it MountainCar-v0's velocity (±0.07) is invisible to the
-  network and HSA2C never reached the flag in 1M steps (SB3's A2C with rl-zoo's ``normalize`` does).
-- *Entropy bonus with Box actions*: the bonus counts a Gaussian's log-std at most up to half the action box
-  (:func:`frugalrl.dists.entropy_bonus`): uncapped, RMSProp turned its constant push on ``log σ`` into fixed steps, and
-  on Pendulum-v1 ``log σ`` ran to 5-10 (bang-bang sampling; with ``norm_obs`` the mean stopped learning on 1 seed of 3).
-  ``ent_anneal`` lets the entropy coefficient fall linearly to 0 over the run's last fraction, on the global clock the workers
-  pulled (:meth:`A2CProblem.set_version`); off by default (measurements in docs/benchmarks.md, "HSA2C on tasks
-  nobody tuned it for").
-- *State-dependent exploration with Box actions* (``sde``, on by default for them): the exploration noise is
-  ``φ(s) ε``, the actor's last hidden features times a matrix drawn every ``sde_sample_freq`` (16) env steps from
-  learned per-entry σ (SB3's gSDE, Raffin et al. 2022), instead of fresh independent noise each step; the one-step
-  Gaussian it implies is what :meth:`~frugalrl.nets.MLPActorCritic.dist_params` returns, so the loss is unchanged.
-  Its σ starts at e⁻² half-widths of the action box per feature (:data:`~frugalrl.nets.SDE_LOG_STD_INIT`). With it
-  LunarLanderContinuous-v3, Walker2d-v5 and HalfCheetah-v5 end 1M steps far above independent noise (figures in
-  docs/benchmarks.md, "HSA2C on tasks nobody tuned it for").
-- *Server-side loss*: :meth:`A2CProblem.loss` (called by the server every ``eval_every`` global
-  updates) is the negative mean return of ``log_eval_episodes`` greedy episodes on a separate
-  evaluation env with fixed seeds, in the calling process. Training returns seen by workers never
-  reach the server (DPSGD's wire carries only parameters and updates), so they are not reported.
-- *Stopping*: on ``global_updates`` (or the global updates that ``total_timesteps`` env steps take,
-  whichever is fewer), ``time_limit_s``, or the first logged greedy return at or above
-  ``target_return`` (DPSGD's ``target_loss``) that ``eval_episodes`` episodes confirm (a 1- or 3-episode
-  check alone stopped CartPole runs whose 10-episode return was 325); the run ends with those weights, so
-  its final evaluation (the same episodes) agrees with the check. The summary reports when (seconds,
-  global update, env steps) it was reached. Time to target counts from the end of worker startup, as in the paper's
-  figures; with ``deferred_eval`` the returns are computed after the run and do not stop it.
-- *Run*: :class:`~frugalrl.training.Training` owns the run directory, the summary and the checkpoints
-  (the global weights, written on the ``checkpoint_every`` cadence as the server's losses are recorded).
-  A resumed run starts DPSGD again from the checkpoint's weights for the remaining global updates, on the whole
-  run's clock (``eta_anneal``, ``ent_anneal`` and the average's window go on where the first segment stopped); the
-  Hogwild processes' RMSProp statistics, the master's momentum and env states start anew.
-- *Polyak averaging*: by default (``average`` 0.05) the server also keeps an exponential average of ``θ`` over
-  about the last 5% of the run's global updates; evaluations, the target check, checkpoints and the final
-  weights are the average's, while workers keep pulling ``θ``. A constant-rate A2C keeps oscillating after it has
-  learned (on LunarLander its 10-episode greedy return swung between ~90 and ~290 from one check to the next);
-  the average holds still (Polyak & Juditsky 1992; Nikishin et al. 2018 showed weight averaging steadies A2C).
+- the A2C update is SB3's (``tests/test_a2c_sb3_replay.py``) but for the value loss, CleanRL's ``vf_coef · ½ MSE``;
+- a rollout is a fixed ``k`` steps per env across episode boundaries, so a gradient costs exactly ``k × m`` env
+  steps; a truncated episode is bootstrapped from its last observation, a terminated one is not;
+- ``ĝ`` is divided by a per-process running RMS (A3C's unshared RMSProp, ``grad_scaling``), the master takes
+  Alg. 1's plain step, and ``η`` cools down over the run's second half (``eta_anneal``);
+- the observation normaliser's statistics ride in DPSGD's vector after the weights: a local step returns their
+  change divided by ``η`` (:meth:`A2CProblem.set_rate`), so pushes, pulls, averages and checkpoints carry them;
+- with Box actions the entropy bonus counts ``log σ`` only up to half the action box
+  (:func:`frugalrl.dists.entropy_bonus`) and exploration is state-dependent (gSDE, ``sde``);
+- the server's loss is minus the greedy return on a separate evaluation env (:meth:`A2CProblem.loss`) of its
+  Polyak average of ``θ`` (``average``), which checkpoints and the final weights also are; a target hit is
+  confirmed on ``eval_episodes`` episodes before the run stops with those weights;
+- :class:`HSA2C` runs through :func:`frugalrl.driver.drive`, the server's records as its updates; a resumed run goes
+  on on the whole run's clock, while RMSProp statistics, master momentum and env states start anew.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -92,14 +37,14 @@ import torch
 from frugalrl import dists
 from frugalrl.algos.hsa2c_config import PROBLEM, HSA2CConfig
 from frugalrl.config import NormConfig
-from frugalrl.correct import gae
 from frugalrl.dpsgd.rates import decayed_rate
-from frugalrl.dpsgd.run import run_dpsgd
+from frugalrl.dpsgd.run import dpsgd_records
+from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, drive
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.evaluation import EVAL_SEED, Evaluation, evaluate, policy_evaluator
 from frugalrl.nets import MLPActorCritic, Net, make_agent
 from frugalrl.normalize import ObsNormalizer, ReturnScaler, RunningMeanStd
-from frugalrl.training import Training
+from frugalrl.returns import gae
 
 __all__ = ["PROBLEM", "A2CProblem", "HSA2CConfig", "make_a2c_problem", "train"]  # the config lives in hsa2c_config
 
@@ -408,78 +353,122 @@ def make_a2c_problem(**kwargs: Any) -> A2CProblem:
 
 
 # ------------------------------------------------------------------------------------ training
-def train(cfg: HSA2CConfig, resume: str | Path | None = None) -> dict[str, Any]:
-    """Train HSA2C as ``cfg`` says (DPSGD on :class:`A2CProblem`); write the run directory; return the summary.
+class HSA2C(Algorithm):
+    """HSA2C's parts; its updates are the records of the DPSGD server, which runs on its own (asynchronously).
 
-    ``env_steps`` are gradients × k × m (exact); the steps of the ``eval_history`` are global updates ×
-    :attr:`HSA2CConfig.env_steps_per_update` (each entry also names its ``global_update``). ``details``:
-    ``gradients``, ``global_updates`` (made), ``weights_from_update`` (the final weights': the one that met the
-    target after a target stop), ``startup_seconds``, ``bytes_per_update``, ``pushes``,
-    ``applied_updates``, ``dropped_updates``, ``staleness``, ``dpsgd_stop_reason``, the parallelism and the
-    rates as used. ``train_seconds`` are DPSGD's optimisation seconds (worker startup excluded).
-    Raises ``ValueError`` for a bad config, :class:`~frugalrl.dpsgd.DPSGDError` if a worker fails.
+    ``env_steps`` are gradients × k × m (exact, counted at the end); the steps of the ``eval_history`` are global
+    updates × :attr:`HSA2CConfig.env_steps_per_update` (each entry also names its ``global_update``).
+    ``train_seconds`` are DPSGD's optimisation seconds (worker start-up excluded: ``startup_seconds``).
     """
-    run = Training("hsa2c", cfg, tag=f"B{cfg.local_steps}", resume=resume)
-    env_spec = to_env_spec(cfg.env, cfg.env_kwargs)  # fails here, with the env's name, if unknown
-    problem = A2CProblem(**cfg.problem_kwargs())  # scores the recorded weights, then the final ones
-    agent = problem.agent
 
-    run.attach(agent=agent)
-    budget = cfg.budget_updates
-    per_update = cfg.env_steps_per_update
-    run.begin(policy_evaluator(agent, env_spec, cfg, max_steps=cfg.eval_max_steps), (budget or 0) * per_update,
-              evaluate_stochastic=policy_evaluator(agent, env_spec, cfg, False, cfg.eval_max_steps))
-    done = run.updates  # global updates of earlier segments (a resumed run)
-    steps0, seconds0 = run.env_steps, run.seconds()
-    last_saved = done
+    name = "hsa2c"
 
-    def on_record(seconds: float, version: int, loss: float, params: np.ndarray) -> None:
-        nonlocal last_saved
-        update, step = done + version, steps0 + version * per_update  # steps: an estimate, see train()
-        if version == 0 and done:
-            return  # a resumed run's starting point was recorded by the segment before
-        problem.load(params)  # the agent holds the recorded weights: checkpoints/best.pt and latest.pt save them
-        run.record_eval(Evaluation(-loss, 0.0, cfg.log_eval_episodes), step, seconds0 + seconds,
-                        global_update=update)
-        run.log({"eval/return_mean": -loss, "global_update": update}, step=step, seconds=seconds0 + seconds)
-        run.progress_to(step)
-        every = cfg.checkpoint_every
-        if every and not cfg.deferred_eval and update // every > last_saved // every:
-            run.set_totals(step, update)
-            run.save()
-            last_saved = update
+    def __init__(self, cfg: HSA2CConfig) -> None:
+        super().__init__(cfg)
+        self.cfg: HSA2CConfig = cfg
+        self.records: Generator[tuple[float, int, float, np.ndarray], str | None, dict[str, Any]] | None = None
+        self.out: dict[str, Any] | None = None
 
-    initial = problem.flat() if done else None
-    out = run_dpsgd(cfg.dpsgd_config(done), problem, initial=initial, on_record=on_record)
+    def tag(self) -> str:
+        return f"B{self.cfg.local_steps}"
 
-    problem.load(out["params"])
-    gradients = int(out["gradient_steps"])
-    version = done + int(out["global_updates"])
-    run.set_totals(steps0 + gradients * cfg.env_steps_per_gradient, version, seconds=seconds0 + float(out["wall_time_s"]))
-    run.stop_reason = _STOP_REASONS.get(out["stop_reason"], out["stop_reason"])
-    nbytes = out["bytes"]
-    details = {
-        "gradients": gradients,
-        "global_updates": version,
-        "weights_from_update": done + int(out["params_version"]),
-        "startup_seconds": round(float(out["startup_s"]), 3),
-        "bytes_per_update": nbytes.get("total", 0) / max(int(out["global_updates"]), 1),
-        "pushes": int(out["pushes"]),
-        "applied_updates": int(out["applied_updates"]),
-        "dropped_updates": int(out["dropped_updates"]),
-        "staleness": out["staleness"],
-        "dpsgd_stop_reason": out["stop_reason"],
-        "synchronous": cfg.synchronous,
-        "workers": cfg.workers,
-        "processes": cfg.processes,
-        "local_steps": cfg.local_steps,
-        "master_batch": cfg.master_batch,
-        "rho": out["rho"],
-        "eta": out["eta"],
-    }
-    traffic = {"bytes": nbytes, "weight_syncs": {"total": int(out["pulls"]), "per_worker": []}}
-    return run.finish(details, traffic=traffic, always_evaluate=True)
+    def setup(self) -> Setup:
+        cfg = self.cfg
+        env_spec = to_env_spec(cfg.env, cfg.env_kwargs)  # fails here, with the env's name, if unknown
+        self.problem = A2CProblem(**cfg.problem_kwargs())  # scores the recorded weights, then the final ones
+        agent = self.problem.agent
+        return Setup(
+            {"agent": agent}, total_updates=cfg.budget_updates, steps_per_update=cfg.env_steps_per_update,
+            evaluate=policy_evaluator(agent, env_spec, cfg, max_steps=cfg.eval_max_steps),
+            evaluate_stochastic=policy_evaluator(agent, env_spec, cfg, False, cfg.eval_max_steps),
+            final_evaluation="always",
+        )
+
+    def start(self) -> None:
+        run = self.run
+        self.done, self.steps0, self.seconds0 = run.updates, run.env_steps, run.seconds()  # earlier segments'
+        initial = self.problem.flat() if self.done else None
+        self.records = dpsgd_records(self.cfg.dpsgd_config(self.done), self.problem, initial=initial)
+
+    def update(self, step: Step) -> Update:
+        """The server's next recorded loss, as an update report with its evaluation (the agent then holds the
+        recorded weights, which ``best.pt`` and the checkpoints save)."""
+        assert self.records is not None
+        try:
+            seconds, version, loss, params = next(self.records)
+            if version == 0 and self.done:  # a resumed run's starting point was recorded by the segment before
+                seconds, version, loss, params = next(self.records)
+        except StopIteration as end:
+            self.out = end.value
+            return Update(0, updates=0, stop_reason=self._stop_reason())
+        update = self.done + version
+        self.problem.load(params)
+        return Update((update - self.run.updates) * self.cfg.env_steps_per_update, {"global_update": update},
+                      updates=update - self.run.updates, seconds=self.seconds0 + seconds,
+                      evaluation=Evaluation(-loss, 0.0, self.cfg.log_eval_episodes),
+                      evaluation_info={"global_update": update})
+
+    def _stop_reason(self) -> str:
+        assert self.out is not None
+        return _STOP_REASONS.get(self.out["stop_reason"], self.out["stop_reason"])
+
+    def end(self) -> Update:
+        """Let the server finish (asking it to stop when the run ended before it did), load its final weights and
+        report the exact totals: gradients × k × m env steps, its global updates and its clock."""
+        if self.out is None:
+            assert self.records is not None
+            command: str | None = "stop" if self.run.stopped else None
+            try:
+                while True:
+                    self.records.send(command)
+                    command = None
+            except StopIteration as end:
+                self.out = end.value
+        out = self.out
+        self.problem.load(out["params"])
+        steps = self.steps0 + int(out["gradient_steps"]) * self.cfg.env_steps_per_gradient
+        updates = self.done + int(out["global_updates"])
+        return Update(steps - self.run.env_steps, updates=updates - self.run.updates,
+                      seconds=self.seconds0 + float(out["wall_time_s"]), stop_reason=self._stop_reason())
+
+    def details(self) -> dict[str, Any]:
+        cfg, out = self.cfg, self.out
+        assert out is not None
+        return {
+            "gradients": int(out["gradient_steps"]),
+            "global_updates": self.done + int(out["global_updates"]),
+            "weights_from_update": self.done + int(out["params_version"]),
+            "startup_seconds": round(float(out["startup_s"]), 3),
+            "bytes_per_update": out["bytes"].get("total", 0) / max(int(out["global_updates"]), 1),
+            "pushes": int(out["pushes"]),
+            "applied_updates": int(out["applied_updates"]),
+            "dropped_updates": int(out["dropped_updates"]),
+            "staleness": out["staleness"],
+            "dpsgd_stop_reason": out["stop_reason"],
+            "synchronous": cfg.synchronous,
+            "workers": cfg.workers,
+            "processes": cfg.processes,
+            "local_steps": cfg.local_steps,
+            "master_batch": cfg.master_batch,
+            "rho": out["rho"],
+            "eta": out["eta"],
+        }
+
+    def traffic(self) -> dict[str, Any]:
+        assert self.out is not None
+        return {"bytes": self.out["bytes"], "weight_syncs": {"total": int(self.out["pulls"]), "per_worker": []}}
+
+    def close(self) -> None:
+        if self.records is not None:
+            self.records.close()  # stops the workers if the run ended early (an error)
 
 
-_STOP_REASONS = {"global_updates": "budget", "target_loss": "target_return"}
+def train(cfg: HSA2CConfig, resume: str | Path | None = None, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """Train HSA2C as ``cfg`` says (DPSGD on :class:`A2CProblem`); write the run directory; return the summary
+    (``details``: DPSGD's counts, staleness, the rates as used; see :class:`HSA2C`). Raises ``ValueError`` for a bad
+    config, :class:`~frugalrl.dpsgd.DPSGDError` if a worker fails."""
+    return drive(HSA2C(cfg), resume=resume, callbacks=callbacks)
+
+
+_STOP_REASONS = {"global_updates": "budget", "target_loss": "target_return", "requested": "callback"}
 """DPSGD's stop reasons in the run summary's words."""

@@ -1,34 +1,19 @@
 """IMPALA-style actor-critic with V-trace whose actors run a compressed policy (AcceRL, Zhang 2022).
 
-Read top to bottom: :class:`IMPALAConfig` (shared by the CLI and the Python API), :class:`ActorBuilder`
-(turns the learner's policy into the actors' policy with the Compressor chain, optionally in a
-background thread, and applies the Monitor's strategy changes), :func:`impala_update` (the corrected
-actor-critic update of paper eq. 4, in APPO's form), :func:`train` (the loop).
+Read top to bottom: :class:`IMPALAConfig` (the CLI flags and the Python API), :class:`ActorBuilder` (turns
+the learner's policy into the actors' with the Compressor chain, in a background thread by default, and
+applies the Monitor's strategy changes), :func:`impala_update` (the corrected actor-critic update) and
+:class:`IMPALA` (its parts and one update; the loop is :func:`frugalrl.driver.drive`'s)::
 
-The loop, and where each AcceRL module sits::
-
-    ClusterEnv workers ──rollout(actor, T)──► learner: Corrector chain (V-trace, IS) ─► Adam step
+    ClusterEnv workers ──rollout(actor, T)──► learner: Corrector chain (V-trace, IS) ─► Adam steps
           ▲  weights only when the sync rule says so (AAPS: KL(old actor ‖ new actor) > δ)
-          └── actor = CompressorChain.build(teacher snapshot, recent states)   once the learner drifted
-                      (KL > `recompress_kl`), at least every `recompress_every` updates
+          └── actor = CompressorChain.build(teacher snapshot, recent states) once the learner drifted
                       Monitor(KL mean/max/var, entropy, reward gap) ──► strategy changes to the chain
 
-- Actors act on the workers (every backend: serial, local processes, Ray) with the compressed policy:
-  an ONNX Runtime graph (int8, fp16, fp32) or a smaller torch network (pruned and distilled).
-- The data is off-policy twice over: the actors' policy is compressed and it lags the learner (it is
-  rebuilt only once the learner has drifted from its snapshot, and with ``overlap`` the next rollout runs while
-  the learner trains on the previous one, as IMPALA's actors do). V-trace corrects both, with the
-  behaviour log-probabilities the workers actually sampled with.
-- Without ``--compress`` the actors run an exact copy of the learner (the IMPALA baseline).
-
-The learner, and why it is not IMPALA's single gradient step per batch (measured in
-``benchmarks/impala_ablation.py``): V-trace targets are computed once per batch with the learner's policy
-π_old at the start of the update; then, as APPO does (RLlib, Sample Factory), several epochs of
-minibatch steps of the clipped surrogate run on them, the ratio π/π_old clipped and the advantages
-(V-trace's ρ-weighted ones, which carry the correction for the actors' policy μ) normalised per
-minibatch; rewards are scaled by the running standard deviation of the return and observations may be
-normalised inside the agent (the shared :mod:`frugalrl.normalize`). With one epoch of one minibatch, no
-normalisation and an infinite clip range this is exactly the paper's eq. 4.
+The data is off-policy twice over (a compressed actor that lags the learner; with ``overlap`` the next
+rollout runs while the learner trains) and V-trace corrects both. The learner runs APPO's form of the paper's
+eq. 4: V-trace targets once per batch, then epochs of clipped-surrogate minibatch steps; with one epoch of one
+minibatch, no normalisation and an infinite clip range it is exactly eq. 4 (why: docs/accerl.md).
 """
 
 from __future__ import annotations
@@ -37,6 +22,7 @@ import concurrent.futures
 import copy
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,15 +33,17 @@ import torch
 from frugalrl import dists
 from frugalrl.compress.chain import CompressorChain, parse_chain
 from frugalrl.config import ClusterConfig, NetConfig, NormConfig, OptimConfig, RunConfig, check_fields
-from frugalrl.correct import CorrectionBatch, CorrectorChain, bootstrap_values, parse_correctors
+from frugalrl.correct import CorrectionBatch, CorrectorChain, parse_correctors
+from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, drive
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.evaluation import policy_evaluator
 from frugalrl.losses import SurrogateBatch, SurrogateConfig, surrogate_epochs
 from frugalrl.monitor import parse_monitor
 from frugalrl.nets import ActorCritic, make_agent
 from frugalrl.normalize import ReturnScaler
+from frugalrl.returns import bootstrap_values
 from frugalrl.rollout import Rollout
-from frugalrl.training import Training, cluster_traffic
+from frugalrl.training import cluster_traffic
 
 log = logging.getLogger("frugalrl.impala")
 
@@ -79,7 +67,8 @@ class IMPALAConfig(NormConfig, NetConfig, SurrogateConfig, OptimConfig, ClusterC
     (LunarLander's ±100 crash rewards otherwise swamp the policy gradient under the shared gradient clip);
     None: as norm_obs resolves."""
     compress: str = ""
-    """Compressor chain, e.g. 'prune:0.5,distill,int8,onnx' ('' or 'none': actors run the learner's policy)."""
+    """Compressor chain, e.g. 'prune:0.5,distill,int8,onnx' ('' or 'none': actors run the learner's policy).
+    Its int8 is the actors' own network quantised for ONNX Runtime, unlike --weights-codec int8 (a wire code)."""
     correct: str = "vtrace"
     """Corrector chain, e.g. 'vtrace', 'vtrace:1.0:1.0,is', 'vtrace:1:1:0.95' (trace λ), 'none'."""
     monitor: str = "auto"
@@ -312,143 +301,181 @@ def impala_update(
     return stats
 
 
-def train(cfg: IMPALAConfig, envs: ClusterEnv | None = None, resume: str | Path | None = None) -> dict[str, Any]:
-    """Train as ``cfg`` says; return the run summary (also in ``run_dir/<name>/summary.json``).
+class IMPALA(Algorithm):
+    """IMPALA's parts and one update; a resumed run continues the learner, its optimizer and the envs
+    exactly, while the actors start again from a copy of the learner and the Monitor's history restarts."""
 
-    Pass ``envs`` to use a ClusterEnv you built yourself (it is not closed here). ``resume`` continues a
-    run directory from its checkpoint: the learner, its optimizer and the envs continue exactly; the
-    actors start again from a copy of the learner and the Monitor's history restarts.
-    """
-    tag = cfg.compress.replace(":", "").replace(",", "-") or "nocompress"
-    run = Training("impala", cfg, tag=tag, resume=resume)
-    own_envs = envs is None
-    envs = make_envs(cfg, replayable=run.checkpointing) if envs is None else envs
-    try:
-        return _train_loop(cfg, envs, run)
-    finally:
-        if own_envs:
-            envs.close()
+    name = "impala"
 
+    def __init__(self, cfg: IMPALAConfig, envs: ClusterEnv | None = None) -> None:
+        super().__init__(cfg)
+        self.cfg: IMPALAConfig = cfg
+        self.given_envs = envs
+        self.envs: ClusterEnv | None = None
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.pending: concurrent.futures.Future[Rollout] | None = None
+        self.builder: ActorBuilder | None = None
 
-def _train_loop(cfg: IMPALAConfig, envs: ClusterEnv, run: Training) -> dict[str, Any]:
-    norm_obs, norm_reward = cfg.normalization(isinstance(envs.single_action_space, gym.spaces.Box))
-    agent = build_learner(cfg, envs, obs_norm=norm_obs)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    scaler = ReturnScaler(cfg.gamma, envs.num_envs) if norm_reward else None
-    correctors = parse_correctors(cfg.correct)
-    chain = parse_chain(cfg.compress, distill_steps=cfg.distill_steps,
-                        distill={"kl_tol": cfg.distill_kl_tol, "beta": cfg.distill_beta, "warm_start": True})
-    monitor = parse_monitor(cfg.monitor, precision=_chain_setting(chain, "precision"),
-                            sparsity=_chain_setting(chain, "sparsity"), compressing=bool(chain.stages))
-    builder = ActorBuilder(chain, cfg.async_compress, cfg.seed)
-    num_updates = cfg.num_updates
-    run.attach(agent=agent, optimizer=optimizer, generator=generator, reward_scaler=scaler, envs=envs)
-    run.begin(policy_evaluator(agent, envs.env_spec, cfg), num_updates * cfg.batch_size, num_updates,
-              evaluate_stochastic=policy_evaluator(agent, envs.env_spec, cfg, deterministic=False))
-    if not run.resumed:
-        envs.reset(seed=cfg.seed)
-    recent_obs = torch.as_tensor(envs.observations)
+    def tag(self) -> str:
+        return self.cfg.compress.replace(":", "").replace(",", "-") or "nocompress"
 
-    # The first rollouts use an exact copy of the learner; the first compressed actor is built after the
-    # first update, from the states of a real rollout (calibration and distillation need them).
-    actor: ActorCritic = copy.deepcopy(agent).eval()
-    if not builder.compressing and not cfg.overlap:
-        actor = agent  # nothing runs while the learner trains: the actors can use it directly
-    pool = concurrent.futures.ThreadPoolExecutor(1) if cfg.overlap else None
-    pending = pool.submit(envs.rollout, actor, cfg.num_steps) if pool else None
+    def setup(self) -> Setup:
+        cfg = self.cfg
+        envs = self.envs = self.given_envs or make_envs(cfg, replayable=self.run.checkpointing)
+        self.norm_obs, self.norm_reward = cfg.normalization(isinstance(envs.single_action_space, gym.spaces.Box))
+        agent = self.agent = build_learner(cfg, envs, obs_norm=self.norm_obs)
+        self.optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.scaler = ReturnScaler(cfg.gamma, envs.num_envs) if self.norm_reward else None
+        self.correctors = parse_correctors(cfg.correct)
+        chain = self.chain = parse_chain(cfg.compress, distill_steps=cfg.distill_steps, distill={
+            "kl_tol": cfg.distill_kl_tol, "beta": cfg.distill_beta, "warm_start": True})
+        self.monitor = parse_monitor(cfg.monitor, precision=_chain_setting(chain, "precision"),
+                                     sparsity=_chain_setting(chain, "sparsity"), compressing=bool(chain.stages))
+        self.builder = ActorBuilder(chain, cfg.async_compress, cfg.seed)
+        return Setup(
+            parts={"agent": agent, "optimizer": self.optimizer, "generator": self.generator,
+                   "reward_scaler": self.scaler, "envs": envs},
+            total_updates=cfg.num_updates, steps_per_update=cfg.batch_size,
+            evaluate=policy_evaluator(agent, envs.env_spec, cfg),
+            evaluate_stochastic=policy_evaluator(agent, envs.env_spec, cfg, deterministic=False),
+            cluster=envs,
+        )
 
-    returns_since_check: list[float] = []
-    evals_seen = len(run.eval_history)
-    actor_swaps = 0
-    wait_seconds = learn_seconds = 0.0  # the learner waiting for a rollout / computing an update
-    first_update = run.updates + 1
-    try:
-        while run.updates < num_updates and not run.stopped:
-            update = run.updates + 1
-            lr = optimizer.param_groups[0]["lr"] = cfg.lr_at(update, num_updates)
-            t_wait = time.perf_counter()
-            batch = pending.result() if pending is not None else envs.rollout(actor, cfg.num_steps)
-            wait_seconds += time.perf_counter() - t_wait
-            # A finished compression replaces the actor between rollouts (never during one).
-            new_actor = builder.poll()
-            if new_actor is not None:
-                actor = new_actor
-                actor_swaps += 1
-            elif not builder.compressing and actor is not agent:
-                actor.load_state_dict(agent.state_dict())  # the baseline's actors follow the learner
-            # No rollout is in flight when a checkpoint is written (the envs are then at rest).
-            pending = None
-            if pool is not None and not run.checkpoint_due():
-                pending = pool.submit(envs.rollout, actor, cfg.num_steps)
+    def start(self) -> None:
+        cfg, envs, builder = self.cfg, self.envs, self.builder
+        assert envs is not None and builder is not None
+        if not self.run.resumed:
+            envs.reset(seed=cfg.seed)
+        self.recent_obs = torch.as_tensor(envs.observations)
+        # The first rollouts use an exact copy of the learner; the first compressed actor is built after the
+        # first update, from the states of a real rollout (calibration and distillation need them).
+        self.actor: ActorCritic = copy.deepcopy(self.agent).eval()
+        if not builder.compressing and not cfg.overlap:
+            self.actor = self.agent  # nothing runs while the learner trains: the actors can use it directly
+        if cfg.overlap:
+            self.pool = concurrent.futures.ThreadPoolExecutor(1)
+            self.pending = self.pool.submit(envs.rollout, self.actor, cfg.num_steps)
+        self.returns_since_check: list[float] = []
+        self.evals_seen = len(self.run.eval_history)
+        self.actor_swaps = 0
+        self.wait_seconds = self.learn_seconds = 0.0  # the learner waiting for a rollout / computing an update
+        self.first_update = self.run.updates + 1
 
-            returns_since_check += list(batch.episode_returns)
-            recent_obs = _keep_recent(recent_obs, batch, cfg.calib_size, update)
+    def update(self, step: Step) -> Update:
+        cfg, envs, builder, agent = self.cfg, self.envs, self.builder, self.agent
+        assert envs is not None and builder is not None
+        update = step.index
+        lr = self.optimizer.param_groups[0]["lr"] = cfg.lr_at(update, step.total)
+        t_wait = time.perf_counter()
+        batch = self.pending.result() if self.pending is not None else envs.rollout(self.actor, cfg.num_steps)
+        self.wait_seconds += time.perf_counter() - t_wait
+        # A finished compression replaces the actor between rollouts (never during one).
+        new_actor = builder.poll()
+        if new_actor is not None:
+            self.actor = new_actor
+            self.actor_swaps += 1
+        elif not builder.compressing and self.actor is not agent:
+            self.actor.load_state_dict(agent.state_dict())  # the baseline's actors follow the learner
+        self.pending = None
+        if self.pool is not None and not step.checkpoint_after:  # a checkpoint holds the envs at rest
+            self.pending = self.pool.submit(envs.rollout, self.actor, cfg.num_steps)
 
-            t_learn = time.perf_counter()
-            stats = impala_update(agent, optimizer, batch, correctors, cfg, generator, scaler,
-                                  cfg.clip_at(update, num_updates))
-            learn_seconds += time.perf_counter() - t_learn
+        self.returns_since_check += list(batch.episode_returns)
+        self.recent_obs = _keep_recent(self.recent_obs, batch, cfg.calib_size, update)
+        t_learn = time.perf_counter()
+        stats = impala_update(agent, self.optimizer, batch, self.correctors, cfg, self.generator, self.scaler,
+                              cfg.clip_at(update, step.total))
+        self.learn_seconds += time.perf_counter() - t_learn
+        row: dict[str, Any] = {**stats, "charts/lr": lr, "compress/builds": builder.builds}
+        if builder.compressing:
+            self._refresh_actors(update, batch, row)
+        if batch.restarted_workers:
+            row["faults/restarted_workers"] = len(batch.restarted_workers)
+        return Update(batch.num_steps * batch.num_envs, row, episode_returns=batch.episode_returns,
+                      episode_lengths=batch.episode_lengths, policy_lag=batch.policy_lag())
 
-            row: dict[str, Any] = {**stats, "charts/lr": lr, "compress/builds": builder.builds}
-            check_due = update == first_update or update % cfg.recompress_every == 0
-            if builder.compressing and not check_due:
-                # A rebuild once the learner has drifted from the actors' snapshot (or at the latest after
-                # recompress_every updates): compressed actors stay about as fresh as AAPS keeps a copy.
-                stale = update - builder.requested_update >= cfg.recompress_every
-                if cfg.recompress_kl is not None and not stale:
-                    row["compress/drift"] = drift = builder.drift(agent, recent_obs[:128])
-                    stale = drift > cfg.recompress_kl
-                if stale:
-                    builder.request(agent, recent_obs, update)
-            if builder.compressing and check_due:
-                # The reward gap compares like with like: the actors' recent episodes (sampled) against the
-                # learner's stochastic evaluation, when one was made since the last check.
-                fresh = run.eval_history[-1] if len(run.eval_history) > evals_seen else {}
-                evals_seen = len(run.eval_history)
-                changes = monitor.observe(run.env_steps + batch.num_steps * batch.num_envs, agent, actor, recent_obs,
-                                          returns_since_check, fresh.get("stochastic_mean"), fresh.get("stochastic_std"),
-                                          cfg.eval_episodes if "stochastic_mean" in fresh else None,
-                                          compression_kl=builder.compression_kl)
-                returns_since_check = []
-                if changes:
-                    builder.apply(changes)
-                row.update({f"monitor/{k}": v for k, v in monitor.latest().items() if isinstance(v, int | float)})
-                builder.request(agent, recent_obs, update)
-            if batch.restarted_workers:
-                row["faults/restarted_workers"] = len(batch.restarted_workers)
-            run.update(batch.num_steps * batch.num_envs, row, episode_returns=batch.episode_returns,
-                       episode_lengths=batch.episode_lengths, policy_lag=batch.policy_lag(), cluster=envs)
-    finally:
-        if pending is not None:
+    def _refresh_actors(self, update: int, batch: Rollout, row: dict[str, Any]) -> None:
+        """Request a rebuild of the compressed actors once the learner drifted (or on the Monitor's cadence,
+        after its check): compressed actors then stay about as fresh as AAPS keeps a copy."""
+        cfg, builder, agent, run = self.cfg, self.builder, self.agent, self.run
+        assert builder is not None
+        if update != self.first_update and update % cfg.recompress_every != 0:
+            stale = update - builder.requested_update >= cfg.recompress_every
+            if cfg.recompress_kl is not None and not stale:
+                row["compress/drift"] = drift = builder.drift(agent, self.recent_obs[:128])
+                stale = drift > cfg.recompress_kl
+            if stale:
+                builder.request(agent, self.recent_obs, update)
+            return
+        # The reward gap compares like with like: the actors' recent episodes (sampled) against the learner's
+        # stochastic evaluation, when one was made since the last check.
+        fresh = run.eval_history[-1] if len(run.eval_history) > self.evals_seen else {}
+        self.evals_seen = len(run.eval_history)
+        changes = self.monitor.observe(
+            run.env_steps + batch.num_steps * batch.num_envs, agent, self.actor, self.recent_obs,
+            self.returns_since_check, fresh.get("stochastic_mean"), fresh.get("stochastic_std"),
+            cfg.eval_episodes if "stochastic_mean" in fresh else None, compression_kl=builder.compression_kl)
+        self.returns_since_check = []
+        if changes:
+            builder.apply(changes)
+        row.update({f"monitor/{k}": v for k, v in self.monitor.latest().items() if isinstance(v, int | float)})
+        builder.request(agent, self.recent_obs, update)
+
+    def end(self) -> None:
+        """Wait for the rollout in flight and the compressor thread."""
+        if self.pending is not None:
             try:
-                pending.result()
+                self.pending.result()
             except Exception:  # noqa: BLE001 - the loop's own error (if any) is the one to raise
                 pass
-        if pool is not None:
-            pool.shutdown(wait=True)
-        builder.close()
+            self.pending = None
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+        if self.builder is not None:
+            self.builder.close()
 
-    details = {
-        "norm_obs": norm_obs,
-        "norm_reward": norm_reward,
-        "compress": chain.describe(),
-        "correct": correctors.describe(),
-        "sync_rule": envs.sync_rule.describe(),
-        "backend": cfg.backend,
-        "workers": cfg.workers,
-        "envs_per_worker": cfg.envs_per_worker,
-        "learner_wait_seconds": round(wait_seconds, 3),
-        "learner_update_seconds": round(learn_seconds, 3),
-        "compress_builds": builder.builds,
-        "compress_seconds": round(builder.build_seconds, 3),
-        "actor_swaps": actor_swaps,
-        "compress_reports": builder.first_reports,
-        "monitor": monitor.to_json(),
-        "warnings": [f"step {n['step']}: {n['message']}" for n in monitor.notes()],
-        "restart_events": envs.stats()["restart_events"],
-    }
-    return run.finish(details, traffic=cluster_traffic(envs))
+    def details(self) -> dict[str, Any]:
+        cfg, envs, builder = self.cfg, self.envs, self.builder
+        assert envs is not None and builder is not None
+        return {
+            "norm_obs": self.norm_obs,
+            "norm_reward": self.norm_reward,
+            "compress": self.chain.describe(),
+            "correct": self.correctors.describe(),
+            "sync_rule": envs.sync_rule.describe(),
+            "backend": cfg.backend,
+            "workers": cfg.workers,
+            "envs_per_worker": cfg.envs_per_worker,
+            "learner_wait_seconds": round(self.wait_seconds, 3),
+            "learner_update_seconds": round(self.learn_seconds, 3),
+            "compress_builds": builder.builds,
+            "compress_seconds": round(builder.build_seconds, 3),
+            "actor_swaps": self.actor_swaps,
+            "compress_reports": builder.first_reports,
+            "monitor": self.monitor.to_json(),
+            "warnings": [f"step {n['step']}: {n['message']}" for n in self.monitor.notes()],
+            "restart_events": envs.stats()["restart_events"],
+        }
+
+    def traffic(self) -> dict[str, Any]:
+        return cluster_traffic(self.envs)
+
+    def close(self) -> None:
+        self.end()
+        if self.given_envs is None and self.envs is not None:
+            self.envs.close()
+
+
+def train(cfg: IMPALAConfig, envs: ClusterEnv | None = None, resume: str | Path | None = None,
+          callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """Train as ``cfg`` says; return the run summary (also in ``run_dir/<name>/summary.json``).
+
+    Pass ``envs`` to use a ClusterEnv you built yourself (it is not closed here). ``resume`` continues a run
+    directory from its checkpoint; ``callbacks`` see every update and evaluation.
+    """
+    return drive(IMPALA(cfg, envs), resume=resume, callbacks=callbacks)
 
 
 def _chain_setting(chain: CompressorChain, name: str) -> Any:

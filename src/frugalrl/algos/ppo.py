@@ -1,31 +1,22 @@
 """PPO (CleanRL-faithful) that learns from ClusterEnv rollouts with worker-side inference.
 
-Read top to bottom: :class:`PPOConfig` (shared by the CLI and the Python API), :func:`make_envs`,
-:func:`ppo_update` (the clipped-surrogate update of one batch), :func:`train` (the loop). What every
-algorithm shares (seeding, run directory, evaluation, checkpoints and resume, progress, summary) is
-:class:`frugalrl.training.Training`; the epochs of minibatch steps are
-:func:`frugalrl.losses.surrogate_epochs` (shared with IMPALA).
+Read top to bottom: :class:`PPOConfig` (the CLI flags and the Python API), :func:`ppo_update` (the
+clipped-surrogate update of one batch) and :class:`PPO` (its parts and one update; the loop, evaluation,
+checkpoints and summary are :func:`frugalrl.driver.drive`'s). What differs from CleanRL's ``ppo.py``, and why:
 
-What differs from CleanRL's ``ppo.py``, and why:
-
-- Experience comes from ``ClusterEnv.rollout(agent, num_steps)``: workers act with their cached
-  copy of the policy, which the sync rule (EveryUpdate, Interval, AAPS) refreshes, so the data can
-  be off-policy. The behaviour log-probabilities the workers actually sampled with (recomputed
-  exactly from the behaviour-distribution parameters that travel with each step) enter the loss.
-  By default (``ratio="decoupled"``) the clipped ratio is taken against the learner's policy at the
-  start of the update, π_old, and each sample is weighted by the truncated importance weight
-  min(π_old/μ, ``is_clip``) (the decoupled PPO objective of Hilton et al., 2021). Clipping the ratio
-  against the behaviour policy μ itself (``ratio="behaviour"``) confines the learner to a trust
-  region around a stale μ: with AAPS, the learner then cannot drift further than about the clip
-  range allows, the KL never reaches δ, no sync happens, and learning stalls. With fresh data
-  (μ = π_old) both are exactly CleanRL's PPO.
-- Truncation is kept apart from termination: truncated episodes are bootstrapped from their
-  final observation.
+- Workers act with their cached copy of the policy, which the sync rule (every update, an interval, AAPS)
+  refreshes, so the data can be off-policy. By default (``ratio="decoupled"``) the ratio is clipped against the
+  learner's policy at the start of the update, π_old, and each sample is weighted by min(π_old/μ, ``is_clip``)
+  (decoupled PPO, Hilton et al., 2021). Clipping against the behaviour policy μ itself would confine the
+  learner to a trust region around a stale μ: under AAPS the KL would then never reach δ and learning stalls.
+  With fresh data (μ = π_old) both are exactly CleanRL's PPO.
+- Truncated episodes are bootstrapped from their final observation; terminated ones are not.
 - It also runs on a plain ``gymnasium.vector`` env (``vector_env="gym"``), with head-side inference.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,15 +26,16 @@ import torch
 
 from frugalrl import dists
 from frugalrl.config import ClusterConfig, NetConfig, NormConfig, OptimConfig, RunConfig, check_fields
-from frugalrl.correct import bootstrap_values, gae
+from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, drive
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import policy_evaluator
 from frugalrl.losses import PPOLossConfig, SurrogateBatch, surrogate_epochs
 from frugalrl.nets import ActorCritic, make_agent
 from frugalrl.normalize import ReturnScaler
+from frugalrl.returns import bootstrap_values, gae
 from frugalrl.rollout import Rollout, collect_rollout
-from frugalrl.training import Training, cluster_traffic
+from frugalrl.training import cluster_traffic
 
 
 @dataclass(kw_only=True)
@@ -138,56 +130,88 @@ def ppo_update(
                             clip_coef)
 
 
-def train(
-    cfg: PPOConfig, envs: ClusterEnv | gym.vector.VectorEnv | None = None, resume: str | Path | None = None
-) -> dict[str, Any]:
-    """Train PPO as ``cfg`` says; return the run summary (also written to ``run_dir/<name>/summary.json``).
+class PPO(Algorithm):
+    """PPO's parts and one update."""
 
-    Pass ``envs`` to train on an env you built yourself (a ClusterEnv or any Gymnasium vector env);
-    it is not closed here. Otherwise the env is built from ``cfg`` and closed at the end. ``resume``
-    continues the run directory given from its latest checkpoint (``cfg`` should be its config.json).
-    """
-    run = Training("ppo", cfg, tag=cfg.sync if cfg.vector_env == "cluster" else "gym", resume=resume)
-    own_envs = envs is None
-    envs = make_envs(cfg, replayable=run.checkpointing) if envs is None else envs
-    try:
-        cluster = envs if isinstance(envs, ClusterEnv) else None  # None: a plain Gymnasium vector env
-        norm_obs, norm_reward = cfg.normalization(isinstance(envs.single_action_space, gym.spaces.Box))
-        agent = make_agent(envs.single_observation_space, envs.single_action_space, **cfg.agent_options(),
-                           obs_norm=norm_obs)
-        optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
-        generator = torch.Generator().manual_seed(cfg.seed)
-        scaler = ReturnScaler(cfg.gamma, envs.num_envs) if norm_reward else None
-        num_updates = max(1, cfg.total_timesteps // (envs.num_envs * cfg.num_steps))
-        gym_state: dict[str, Any] = {"seed": cfg.seed}  # a plain vector env's next observation, between rollouts
-        run.attach(agent=agent, optimizer=optimizer, generator=generator, reward_scaler=scaler, envs=cluster)
-        eval_spec = cluster.env_spec if cluster is not None else to_env_spec(cfg.env, cfg.env_kwargs)
-        run.begin(policy_evaluator(agent, eval_spec, cfg), num_updates * envs.num_envs * cfg.num_steps, num_updates,
-                  evaluate_stochastic=policy_evaluator(agent, eval_spec, cfg, deterministic=False))
-        if cluster is not None and not run.resumed:
-            cluster.reset(seed=cfg.seed)
+    name = "ppo"
 
-        while run.updates < num_updates and not run.stopped:
-            update = run.updates + 1
-            lr = optimizer.param_groups[0]["lr"] = cfg.lr_at(update, num_updates)
-            if cluster is not None:
-                batch = cluster.rollout(agent, cfg.num_steps)
-            else:
-                batch = collect_rollout(envs, agent, cfg.num_steps, gym_state)
-            stats = ppo_update(agent, optimizer, batch, cfg, generator, scaler, cfg.clip_at(update, num_updates))
-            if batch.restarted_workers:
-                stats["faults/restarted_workers"] = len(batch.restarted_workers)
-            run.update(batch.num_steps * batch.num_envs, {**stats, "charts/lr": lr},
-                       episode_returns=batch.episode_returns, episode_lengths=batch.episode_lengths,
-                       policy_lag=batch.policy_lag(), cluster=cluster)
+    def __init__(self, cfg: PPOConfig, envs: ClusterEnv | gym.vector.VectorEnv | None = None) -> None:
+        super().__init__(cfg)
+        self.cfg: PPOConfig = cfg
+        self.envs = envs
+        self.own_envs = envs is None
+        self.gym_state: dict[str, Any] = {"seed": cfg.seed}  # a plain vector env's next observation, between rollouts
 
-        details = {"norm_obs": norm_obs, "norm_reward": norm_reward,
+    def tag(self) -> str:
+        return self.cfg.sync if self.cfg.vector_env == "cluster" else "gym"
+
+    def setup(self) -> Setup:
+        cfg = self.cfg
+        if self.envs is None:
+            self.envs = make_envs(cfg, replayable=self.run.checkpointing)
+        envs = self.envs
+        self.cluster = envs if isinstance(envs, ClusterEnv) else None  # None: a plain Gymnasium vector env
+        self.norm_obs, self.norm_reward = cfg.normalization(isinstance(envs.single_action_space, gym.spaces.Box))
+        self.agent = make_agent(envs.single_observation_space, envs.single_action_space, **cfg.agent_options(),
+                                obs_norm=self.norm_obs)
+        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.scaler = ReturnScaler(cfg.gamma, envs.num_envs) if self.norm_reward else None
+        eval_spec = self.cluster.env_spec if self.cluster is not None else to_env_spec(cfg.env, cfg.env_kwargs)
+        return Setup(
+            parts={"agent": self.agent, "optimizer": self.optimizer, "generator": self.generator,
+                   "reward_scaler": self.scaler, "envs": self.cluster},
+            total_updates=max(1, cfg.total_timesteps // (envs.num_envs * cfg.num_steps)),
+            steps_per_update=envs.num_envs * cfg.num_steps,
+            evaluate=policy_evaluator(self.agent, eval_spec, cfg),
+            evaluate_stochastic=policy_evaluator(self.agent, eval_spec, cfg, deterministic=False),
+            cluster=self.cluster,
+        )
+
+    def start(self) -> None:
+        if self.cluster is not None and not self.run.resumed:
+            self.cluster.reset(seed=self.cfg.seed)
+
+    def update(self, step: Step) -> Update:
+        cfg, agent = self.cfg, self.agent
+        lr = self.optimizer.param_groups[0]["lr"] = cfg.lr_at(step.index, step.total)
+        if self.cluster is not None:
+            batch = self.cluster.rollout(agent, cfg.num_steps)
+        else:
+            assert self.envs is not None
+            batch = collect_rollout(self.envs, agent, cfg.num_steps, self.gym_state)
+        stats = ppo_update(agent, self.optimizer, batch, cfg, self.generator, self.scaler,
+                           cfg.clip_at(step.index, step.total))
+        if batch.restarted_workers:
+            stats["faults/restarted_workers"] = len(batch.restarted_workers)
+        return Update(batch.num_steps * batch.num_envs, {**stats, "charts/lr": lr},
+                      episode_returns=batch.episode_returns, episode_lengths=batch.episode_lengths,
+                      policy_lag=batch.policy_lag())
+
+    def details(self) -> dict[str, Any]:
+        cfg, cluster = self.cfg, self.cluster
+        details = {"norm_obs": self.norm_obs, "norm_reward": self.norm_reward,
                    "vector_env": cfg.vector_env, "backend": cfg.backend if cluster is not None else None,
                    "sync_rule": cluster.sync_rule.describe() if cluster is not None else "none (head-side inference)",
                    "workers": cfg.workers, "envs_per_worker": cfg.envs_per_worker}
         if cluster is not None:
             details["restart_events"] = cluster.stats()["restart_events"]
-        return run.finish(details, traffic=cluster_traffic(envs))
-    finally:
-        if own_envs:
-            envs.close()
+        return details
+
+    def traffic(self) -> dict[str, Any]:
+        return cluster_traffic(self.envs)
+
+    def close(self) -> None:
+        if self.own_envs and self.envs is not None:
+            self.envs.close()
+
+
+def train(cfg: PPOConfig, envs: ClusterEnv | gym.vector.VectorEnv | None = None, resume: str | Path | None = None,
+          callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """Train PPO as ``cfg`` says; return the run summary (also written to ``run_dir/<name>/summary.json``).
+
+    Pass ``envs`` to train on an env you built yourself (a ClusterEnv or any Gymnasium vector env); it is not
+    closed here. ``resume`` continues the run directory given from its latest checkpoint (``cfg`` should be its
+    config.json); ``callbacks`` see every update and evaluation (:class:`frugalrl.driver.Callback`).
+    """
+    return drive(PPO(cfg, envs), resume=resume, callbacks=callbacks)

@@ -11,7 +11,7 @@ The server (:class:`~frugalrl.dpsgd.server.ParameterServer`) lives in the callin
 ``cfg.transport`` names (:data:`TRANSPORTS`) starts the workers and carries their messages to it:
 ``local`` (:class:`~frugalrl.dpsgd.transport.LocalTransport`, processes on this machine) or ``ray``
 (:class:`~frugalrl.dpsgd.ray_transport.RayTransport`, Ray actors, possibly on other machines; imported
-only when used, as Ray is optional). This loop polls the server: it records the loss every
+only when used, as Ray is optional). :func:`dpsgd_records` polls the server: it records the loss every
 ``log_every`` global updates or ``log_every_s`` seconds (or keeps the parameters to score after the run), stops on
 ``global_updates``, ``time_limit_s`` or ``target_loss``, and raises the first failure.
 """
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Generator
 from dataclasses import asdict
 from typing import Any
 
@@ -54,24 +55,38 @@ Recorder = Callable[[float, int, float, np.ndarray], None]
 def run_dpsgd(
     cfg: DPSGDConfig, problem: Any = None, *, initial: np.ndarray | None = None, on_record: Recorder | None = None
 ) -> dict[str, Any]:
-    """Run DPSGD as ``cfg`` says and return a summary.
+    """Run DPSGD as ``cfg`` says and return a summary: :func:`dpsgd_records` to its end, each record handed to
+    ``on_record`` (see :data:`Recorder`)."""
+    records = dpsgd_records(cfg, problem, initial=initial)
+    while True:
+        try:
+            record = next(records)
+        except StopIteration as end:
+            return typing.cast(dict[str, Any], end.value)
+        if on_record is not None:
+            on_record(*record)
 
-    Keys: ``params`` (final ``v``, or its Polyak average with ``average``; after a target stop, the parameters
-    whose loss met the target), ``final_loss``, ``loss_curve`` ``[(seconds, global_update, loss)]``,
-    ``global_updates`` (T reached), ``params_version`` (the global update ``params`` are from), ``staleness`` (``mean``, ``max``, ``histogram``), ``bytes`` (the
-    :meth:`ByteMeter.summary`, with ``up``/``down`` by kind), ``pulls``, ``pushes``,
-    ``applied_updates``, ``dropped_updates``, ``gradient_steps``, ``updates_per_second``,
-    ``wall_time_s`` (optimisation), ``startup_s``, ``stop_reason``, ``target`` (``{seconds,
-    global_update, loss}`` of the first recorded loss at or below ``target_loss``, or None),
-    ``rho``/``eta`` (as used), ``config``.
 
-    ``problem`` is the head's instance (its ``loss`` scores the recorded parameters): one the caller
-    built from ``cfg.problem`` and ``cfg.problem_kwargs`` and wants to keep, or None to build it here.
-    ``initial``: start from these parameters instead of the problem's ``init_params()`` (a resumed run).
-    ``on_record``: see :data:`Recorder` (a training loop logs and checkpoints there).
+def dpsgd_records(
+    cfg: DPSGDConfig, problem: Any = None, *, initial: np.ndarray | None = None
+) -> Generator[tuple[float, int, float, np.ndarray], str | None, dict[str, Any]]:
+    """Run DPSGD as ``cfg`` says, yielding ``(seconds, global_update, loss, params)`` for every recorded loss
+    while the server runs; the generator's return value is the summary. ``send("stop")`` in place of ``next``
+    stops the server (``stop_reason`` "requested") and the records end soon after; closing the generator
+    early stops the workers too, without a summary.
 
-    Raises ``ValueError`` for a bad config or a bad problem (naming it), :class:`DPSGDError` when a
-    worker dies, hangs or breaks the protocol.
+    Summary keys: ``params`` (final ``v``, or its Polyak average with ``average``; after a target stop, the
+    parameters whose loss met the target), ``final_loss``, ``loss_curve`` ``[(seconds, global_update, loss)]``,
+    ``global_updates`` (T reached), ``params_version`` (the global update ``params`` are from), ``staleness``
+    (``mean``, ``max``, ``histogram``), ``bytes`` (the :meth:`ByteMeter.summary`, with ``up``/``down`` by kind),
+    ``pulls``, ``pushes``, ``applied_updates``, ``dropped_updates``, ``gradient_steps``, ``updates_per_second``,
+    ``wall_time_s`` (optimisation), ``startup_s``, ``stop_reason``, ``target`` (``{seconds, global_update, loss}``
+    of the first recorded loss at or below ``target_loss``, or None), ``rho``/``eta`` (as used), ``config``.
+
+    ``problem`` is the head's instance (its ``loss`` scores the recorded parameters), or None to build it from
+    ``cfg``; ``initial``: start from these parameters instead of ``init_params()`` (a resumed run). Raises
+    ``ValueError`` for a bad config or problem (naming it), :class:`DPSGDError` when a worker dies, hangs or
+    breaks the protocol.
     """
     cfg.validate()
     rho, eta = cfg.effective_rates()
@@ -81,7 +96,6 @@ def run_dpsgd(
     v0 = check_problem(problem, name, np.random.default_rng(cfg.seed))
     if initial is not None:
         v0 = check_vector(np.asarray(initial, dtype=np.float32), v0.size, name, "the initial parameters")
-    record = on_record or (lambda seconds, version, loss, v: None)
     server = ParameterServer(
         v0,
         rho=rho,
@@ -104,7 +118,7 @@ def run_dpsgd(
         server, meter, configs, cfg.startup_timeout_s, cfg.worker_timeout_s, **extra
     )
     curve: list[tuple[float, int, float]] = [(0.0, 0, float(problem.loss(v0)))]
-    record(*curve[0], v0)
+    yield (*curve[0], v0)
     deferred: list[tuple[float, int, np.ndarray]] = []
     reached: tuple[int, np.ndarray] | None = None
     goal = -math.inf if cfg.target_loss is None else cfg.target_loss
@@ -126,11 +140,13 @@ def run_dpsgd(
                     deferred.append((seconds, version, v))  # v is never modified in place: no copy
                     continue
                 curve.append((seconds, version, float(problem.loss(v))))
-                record(*curve[-1], v)
+                command = yield (*curve[-1], v)
                 if curve[-1][2] <= goal:
                     server.stop("target_loss")
                     reached = (version, v)  # the run's result: what met the target, not what came after
                     break  # later snapshots are not worth evaluating
+                if command == "stop":
+                    server.stop("requested")  # the consumer ends the run (``generator.send("stop")``)
             if server.failure is not None:
                 break
             if not stopped and cfg.time_limit_s is not None and server.elapsed() >= cfg.time_limit_s:
@@ -148,7 +164,7 @@ def run_dpsgd(
 
     for seconds, version, v in deferred:
         curve.append((seconds, version, float(problem.loss(v))))
-        record(*curve[-1], v)
+        yield (*curve[-1], v)
     made, last = server.result()
     version, params = reached or (made, last)
     if curve[-1][1] == version:  # the last recorded loss is the final parameters' (v is never modified)
@@ -156,7 +172,7 @@ def run_dpsgd(
     else:
         final_loss = float(problem.loss(params))
         curve.append((server.elapsed(), version, final_loss))
-        record(*curve[-1], params)
+        yield (*curve[-1], params)
     target = next(
         ({"seconds": t, "global_update": u, "loss": loss} for t, u, loss in curve if loss <= goal), None
     )

@@ -118,7 +118,7 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
         if not worker_timeout > 0:
             raise ValueError(f"worker_timeout must be > 0 seconds, got {worker_timeout!r}")
         if sync is not None and not isinstance(sync, SyncRule):
-            raise TypeError(f"sync must be a SyncRule (EveryUpdate(), Interval(n), AdaptiveKL(delta)), got {sync!r}")
+            raise TypeError(f"sync must be a SyncRule (EveryUpdate(), Interval(n), AAPS(delta)), got {sync!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
         try:

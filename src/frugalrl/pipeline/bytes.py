@@ -7,6 +7,7 @@ Two uses:
   ones with ``coo16`` or ``bitmask`` indices it is exact, and a test checks it against the bytes a real
   two-process run measured. ``gap``/``auto`` index sizes depend on where the large gradients fall;
   the prediction then uses the expected size for uniformly scattered positions.
+  Truncated episodes add their final observations' features: pass the run's ``details.truncation_bootstraps``.
 - :func:`table_one` reproduces Table I of the paper (cloud setup vs pipeline) and extends it with our
   codecs. The paper counts elements, then bytes at about **2 bytes per element** (14.7 B elements ≈ 28 GB,
   32.7 B ≈ 66 GB), and its element counts do not follow from its own settings: 100 × 4096 × 36,864 is
@@ -18,6 +19,7 @@ Two uses:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,13 +56,15 @@ def gradient_message_nbytes(cfg: Any, feature_dim: int, dense: bool) -> float:
 
 
 def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: tuple[int, int] = (0, 0),
-                stats_len: int = 8) -> dict[str, Any]:
+                stats_len: int = 8, truncations: Sequence[int] = ()) -> dict[str, Any]:
     """Bytes of a pipeline-PPO training run with config ``cfg`` (a ``PipelinePPOConfig``).
 
     ``feature_dim``: width of the cut; ``action_dim``: floats per action (1 for Discrete).
     ``handshake_nbytes``: the JSON bytes of the opening exchange (stage 0's, stage 1's), which depend on
     the env's description; ``stats_len``: floats in the loss-statistics vector stage 1 sends after each
-    update (:func:`frugalrl.pipeline.predict_bytes` fills both in).
+    update (:func:`frugalrl.pipeline.predict_bytes` fills both in). ``truncations``: truncated steps per rollout
+    (the run's ``details.truncation_bootstraps``; empty for none): stage 0 sends their final observations'
+    features in one more message after each rollout that has any.
     Returns ``{"bytes": {kind: n, "total": n}, "up": {...}, "down": {...}, "exact": bool}``; with
     ``activations_sparse`` the activation bytes are an upper bound (the dense size).
     """
@@ -70,11 +74,14 @@ def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: t
     tally.raw(UP, "control", handshake_nbytes[0])
     tally.raw(DOWN, "control", handshake_nbytes[1])
     steps = 0
-    for _ in range(cfg.iterations):
+    for it in range(cfg.iterations):
         tally.message(UP, "activations", cut.dense_nbytes((N, feature_dim), cfg.activations), 2, count=T)
         tally.message(DOWN, "actions", cut.dense_nbytes((N, action_dim), "fp32"), 2, count=T)
         tally.message(UP, "rewards", cut.dense_nbytes((N, 3), "fp32"), 2, count=T)
         tally.message(UP, "activations", cut.dense_nbytes((N, feature_dim), cfg.activations), 2)
+        k = truncations[it] if it < len(truncations) else 0
+        if k:
+            tally.message(UP, "activations", cut.dense_nbytes((k, feature_dim), cfg.activations), 2)
         steps += N * T
         dense = cfg.cut == "dense" or steps <= cfg.warmup_timesteps
         tally.message(UP, "activations", cut.dense_nbytes((b, feature_dim), cfg.activations), 2, count=epochs * mbs)

@@ -62,9 +62,8 @@ class PipelinePPOConfig(NormConfig, PPOLossConfig, OptimConfig, RunConfig):
     cut_accumulate: Literal["position", "sample", "none"] = "position"
     """'position': one accumulator of the minibatch's shape (the paper); 'sample': each sample's residual
     is replayed when that sample recurs in a later epoch (reset every iteration); 'none': no error feedback,
-    the unsent entries are dropped. Settled on CartPole-v1 at p = 0.99, 3 seeds
-    (``benchmarks/results/pipeline_accumulator.json``): 'position' and 'sample' both learn, 'none' fails on
-    one seed in three; 'position' stays the default (the paper's, within noise of 'sample')."""
+    the unsent entries are dropped. 'position' is the default: the paper's, and as good as 'sample'
+    (why: docs/benchmarks.md#pipeline-suite)."""
     warmup_timesteps: int = 30_000
     """'topk' sends dense gradients while the env steps collected so far are at most this (the paper: 30,000)."""
     dist_backend: Literal["gloo", "nccl"] = "gloo"
@@ -113,13 +112,6 @@ class PipelinePPOConfig(NormConfig, PPOLossConfig, OptimConfig, RunConfig):
     def iterations(self) -> int:
         """Iterations of the run (whole ones only)."""
         return self.total_timesteps // self.batch_size
-
-    def evaluates_after(self, iteration: int) -> bool:
-        """Whether both stages run an evaluation after ``iteration`` (the cadence of
-        :meth:`frugalrl.training.Training.update`: every ``eval_every`` iterations and after the last)."""
-        if not self.eval_episodes:
-            return False
-        return (bool(self.eval_every) and iteration % self.eval_every == 0) or iteration >= self.iterations
 
     def digest(self) -> str:
         """Hash of everything both stages must agree on (all fields but where and how to connect, and output)."""

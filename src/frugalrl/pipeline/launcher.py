@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import socket
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -21,8 +23,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from frugalrl.driver import drive
 from frugalrl.pipeline.config import PipelinePPOConfig
-from frugalrl.pipeline.stage0 import check_spaces, run_stage0
+from frugalrl.pipeline.stage0 import Stage0, check_spaces
 from frugalrl.pipeline.stage1 import run_stage1
 from frugalrl.process import (
     ChildExited,
@@ -33,7 +36,6 @@ from frugalrl.process import (
     poll_children,
     spawn,
 )
-from frugalrl.training import Training
 from frugalrl.wire.message import Message
 from frugalrl.wire.torchdist import DistChannel
 
@@ -62,18 +64,21 @@ def run_stage(cfg: PipelinePPOConfig, rank: int, resume: str | Path | None = Non
         raise ValueError("master_port must be given (non-zero) when a stage is started on its own")
     if _is_loopback(addr):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    run = Training("pipeline-ppo", cfg, tag=cfg.cut, resume=resume) if rank == 0 else None
-    torch.manual_seed(cfg.seed + rank)
-    dist.init_process_group(cfg.dist_backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=cfg.timeout))
+
+    def connect() -> DistChannel:
+        torch.manual_seed(cfg.seed + rank)
+        dist.init_process_group(cfg.dist_backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
+                                timeout=timedelta(seconds=cfg.timeout))
+        return DistChannel(rank, 1 - rank)
+
     try:
-        chan = DistChannel(rank, 1 - rank)
-        if run is None:
-            run_stage1(cfg, chan)
+        if rank == 1:
+            run_stage1(cfg, connect())
             return {}
-        return run_stage0(cfg, chan, run)
+        return drive(Stage0(cfg, connect), resume=resume)  # connects after the run's seeding, as it always did
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def train(cfg: PipelinePPOConfig, resume: str | Path | None = None) -> dict[str, Any]:
@@ -118,6 +123,7 @@ def _launch_both(cfg: PipelinePPOConfig, run_dir: Path, resume: str | Path | Non
     with open(run_dir / "stage1.log", "w") as log:
         children = [spawn(STAGE_ENTRY, {**config, "rank": r}, name=f"pipeline stage {r}", log=None if r == 0 else log)
                     for r in (0, 1)]
+        forward = _SignalForward(children[0].pid)
         try:
             deadline = time.monotonic() + cfg.timeout
             for child in children:
@@ -137,8 +143,33 @@ def _launch_both(cfg: PipelinePPOConfig, run_dir: Path, resume: str | Path | Non
                         raise child_error(child.name, msg.meta, keep_value_error=True, what="failed")
                     done.add(child.name)
         finally:
+            forward.close()
             for child in children:
                 child.stop(10.0)
+
+
+class _SignalForward:
+    """While both stages run: SIGTERM or SIGINT to the launcher goes to stage 0 as SIGTERM, whose driver stops the
+    run after the iteration in progress (stage 1 stops with it); a second one exits at once (the ``finally``
+    that waits for the stages then stops them)."""
+
+    def __init__(self, stage0_pid: int) -> None:
+        self.pid, self.sent = stage0_pid, False
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.sent:
+            self.close()
+            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+        self.sent = True
+        os.kill(self.pid, signal.SIGTERM)
+
+    def close(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
 
 
 STAGE_ENTRY = "frugalrl.pipeline.launcher:stage_entry"

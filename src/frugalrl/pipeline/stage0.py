@@ -1,18 +1,19 @@
 """Stage 0 of split-model PPO: the environments and the encoder; it owns the run (directory, summary).
 
 Per iteration: a rollout of ``num_steps`` steps of ``num_envs`` envs (features 0→1, actions 1→0, rewards and
-done flags 0→1, then the last observation's features to bootstrap), then ``update_epochs × num_minibatches``
-minibatches (features 0→1 with the encoder's graph kept, the cut gradient 1→0 backpropagated through the
-encoder), then stage 1's loss statistics. Evaluations (every ``eval_every`` iterations and after the last)
-go through the pipeline too, on a meter of their own: the run's ``bytes`` are the training traffic that
-:mod:`frugalrl.pipeline.bytes` predicts.
+done flags 0→1, then the last observation's features and those of truncated episodes' final observations, to
+bootstrap), then ``update_epochs × num_minibatches`` minibatches (features 0→1 with the encoder's graph kept,
+the cut gradient 1→0 backpropagated through the encoder), then stage 1's loss statistics, then whether the run
+goes on. Evaluations (every ``eval_every`` iterations and after the last) go through the pipeline too; they and
+the go-on flags are counted on a meter of their own: the run's ``bytes`` are the training traffic that
+:mod:`frugalrl.pipeline.bytes` predicts. :class:`Stage0` is the algorithm :func:`frugalrl.driver.drive` runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -20,11 +21,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from frugalrl.driver import Algorithm, Setup, Step, Update
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import Evaluation
 from frugalrl.nets import action_desc, make_encoder
 from frugalrl.pipeline.config import STAT_NAMES, PipelinePPOConfig
-from frugalrl.training import Training
 from frugalrl.wire import cut
 from frugalrl.wire.meter import ByteMeter
 from frugalrl.wire.torchdist import DistChannel
@@ -85,120 +86,203 @@ def encode_features(cfg: PipelinePPOConfig, f: torch.Tensor) -> bytes:
     return sparse
 
 
-def run_stage0(cfg: PipelinePPOConfig, chan: DistChannel, run: Training) -> dict[str, Any]:
-    """Stage 0's loop; returns the run summary (and writes the run directory)."""
-    envs = make_vector_env(cfg, cfg.seed)
-    obs_space, act_space = envs.single_observation_space, envs.single_action_space
-    norm_obs, norm_reward = cfg.normalization(isinstance(act_space, gym.spaces.Box))
-    encoder = make_encoder(obs_space, cfg.encoder_hidden, obs_norm=norm_obs)
-    assert isinstance(obs_space, gym.spaces.Box)  # make_encoder accepts Box spaces only
-    optimizer = torch.optim.Adam(encoder.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
-    order_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    eval_meter = ByteMeter()
+class TruncationLog:
+    """Truncation bootstraps sent per iteration (a checkpoint part, so a resumed run's bytes stay predictable)."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def state_dict(self) -> dict[str, list[int]]:
+        return {"counts": list(self.counts)}
+
+    def load_state_dict(self, state: dict[str, list[int]]) -> None:
+        self.counts = [int(c) for c in state["counts"]]
+
+
+def truncated_final_obs(info: dict[str, Any], terminated: np.ndarray, truncated: np.ndarray) -> list[np.ndarray]:
+    """The final observations of the envs whose episode was truncated (not terminated) at this step, in env
+    order; same-step autoreset keeps them in ``info["final_obs"]`` (the step's observation is the reset one)."""
+    return [np.asarray(info["final_obs"][i]) for i in np.flatnonzero(np.logical_and(truncated, ~terminated))]
+
+
+def send_bootstrap(cfg: PipelinePPOConfig, encoder: nn.Module, chan: DistChannel, next_obs: np.ndarray,
+                   finals: list[np.ndarray]) -> None:
+    """After a rollout: the features of the last observation, then those of the final observations of the
+    truncated steps (row-major (t, env) order) when there are any; stage 1 counts them from the done flags,
+    so nothing is sent for none."""
+    with torch.no_grad():
+        chan.send(encode_features(cfg, encoder(torch.as_tensor(next_obs))), "activations")
+        if finals:
+            final_obs = torch.as_tensor(np.stack(finals))
+            if final_obs.is_floating_point() and not torch.isfinite(final_obs).all():
+                raise ValueError("environment returned a non-finite final observation")
+            chan.send(encode_features(cfg, encoder(final_obs)), "activations")
+
+
+class Stage0(Algorithm):
+    """Stage 0 as the driver's algorithm: the envs, the encoder, one iteration per update; its half of every
+    exchange with stage 1 (``chan``, opened by :meth:`setup`)."""
+
+    name = "pipeline-ppo"
+
+    def __init__(self, cfg: PipelinePPOConfig, connect: Callable[[], DistChannel]) -> None:
+        super().__init__(cfg)
+        self.cfg: PipelinePPOConfig = cfg
+        self.connect = connect
+        self.envs: gym.vector.SyncVectorEnv | None = None
+        self.eval_meter = ByteMeter()  # evaluation and run-control traffic, kept apart from training's
+
+    def tag(self) -> str:
+        return self.cfg.cut
+
+    def setup(self) -> Setup:
+        cfg = self.cfg
+        self.chan = self.connect()
+        envs = self.envs = make_vector_env(cfg, cfg.seed)
+        self.obs_space, self.act_space = envs.single_observation_space, envs.single_action_space
+        assert isinstance(self.obs_space, gym.spaces.Box)  # make_encoder accepts Box spaces only
+        self.norm_obs, self.norm_reward = cfg.normalization(isinstance(self.act_space, gym.spaces.Box))
+        self.encoder = make_encoder(self.obs_space, cfg.encoder_hidden, obs_norm=self.norm_obs)
+        self.optimizer = torch.optim.Adam(self.encoder.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
+        self.order_gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.truncations = TruncationLog()
+        parts = {"encoder": self.encoder, "optimizer": self.optimizer, "order_gen": self.order_gen,
+                 "meter": self.chan.meter, "truncations": self.truncations}
+        return Setup(parts, total_updates=cfg.iterations, steps_per_update=cfg.batch_size, evaluate=self._evaluate)
 
     @contextlib.contextmanager
-    def evaluation_traffic() -> Iterator[None]:
-        train_meter, chan.meter = chan.meter, eval_meter  # evaluation traffic is kept apart
+    def _control_traffic(self) -> Iterator[None]:
+        """Evaluation and run-control messages go on a meter of their own: the run's ``bytes`` stay the training
+        traffic that :mod:`frugalrl.pipeline.bytes` predicts."""
+        train_meter, self.chan.meter = self.chan.meter, self.eval_meter
         try:
             yield
         finally:
-            chan.meter = train_meter
+            self.chan.meter = train_meter
 
-    def evaluate() -> Evaluation:
-        with evaluation_traffic():
-            return _evaluate(cfg, encoder, chan)
+    def _evaluate(self) -> Evaluation:
+        with self._control_traffic():
+            return _evaluate(self.cfg, self.encoder, self.chan)
 
-    run.attach(encoder=encoder, optimizer=optimizer, order_gen=order_gen, meter=chan.meter)
-    run.begin(evaluate, cfg.iterations * cfg.batch_size, cfg.iterations)
-    chan.send_json(handshake(cfg, encoder.feature_dim, act_space, run.updates))
-    reply = chan.recv_json()
-    if reply.get("digest") != cfg.digest():
-        raise ValueError("the two stages were started with different configs (digest mismatch); "
-                         "give both the same flags")
-    T, N = cfg.num_steps, cfg.num_envs
-    obs_buf = torch.from_numpy(np.zeros((T, N, *obs_space.shape), dtype=obs_space.dtype))
-    check_finite = np.issubdtype(obs_space.dtype, np.floating)  # integer frames cannot hold NaN
-    next_obs, _ = envs.reset(seed=cfg.seed if not run.resumed else cfg.seed + 1_000_003 * len(run.resumes))
-    running = np.zeros(N)
-    curve: list[tuple[int, float, float]] = []  # (step, seconds, mean return of episodes that ended)
-    timings = {"rollout": 0.0, "update": 0.0}
-    iteration_seconds: list[float] = []
-    stats: dict[str, float] = {}
-    while run.updates < cfg.iterations and not run.stopped:
-        iteration = run.updates + 1
+    def start(self) -> None:
+        cfg, run, chan = self.cfg, self.run, self.chan
+        chan.send_json(handshake(cfg, self.encoder.feature_dim, self.act_space, run.updates))
+        if chan.recv_json().get("digest") != cfg.digest():
+            raise ValueError("the two stages were started with different configs (digest mismatch); "
+                             "give both the same flags")
+        T, N = cfg.num_steps, cfg.num_envs
+        self.obs_buf = torch.from_numpy(np.zeros((T, N, *tuple(self.obs_space.shape or ())), dtype=self.obs_space.dtype))
+        self.check_finite = np.issubdtype(self.obs_space.dtype, np.floating)  # integer frames cannot hold NaN
+        assert self.envs is not None
+        self.next_obs, _ = self.envs.reset(seed=cfg.seed if not run.resumed else cfg.seed + 1_000_003 * len(run.resumes))
+        self.running = np.zeros(N)
+        self.curve: list[tuple[int, float, float]] = []  # (step, seconds, mean return of episodes that ended)
+        self.timings = {"rollout": 0.0, "update": 0.0}
+        self.iteration_seconds: list[float] = []
+        self.stats: dict[str, float] = {}
+
+    def update(self, step: Step) -> Update:
+        cfg, chan = self.cfg, self.chan
+        T, N = cfg.num_steps, cfg.num_envs
         t_iter = time.perf_counter()
-        lr = optimizer.param_groups[0]["lr"] = cfg.lr_at(iteration, cfg.iterations)
+        lr = self.optimizer.param_groups[0]["lr"] = cfg.lr_at(step.index, step.total)
+        ended, finals = self._rollout()
+        send_bootstrap(cfg, self.encoder, chan, self.next_obs, finals)
+        self.truncations.counts.append(len(finals))
+        t_update = time.perf_counter()
+        self.timings["rollout"] += t_update - t_iter
+        self._learn()
+        now = time.perf_counter()
+        self.timings["update"] += now - t_update
+        self.iteration_seconds.append(now - t_iter)
+        if ended:
+            self.curve.append((self.run.env_steps + T * N, self.run.seconds(), float(np.mean(ended))))
+        row = {"charts/lr": lr, "charts/iteration_seconds": now - t_iter, "charts/comm_wait_seconds": chan.wait_seconds,
+               **{f"losses/{k}": v for k, v in self.stats.items()},
+               **{f"bytes/{k}": v for k, v in chan.meter.by_kind().items()}, "bytes/total": chan.meter.total()}
+        return Update(T * N, row, episode_returns=ended, postfix={"MB": f"{chan.meter.total() / 1e6:.1f}"})
+
+    def _rollout(self) -> tuple[list[float], list[np.ndarray]]:
+        """``num_steps`` steps of every env, stage 1 choosing the actions; returns the returns of the episodes
+        that ended and the final observations of the truncated steps (to bootstrap them)."""
+        cfg, chan, envs = self.cfg, self.chan, self.envs
+        assert envs is not None
+        N = cfg.num_envs
         ended: list[float] = []
-        for t in range(T):
-            obs_t = torch.as_tensor(next_obs)
-            if check_finite and not torch.isfinite(obs_t).all():
-                raise ValueError(f"environment returned a non-finite observation at step {run.env_steps + t * N}")
-            obs_buf[t] = obs_t
+        finals: list[np.ndarray] = []
+        for t in range(cfg.num_steps):
+            obs_t = torch.as_tensor(self.next_obs)
+            if self.check_finite and not torch.isfinite(obs_t).all():
+                raise ValueError(f"environment returned a non-finite observation at step {self.run.env_steps + t * N}")
+            self.obs_buf[t] = obs_t
             with torch.no_grad():
-                chan.send(encode_features(cfg, encoder(obs_t)), "activations")
+                chan.send(encode_features(cfg, self.encoder(obs_t)), "activations")
             action = cut.decode_cut(chan.recv("actions")).numpy()
-            if isinstance(act_space, gym.spaces.Discrete):
+            if isinstance(self.act_space, gym.spaces.Discrete):
                 action = action.reshape(N).astype(np.int64)
-            next_obs, reward, terminated, truncated, _ = envs.step(action)
+            self.next_obs, reward, terminated, truncated, info = envs.step(action)
             done = np.logical_or(terminated, truncated)
+            finals += truncated_final_obs(info, terminated, truncated)
             chan.send(cut.encode_dense(np.stack([reward, terminated, done], axis=1).astype(np.float32), "fp32"),
                       "rewards")
-            running += reward
+            self.running += reward
             for i in np.flatnonzero(done):
-                ended.append(float(running[i]))
-                running[i] = 0.0
-        with torch.no_grad():
-            chan.send(encode_features(cfg, encoder(torch.as_tensor(next_obs))), "activations")
-        t_update = time.perf_counter()
-        timings["rollout"] += t_update - t_iter
+                ended.append(float(self.running[i]))
+                self.running[i] = 0.0
+        return ended, finals
 
-        b_obs = obs_buf.reshape(T * N, *obs_space.shape)
+    def _learn(self) -> None:
+        """The encoder's side of the update: features of every minibatch out, cut gradients back in."""
+        cfg, chan, encoder = self.cfg, self.chan, self.encoder
+        b_obs = self.obs_buf.reshape(cfg.batch_size, *tuple(self.obs_space.shape or ()))
         mb_size = cfg.minibatch_size
         for _epoch in range(cfg.update_epochs):
-            order = torch.randperm(T * N, generator=order_gen)
-            for s in range(0, T * N, mb_size):
+            order = torch.randperm(cfg.batch_size, generator=self.order_gen)
+            for s in range(0, cfg.batch_size, mb_size):
                 features = encoder(b_obs[order[s : s + mb_size]])
                 chan.send(encode_features(cfg, features), "activations")
                 grad = cut.decode_cut(chan.recv("gradients"))
-                optimizer.zero_grad()
+                self.optimizer.zero_grad()
                 features.backward(grad)
                 nn.utils.clip_grad_norm_(encoder.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-        stats = dict(zip(STAT_NAMES, cut.decode_cut(chan.recv("control")).tolist(), strict=True))
+                self.optimizer.step()
+        self.stats = dict(zip(STAT_NAMES, cut.decode_cut(chan.recv("control")).tolist(), strict=True))
         obs_norm = getattr(encoder, "obs_norm", None)
         if obs_norm is not None:  # after the update: a rollout and its update see the same statistics
             obs_norm.update(b_obs)
-        now = time.perf_counter()
-        timings["update"] += now - t_update
-        iteration_seconds.append(now - t_iter)
-        if ended:
-            curve.append((run.env_steps + T * N, run.seconds(), float(np.mean(ended))))
-        row = {"charts/lr": lr, "charts/iteration_seconds": now - t_iter, "charts/comm_wait_seconds": chan.wait_seconds,
-               **{f"losses/{k}": v for k, v in stats.items()},
-               **{f"bytes/{k}": v for k, v in chan.meter.by_kind().items()}, "bytes/total": chan.meter.total()}
-        run.update(T * N, row, episode_returns=ended, postfix={"MB": f"{chan.meter.total() / 1e6:.1f}"})
-        if cfg.evaluates_after(iteration):
-            with evaluation_traffic():
-                chan.send_json({"stop": run.stopped})  # stage 1 stops with us at the target
-    envs.close()
-    details = {
-        "feature_dim": encoder.feature_dim,
-        "norm_obs": norm_obs and getattr(encoder, "obs_norm", None) is not None,
-        "norm_reward": norm_reward,
-        "iterations": cfg.iterations,
-        "return_curve": curve,
-        "iteration_seconds": iteration_seconds,
-        "rollout_seconds": timings["rollout"],
-        "update_seconds": timings["update"],
-        "comm_wait_seconds_stage0": chan.wait_seconds,
-        "messages": chan.messages,
-        "eval_bytes": eval_meter.total(),
-        "cut": {"codec": cfg.cut, "percentile": cfg.cut_percentile, "index": cfg.cut_index,
-                "values": cfg.cut_values, "dense_dtype": cfg.cut_dense_dtype, "accumulate": cfg.cut_accumulate,
-                "warmup_timesteps": cfg.warmup_timesteps, "activations": cfg.activations},
-        "last_stats": stats,
-    }
-    return run.finish(details, traffic={"bytes": chan.meter.summary()})
+
+    def after_update(self, stopping: bool) -> None:
+        """Tell stage 1 whether the run goes on (it stops with us: a target, a callback)."""
+        with self._control_traffic():
+            self.chan.send_json({"stop": stopping})
+
+    def details(self) -> dict[str, Any]:
+        cfg, chan = self.cfg, self.chan
+        return {
+            "feature_dim": self.encoder.feature_dim,
+            "norm_obs": self.norm_obs and getattr(self.encoder, "obs_norm", None) is not None,
+            "norm_reward": self.norm_reward,
+            "iterations": cfg.iterations,
+            "return_curve": self.curve,
+            "iteration_seconds": self.iteration_seconds,
+            "rollout_seconds": self.timings["rollout"],
+            "update_seconds": self.timings["update"],
+            "comm_wait_seconds_stage0": chan.wait_seconds,
+            "messages": chan.messages,
+            "eval_bytes": self.eval_meter.total(),
+            "truncation_bootstraps": self.truncations.counts,
+            "cut": {"codec": cfg.cut, "percentile": cfg.cut_percentile, "index": cfg.cut_index,
+                    "values": cfg.cut_values, "dense_dtype": cfg.cut_dense_dtype, "accumulate": cfg.cut_accumulate,
+                    "warmup_timesteps": cfg.warmup_timesteps, "activations": cfg.activations},
+            "last_stats": self.stats,
+        }
+
+    def traffic(self) -> dict[str, Any]:
+        return {"bytes": self.chan.meter.summary()}
+
+    def close(self) -> None:
+        if self.envs is not None:
+            self.envs.close()
 
 
 def _evaluate(cfg: PipelinePPOConfig, encoder: nn.Module, chan: DistChannel) -> Evaluation:

@@ -1,12 +1,13 @@
 """Stage 1 of split-model PPO: the actor-critic heads and the PPO loss; it serves stage 0 until the run ends.
 
 It runs the same iterations as stage 0 (both hold the same config, checked by digest): it samples the
-actions of every rollout step, computes GAE once the rollout is complete, and for every minibatch takes
+actions of every rollout step, computes GAE once the rollout is complete (bootstrapping a truncated episode
+from the value of its final observation, a terminated one from nothing), and for every minibatch takes
 the features, steps its heads with :func:`frugalrl.losses.ppo_loss` and sends back the gradient of the loss
 with respect to the features through the cut codec (dense, or :class:`~frugalrl.wire.sparsify.TopPercentile`
 with error feedback). Both stages draw the minibatch order from the same seeded generator, so indices never
 travel. It keeps its own half: ``checkpoints/heads.pt`` in the run directory on its machine, written on the
-checkpoint cadence of stage 0's :class:`~frugalrl.training.Training` and at the end.
+checkpoint cadence of stage 0's run (:meth:`~frugalrl.config.RunConfig.checkpoints_after`) and at the end.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import torch
 from torch import nn
 
 from frugalrl import dists
-from frugalrl.correct import gae
 from frugalrl.losses import explained_variance, ppo_loss
 from frugalrl.nets import Heads
 from frugalrl.normalize import ReturnScaler
 from frugalrl.pipeline.config import PipelinePPOConfig
 from frugalrl.pipeline.stage0 import is_dense_update
+from frugalrl.returns import gae
 from frugalrl.runs import write_atomic
 from frugalrl.wire import cut, sparsify
 from frugalrl.wire.torchdist import DistChannel
@@ -38,6 +39,40 @@ HEADS_CHECKPOINT = "heads.pt"
 def stage1_dir(cfg: PipelinePPOConfig) -> Path:
     """Where stage 1 keeps its half of the run (the same run directory when both stages share a machine)."""
     return Path(cfg.run_dir) / (cfg.run_name or "pipeline-ppo-stage1")
+
+
+def truncated_steps(terminations: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
+    """``(T, N)`` mask of the steps that ended an episode by truncation alone; stage 0 sends their final
+    observations' features in this mask's row-major ``(t, env)`` order."""
+    return (dones > 0) & (terminations == 0)
+
+
+def bootstrap_next_values(values: torch.Tensor, last_value: torch.Tensor, final_values: torch.Tensor,
+                          terminations: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
+    """``V(s'_t)`` of every step: the next step's value, ``last_value`` after the rollout, ``final_values`` (one per
+    :func:`truncated_steps` entry) at a truncation, and 0 at a termination (a finished env's next observation is
+    its reset one, never its successor)."""
+    next_values = torch.cat([values[1:], last_value[None]]) * (1 - dones)
+    next_values[truncated_steps(terminations, dones)] = final_values
+    return next_values
+
+
+def rollout_targets(rewards: torch.Tensor, values: torch.Tensor, last_value: torch.Tensor,
+                    final_values: torch.Tensor, terminations: torch.Tensor, dones: torch.Tensor, gamma: float,
+                    lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE ``(advantages, returns)`` of a rollout, bootstrapped as :func:`bootstrap_next_values` says."""
+    next_values = bootstrap_next_values(values, last_value, final_values, terminations, dones)
+    return gae(rewards, values, next_values, terminations, dones, gamma, lam)
+
+
+def recv_bootstrap(heads: Heads, chan: DistChannel, terminations: torch.Tensor,
+                   dones: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's side of :func:`frugalrl.pipeline.stage0.send_bootstrap`: the value of the last observation and
+    those of the truncated steps' final observations (no message when there are none)."""
+    last_value = heads.value(cut.decode_cut(chan.recv("activations")))
+    if not truncated_steps(terminations, dones).any():
+        return last_value, torch.zeros(0)
+    return last_value, heads.value(cut.decode_cut(chan.recv("activations")))
 
 
 def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
@@ -82,14 +117,12 @@ def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
             rtd = cut.decode_cut(chan.recv("rewards"))
             reward_buf[t], term_buf[t], done_buf[t] = rtd[:, 0], rtd[:, 1], rtd[:, 2]
         with torch.no_grad():
-            last_value = heads.value(cut.decode_cut(chan.recv("activations")))
-            next_values = torch.cat([value_buf[1:], last_value[None]])
+            last_value, final_values = recv_bootstrap(heads, chan, term_buf, done_buf)
             rewards = reward_buf
             if scaler is not None:
                 rewards = torch.from_numpy(scaler.scale(reward_buf.numpy(), done_buf.numpy() > 0))
-            # A finished env's next observation is its reset one: no bootstrap across the boundary.
-            advantages, returns = gae(rewards, value_buf, next_values * (1 - done_buf), term_buf, done_buf,
-                                      cfg.gamma, cfg.gae_lambda)
+            advantages, returns = rollout_targets(rewards, value_buf, last_value, final_values, term_buf, done_buf,
+                                                  cfg.gamma, cfg.gae_lambda)
         b_u = u_buf.reshape(T * N, *u_buf.shape[2:])
         b_logp, b_adv = logp_buf.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), value_buf.reshape(-1)
@@ -132,8 +165,10 @@ def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
                  float(np.mean(densities)) if densities else 1.0,
                  float(sparsifier.residual().norm()) if cfg.cut == "topk" and sparsifier.steps else 0.0]
         chan.send(cut.encode_dense(np.asarray(stats, dtype=np.float32), "fp32"), "control")
-        stop = _serve_eval(cfg, heads, chan) if cfg.evaluates_after(iteration) else False
-        if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0 and not stop:
+        if cfg.evaluates_after(iteration, cfg.iterations):
+            _serve_eval(cfg, heads, chan)
+        stop = bool(chan.recv_json()["stop"])  # stage 0's driver ends the run (its target, a callback)
+        if cfg.checkpoints_after(iteration) and not stop:
             _save(cfg, iteration, hello, parts, gens)
         if stop:
             iteration_done = iteration
@@ -144,9 +179,9 @@ def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
     _save(cfg, iteration_done, hello, parts, gens)
 
 
-def _serve_eval(cfg: PipelinePPOConfig, heads: Heads, chan: DistChannel) -> bool:
+def _serve_eval(cfg: PipelinePPOConfig, heads: Heads, chan: DistChannel) -> None:
     """Stage 1's side of an evaluation: the mode of the heads' distribution until stage 0 says each episode is
-    done; returns whether stage 0 stops the run (its target reached)."""
+    done."""
     for _ in range(cfg.eval_episodes):
         done = False
         while not done:
@@ -155,7 +190,6 @@ def _serve_eval(cfg: PipelinePPOConfig, heads: Heads, chan: DistChannel) -> bool
                 action = heads.env_action(dists.mode(heads.dist_kind, heads.dist_params(features)))
             chan.send(cut.encode_dense(action.reshape(1, -1), "fp32"), "actions")
             done = bool(chan.recv_json()["done"])
-    return bool(chan.recv_json()["stop"])
 
 
 def _save(cfg: PipelinePPOConfig, iteration: int, hello: dict[str, Any], parts: dict[str, Any],

@@ -1,0 +1,278 @@
+"""The one training loop: every algorithm runs through :func:`drive`.
+
+An :class:`Algorithm` says only what is its own: how to build its parts (:meth:`Algorithm.setup`) and one
+update (:meth:`Algorithm.update`). The driver owns the rest, once: seeding and the run directory (through
+:class:`~frugalrl.training.RunRecorder`), the loop, the evaluation schedule and the target stop, checkpoints and
+resume, progress, user callbacks (:class:`Callback`) and the summary. Adding an algorithm is one module with an
+``Algorithm`` subclass and a line in :data:`frugalrl.algos.ALGORITHMS`; ``tests/test_driver.py`` shows a toy one.
+
+The order is what makes a resumed run exact, so the driver keeps it for everyone: seed, build the parts (which
+consumes the RNG as it did in the first run), restore the checkpoint, then :meth:`Algorithm.start`. SIGTERM (a
+scheduler's preemption) and SIGINT stop a run after the update in progress, with its checkpoint and summary
+(``stop_reason`` "preempted" / "interrupted"); a second one exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from frugalrl.config import RunConfig
+from frugalrl.evaluation import Evaluation, Evaluator
+from frugalrl.training import RunRecorder
+
+log = logging.getLogger("frugalrl")
+
+STOP_SIGNALS = {signal.SIGTERM: "preempted", signal.SIGINT: "interrupted"}
+"""The signals that stop a run cleanly, and the ``stop_reason`` each leaves in its summary."""
+EXIT_PREEMPTED = 75
+"""The exit code of ``frugalrl train`` after a SIGTERM stop (EX_TEMPFAIL: the run is whole and resumable, so a
+wrapper can requeue it); a SIGINT stop exits with 0 (a stop on request)."""
+
+
+@dataclass
+class Setup:
+    """What an algorithm built, as the driver needs it."""
+
+    parts: dict[str, Any]
+    """What a checkpoint holds: objects with ``state_dict``/``load_state_dict``, or ``torch.Generator``s; the
+    ``agent`` part is the policy that ``frugalrl eval`` scores and ``best.pt`` keeps. None entries are skipped."""
+    total_updates: int | None
+    """Updates in the whole run (a resumed run continues to it); None: the algorithm says when it stops (an
+    asynchronous server with a time limit), through :attr:`Update.stop_reason`."""
+    steps_per_update: int
+    """Env steps one update consumes (the progress bar's scale)."""
+    evaluate: Evaluator | None = None
+    """The deterministic evaluation of the schedule and the end (None: the run is never evaluated)."""
+    evaluate_stochastic: Evaluator | None = None
+    """An evaluation that samples actions, made beside each deterministic one when ``eval_stochastic``."""
+    cluster: Any = None
+    """A ClusterEnv whose bytes, weight syncs and KLs every metrics row reports (None: no remote workers)."""
+    final_evaluation: Literal["unless_fresh", "always"] = "unless_fresh"
+    """'unless_fresh': the run ends with an evaluation unless one was made at its last step; 'always': it
+    ends with one anyway (the algorithm's own evaluations score other weights or fewer episodes)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """Where the run is when the driver asks for an update."""
+
+    index: int
+    """This update's number, from 1 (a resumed run continues the count)."""
+    total: int
+    """Updates in the whole run: schedules (learning rate, clip range) anneal over it (0: no budget in updates)."""
+    checkpoint_after: bool
+    """A checkpoint is written right after this update: an algorithm that overlaps collection with learning
+    leaves nothing in flight, so that the checkpoint holds envs at rest."""
+
+
+@dataclass
+class Update:
+    """What one update reports; the driver adds the standard columns and counts the steps."""
+
+    steps: int
+    """Env steps this update consumed."""
+    row: dict[str, Any] = field(default_factory=dict)
+    """The algorithm's own metrics (losses, schedules, ...), logged with the standard columns."""
+    episode_returns: Sequence[float] = ()
+    """Returns of the training episodes that ended in this update's experience."""
+    episode_lengths: Sequence[int] = ()
+    """Their lengths."""
+    policy_lag: np.ndarray | None = None
+    """Per transition, how many updates the acting policy was behind the learner."""
+    postfix: dict[str, Any] | None = None
+    """Extra figures for the progress bar."""
+    updates: int = 1
+    """Learner updates this report stands for (one, except for an asynchronous server that reports in batches)."""
+    evaluation: Evaluation | None = None
+    """An evaluation the algorithm made itself (an asynchronous server scoring its snapshots): recorded in place
+    of the driver's schedule, with ``evaluation_info`` in its history entry."""
+    evaluation_info: dict[str, Any] = field(default_factory=dict)
+    """Extra fields of that evaluation's history entry (e.g. ``global_update``)."""
+    seconds: float | None = None
+    """The algorithm's own clock, in training seconds of the whole run, where it measures them itself (a
+    server's optimisation time); None: the driver's clock."""
+    stop_reason: str | None = None
+    """Set when the algorithm ends the run itself (its server stopped): the summary's ``stop_reason``."""
+
+
+class Algorithm(ABC):
+    """One algorithm's own part of a run; :func:`drive` does the rest (see the module docstring).
+
+    The driver sets :attr:`run` before :meth:`setup`; an algorithm may read it (``run.env_steps``,
+    ``run.eval_history``, ``run.resumed``) and log extra rows with ``run.log``, never drive it.
+    """
+
+    name: ClassVar[str]
+    """The registry name, recorded in config.json and every checkpoint."""
+    run: RunRecorder
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    def tag(self) -> str:
+        """A word for the default run directory's name (the sync rule, the codec, ...)."""
+        return ""
+
+    @abstractmethod
+    def setup(self) -> Setup:
+        """Build the envs, networks and optimisers (before a checkpoint is restored into them)."""
+
+    def start(self) -> None:  # noqa: B027 - an optional hook
+        """After the restore, before the first update (reset the envs of a new run, start background work)."""
+
+    @abstractmethod
+    def update(self, step: Step) -> Update:
+        """Collect experience and make one learner update."""
+
+    def after_update(self, stopping: bool) -> None:  # noqa: B027 - an optional hook
+        """Called at the end of each update's turn of the loop (evaluated, logged, checkpointed); ``stopping``:
+        the run ends now (its target reached, a callback's stop)."""
+
+    def end(self) -> Update | None:
+        """The last update is done: finish what is in flight before the final evaluation and checkpoint. An
+        asynchronous algorithm returns what its reports did not count yet (the exact totals of its server:
+        ``steps`` and ``updates`` still to add, its clock, its stop reason)."""
+        return None
+
+    def details(self) -> dict[str, Any]:
+        """The algorithm's own entries of the summary's ``details``."""
+        return {}
+
+    def traffic(self) -> dict[str, Any]:
+        """``bytes``, ``weight_syncs``, ``restarts`` and ``uplink`` of the run (see
+        :func:`~frugalrl.training.cluster_traffic`); nothing for an algorithm without a wire."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 - an optional hook
+        """Release what :meth:`setup` built (also after an error)."""
+
+
+class Callback:
+    """User hooks into the loop, as SB3's callbacks: return False from a hook to stop the run
+    (``stop_reason`` "callback"); None or True goes on."""
+
+    def on_update(self, run: RunRecorder, update: Update, row: dict[str, Any]) -> bool | None:
+        """After every update, with its metrics row (already logged)."""
+        return None
+
+    def on_evaluation(self, run: RunRecorder, evaluation: Evaluation) -> bool | None:
+        """After every scheduled evaluation."""
+        return None
+
+
+def drive(algo: Algorithm, *, resume: str | Path | None = None, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """Run ``algo`` to the end of its budget, its target or a callback's stop; return the summary (also written
+    to ``summary.json``). ``resume``: a run directory to continue from its latest checkpoint."""
+    cfg = algo.cfg
+    run = RunRecorder(algo.name, cfg, tag=algo.tag(), resume=resume)
+    algo.run = run
+    with _Signals() as signals:
+        try:
+            return _loop(algo, run, callbacks, signals)
+        finally:
+            algo.close()
+
+
+def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], signals: _Signals) -> dict[str, Any]:
+    cfg = algo.cfg
+    setup = algo.setup()
+    run.attach(**setup.parts)
+    run.begin(setup.evaluate, (setup.total_updates or 0) * setup.steps_per_update,
+              evaluate_stochastic=setup.evaluate_stochastic)
+    algo.start()
+    total, saved = setup.total_updates, run.updates
+    while not signals.stop(run) and (total is None or run.updates < total):
+        index = run.updates + 1
+        update = algo.update(Step(index, total or 0, cfg.checkpoints_after(index)))
+        row = _account(run, update, setup.cluster)
+        evaluation = _evaluate(run, update, setup, row)
+        if evaluation is not None and any(cb.on_evaluation(run, evaluation) is False for cb in callbacks):
+            run.stop("callback")
+        run.log(row)
+        if any(cb.on_update(run, update, row) is False for cb in callbacks) and not run.stopped:
+            run.stop("callback")
+        signals.stop(run)
+        every = cfg.checkpoint_every
+        if every and run.updates // every > saved // every and not run.stopped:
+            run.save()
+            saved = run.updates
+        run.show_progress(update.steps, row, update.postfix)
+        algo.after_update(run.stopped)
+    last = algo.end()
+    if last is not None:
+        _account(run, last, None)
+    # A signal asks for the checkpoint and summary within a scheduler's grace period: no final evaluation then.
+    return run.finish(algo.details(), traffic=algo.traffic(), always_evaluate=setup.final_evaluation == "always",
+                      evaluate=signals.reason is None)
+
+
+class _Signals:
+    """SIGTERM and SIGINT during a run (main thread only): the first stops the run after the update in progress;
+    a second one restores the previous handlers and exits at once (KeyboardInterrupt for SIGINT, SystemExit
+    with 128 + the signal's number for SIGTERM), unwinding through every ``finally`` that stops workers."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.reason is not None:
+            self.__exit__()
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self.reason = STOP_SIGNALS[signal.Signals(signum)]
+        log.warning("frugalrl: %s: the run stops after the update in progress (checkpoint and summary); "
+                    "send it again to exit at once", signal.Signals(signum).name)
+
+    def stop(self, run: RunRecorder) -> bool:
+        """Stop ``run`` if a signal came; whether it is stopped."""
+        if self.reason is not None and not run.stopped:
+            run.stop(self.reason)
+        return run.stopped
+
+def _account(run: RunRecorder, update: Update, cluster: Any) -> dict[str, Any]:
+    """Count ``update`` on the run's books (its clock, when the algorithm keeps one; its stop) and return its
+    metrics row."""
+    if update.seconds is not None:
+        run.set_clock(update.seconds)
+    row = run.record_update(update.steps, update.row, updates=update.updates, episode_returns=update.episode_returns,
+                            episode_lengths=update.episode_lengths, policy_lag=update.policy_lag, cluster=cluster)
+    if update.stop_reason is not None:
+        run.stop(update.stop_reason)
+    return row
+
+
+def _evaluate(run: RunRecorder, update: Update, setup: Setup, row: dict[str, Any]) -> Evaluation | None:
+    """Record the algorithm's own evaluation, or make the scheduled one; put it in ``row``."""
+    if update.evaluation is not None:
+        run.record_eval(update.evaluation, run.env_steps, run.seconds(), **update.evaluation_info)
+        row["eval/return_mean"] = update.evaluation.mean
+        return update.evaluation
+    if setup.evaluate is None or not run.cfg.evaluates_after(run.updates, setup.total_updates or 0):
+        return None
+    result = run.evaluate()
+    row["eval/return_mean"], row["eval/return_std"] = result.mean, result.std
+    if run.last_stochastic is not None:
+        row["eval/stochastic_return_mean"] = run.last_stochastic.mean
+    return result

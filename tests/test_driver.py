@@ -1,0 +1,205 @@
+"""The one loop: an algorithm written against :class:`frugalrl.driver.Algorithm` alone gets the evaluation
+schedule, the target stop, checkpoints, an exact resume, user callbacks and the summary from the driver.
+
+The toy is hill climbing on CartPole: each update perturbs the policy's weights with its seeded generator and
+keeps the perturbation when an episode scores at least as well. It has no loop, no evaluation and no
+checkpoint code of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import gymnasium as gym
+import pytest
+import torch
+
+from frugalrl import algos
+from frugalrl.config import RunConfig
+from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, drive
+from frugalrl.envs.spec import to_env_spec
+from frugalrl.evaluation import policy_evaluator
+from frugalrl.nets import make_agent
+from frugalrl.runs import RunSummary, read_metrics
+
+
+@dataclass(kw_only=True)
+class ToyConfig(RunConfig):
+    """The toy's knobs: the run's plus a noise scale."""
+
+    noise: float = 0.05
+    """Standard deviation of each weight perturbation."""
+
+
+class Best:
+    """The best episode return so far, as a checkpoint part."""
+
+    def __init__(self) -> None:
+        self.value = -1.0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = state["value"]
+
+
+class HillClimb(Algorithm):
+    """Perturb, play one episode, keep what is not worse."""
+
+    name = "toy"
+
+    def setup(self) -> Setup:
+        self.env = gym.make("CartPole-v1")
+        self.agent = make_agent(self.env.observation_space, self.env.action_space)
+        self.generator = torch.Generator().manual_seed(self.cfg.seed)
+        self.best = Best()
+        spec = to_env_spec("CartPole-v1", {})
+        return Setup({"agent": self.agent, "generator": self.generator, "best": self.best}, total_updates=self.cfg.total_timesteps // 50,
+                     steps_per_update=50, evaluate=policy_evaluator(self.agent, spec, self.cfg))
+
+    def update(self, step: Step) -> Update:
+        vector = torch.nn.utils.parameters_to_vector(self.agent.parameters())
+        trial = vector + self.cfg.noise * torch.randn(vector.shape, generator=self.generator)
+        torch.nn.utils.vector_to_parameters(trial, self.agent.parameters())
+        obs, _ = self.env.reset(seed=int(torch.randint(2**31, (1,), generator=self.generator)))
+        total, steps, done = 0.0, 0, False
+        while not done and steps < 50:  # one episode of at most 50 steps: the update's env steps
+            with torch.no_grad():
+                logits = self.agent.dist_params(torch.as_tensor(obs, dtype=torch.float32)[None])
+            obs, reward, terminated, truncated, _ = self.env.step(int(logits.argmax()))
+            total, steps, done = total + float(reward), steps + 1, terminated or truncated
+        if total >= self.best.value:
+            self.best.value = total
+        else:
+            torch.nn.utils.vector_to_parameters(vector, self.agent.parameters())
+        return Update(50, {"toy/best": self.best.value}, episode_returns=[total])
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _config(tmp_path, **overrides) -> ToyConfig:
+    settings = {"run_dir": str(tmp_path), "run_name": "toy", "progress": False, "tensorboard": False, "plots": False,
+                "eval_episodes": 2, "eval_every": 4, "total_timesteps": 800, "checkpoint_every": 5,
+                "eval_stochastic": False}
+    return ToyConfig(**{**settings, **overrides})
+
+
+def _weights(summary) -> torch.Tensor:
+    ckpt = torch.load(f"{summary['run_dir']}/checkpoints/latest.pt", weights_only=False)
+    return torch.cat([v.reshape(-1) for _, v in sorted(ckpt["parts"]["agent"].items())])
+
+
+def test_a_toy_algorithm_gets_evaluation_checkpoints_and_the_summary(tmp_path):
+    summary = drive(HillClimb(_config(tmp_path)))
+    assert set(summary) == {f.name for f in dataclasses.fields(RunSummary)}
+    assert summary["algo"] == "toy" and summary["updates"] == 16 and summary["env_steps"] == 800
+    assert [e["step"] for e in summary["eval_history"]] == [200, 400, 600, 800]  # every 4 updates and the last
+    assert summary["stop_reason"] == "budget" and summary["eval_episodes"] == 2
+    rows = read_metrics(summary["run_dir"])
+    assert [r["step"] for r in rows if "toy/best" in r] == list(range(50, 801, 50))
+    assert all("charts/sps" in r for r in rows if "toy/best" in r)  # the driver's standard columns
+    assert (tmp_path / "toy" / "checkpoints" / "best.pt").exists()
+    assert json.loads((tmp_path / "toy" / "config.json").read_text())["noise"] == 0.05
+
+
+def test_a_toy_run_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_does(tmp_path):
+    """Stopped by a callback after 7 updates (the stop writes its checkpoint), resumed to the whole budget: the
+    same weights as one uninterrupted run, because the driver restores every part and the RNG states."""
+    whole = drive(HillClimb(_config(tmp_path / "whole")))
+
+    class StopAt(Callback):
+        def on_update(self, run, update, row):
+            return run.updates < 7
+
+    cut = drive(HillClimb(_config(tmp_path / "cut", checkpoint_every=5)), callbacks=[StopAt()])
+    assert cut["stop_reason"] == "callback" and cut["updates"] == 7
+    resumed = drive(HillClimb(_config(tmp_path / "cut")), resume=cut["run_dir"])
+    assert resumed["updates"] == 16 and [r["step"] for r in resumed["resumes"]] == [350]
+    assert torch.equal(_weights(resumed), _weights(whole))
+
+
+def test_callbacks_see_every_update_and_evaluation_and_a_target_stops_the_run(tmp_path):
+    seen = {"updates": 0, "evaluations": []}
+
+    class Count(Callback):
+        def on_update(self, run, update, row):
+            seen["updates"] += 1
+
+        def on_evaluation(self, run, evaluation):
+            seen["evaluations"].append(evaluation.mean)
+
+    summary = drive(HillClimb(_config(tmp_path, eval_every=1, target_return=1.0)), callbacks=[Count()])
+    assert summary["stop_reason"] == "target_return" and summary["updates"] == 1  # any policy scores >= 1
+    assert seen == {"updates": 1, "evaluations": [summary["eval_return_mean"]]}
+    assert summary["time_to_target"]["step"] == 50
+
+
+def test_an_algorithm_that_misses_a_required_part_is_named():
+    class NoUpdate(Algorithm):
+        name = "broken"
+
+        def setup(self) -> Setup:
+            raise AssertionError("never built")
+
+    with pytest.raises(TypeError, match="update"):
+        NoUpdate(RunConfig())  # type: ignore[abstract]
+
+
+def test_a_registered_toy_is_scored_by_frugalrl_eval(tmp_path, monkeypatch):
+    """One registry line makes the toy's run directory something ``frugalrl eval`` scores."""
+    summary = drive(HillClimb(_config(tmp_path, total_timesteps=200)))
+    monkeypatch.setitem(algos.ALGORITHMS, "toy", algos.Registered("test_driver", "ToyConfig", "hill climbing"))
+    agent, counters = algos.load_policy(summary["run_dir"])
+    assert counters["env_steps"] == 200 and not agent.training
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from frugalrl import algos, cli; "
+            "algos.ALGORITHMS['toy'] = algos.Registered('test_driver', 'ToyConfig', 'hill climbing'); "
+            "cli.main(['eval', sys.argv[2], '--episodes', '2'])")
+    out = subprocess.run([sys.executable, "-c", code, str(__import__("pathlib").Path(__file__).parent),
+                          summary["run_dir"]], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["algo"] == "toy"
+
+
+class SignalAt(Callback):
+    """Sends this process ``signum`` (``times`` times) after update ``at``, as a scheduler would."""
+
+    def __init__(self, at: int, signum: int = signal.SIGTERM, times: int = 1) -> None:
+        self.at, self.signum, self.times = at, signum, times
+
+    def on_update(self, run, update, row):
+        if run.updates == self.at:
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum, reason", [(signal.SIGTERM, "preempted"), (signal.SIGINT, "interrupted")])
+def test_a_signal_stops_the_run_with_a_checkpoint_and_a_resume_finishes_it_exactly(tmp_path, signum, reason):
+    """SIGTERM (or SIGINT) mid-run: the update in progress completes, the checkpoint and summary are written with the
+    signal's stop reason and no final evaluation, the handlers are given back; resumed, the run ends where an
+    uninterrupted one does."""
+    whole = drive(HillClimb(_config(tmp_path / "whole")))
+    before = signal.getsignal(signum)
+    cut = drive(HillClimb(_config(tmp_path / "cut")), callbacks=[SignalAt(6, signum)])
+    assert signal.getsignal(signum) is before
+    assert cut["stop_reason"] == reason and cut["updates"] == 6 and cut["env_steps"] == 300
+    assert [e["step"] for e in cut["eval_history"]] == [200]  # the schedule's; none made for the stop
+    assert torch.load(tmp_path / "cut" / "toy" / "checkpoints" / "latest.pt",
+                      weights_only=False)["counters"]["env_steps"] == 300
+    resumed = drive(HillClimb(_config(tmp_path / "cut")), resume=cut["run_dir"])
+    assert resumed["stop_reason"] == "budget" and resumed["env_steps"] == 800
+    assert torch.equal(_weights(resumed), _weights(whole))
+
+
+def test_a_second_signal_exits_at_once(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        drive(HillClimb(_config(tmp_path)), callbacks=[SignalAt(3, times=2)])
+    assert stop.value.code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) is before
