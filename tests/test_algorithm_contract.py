@@ -29,7 +29,23 @@ TINY: dict[str, tuple[dict, dict]] = {
 
 
 def test_every_algorithm_is_in_the_contract():
-    assert set(TINY) == set(ALGORITHMS)
+    assert set(TINY) == set(ALGORITHMS), "add a tiny CartPole run of the new algorithm to TINY"
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_runs_through_the_driver(name):
+    """What a registered algorithm's module must have: an Algorithm subclass registered under its name (the driver
+    runs it), and ``train(cfg, resume=None, callbacks=())``."""
+    import inspect
+
+    from frugalrl.driver import Algorithm
+
+    mod, cls = algorithm(name).load()
+    assert dataclasses.is_dataclass(cls), f"{name}: its config must be a dataclass (its fields are the CLI flags)"
+    own = [c for c in Algorithm.__subclasses__() if getattr(c, "name", None) == name and c.__module__.startswith("frugalrl.")]
+    assert len(own) == 1, f"{name}: no frugalrl.driver.Algorithm subclass with name = {name!r} in {mod.__name__}"
+    params = inspect.signature(mod.train).parameters
+    assert {"resume", "callbacks"} <= set(params), f"{name}: train() must take resume= and callbacks="
 
 
 @pytest.mark.timeout(240)

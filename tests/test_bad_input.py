@@ -268,3 +268,33 @@ def test_nan_checks_can_be_disabled():
         assert np.isnan(obs).any()
     finally:
         env.close()
+
+
+def test_a_bad_checkpoint_file_is_one_line_naming_it(tmp_path):
+    """Truncated, random or foreign checkpoint files: ``frugalrl eval``, ``--resume`` and the Python API each say in one
+    line which file and what is wrong (never a traceback; nothing a worker or a stranger wrote is unpickled)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from frugalrl.algos import load_policy
+    from frugalrl.algos.ppo import PPOConfig, train
+
+    train(PPOConfig(env="CartPole-v1", backend="serial", workers=1, envs_per_worker=2, num_steps=16,
+                    total_timesteps=64, eval_episodes=1, progress=False, tensorboard=False, plots=False,
+                    run_dir=str(tmp_path), run_name="run"))
+    ckpt = tmp_path / "run" / "checkpoints" / "latest.pt"
+    whole = ckpt.read_bytes()
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    cases = [("truncated", whole[: len(whole) // 2], "eval"), ("random", bytes(range(256)) * 8, "train"),
+             ("foreign", foreign.read_bytes(), "eval")]
+    for name, data, command in cases:
+        ckpt.write_bytes(data)
+        with pytest.raises(ValueError, match="latest.pt is not a"):
+            load_policy(tmp_path / "run")
+        argv = ["eval", str(tmp_path / "run")] if command == "eval" else ["train", "ppo", "--resume", str(tmp_path / "run")]
+        out = subprocess.run([sys.executable, "-m", "frugalrl.cli", *argv], capture_output=True, text=True, timeout=120)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and "latest.pt is not a" in lines[0], (name, out.stderr)

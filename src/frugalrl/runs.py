@@ -209,7 +209,20 @@ def read_checkpoint(path: str | Path, name: str = CHECKPOINT) -> dict[str, Any]:
         path = path / "checkpoints" / name
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    payload = read_torch_file(path)
+    if not isinstance(payload, dict) or "format" not in payload or "parts" not in payload:
+        raise ValueError(f"{path} is not a frugalrl checkpoint (a torch file without its format, parts and counters)")
+    return payload
+
+
+def read_torch_file(path: Path) -> Any:
+    """A torch file of frugalrl's (tensors and plain containers: ``weights_only=True``, nothing else unpickled); a
+    truncated, foreign or random file raises one ``ValueError`` line naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - whatever torch.load raised, one line naming the file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is not a readable frugalrl checkpoint (truncated or not one: {first[:160]})") from None
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:

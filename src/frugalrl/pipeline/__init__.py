@@ -53,13 +53,11 @@ def predict_bytes(cfg: PipelinePPOConfig, truncations: Sequence[int] = ()) -> di
 def load_policy(run_dir: str | Path) -> tuple[Any, dict[str, Any]]:
     """Both halves of a pipeline run as one :class:`~frugalrl.nets.SplitPolicy` (stage 0's encoder from
     ``latest.pt``, stage 1's heads from ``heads.pt``), and stage 0's counters."""
-    import torch
-
     from frugalrl.config import config_from_dict
     from frugalrl.nets import SplitPolicy, space_desc
     from frugalrl.pipeline.stage0 import check_spaces
     from frugalrl.pipeline.stage1 import HEADS_CHECKPOINT
-    from frugalrl.runs import read_checkpoint, read_config
+    from frugalrl.runs import read_checkpoint, read_config, read_torch_file
 
     cfg = config_from_dict(PipelinePPOConfig, read_config(run_dir), where=f"{run_dir}/config.json")
     payload = read_checkpoint(run_dir)
@@ -67,7 +65,7 @@ def load_policy(run_dir: str | Path) -> tuple[Any, dict[str, Any]]:
     if not heads_path.exists():
         raise FileNotFoundError(f"no {HEADS_CHECKPOINT} in {run_dir}/checkpoints: stage 1 ran on another machine? "
                                 "copy its checkpoints/heads.pt here")
-    heads = torch.load(heads_path, map_location="cpu", weights_only=True)
+    heads = read_torch_file(heads_path)
     obs_space, _ = check_spaces(cfg)
     obs_norm = "obs_norm.mean" in payload["parts"]["encoder"]
     policy = SplitPolicy(space_desc(obs_space), heads["action"], list(cfg.encoder_hidden), int(heads["head_hidden"]),

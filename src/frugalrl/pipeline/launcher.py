@@ -16,6 +16,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from frugalrl.driver import drive
+from frugalrl.driver import Callback, drive
 from frugalrl.pipeline.config import PipelinePPOConfig
 from frugalrl.pipeline.stage0 import Stage0, check_spaces
 from frugalrl.pipeline.stage1 import run_stage1
@@ -51,7 +52,8 @@ def _is_loopback(addr: str) -> bool:
     return addr in ("localhost", "::1") or addr.startswith("127.")
 
 
-def run_stage(cfg: PipelinePPOConfig, rank: int, resume: str | Path | None = None) -> dict[str, Any]:
+def run_stage(cfg: PipelinePPOConfig, rank: int, resume: str | Path | None = None,
+              callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Join the process group as ``rank`` and run that stage; rank 0 returns the run summary.
 
     Rendezvous at ``cfg.master_addr:cfg.master_port`` (``MASTER_ADDR``/``MASTER_PORT`` from ``torchrun``
@@ -75,25 +77,29 @@ def run_stage(cfg: PipelinePPOConfig, rank: int, resume: str | Path | None = Non
         if rank == 1:
             run_stage1(cfg, connect())
             return {}
-        return drive(Stage0(cfg, connect), resume=resume)  # connects after the run's seeding, as it always did
+        return drive(Stage0(cfg, connect), resume=resume, callbacks=callbacks)  # connects after the run's seeding
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def train(cfg: PipelinePPOConfig, resume: str | Path | None = None) -> dict[str, Any]:
+def train(cfg: PipelinePPOConfig, resume: str | Path | None = None, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Train split-model PPO as ``cfg`` says; return stage 0's run summary (see the module docstring).
 
     ``resume`` continues a run directory from its checkpoints (stage 0's ``latest.pt`` and stage 1's
     ``heads.pt``): the networks, optimizers, generators and byte counts continue; the envs start new
-    episodes and the sparsifier's residual starts from zero.
+    episodes and the sparsifier's residual starts from zero. ``callbacks`` run in stage 0's process, so they
+    need this process to be stage 0 (``rank=0``, or ``RANK=0`` from ``torchrun``).
     """
     cfg.validate()
     rank = cfg.rank if cfg.rank is not None else (int(os.environ["RANK"]) if "RANK" in os.environ else None)
+    if callbacks and rank != 0:
+        raise ValueError("pipeline PPO runs callbacks in stage 0's process: start this process as stage 0 "
+                         "(rank=0, or torchrun's RANK=0) and stage 1 beside it")
     if rank is not None:
         if rank == 0:
             check_spaces(cfg)
-        return run_stage(cfg, rank, resume)
+        return run_stage(cfg, rank, resume, callbacks)
     check_spaces(cfg)
     if resume is not None:
         run_dir = Path(resume)

@@ -28,7 +28,7 @@ from frugalrl.normalize import ReturnScaler
 from frugalrl.pipeline.config import PipelinePPOConfig
 from frugalrl.pipeline.stage0 import is_dense_update
 from frugalrl.returns import gae
-from frugalrl.runs import write_atomic
+from frugalrl.runs import read_torch_file, write_atomic
 from frugalrl.wire import cut, sparsify
 from frugalrl.wire.torchdist import DistChannel
 
@@ -208,7 +208,7 @@ def _load(cfg: PipelinePPOConfig, iteration: int, parts: dict[str, Any], gens: d
     path = stage1_dir(cfg) / "checkpoints" / HEADS_CHECKPOINT
     if not path.exists():
         raise ValueError(f"stage 0 resumes at iteration {iteration} but stage 1 has no checkpoint at {path}")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    payload = read_torch_file(path)
     if payload["iteration"] != iteration:
         raise ValueError(f"stage 0 resumes at iteration {iteration} but stage 1's checkpoint ({path}) is at "
                          f"iteration {payload['iteration']}")
