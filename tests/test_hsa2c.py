@@ -388,3 +388,32 @@ def test_hsa2c_learns_minatar_with_the_grid_cnn(tmp_path):
     assert history[0] < 1.0, history
     assert s["eval_return_mean"] >= 2.0, history
     assert s["bytes"]["gradients"] >= s["details"]["pushes"] * problem.size * 4  # fp32 pushes
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["callback", "sigterm"])
+def test_the_driver_stops_the_dpsgd_server_and_keeps_its_reason(tmp_path, how):
+    """A callback's stop or a SIGTERM reaches the asynchronous server (the generator's ``send("stop")``): the run ends
+    early with the driver's reason, the server's exact totals and a checkpoint."""
+    import os
+    import signal
+
+    from frugalrl.driver import Callback
+
+    class Stop(Callback):
+        def on_update(self, run, update, row):
+            if run.updates < 4:
+                return None
+            if how == "sigterm":
+                os.kill(os.getpid(), signal.SIGTERM)
+                return None
+            return False
+
+    cfg = HSA2CConfig(env="CartPole-v1", workers=1, local_steps=2, global_updates=400, eval_every=2,
+                      envs_per_process=2, synchronous=True, progress=False, tensorboard=False, plots=False,
+                      eval_episodes=1, run_dir=str(tmp_path), run_name="run")
+    s = train(cfg, callbacks=[Stop()])
+    assert s["stop_reason"] == ("callback" if how == "callback" else "preempted")
+    assert 4 <= s["updates"] < 400 and s["details"]["dpsgd_stop_reason"] == "requested"
+    assert s["env_steps"] == s["details"]["gradients"] * cfg.k * cfg.envs_per_process
+    assert (tmp_path / "run" / "checkpoints" / "latest.pt").exists()

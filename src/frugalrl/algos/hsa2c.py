@@ -428,8 +428,9 @@ class HSA2C(Algorithm):
         self.problem.load(out["params"])
         steps = self.steps0 + int(out["gradient_steps"]) * self.cfg.env_steps_per_gradient
         updates = self.done + int(out["global_updates"])
+        reason = None if out["stop_reason"] == "requested" else self._stop_reason()  # requested: the run's own
         return Update(steps - self.run.env_steps, updates=updates - self.run.updates,
-                      seconds=self.seconds0 + float(out["wall_time_s"]), stop_reason=self._stop_reason())
+                      seconds=self.seconds0 + float(out["wall_time_s"]), stop_reason=reason)
 
     def details(self) -> dict[str, Any]:
         cfg, out = self.cfg, self.out
@@ -470,5 +471,5 @@ def train(cfg: HSA2CConfig, resume: str | Path | None = None, callbacks: Sequenc
     return drive(HSA2C(cfg), resume=resume, callbacks=callbacks)
 
 
-_STOP_REASONS = {"global_updates": "budget", "target_loss": "target_return", "requested": "callback"}
+_STOP_REASONS = {"global_updates": "budget", "target_loss": "target_return"}
 """DPSGD's stop reasons in the run summary's words."""
