@@ -221,7 +221,7 @@ def test_using_a_closed_env():
         lambda: env.step(np.zeros(1, dtype=np.int64)),
         lambda: env.step(agent),
         lambda: env.rollout(agent, 4),
-        lambda: env.sync(agent),
+        lambda: env.send_weights(agent),
     ):
         with pytest.raises(RuntimeError, match=r"this ClusterEnv is closed"):
             call()

@@ -176,12 +176,12 @@ def test_aaps_kl_is_measured_on_the_workers_states(aaps_env):
     ro = env.rollout(agent, T)
     assert env.stats()["weight_syncs"]["per_worker"] == [1, 1]
     # No learner change: nobody is stale, nothing moves.
-    assert env.sync(agent) == []
+    assert env.send_weights(agent) == []
     # A tiny learner change: KL on the recorded states is tiny, no sync, and it is the KL we compute.
     with torch.no_grad():
         agent.actor[-1].bias.add_(torch.tensor([0.01, -0.01]))
     before = env.meter.kind_total("weights")
-    assert env.sync(agent) == []
+    assert env.send_weights(agent) == []
     assert env.meter.kind_total("weights") == before
     for w in range(W):
         assert env.last_kl[w] == pytest.approx(_manual_kl(env, agent, ro, w), rel=1e-5, abs=1e-9)
@@ -189,7 +189,7 @@ def test_aaps_kl_is_measured_on_the_workers_states(aaps_env):
     # A large learner change: KL far above δ, every worker is synced.
     with torch.no_grad():
         agent.actor[-1].bias.copy_(torch.tensor([3.0, -3.0]))
-    assert env.sync(agent) == [0, 1]
+    assert env.send_weights(agent) == [0, 1]
     for w in range(W):
         assert env.last_kl[w] == pytest.approx(_manual_kl(env, agent, ro, w), rel=1e-5)
         assert env.last_kl[w] > 0.05
@@ -212,10 +212,10 @@ def test_aaps_kl_refers_to_the_weights_a_worker_holds(aaps_env):
     env.rollout(agent, T)
     with torch.no_grad():
         agent.actor[-1].bias.copy_(torch.tensor([3.0, -3.0]))
-    assert env.sync(agent) == [0, 1]
+    assert env.send_weights(agent) == [0, 1]
     with torch.no_grad():
         agent.actor[-1].bias.add_(torch.tensor([0.01, -0.01]))
-    assert env.sync(agent) == [], f"resynced although KL to the held weights is tiny: {env.last_kl}"
+    assert env.send_weights(agent) == [], f"resynced although KL to the held weights is tiny: {env.last_kl}"
     assert all(k is not None and k < 0.05 for k in env.last_kl)
 
 
@@ -264,13 +264,13 @@ def test_force_sync_and_new_agent_objects(aaps_env):
     env.rollout(a1, 4)
     with torch.no_grad():
         a1.actor[-1].bias.add_(torch.tensor([1e-4, 0.0]))
-    assert env.sync(a1) == []
-    assert env.sync(a1, force=True) == [0, 1]
+    assert env.send_weights(a1) == []
+    assert env.send_weights(a1, force=True) == [0, 1]
     # A brand-new agent (possibly at a recycled id()) is a new version and reaches the workers.
     for seed in range(2, 8):
         del a1
         a1 = _agent(env, seed=seed)
-        env.sync(a1, force=True)
+        env.send_weights(a1, force=True)
         for w in range(W):
             held = env.backend.workers[w].policy.state_dict()
             assert all(torch.equal(held[k], v) for k, v in a1.state_dict().items()), f"seed {seed}, worker {w}"
@@ -282,7 +282,7 @@ def test_weights_codec_shrinks_weight_bytes(codec, ratio):
     try:
         agent = _agent(envs["fp32"])
         for env in envs.values():
-            env.sync(agent)
+            env.send_weights(agent)
         full, small = (envs[c].meter.kind_total("weights") for c in ("fp32", codec))
         assert full == ratio * small
         obs = torch.randn(16, 4)

@@ -278,7 +278,7 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
         first_event = len(self.restart_events)
         if self._obs is None:
             self.reset(seed=self.seed)
-        self.sync(agent)
+        self.send_weights(agent)
         self.backend.reserve(
             rollout_bound(self.single_observation_space, self.single_action_space, self.envs_per_worker, num_steps), 0
         )
@@ -314,7 +314,7 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
         raise NotImplementedError("ClusterEnv does not render; render inside your env factory if needed")
 
     # ------------------------------------------------------------------ policy sync
-    def sync(self, agent: torch.nn.Module, force: bool = False) -> list[int]:
+    def send_weights(self, agent: torch.nn.Module, force: bool = False) -> list[int]:
         """Send the agent's weights to the workers the sync rule picks (all of them if ``force``)."""
         self._check_open()
         agent = as_agent(agent)
@@ -471,7 +471,7 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
 
     def _step_agent(self, agent: ActorCritic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         first_event = len(self.restart_events)
-        self.sync(agent)
+        self.send_weights(agent)
         # A worker replaced while syncing lost its episodes: it is reported like one that fails
         # during the step (truncated; NEXT_STEP: its envs reset on the next step), and skips this one.
         cut = sorted({e["worker"] for e in self.restart_events[first_event:]})
