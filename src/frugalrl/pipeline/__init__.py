@@ -5,7 +5,7 @@ cut gradients.
 Stage 0 (rank 0, :mod:`frugalrl.pipeline.stage0`) steps the environments, runs the encoder and owns the run;
 stage 1 (rank 1, :mod:`frugalrl.pipeline.stage1`) runs the heads and the PPO loss (:func:`frugalrl.losses.ppo_loss`,
 PPO's own). Features cross the cut forward, their gradient backward, through
-:class:`~frugalrl.wire.torchdist.DistChannel` (every byte counted); the cut gradient goes through a codec: dense,
+:class:`~frugalrl.wire.torchdist.TorchDistChannel` (every byte counted); the cut gradient goes through a codec: dense,
 or :class:`~frugalrl.wire.sparsify.TopPercentile` (the paper's accumulate-and-send-the-top-(1−p) rule with error
 feedback). Every message has a size :mod:`frugalrl.pipeline.bytes` predicts. What crosses when, and where this
 departs from the paper: docs/pipeline.md.

@@ -38,7 +38,7 @@ from frugalrl.process import (
     spawn,
 )
 from frugalrl.wire.message import Message
-from frugalrl.wire.torchdist import DistChannel
+from frugalrl.wire.torchdist import TorchDistChannel
 
 
 def free_port(addr: str) -> int:
@@ -67,11 +67,11 @@ def run_stage(cfg: PipelinePPOConfig, rank: int, resume: str | Path | None = Non
     if _is_loopback(addr):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
-    def connect() -> DistChannel:
+    def connect() -> TorchDistChannel:
         torch.manual_seed(cfg.seed + rank)
         dist.init_process_group(cfg.dist_backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
                                 timeout=timedelta(seconds=cfg.timeout))
-        return DistChannel(rank, 1 - rank)
+        return TorchDistChannel(rank, 1 - rank)
 
     try:
         if rank == 1:

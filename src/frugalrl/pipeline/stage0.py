@@ -28,7 +28,7 @@ from frugalrl.nets import action_desc, make_encoder
 from frugalrl.pipeline.config import STAT_NAMES, PipelinePPOConfig
 from frugalrl.wire import cut
 from frugalrl.wire.meter import ByteMeter
-from frugalrl.wire.torchdist import DistChannel
+from frugalrl.wire.torchdist import TorchDistChannel
 
 EVAL_SEED = 20_000
 """Env seeds of the pipeline's evaluation episodes: ``EVAL_SEED, EVAL_SEED + 1, ...``."""
@@ -105,7 +105,7 @@ def truncated_final_obs(info: dict[str, Any], terminated: np.ndarray, truncated:
     return [np.asarray(info["final_obs"][i]) for i in np.flatnonzero(np.logical_and(truncated, ~terminated))]
 
 
-def send_bootstrap(cfg: PipelinePPOConfig, encoder: nn.Module, chan: DistChannel, next_obs: np.ndarray,
+def send_bootstrap(cfg: PipelinePPOConfig, encoder: nn.Module, chan: TorchDistChannel, next_obs: np.ndarray,
                    finals: list[np.ndarray]) -> None:
     """After a rollout: the features of the last observation, then those of the final observations of the
     truncated steps (row-major (t, env) order) when there are any; stage 1 counts them from the done flags,
@@ -125,7 +125,7 @@ class Stage0(Algorithm):
 
     name = "pipeline-ppo"
 
-    def __init__(self, cfg: PipelinePPOConfig, connect: Callable[[], DistChannel]) -> None:
+    def __init__(self, cfg: PipelinePPOConfig, connect: Callable[[], TorchDistChannel]) -> None:
         super().__init__(cfg)
         self.cfg: PipelinePPOConfig = cfg
         self.connect = connect
@@ -285,7 +285,7 @@ class Stage0(Algorithm):
             self.envs.close()
 
 
-def _evaluate(cfg: PipelinePPOConfig, encoder: nn.Module, chan: DistChannel) -> Evaluation:
+def _evaluate(cfg: PipelinePPOConfig, encoder: nn.Module, chan: TorchDistChannel) -> Evaluation:
     """``eval_episodes`` episodes through the pipeline, stage 1 taking the mode of its heads' distribution."""
     env = to_env_spec(cfg.env, cfg.env_kwargs).make()
     returns = []

@@ -30,7 +30,7 @@ from frugalrl.pipeline.stage0 import is_dense_update
 from frugalrl.returns import gae
 from frugalrl.runs import read_torch_file, write_atomic
 from frugalrl.wire import cut, sparsify
-from frugalrl.wire.torchdist import DistChannel
+from frugalrl.wire.torchdist import TorchDistChannel
 
 HEADS_CHECKPOINT = "heads.pt"
 """Stage 1's half of a checkpoint, in ``<run>/checkpoints/``."""
@@ -65,7 +65,7 @@ def rollout_targets(rewards: torch.Tensor, values: torch.Tensor, last_value: tor
     return gae(rewards, values, next_values, terminations, dones, gamma, lam)
 
 
-def recv_bootstrap(heads: Heads, chan: DistChannel, terminations: torch.Tensor,
+def recv_bootstrap(heads: Heads, chan: TorchDistChannel, terminations: torch.Tensor,
                    dones: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1's side of :func:`frugalrl.pipeline.stage0.send_bootstrap`: the value of the last observation and
     those of the truncated steps' final observations (no message when there are none)."""
@@ -75,7 +75,7 @@ def recv_bootstrap(heads: Heads, chan: DistChannel, terminations: torch.Tensor,
     return last_value, heads.value(cut.decode_cut(chan.recv("activations")))
 
 
-def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
+def run_stage1(cfg: PipelinePPOConfig, chan: TorchDistChannel) -> None:
     """Stage 1: the heads and the PPO loss; serves stage 0 until the run ends (or stage 0 stops at its target)."""
     hello = chan.recv_json()
     if hello.get("digest") != cfg.digest():
@@ -179,7 +179,7 @@ def run_stage1(cfg: PipelinePPOConfig, chan: DistChannel) -> None:
     _save(cfg, iteration_done, hello, parts, gens)
 
 
-def _serve_eval(cfg: PipelinePPOConfig, heads: Heads, chan: DistChannel) -> None:
+def _serve_eval(cfg: PipelinePPOConfig, heads: Heads, chan: TorchDistChannel) -> None:
     """Stage 1's side of an evaluation: the mode of the heads' distribution until stage 0 says each episode is
     done."""
     for _ in range(cfg.eval_episodes):

@@ -2,7 +2,7 @@
 
 The split-model pipeline (:mod:`frugalrl.pipeline`) moves activations, gradients, actions and rewards
 between its two stages as *cut messages* (:mod:`frugalrl.wire.cut`): self-describing byte strings with
-a small binary header. A :class:`DistChannel` sends one such message as an int64 length followed by
+a small binary header. A :class:`TorchDistChannel` sends one such message as an int64 length followed by
 the bytes as a uint8 tensor (gloo on CPU; NCCL needs device tensors and is not used for these small
 point-to-point messages), and records both in a :class:`~frugalrl.wire.meter.ByteMeter`:
 the message body under its kind (``activations``, ``gradients``, ...), its header and the length
@@ -31,7 +31,7 @@ MAX_MESSAGE_BYTES = 1 << 31
 """A length above this is taken as a corrupt stream rather than allocated."""
 
 
-class DistChannel:
+class TorchDistChannel:
     """Point-to-point messages between this rank and ``peer``, counted in ``meter``.
 
     ``rank`` 0 sends ``up`` and receives ``down``; any other rank the reverse. ``wait_seconds``
