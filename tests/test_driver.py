@@ -186,9 +186,13 @@ def test_a_signal_stops_the_run_with_a_checkpoint_and_a_resume_finishes_it_exact
     signal's stop reason and no final evaluation, the handlers are given back; resumed, the run ends where an
     uninterrupted one does."""
     whole = drive(HillClimb(_config(tmp_path / "whole")))
+    # As a terminal delivers it: a shell's background job (CI may run pytest so) inherits SIGINT ignored, and an
+    # ignored signal stays ignored by the driver.
+    inherited = signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
     before = signal.getsignal(signum)
     cut = drive(HillClimb(_config(tmp_path / "cut")), callbacks=[SignalAt(6, signum)])
     assert signal.getsignal(signum) is before
+    signal.signal(signum, inherited)
     assert cut["stop_reason"] == reason and cut["updates"] == 6 and cut["env_steps"] == 300
     assert [e["step"] for e in cut["eval_history"]] == [200]  # the schedule's; none made for the stop
     assert torch.load(tmp_path / "cut" / "toy" / "checkpoints" / "latest.pt",
@@ -199,7 +203,19 @@ def test_a_signal_stops_the_run_with_a_checkpoint_and_a_resume_finishes_it_exact
 
 
 def test_a_second_signal_exits_at_once(tmp_path):
+    inherited = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stop:
         drive(HillClimb(_config(tmp_path)), callbacks=[SignalAt(3, times=2)])
     assert stop.value.code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) is before
+    signal.signal(signal.SIGTERM, inherited)
+
+
+def test_an_ignored_signal_stays_ignored(tmp_path):
+    """``nohup``-style or background-job runs that inherit a signal ignored keep ignoring it."""
+    inherited = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        summary = drive(HillClimb(_config(tmp_path)), callbacks=[SignalAt(3, signal.SIGINT)])
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+    assert summary["stop_reason"] == "budget" and summary["updates"] == 16

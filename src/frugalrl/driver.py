@@ -227,7 +227,8 @@ class _Signals:
     def __enter__(self) -> _Signals:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # a background job (`cmd &`) keeps ignoring SIGINT
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:

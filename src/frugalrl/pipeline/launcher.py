@@ -163,7 +163,8 @@ class _SignalForward:
         self.pid, self.sent = stage0_pid, False
         self.previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)
+                             if signal.getsignal(sig) is not signal.SIG_IGN}
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.sent:
