@@ -18,7 +18,7 @@ import logging
 import signal
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -175,14 +175,14 @@ def drive(algo: Algorithm, *, resume: str | Path | None = None, callbacks: Seque
     cfg = algo.cfg
     run = RunRecorder(algo.name, cfg, tag=algo.tag(), resume=resume)
     algo.run = run
-    with _Signals() as signals:
+    with StopSignals() as signals:
         try:
             return _loop(algo, run, callbacks, signals)
         finally:
             algo.close()
 
 
-def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], signals: _Signals) -> dict[str, Any]:
+def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], signals: StopSignals) -> dict[str, Any]:
     cfg = algo.cfg
     setup = algo.setup()
     run.attach(**setup.parts)
@@ -215,16 +215,18 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
                       evaluate=signals.reason is None)
 
 
-class _Signals:
-    """SIGTERM and SIGINT during a run (main thread only): the first stops the run after the update in progress;
-    a second one restores the previous handlers and exits at once (KeyboardInterrupt for SIGINT, SystemExit
-    with 128 + the signal's number for SIGTERM), unwinding through every ``finally`` that stops workers."""
+class StopSignals:
+    """SIGTERM and SIGINT while in this context (main thread only; a signal inherited ignored stays ignored): the
+    first sets :attr:`reason` (and calls ``on_first`` with its number, e.g. to pass it on to a child); a second
+    restores the previous handlers and exits at once (KeyboardInterrupt for SIGINT, SystemExit with 128 + the
+    signal's number for SIGTERM), unwinding through every ``finally`` that stops workers."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_first: Callable[[int], object] | None = None) -> None:
         self.reason: str | None = None
+        self._on_first = on_first
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _Signals:
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 if signal.getsignal(sig) is not signal.SIG_IGN:  # a background job (`cmd &`) keeps ignoring SIGINT
@@ -245,6 +247,8 @@ class _Signals:
         self.reason = STOP_SIGNALS[signal.Signals(signum)]
         log.warning("frugalrl: %s: the run stops after the update in progress (checkpoint and summary); "
                     "send it again to exit at once", signal.Signals(signum).name)
+        if self._on_first is not None:
+            self._on_first(signum)
 
     def stop(self, run: RunRecorder) -> bool:
         """Stop ``run`` if a signal came; whether it is stopped."""

@@ -59,12 +59,21 @@ def bootstrap_values(
     """
     T, N = obs.shape[:2]
     values = value_fn(obs.reshape(T * N, *obs.shape[2:])).reshape(T, N)
+    final_values = value_fn(final_obs) if final_idx.shape[0] > 0 else values.new_zeros(0)
+    return values, next_values_of(values, value_fn(next_obs), final_idx, final_values)
+
+
+def next_values_of(values: torch.Tensor, last_value: torch.Tensor, final_idx: torch.Tensor,
+                   final_values: torch.Tensor) -> torch.Tensor:
+    """``V(s'_t)`` from values already computed: ``values[t + 1]``, ``last_value`` after the last step, and
+    ``final_values`` (the values of final observations) at the ``final_idx`` rows ``[t, n]`` where an episode
+    ended. Steps whose episode terminated need no entry: :func:`gae` does not bootstrap them."""
     next_values = torch.empty_like(values)
     next_values[:-1] = values[1:]
-    next_values[-1] = value_fn(next_obs)
+    next_values[-1] = last_value
     if final_idx.shape[0] > 0:
-        next_values[final_idx[:, 0], final_idx[:, 1]] = value_fn(final_obs)
-    return values, next_values
+        next_values[final_idx[:, 0], final_idx[:, 1]] = final_values
+    return next_values
 
 
 # --------------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from frugalrl.driver import Callback, drive
+from frugalrl.driver import Callback, StopSignals, drive
 from frugalrl.pipeline.config import PipelinePPOConfig
 from frugalrl.pipeline.stage0 import Stage0, check_spaces
 from frugalrl.pipeline.stage1 import run_stage1
@@ -129,54 +128,30 @@ def _launch_both(cfg: PipelinePPOConfig, run_dir: Path, resume: str | Path | Non
     with open(run_dir / "stage1.log", "w") as log:
         children = [spawn(STAGE_ENTRY, {**config, "rank": r}, name=f"pipeline stage {r}", log=None if r == 0 else log)
                     for r in (0, 1)]
-        forward = _SignalForward(children[0].pid)
-        try:
-            deadline = time.monotonic() + cfg.timeout
-            for child in children:
-                child.await_ready(deadline, keep_value_error=True)
-            done: set[str] = set()
-            while len(done) < 2:
-                for child in poll_children(children, 1.0):
-                    try:
-                        got = child.wait_message(0)
-                    except ChildExited as e:
-                        raise RuntimeError(f"{child.name} failed: exited with code {e.exitcode} "
-                                           f"(see {run_dir}/stage1.log)") from None
-                    if got is None:
-                        continue
-                    msg, _ = got
-                    if msg.op == "error":
-                        raise child_error(child.name, msg.meta, keep_value_error=True, what="failed")
-                    done.add(child.name)
-        finally:
-            forward.close()
-            for child in children:
-                child.stop(10.0)
-
-
-class _SignalForward:
-    """While both stages run: SIGTERM or SIGINT to the launcher goes to stage 0 as SIGTERM, whose driver stops the
-    run after the iteration in progress (stage 1 stops with it); a second one exits at once (the ``finally``
-    that waits for the stages then stops them)."""
-
-    def __init__(self, stage0_pid: int) -> None:
-        self.pid, self.sent = stage0_pid, False
-        self.previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)
-                             if signal.getsignal(sig) is not signal.SIG_IGN}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.sent:
-            self.close()
-            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
-        self.sent = True
-        os.kill(self.pid, signal.SIGTERM)
-
-    def close(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        self.previous = {}
+        # SIGTERM or SIGINT to the launcher goes to stage 0 as SIGTERM (it ignores SIGINT, as every child does):
+        # its driver stops after the iteration in progress and stage 1 stops with it.
+        with StopSignals(on_first=lambda _: os.kill(children[0].pid, signal.SIGTERM)):
+            try:
+                deadline = time.monotonic() + cfg.timeout
+                for child in children:
+                    child.await_ready(deadline, keep_value_error=True)
+                done: set[str] = set()
+                while len(done) < 2:
+                    for child in poll_children(children, 1.0):
+                        try:
+                            got = child.wait_message(0)
+                        except ChildExited as e:
+                            raise RuntimeError(f"{child.name} failed: exited with code {e.exitcode} "
+                                               f"(see {run_dir}/stage1.log)") from None
+                        if got is None:
+                            continue
+                        msg, _ = got
+                        if msg.op == "error":
+                            raise child_error(child.name, msg.meta, keep_value_error=True, what="failed")
+                        done.add(child.name)
+            finally:
+                for child in children:
+                    child.stop(10.0)
 
 
 STAGE_ENTRY = "frugalrl.pipeline.launcher:stage_entry"

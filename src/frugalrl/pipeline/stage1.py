@@ -27,7 +27,7 @@ from frugalrl.nets import Heads
 from frugalrl.normalize import ReturnScaler
 from frugalrl.pipeline.config import PipelinePPOConfig
 from frugalrl.pipeline.stage0 import is_dense_update
-from frugalrl.returns import gae
+from frugalrl.returns import gae, next_values_of
 from frugalrl.runs import read_torch_file, write_atomic
 from frugalrl.wire import cut, sparsify
 from frugalrl.wire.torchdist import TorchDistChannel
@@ -47,21 +47,14 @@ def truncated_steps(terminations: torch.Tensor, dones: torch.Tensor) -> torch.Te
     return (dones > 0) & (terminations == 0)
 
 
-def bootstrap_next_values(values: torch.Tensor, last_value: torch.Tensor, final_values: torch.Tensor,
-                          terminations: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
-    """``V(s'_t)`` of every step: the next step's value, ``last_value`` after the rollout, ``final_values`` (one per
-    :func:`truncated_steps` entry) at a truncation, and 0 at a termination (a finished env's next observation is
-    its reset one, never its successor)."""
-    next_values = torch.cat([values[1:], last_value[None]]) * (1 - dones)
-    next_values[truncated_steps(terminations, dones)] = final_values
-    return next_values
-
-
 def rollout_targets(rewards: torch.Tensor, values: torch.Tensor, last_value: torch.Tensor,
                     final_values: torch.Tensor, terminations: torch.Tensor, dones: torch.Tensor, gamma: float,
                     lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE ``(advantages, returns)`` of a rollout, bootstrapped as :func:`bootstrap_next_values` says."""
-    next_values = bootstrap_next_values(values, last_value, final_values, terminations, dones)
+    """GAE ``(advantages, returns)`` of a rollout: each step bootstraps from the next step's value, ``last_value``
+    after the rollout, or at a truncation the value of its final observation (``final_values``, one per
+    :func:`truncated_steps` entry); a termination from nothing."""
+    final_idx = truncated_steps(terminations, dones).nonzero()  # row-major (t, env): stage 0's order
+    next_values = next_values_of(values, last_value, final_idx, final_values)
     return gae(rewards, values, next_values, terminations, dones, gamma, lam)
 
 
