@@ -227,7 +227,7 @@ def frugal_run(env: str, variant: str, seed: int, steps: int, settings: dict[str
         if env != "LunarLander-v3":
             raise SystemExit("a2c-zoo replays rl-zoo's LunarLander entry only (--env LunarLander-v3)")
         cfg = timed_hsa2c(name, 3600.0, 1e9, 1, workers=1, processes=1, local_steps=1, rho=1.0, momentum=0.0,
-                          average=0.0, norm_reward=False, norm_obs=False, envs_per_process=ZOO["n_envs"], k=ZOO["n_steps"],
+                          average=0.0, norm_reward=False, norm_obs=False, envs_per_process=ZOO["n_envs"], num_steps=ZOO["n_steps"],
                           gamma=ZOO["gamma"], ent_coef=ZOO["ent_coef"], eta=float(ZOO["learning_rate"][4:]),
                           eta_anneal=1.0, vf_coef=1.0, **common)  # ½ MSE × 1 = SB3's MSE × 0.5
     else:
@@ -241,7 +241,7 @@ def frugal_run(env: str, variant: str, seed: int, steps: int, settings: dict[str
             "env_steps": rec["env_steps"], "train_s": rec["env_steps"] / rec["env_steps_per_s"],
             "wall_s": time.monotonic() - t0, "bytes_total": rec["bytes_total"],
             "config": {k: getattr(cfg, k) for k in ("workers", "local_steps", "rho", "momentum", "average",
-                                                     "norm_reward", "norm_obs", "envs_per_process", "k", "gamma", "ent_coef",
+                                                     "norm_reward", "norm_obs", "envs_per_process", "num_steps", "gamma", "ent_coef",
                                                      "eta", "eta_anneal", "max_grad_norm", "vf_coef", "hidden",
                                                      "net")}}
 

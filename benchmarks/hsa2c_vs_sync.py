@@ -60,7 +60,7 @@ ENVS: dict[str, dict[str, Any]] = {
         "budget_s": 240.0,
         "eval_every_s": 2.0,
         # HSA2C's own defaults, what `frugalrl train hsa2c` runs. Until 2026-11-25 these runs used rl-zoo's A2C
-        # settings, {"gamma": 0.995, "ent_coef": 1e-4, "k": 8, "eta": 7e-4} (pass them with --settings to replay
+        # settings, {"gamma": 0.995, "ent_coef": 1e-4, "num_steps": 8, "eta": 7e-4} (pass them with --settings to replay
         # the result files of before): 2 of 5 seeds never reached 200 in some 5-seed runs, where the defaults
         # reached it on 5 of 5 (hsa2c_vs_sync_library_defaults.json).
         "settings": {},

@@ -26,7 +26,7 @@ from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 
 from frugalrl import dists  # noqa: E402
-from frugalrl.algos.hsa2c import A2CProblem  # noqa: E402
+from frugalrl.algos.hsa2c import A2CProblem, HSA2CConfig  # noqa: E402
 from frugalrl.envs.spec import to_env_spec  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,15 +88,15 @@ def test_a2c_problem_replays_sb3_a2c_update_by_update(
     rec.weights.append({n: p.detach().clone() for n, p in model.policy.named_parameters()})
     assert len(rec.weights) == updates + 1 and len(rec.actions) == updates * K
 
-    problem = A2CProblem(env=env, env_kwargs=env_kwargs, envs=ENVS, k=K, gamma=GAMMA, gae_lambda=lam, ent_coef=ENT,
-                         vf_coef=1.0, max_grad_norm=0.5)
+    problem = A2CProblem(HSA2CConfig(env=env, env_kwargs=env_kwargs, envs_per_process=ENVS, num_steps=K, gamma=GAMMA,
+                                     gae_lambda=lam, ent_coef=ENT, vf_coef=1.0, max_grad_norm=0.5, norm_obs=False,
+                                     norm_reward=False, sde=False))
     agent = problem.agent
     u = flat(agent, rec.weights[0])
     problem._start_envs(np.random.default_rng(0))
-    assert problem.envs is not None
-    for i, e in enumerate(problem.envs):  # make_vec_env's seeds
-        obs, _ = e.reset(seed=SEED + i)
-        problem.obs[i] = np.asarray(obs)
+    assert problem.group is not None
+    for i in range(ENVS):  # make_vec_env's seeds
+        problem.group.reset(i, seed=SEED + i)
     actions = iter(rec.actions)
 
     def replayed(kind: str, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -24,6 +24,14 @@ from frugalrl.evaluation import EVAL_SEED, evaluate
 pytestmark = pytest.mark.timeout(180)
 
 
+def a2c_problem(env: str = "CartPole-v1", envs: int = 2, num_steps: int = 5, seed: int = 0, **kw) -> A2CProblem:
+    """An A2C problem as a DPSGD worker builds it, with the tests' plain settings: raw rewards and observations and
+    independent noise unless asked."""
+    cfg = HSA2CConfig(**{"env": env, "envs_per_process": envs, "num_steps": num_steps, "seed": seed,
+                         "norm_reward": False, "norm_obs": False, "sde": False, **kw})
+    return make_a2c_problem(**cfg.problem_kwargs())
+
+
 def _cfg(tmp_path, **kw) -> HSA2CConfig:
     base = dict(
         run_dir=str(tmp_path),
@@ -38,7 +46,7 @@ def _cfg(tmp_path, **kw) -> HSA2CConfig:
 
 
 def test_a2c_problem_gradient_shape_and_finite():
-    problem = make_a2c_problem(env="CartPole-v1", envs=2, k=3, seed=0)
+    problem = a2c_problem(num_steps=3)
     assert isinstance(problem, Problem)
     params = problem.init_params()
     assert params.dtype == np.float32 and params.ndim == 1 and params.size == problem.size
@@ -49,13 +57,13 @@ def test_a2c_problem_gradient_shape_and_finite():
         assert np.isfinite(grad).all() and np.abs(grad).sum() > 0
     assert problem.env_steps == 3 * 3 * 2 and problem.gradients == 3
     # same seed, same initial weights in every process; the loss is minus a greedy return
-    assert np.array_equal(A2CProblem("CartPole-v1", seed=0).init_params(), params)
+    assert np.array_equal(a2c_problem(envs=8).init_params(), params)
     assert -problem.loss(params) >= 1.0
     check_problem(problem, "hsa2c", np.random.default_rng(1))
 
 
 def test_a2c_problem_plain_sgd_gradient_is_clipped():
-    problem = A2CProblem("CartPole-v1", envs=2, k=4, grad_scaling="none", max_grad_norm=0.5, seed=0)
+    problem = a2c_problem(num_steps=4, grad_scaling="none", max_grad_norm=0.5)
     grad = problem.stochastic_grad(problem.init_params(), np.random.default_rng(0))
     assert np.linalg.norm(grad) <= 0.5 + 1e-4
 
@@ -65,7 +73,7 @@ def test_a2c_problem_plain_sgd_gradient_is_clipped():
     [
         ("workers", 0),
         ("local_steps", 0),
-        ("k", 0),
+        ("num_steps", 0),
         ("envs_per_process", -1),
         ("eta", 0.0),
         ("rho", -1.0),
@@ -102,6 +110,16 @@ def test_config_validation_synchronous_needs_master_batch_equal_workers(tmp_path
         DPSGDConfig(problem="frugalrl.dpsgd.problems:least_squares", global_updates=None).validate()
 
 
+def test_an_old_config_json_with_k_still_loads():
+    """``k`` became ``num_steps``: a run directory or preset written before reads the same, a new one wins."""
+    from frugalrl.config import config_from_dict
+
+    assert config_from_dict(HSA2CConfig, {"k": 8}).num_steps == 8
+    assert config_from_dict(HSA2CConfig, {"k": 8, "num_steps": 6}).num_steps == 6
+    with pytest.raises(ValueError, match="does not know: kk"):
+        config_from_dict(HSA2CConfig, {"kk": 8})
+
+
 def test_config_embeds_the_dpsgd_options():
     """HSA2CConfig is DPSGDOptions with HSA2C's defaults and fields: every option reaches the DPSGD run, errors
     name HSA2CConfig, and the CLI documents inherited options with DPSGD's docstrings."""
@@ -131,9 +149,8 @@ def test_entropy_schedule_follows_the_global_clock():
     round pulled (``set_version``), resuming where an earlier segment stopped (as DPSGD's rate schedule and
     average do); constant without it."""
     cfg = HSA2CConfig(env="CartPole-v1", total_timesteps=8_000, ent_coef=0.02, ent_anneal=0.5)
-    kw = cfg.problem_kwargs()
-    assert (kw["ent_anneal"], kw["horizon"]) == (0.5, cfg.budget_updates) == (0.5, 20)
-    problem = make_a2c_problem(**kw)
+    problem = make_a2c_problem(**cfg.problem_kwargs())
+    assert (problem.ent_anneal, problem.horizon) == (0.5, cfg.budget_updates) == (0.5, 20)
     coef = []
     for version in (0, 10, 15, 20):
         problem.set_version(version)
@@ -141,7 +158,7 @@ def test_entropy_schedule_follows_the_global_clock():
     assert coef == pytest.approx([0.02, 0.02, 0.01, 0.0])
     segment = cfg.dpsgd_config(done_updates=10)  # its workers tell set_version the run's clock, 10 + version
     assert (segment.clock_offset, segment.global_updates, segment.run_updates) == (10, 10, 20)  # η's clock too
-    assert segment.problem_kwargs == kw  # the clock comes from the worker (tests/test_dpsgd.py runs it)
+    assert segment.problem_kwargs == cfg.problem_kwargs()  # the clock comes from the worker (tests/test_dpsgd.py runs it)
     worker = DPSGDWorker(segment.worker_config(0, segment.eta))  # p = 1: no helper processes
     try:
         resumed = worker.problem
@@ -152,14 +169,12 @@ def test_entropy_schedule_follows_the_global_clock():
     constant = make_a2c_problem(**HSA2CConfig(env="CartPole-v1", ent_coef=0.02).problem_kwargs())
     constant.set_version(10**6)
     assert constant.ent_now == 0.02
-    with pytest.raises(ValueError, match="ent_anneal needs a horizon"):
-        make_a2c_problem(env="CartPole-v1", ent_anneal=0.5)
 
 
 def test_sde_noise_is_held_for_sde_sample_freq_steps():
     """``sde``: the exploration matrices are drawn once per ``sde_sample_freq`` env steps, across gradients (5-step
     rollouts, redrawn at step 9 of 15), and the agent carries the (features × actions) log-std matrix."""
-    problem = make_a2c_problem(env="MountainCarContinuous-v0", envs=2, k=5, sde=True, sde_sample_freq=8, seed=0)
+    problem = a2c_problem("MountainCarContinuous-v0", num_steps=5, sde=True, sde_sample_freq=8)
     assert problem.agent.log_std.shape == (64, 1)
     rng = np.random.default_rng(0)
     held = []
@@ -170,7 +185,7 @@ def test_sde_noise_is_held_for_sde_sample_freq_steps():
     assert [age for _, age in held] == [5, 2, 7]
     assert held[0][0] is not held[1][0] and held[1][0] is held[2][0] and held[0][0].shape == (2, 64, 1)
     with pytest.raises(ValueError, match="Box actions"):
-        make_a2c_problem(env="CartPole-v1", sde=True)
+        a2c_problem(sde=True)
     # HSA2C's defaults: on for Box actions, its matrix from log σ −2 in half-widths of the box (Pendulum's torque is
     # ±2: −2 + log 2); off for Discrete; log σ 0 without it
     box = make_a2c_problem(**HSA2CConfig(env="Pendulum-v1").problem_kwargs())
@@ -212,7 +227,7 @@ def test_hsa2c_learns_cartpole(tmp_path):
     first = next(h for h in s["eval_history"] if h["mean"] >= 195)
     assert s["time_to_target"]["global_update"] == first["global_update"] <= d["global_updates"]
     assert d["gradients"] >= s["time_to_target"]["global_update"] * 10
-    assert s["env_steps"] == d["gradients"] * cfg.k * cfg.envs_per_process
+    assert s["env_steps"] == d["gradients"] * cfg.num_steps * cfg.envs_per_process
     assert s["eval_return_mean"] == first["mean"] >= 195, s["eval_history"]
     assert all(h["mean"] < 195 for h in s["eval_history"] if h.get("global_update", 1e9) < first["global_update"])
     # wire accounting: pulls of weights down, pushes of update vectors up
@@ -241,7 +256,7 @@ def test_synchronous_baseline_runs(tmp_path):
     assert d["synchronous"] and d["local_steps"] == 1 and d["master_batch"] == 2
     assert d["global_updates"] == s["updates"] == 40
     assert d["staleness"]["max"] == 0  # every update is computed from the current global weights
-    assert d["gradients"] >= 80 and s["env_steps"] == d["gradients"] * cfg.k * cfg.envs_per_process
+    assert d["gradients"] >= 80 and s["env_steps"] == d["gradients"] * cfg.num_steps * cfg.envs_per_process
     assert np.isfinite(s["eval_return_mean"])
 
 
@@ -249,10 +264,10 @@ def test_hsa2c_on_atari_frames_builds_the_cnn(tmp_path):
     """HSA2C on real Pong frames (4×84×84 uint8): every Hogwild process builds the Nature-CNN, takes A2C steps
     on frames and pushes its update; the master's weights change and the final evaluation plays the game."""
     cfg = _cfg(tmp_path, env="frugalrl.envs.atari:make_atari", env_kwargs={"env_id": "ALE/Pong-v5", "max_episode_steps": 200},
-               workers=1, local_steps=2, global_updates=2, envs_per_process=2, k=4, eval_every=0, eval_episodes=1,
+               workers=1, local_steps=2, global_updates=2, envs_per_process=2, num_steps=4, eval_every=0, eval_episodes=1,
                eval_max_steps=200, eval_stochastic=False)
     s = train(cfg)
-    problem = A2CProblem(**cfg.problem_kwargs())
+    problem = A2CProblem(cfg)
     assert type(problem.agent).__name__ == "NatureCNNActorCritic"
     assert s["details"]["global_updates"] == 2 and s["details"]["gradients"] == 4
     assert s["env_steps"] == 4 * 4 * 2
@@ -264,21 +279,20 @@ def test_gae_lambda_one_is_the_k_step_return_and_lower_changes_the_advantages():
     lower λ weights the value function's own estimates more, so the same rollout gives another gradient."""
     grads = {}
     for lam in (None, 1.0, 0.5, 0.0):
-        problem = make_a2c_problem(env="CartPole-v1", envs=2, k=6, seed=0, **({} if lam is None else
-                                                                               {"gae_lambda": lam}))
+        problem = a2c_problem(num_steps=6, **({} if lam is None else {"gae_lambda": lam}))
         grads[lam] = problem.stochastic_grad(problem.init_params(), np.random.default_rng(3))
         assert np.isfinite(grads[lam]).all()
     assert np.array_equal(grads[None], grads[1.0])
     assert not np.allclose(grads[1.0], grads[0.5]) and not np.allclose(grads[0.5], grads[0.0])
     with pytest.raises(ValueError, match="gae_lambda"):
-        make_a2c_problem(env="CartPole-v1", gae_lambda=-0.1)
+        a2c_problem(gae_lambda=-0.1)
 
 
 def test_reward_scaling_scales_the_returns_the_value_learns():
     """``norm_reward``: each process keeps the running std of its envs' discounted return (CartPole's +1 per
     step: it grows past 1) that its rewards are divided by, and the gradients stay finite."""
-    plain = make_a2c_problem(env="CartPole-v1", envs=2, k=8, seed=0)
-    scaled = make_a2c_problem(env="CartPole-v1", envs=2, k=8, seed=0, norm_reward=True)
+    plain = a2c_problem(num_steps=8)
+    scaled = a2c_problem(num_steps=8, norm_reward=True)
     for problem in (plain, scaled):
         for _ in range(5):
             grad = problem.stochastic_grad(problem.init_params(), np.random.default_rng(1))
@@ -297,7 +311,7 @@ def test_observation_statistics_are_part_of_the_weights():
 
     from frugalrl.normalize import RunningMeanStd
 
-    problem = make_a2c_problem(env="MountainCar-v0", envs=2, k=4, seed=0, norm_obs=True)
+    problem = a2c_problem("MountainCar-v0", num_steps=4, norm_obs=True)
     n = sum(p.numel() for p in problem.agent.parameters())
     assert problem.size == n + 2 * 2 + 1 == problem.init_params().size
     assert np.allclose(problem.init_params()[n:], [0, 0, 1, 1, 1e-4])
@@ -321,8 +335,8 @@ def test_observation_statistics_are_part_of_the_weights():
     merged.update(obs)
     assert np.allclose(new, [*merged.mean, *merged.var, float(merged.count)], rtol=1e-4, atol=1e-6)
     # frames and grids are scaled, not normalised: the CNN's vector is its parameters alone
-    grid = make_a2c_problem(env="frugalrl.envs.minatar:make_minatar", env_kwargs={"game": "breakout"}, envs=1, k=1,
-                            norm_obs=True)
+    grid = a2c_problem("frugalrl.envs.minatar:make_minatar", env_kwargs={"game": "breakout"}, envs=1, num_steps=1,
+                       norm_obs=True)
     assert grid.obs_norm is None and grid.size == sum(p.numel() for p in grid.agent.parameters())
 
 
@@ -382,7 +396,7 @@ def test_hsa2c_learns_minatar_with_the_grid_cnn(tmp_path):
                workers=2, total_timesteps=150_000, eval_every=0, eval_episodes=10, eval_max_steps=1000,
                eval_stochastic=False)
     s = train(cfg)
-    problem = A2CProblem(**cfg.problem_kwargs())
+    problem = A2CProblem(cfg)
     assert type(problem.agent).__name__ == "NatureCNNActorCritic" and problem.agent.channels_last
     history = [h["mean"] for h in s["eval_history"]]
     assert history[0] < 1.0, history
@@ -415,5 +429,5 @@ def test_the_driver_stops_the_dpsgd_server_and_keeps_its_reason(tmp_path, how):
     s = train(cfg, callbacks=[Stop()])
     assert s["stop_reason"] == ("callback" if how == "callback" else "preempted")
     assert 4 <= s["updates"] < 400 and s["details"]["dpsgd_stop_reason"] == "requested"
-    assert s["env_steps"] == s["details"]["gradients"] * cfg.k * cfg.envs_per_process
+    assert s["env_steps"] == s["details"]["gradients"] * cfg.num_steps * cfg.envs_per_process
     assert (tmp_path / "run" / "checkpoints" / "latest.pt").exists()

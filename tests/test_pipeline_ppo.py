@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from frugalrl.cli import main as cli_main
+from frugalrl.experience import collect_fragment
 from frugalrl.nets import Heads, action_desc, make_encoder
 from frugalrl.pipeline import PipelinePPOConfig, predict_bytes, train
 from frugalrl.pipeline.bytes import table_one
 from frugalrl.pipeline.launcher import free_port
-from frugalrl.pipeline.stage0 import make_vector_env, truncated_final_obs
+from frugalrl.pipeline.stage0 import make_env_group
 from frugalrl.pipeline.stage1 import rollout_targets
 from frugalrl.returns import bootstrap_values, gae
 
@@ -216,17 +217,17 @@ def test_stage1_bootstraps_a_truncation_from_its_final_observation_and_a_termina
 
 
 def test_stage0_keeps_the_final_observations_of_truncated_steps():
-    """Gymnasium's same-step autoreset: the step returns the reset observation, ``info["final_obs"]`` the last one."""
+    """Same-step autoreset: after the step the group holds the reset observation, the fragment the last one."""
     cfg = PipelinePPOConfig(env="envs_for_tests:CounterEnv", env_kwargs={"horizon": 2}, num_envs=2)
-    envs = make_vector_env(cfg, seed=0)
+    envs = make_env_group(cfg, seed=0)
     try:
-        for _ in range(2):
-            obs, _, terminated, truncated, info = envs.step(np.zeros(2, dtype=np.int64))
+        fragment = collect_fragment(envs, lambda obs: (np.zeros(2, dtype=np.int64), None), 2)
     finally:
         envs.close()
-    assert truncated.all() and not terminated.any() and (obs[:, 0] == 0).all()
-    assert [f[0] for f in truncated_final_obs(info, terminated, truncated)] == [2.0, 2.0]
-    assert len(truncated_final_obs(info, np.array([True, False]), truncated)) == 1  # a termination: none
+    assert fragment.truncations[1].all() and not fragment.terminations.any() and (fragment.next_obs[:, 0] == 0).all()
+    assert [f[0] for f in fragment.truncated_final_obs()] == [2.0, 2.0]
+    fragment.terminations[1, 0] = True  # a termination: no bootstrap, so no final observation to send
+    assert len(fragment.truncated_final_obs()) == 1
 
 
 def test_time_limited_env_bootstraps_every_truncation_and_bytes_stay_exact(tmp_path):
@@ -279,7 +280,12 @@ def test_sigterm_stops_both_stages_with_their_checkpoints_and_resume_finishes(tm
     assert summary["stop_reason"] == "preempted" and 0 < summary["updates"] < 150
     heads = torch.load(run / "checkpoints" / "heads.pt", weights_only=True)
     assert heads["iteration"] == summary["updates"]
+    # as a checkpoint written before stage 0 logged its truncation bootstraps: those iterations sent none
+    latest = torch.load(run / "checkpoints" / "latest.pt", weights_only=False)
+    del latest["parts"]["truncations"]
+    torch.save(latest, run / "checkpoints" / "latest.pt")
 
     resumed = cli_main(["train", "pipeline-ppo", "--resume", str(run), "--no-progress"])
     assert resumed == 0
-    assert json.loads((run / "summary.json").read_text())["env_steps"] == 32 * 150
+    final = json.loads((run / "summary.json").read_text())
+    assert final["env_steps"] == 32 * 150 and len(final["details"]["truncation_bootstraps"]) == 150

@@ -23,7 +23,7 @@ SETTINGS = {
                 "num_minibatches": 2, "update_epochs": 4, "gae_lambda": 0.95},
     "impala": {"backend": "serial", "workers": 1, "envs_per_worker": 2, "num_steps": 16, "total_timesteps": 2048,
                "num_minibatches": 2, "update_epochs": 4, "overlap": False},
-    "hsa2c": {"workers": 1, "local_steps": 2, "envs_per_process": 2, "k": 5, "global_updates": 300,
+    "hsa2c": {"workers": 1, "local_steps": 2, "envs_per_process": 2, "num_steps": 5, "global_updates": 300,
               "learning_rate": None},
 }
 

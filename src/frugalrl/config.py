@@ -27,9 +27,8 @@ import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from frugalrl.nets import Net
 from frugalrl.sync import SyncRule, make_sync_rule
 from frugalrl.wire.uplink import Behaviour, ObsCodec, Uplink, UplinkOptions
 
@@ -37,12 +36,17 @@ Backend = Literal["serial", "local", "ray"]
 """Where ClusterEnv's workers run: in this process, in local processes, or in Ray actors."""
 SyncName = Literal["every", "interval", "aaps"]
 """Weight-sync rules by their command-line name (see :func:`frugalrl.sync.make_sync_rule`)."""
+Net = Literal["auto", "mlp", "cnn"]
+"""The actor-critic network (see :attr:`NetConfig.net` and :func:`frugalrl.nets.make_agent`)."""
 WeightsCodec = Literal["fp32", "bf16", "fp16", "int8"]
 """How weights travel to the workers (see :mod:`frugalrl.wire.codecs`)."""
 
 
 class ConfigPart:
     """Base of every config part: the end of the cooperative ``validate()`` chain."""
+
+    renamed: ClassVar[dict[str, str]] = {}
+    """Old field names and their new ones: an old ``config.json`` or preset still loads (:func:`config_from_dict`)."""
 
     def validate(self) -> None:
         """Check every ``Literal`` field; subclasses add their checks and call ``super().validate()``."""
@@ -175,6 +179,8 @@ class ClusterConfig(ConfigPart):
     """Env worker processes (or actors)."""
     envs_per_worker: int = 4
     """Environments stepped by each worker."""
+    num_steps: int = 128
+    """Steps per env per rollout fragment (an update learns from workers × envs_per_worker × num_steps)."""
     sync: SyncName = "every"
     """Weight-sync rule: 'every' (each update), 'interval' (every sync_interval updates) or 'aaps' (when
     KL(worker policy ‖ learner) on the worker's recent states exceeds kl_threshold)."""
@@ -205,6 +211,9 @@ class ClusterConfig(ConfigPart):
     uplink_link_mbps: float = 100.0
     """The link rate (Mbit/s) uplink 'auto' weighs each codec's CPU time against."""
 
+    if typing.TYPE_CHECKING:  # RunConfig's, which every config with a ClusterConfig also has
+        total_timesteps: int
+
     def uplink_options(self) -> UplinkOptions:
         """The uplink fields as the options the workers take (checked)."""
         return UplinkOptions(self.uplink, self.uplink_obs, self.uplink_behaviour, self.uplink_link_mbps)
@@ -212,7 +221,8 @@ class ClusterConfig(ConfigPart):
     def validate(self) -> None:
         """Check the cluster fields."""
         super().validate()
-        check_fields(self, positive_ints=("workers", "envs_per_worker", "sync_interval"), positive=("kl_threshold",))
+        check_fields(self, positive_ints=("workers", "envs_per_worker", "num_steps", "sync_interval"),
+                     positive=("kl_threshold",))
         if self.max_policy_lag is not None:
             check_fields(self, positive_ints=("max_policy_lag",))
         self.sync_rule()
@@ -224,6 +234,16 @@ class ClusterConfig(ConfigPart):
     def num_envs(self) -> int:
         """Environments in all."""
         return self.workers * self.envs_per_worker
+
+    @property
+    def batch_size(self) -> int:
+        """Transitions per update."""
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        """Updates in the run (at least one)."""
+        return max(1, self.total_timesteps // self.batch_size)
 
     def sync_rule(self) -> SyncRule:
         """The weight-sync rule these fields describe."""
@@ -351,8 +371,12 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def config_from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
-    """Build config ``cls`` from a JSON dict (``config.json``): unknown keys are an error naming them."""
+    """Build config ``cls`` from a JSON dict (``config.json``): renamed fields are read under their old names too,
+    unknown keys are an error naming them."""
     names = {f.name for f in dataclasses.fields(cls)}
+    for old, new in getattr(cls, "renamed", {}).items():
+        if old in data:
+            data = {**{k: v for k, v in data.items() if k != old}, new: data.get(new, data[old])}
     unknown = sorted(k for k in data if k not in names and k != "algo" and not k.startswith("_"))
     if unknown:
         raise ValueError(f"{where} has fields {cls.__name__} does not know: {', '.join(unknown)}")

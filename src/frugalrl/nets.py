@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from frugalrl import dists
+from frugalrl.config import Net
 from frugalrl.dists import DistKind
 from frugalrl.normalize import ObsNormalizer
 
@@ -389,9 +390,6 @@ def grid_cnn(obs_shape: list[int] | tuple[int, ...], action: dict[str, Any]) -> 
     128 units (:data:`GRID_CONVS`, :data:`GRID_CHANNELS`, :data:`GRID_HIDDEN`); the grid's cells are 0/1."""
     return NatureCNNActorCritic(obs_shape, action, GRID_CHANNELS, GRID_HIDDEN, GRID_CONVS, channels_last=True,
                                 scale=1.0)
-
-
-Net = Literal["auto", "mlp", "cnn"]
 
 
 def image_layout(space: gym.Space) -> Literal["frames", "grid"] | None:

@@ -19,6 +19,7 @@ import torch
 
 from frugalrl import dists
 from frugalrl.dists import DistKind
+from frugalrl.experience import VectorGroup, collect_fragment
 from frugalrl.nets import ActorCritic
 
 
@@ -74,75 +75,23 @@ def collect_rollout(
 ) -> Rollout:
     """Collect a :class:`Rollout` from a plain Gymnasium vector env with head-side inference.
 
-    ``state`` carries the current observation and autoreset flags between calls (start with ``{}``;
-    it is filled from ``envs.reset()`` on the first call, seeded with ``state.get("seed")``).
-    Handles NEXT_STEP (the Gymnasium default) and SAME_STEP autoreset; with NEXT_STEP the reset
-    steps are marked invalid and the final observations are taken from the step that ended.
+    ``state`` carries the env's place between calls (start with ``{}``, or ``{"seed": s}``: the first call resets
+    the env with that seed). NEXT_STEP (the Gymnasium default) and SAME_STEP autoreset both work; with NEXT_STEP the
+    reset steps are marked invalid and the final observations are taken from the step that ended.
     """
-    mode = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
-    mode = mode.value if hasattr(mode, "value") else str(mode)
-    if "obs" not in state:
-        state["obs"], _ = envs.reset(seed=state.get("seed"))
-        state["resetting"] = np.zeros(envs.num_envs, dtype=bool)
-    n = envs.num_envs
-    action_space = envs.single_action_space
-    obs_buf, act_buf, par_buf = [], [], []
-    rewards = np.zeros((num_steps, n), np.float32)
-    terms = np.zeros((num_steps, n), bool)
-    truncs = np.zeros((num_steps, n), bool)
-    valid = np.ones((num_steps, n), bool)
-    final_idx: list[tuple[int, int]] = []
-    final_obs: list[np.ndarray] = []
-    ep_r: list[float] = []
-    ep_l: list[int] = []
+    if "group" not in state:
+        state["group"] = VectorGroup(envs, seed=state.get("seed"))
     generator = state.setdefault("generator", torch.Generator().manual_seed(state.get("seed") or 0))
-    ep_ret = state.setdefault("ep_ret", np.zeros(n))
-    ep_len = state.setdefault("ep_len", np.zeros(n, dtype=np.int64))
-    for t in range(num_steps):
-        obs = state["obs"]
-        valid[t] = ~state["resetting"]
+
+    def policy(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with torch.no_grad():
             params = agent.dist_params(torch.as_tensor(obs))
-            action = dists.sample(agent.dist_kind, params, generator).numpy()
-        obs_buf.append(np.asarray(obs).copy())
-        act_buf.append(action)
-        par_buf.append(params.float().numpy())
-        if isinstance(action_space, gym.spaces.Box):
-            env_action = np.clip(action, action_space.low, action_space.high)
-        else:
-            env_action = action
-        next_obs, r, te, tr, infos = envs.step(env_action)
-        rewards[t], terms[t], truncs[t] = r, te, tr
-        done = np.logical_or(te, tr)
-        for i in np.flatnonzero(done):
-            final_idx.append((t, int(i)))
-            if mode == "SameStep":
-                final_obs.append(np.asarray(infos["final_obs"][i]))
-            else:
-                final_obs.append(np.asarray(next_obs[i]))
-        ep_ret += np.where(valid[t], r, 0.0)
-        ep_len += valid[t]
-        for i in np.flatnonzero(done):
-            ep_r.append(float(ep_ret[i]))
-            ep_l.append(int(ep_len[i]))
-            ep_ret[i], ep_len[i] = 0.0, 0
-        # With NEXT_STEP autoreset the next step of a finished env only resets it: mark it invalid.
-        state["resetting"] = done if mode == "NextStep" else np.zeros(n, bool)
-        state["obs"] = next_obs
-    obs_arr = np.stack(obs_buf)
+            return dists.sample(agent.dist_kind, params, generator).numpy(), params.float().numpy()
+
+    f = collect_fragment(state["group"], policy, num_steps)
     return Rollout(
-        obs=obs_arr,
-        actions=np.stack(act_buf),
-        rewards=rewards,
-        terminations=terms,
-        truncations=truncs,
-        dist_params=np.stack(par_buf),
-        versions=np.zeros((num_steps, n), np.int64),
-        next_obs=np.asarray(state["obs"]).copy(),
-        final_idx=np.array(final_idx, np.int32).reshape(-1, 2),
-        final_obs=np.stack(final_obs) if final_obs else np.zeros((0, *obs_arr.shape[2:]), obs_arr.dtype),
-        dist_kind=agent.dist_kind,
-        valid=None if valid.all() else valid,
-        episode_returns=ep_r,
-        episode_lengths=ep_l,
+        obs=f.obs, actions=f.actions, rewards=f.rewards, terminations=f.terminations, truncations=f.truncations,
+        dist_params=f.params, versions=np.zeros((num_steps, envs.num_envs), np.int64), next_obs=f.next_obs,
+        final_idx=f.final_idx, final_obs=f.final_obs, dist_kind=agent.dist_kind, valid=f.valid,
+        episode_returns=f.episode_returns, episode_lengths=f.episode_lengths,
     )

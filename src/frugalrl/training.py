@@ -224,6 +224,8 @@ class RunRecorder:
             if name == "envs":
                 envs_state = self._restore_envs(part, state, resumes=len(ckpt["counters"]["resumes"]) + 1)
                 continue
+            if state is None and hasattr(part, "state_when_missing"):  # a part newer than the checkpoint
+                state = part.state_when_missing(ckpt["counters"])
             if state is None:
                 raise ValueError(f"the checkpoint has no {name!r} to resume from")
             part.load_state_dict(state)

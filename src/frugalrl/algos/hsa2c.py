@@ -9,8 +9,8 @@ synchronous DDRL A3C baseline is the same code (:meth:`HSA2CConfig.as_synchronou
 Where it departs from the paper (the maths: docs/dpsgd.md; why each default: docs/benchmarks.md#hsa2c-defaults):
 
 - the A2C update is SB3's (``tests/test_a2c_sb3_replay.py``) but for the value loss, CleanRL's ``vf_coef · ½ MSE``;
-- a rollout is a fixed ``k`` steps per env across episode boundaries, so a gradient costs exactly ``k × m`` env
-  steps; a truncated episode is bootstrapped from its last observation, a terminated one is not;
+- a rollout is ``k = num_steps`` steps per env across episode boundaries (a fragment of
+  :mod:`frugalrl.experience`), so a gradient costs ``k × m`` env steps; truncated episodes are bootstrapped;
 - ``ĝ`` is divided by a per-process running RMS (A3C's unshared RMSProp, ``grad_scaling``), the master takes
   Alg. 1's plain step, and ``η`` cools down over the run's second half (``eta_anneal``);
 - the observation normaliser's statistics ride in DPSGD's vector after the weights: a local step returns their
@@ -36,15 +36,16 @@ import torch
 
 from frugalrl import dists
 from frugalrl.algos.hsa2c_config import PROBLEM, HSA2CConfig
-from frugalrl.config import NormConfig
+from frugalrl.config import config_from_dict
 from frugalrl.dpsgd.rates import decayed_rate
 from frugalrl.dpsgd.run import dpsgd_records
 from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, drive
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.evaluation import EVAL_SEED, Evaluation, evaluate, policy_evaluator
-from frugalrl.nets import MLPActorCritic, Net, make_agent
+from frugalrl.experience import EnvGroup, collect_fragment
+from frugalrl.nets import MLPActorCritic, make_agent
 from frugalrl.normalize import ObsNormalizer, ReturnScaler, RunningMeanStd
-from frugalrl.returns import gae
+from frugalrl.returns import gae, next_values_of
 
 __all__ = ["PROBLEM", "A2CProblem", "HSA2CConfig", "make_a2c_problem", "train"]  # the config lives in hsa2c_config
 
@@ -53,77 +54,32 @@ __all__ = ["PROBLEM", "A2CProblem", "HSA2CConfig", "make_a2c_problem", "train"] 
 class A2CProblem:
     """A2C as a DPSGD :class:`~frugalrl.dpsgd.Problem`: parameters are a flat actor-critic vector.
 
-    Every process that builds it (with the same arguments) starts from the same weights (the network
-    is initialised under ``torch.manual_seed(seed)``). Its ``m = envs`` environments are created and
-    seeded lazily, at the first :meth:`stochastic_grad`, from that call's ``rng`` (a per-Hogwild-process
-    stream), so that processes explore differently and reproducibly.
+    Every process builds it from the run's config and starts from the same weights (the network is initialised
+    under ``torch.manual_seed(seed)``). Its ``m = envs_per_process`` environments are created and seeded lazily, at
+    the first :meth:`stochastic_grad`, from that call's ``rng`` (a per-Hogwild-process stream), so that processes
+    explore differently and reproducibly.
     """
 
-    def __init__(
-        self,
-        env: str,
-        env_kwargs: dict[str, Any] | None = None,
-        envs: int = 8,
-        k: int = 5,
-        gae_lambda: float = 1.0,
-        gamma: float = 0.99,
-        ent_coef: float = 0.01,
-        vf_coef: float = 0.5,
-        max_grad_norm: float = 0.5,
-        hidden: list[int] | tuple[int, ...] = (64, 64),
-        net: Net = "auto",
-        mlp_options: dict[str, Any] | None = None,
-        grad_scaling: str = "rmsprop",
-        rms_alpha: float = 0.99,
-        rms_eps: float = 1e-5,
-        seed: int = 0,
-        log_eval_episodes: int = 1,
-        eval_max_steps: int = 1000,
-        target_return: float | None = None,
-        confirm_episodes: int = 10,
-        norm_reward: bool | None = False,
-        norm_obs: bool | None = False,
-        ent_anneal: float = 0.0,
-        horizon: int | None = None,
-        sde: bool | None = False,
-        sde_sample_freq: int = 16,
-    ) -> None:
-        if grad_scaling not in ("rmsprop", "none"):
-            raise ValueError(f"grad_scaling must be 'rmsprop' or 'none', got {grad_scaling!r}")
-        self.env_spec: EnvSpec = to_env_spec(env, env_kwargs)
-        self.m = int(envs)
-        self.k = int(k)
-        self.gamma = float(gamma)
-        if not 0.0 <= float(gae_lambda) <= 1.0:
-            raise ValueError(f"gae_lambda must be in [0, 1], got {gae_lambda!r}")
-        self.gae_lambda = float(gae_lambda)
-        self.ent_coef = float(ent_coef)
-        if not 0.0 <= float(ent_anneal) <= 1.0:
-            raise ValueError(f"ent_anneal must be a fraction in [0, 1], got {ent_anneal!r}")
-        if ent_anneal and horizon is None:
-            raise ValueError("ent_anneal needs a horizon (the run's global updates) to anneal the entropy bonus over")
-        self.ent_anneal = float(ent_anneal)
-        self.horizon = horizon
+    def __init__(self, cfg: HSA2CConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.env_spec: EnvSpec = to_env_spec(cfg.env, cfg.env_kwargs)
+        self.m = cfg.envs_per_process
+        self.num_steps = cfg.num_steps
+        self.gamma = float(cfg.gamma)
+        self.gae_lambda = float(cfg.gae_lambda)
+        self.ent_coef = float(cfg.ent_coef)
+        self.ent_anneal = float(cfg.ent_anneal)
+        self.horizon = cfg.budget_updates
         self.ent_now = self.ent_coef
         """The entropy coefficient of the steps that follow (:meth:`set_version`)."""
-        self.vf_coef = float(vf_coef)
-        self.max_grad_norm = float(max_grad_norm)
-        self.grad_scaling = grad_scaling
-        self.rms_alpha = float(rms_alpha)
-        self.rms_eps = float(rms_eps)
-        self.seed = int(seed)
-        self.log_eval_episodes = int(log_eval_episodes)
-        self.eval_max_steps = int(eval_max_steps)
-        self.target_return = None if target_return is None else float(target_return)
-        self.confirm_episodes = int(confirm_episodes)
+        self.seed = int(cfg.seed)
         probe = self.env_spec.make()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         probe.close()
         self.box = isinstance(self.action_space, gym.spaces.Box)
-        norm_obs, norm_reward = NormConfig(norm_obs=norm_obs, norm_reward=norm_reward).normalization(self.box)
-        if int(sde_sample_freq) < 1:
-            raise ValueError(f"sde_sample_freq must be an integer >= 1, got {sde_sample_freq!r}")
-        self.sde_sample_freq = int(sde_sample_freq)
+        norm_obs, norm_reward = cfg.normalization(self.box)
+        self.sde_sample_freq = cfg.sde_sample_freq
         self.sde_eps: torch.Tensor | None = None
         """The held standard-normal exploration matrices of ``sde``, one per env (redrawn every
         ``sde_sample_freq`` env steps)."""
@@ -131,9 +87,9 @@ class A2CProblem:
         self.scaler = ReturnScaler(self.gamma, self.m) if norm_reward else None
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            self.agent = make_agent(self.observation_space, self.action_space, tuple(int(h) for h in hidden), net,
-                                    **{**(mlp_options or {}), "obs_norm": bool(norm_obs),
-                                       **({"sde": True} if (self.box if sde is None else sde) else {})})
+            self.agent = make_agent(self.observation_space, self.action_space, tuple(int(h) for h in cfg.hidden),
+                                    cfg.net, **{**cfg.mlp_options(), "obs_norm": bool(norm_obs),
+                                                **({"sde": True} if (self.box if cfg.sde is None else cfg.sde) else {})})
         self.sde = bool(getattr(self.agent, "sde", False))  # the agent refuses it for Discrete actions
         self.params = list(self.agent.parameters())
         self.n_params = int(sum(p.numel() for p in self.params))
@@ -144,9 +100,7 @@ class A2CProblem:
         self._init = self.flat()
         self.rate = 1.0
         """The local rate of the steps that follow (:meth:`set_rate`)."""
-        self.envs: list[gym.Env] | None = None
-        self.obs: list[np.ndarray] = []
-        self.ep_return: list[float] = []
+        self.group: EnvGroup | None = None
         self.episode_returns: list[float] = []
         """Undiscounted returns of the training episodes this process finished (for reporting)."""
         self.env_steps = 0
@@ -198,91 +152,65 @@ class A2CProblem:
         self.sde_age += 1
         return agent.sde_act(obs, self.sde_eps)
 
+    def _act(self, obs: np.ndarray) -> tuple[np.ndarray, None]:
+        """Actions for the observations ``obs`` (sampled, or with gSDE's held noise)."""
+        x = torch.as_tensor(obs, dtype=torch.float32)
+        if self.sde:
+            return self._sde_step(x)[1].numpy(), None
+        return dists.sample(self.agent.dist_kind, self.agent.dist_params(x), self.generator).numpy(), None
+
     def stochastic_grad(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Roll ``k`` steps in each env with ``params``; return the (clipped, scaled) A2C gradient."""
-        if self.envs is None:
+        """Roll ``num_steps`` steps in each env with ``params``; return the (clipped, scaled) A2C gradient."""
+        if self.group is None:
             self._start_envs(rng)
-        assert self.envs is not None  # built by _start_envs
+        assert self.group is not None  # built by _start_envs
         self.load(params)
-        obs_buf, act_buf, rew_buf, boot_buf, done_buf = [], [], [], [], []
         with torch.no_grad():
-            for _ in range(self.k):
-                obs = torch.as_tensor(np.stack(self.obs), dtype=torch.float32)
-                if self.sde:
-                    dparams, actions = self._sde_step(obs)
-                else:
-                    dparams = self.agent.dist_params(obs)
-                    actions = dists.sample(self.agent.dist_kind, dparams, self.generator)
-                rewards = np.zeros(self.m, dtype=np.float32)
-                boot = np.zeros(self.m, dtype=np.float32)  # γ V(last observation) of a truncated episode
-                dones = np.zeros(self.m, dtype=np.float32)
-                truncated: list[tuple[int, np.ndarray]] = []
-                acts = actions.numpy()
-                if isinstance(self.action_space, gym.spaces.Box):
-                    acts = np.clip(acts, self.action_space.low, self.action_space.high)
-                for i, env in enumerate(self.envs):
-                    a = acts[i] if self.box else int(acts[i])
-                    nxt, r, term, trunc, _ = env.step(a)
-                    rewards[i] = float(r)
-                    self.ep_return[i] += float(r)
-                    if term or trunc:
-                        dones[i] = 1.0
-                        if trunc and not term:
-                            truncated.append((i, np.asarray(nxt)))
-                        self.episode_returns.append(self.ep_return[i])
-                        self.ep_return[i] = 0.0
-                        nxt, _ = env.reset()
-                    self.obs[i] = np.asarray(nxt)
-                if truncated:  # time limit: bootstrap from the last observation of the episode
-                    last = torch.as_tensor(np.stack([o for _, o in truncated]), dtype=torch.float32)
-                    last_values = self.agent.value(last).numpy()
-                    for (i, _), v in zip(truncated, last_values, strict=True):
-                        boot[i] = self.gamma * float(v)
-                obs_buf.append(obs)
-                act_buf.append(actions)
-                rew_buf.append(rewards)
-                boot_buf.append(boot)
-                done_buf.append(dones)
-            raw, ended = np.stack(rew_buf), np.stack(done_buf)
-            scaled = raw if self.scaler is None else self.scaler.scale(raw, ended > 0)
-            last_value = self.agent.value(torch.as_tensor(np.stack(self.obs), dtype=torch.float32))
-        self.env_steps += self.k * self.m
+            f = collect_fragment(self.group, self._act, self.num_steps)
+        self.episode_returns += f.episode_returns
+        ended = np.logical_or(f.terminations, f.truncations)
+        scaled = f.rewards if self.scaler is None else self.scaler.scale(f.rewards, ended)
+        self.env_steps += self.num_steps * self.m
         self.gradients += 1
 
-        obs_all = torch.cat(obs_buf)
-        act_all = torch.cat(act_buf)
+        obs_all = torch.as_tensor(f.obs, dtype=torch.float32).reshape(self.num_steps * self.m, *f.obs.shape[2:])
+        act_all = torch.as_tensor(f.actions).reshape(self.num_steps * self.m, *f.actions.shape[2:])
         dparams = self.agent.dist_params(obs_all)
         values = self.agent.value(obs_all)
-        # advantages by GAE over the k steps, bootstrapped from V(s_{t+k}) unless the episode ended (λ = 1: the
-        # k-step returns of Alg. 9, lines 14-16); an episode's end folds γ V(its last observation) of a time limit
-        # into the reward (``boot``). In the units of the scaled rewards when the rewards are scaled (the value
-        # function learns those).
-        v = values.detach().reshape(self.k, self.m)
-        end = torch.as_tensor(ended)
-        advantages, ret = gae(torch.as_tensor(scaled + np.stack(boot_buf)), v, torch.cat([v[1:], last_value[None]]),
-                              end, end, self.gamma, self.gae_lambda)
+        # advantages by GAE over the k steps (λ = 1: the k-step returns of Alg. 9, lines 14-16), bootstrapped from
+        # V(s_{t+k}), from V(last observation) where an episode was truncated, not where it terminated; in the units
+        # of the scaled rewards when the rewards are scaled (the value function learns those).
+        v = values.detach().reshape(self.num_steps, self.m)
+        with torch.no_grad():
+            last_value = self.agent.value(torch.as_tensor(f.next_obs, dtype=torch.float32))
+            final_idx = torch.from_numpy(f.final_idx).long()
+            final_values = (self.agent.value(torch.as_tensor(f.final_obs, dtype=torch.float32)) if len(f.final_obs)
+                            else v.new_zeros(0))
+        next_values = next_values_of(v, last_value, final_idx, final_values)
+        advantages, ret = gae(torch.as_tensor(scaled), v, next_values, torch.as_tensor(f.terminations),
+                              torch.as_tensor(ended), self.gamma, self.gae_lambda)
         advantages, ret_all = advantages.reshape(-1), ret.reshape(-1)
         logp = dists.log_prob(self.agent.dist_kind, dparams, act_all)
         policy_loss = -(logp * advantages).mean()
         value_loss = 0.5 * (ret_all - values).pow(2).mean()
         entropy = dists.entropy_bonus(self.agent.dist_kind, dparams, self.agent.max_entropy_log_std).mean()
-        loss = policy_loss + self.vf_coef * value_loss - self.ent_now * entropy
+        loss = policy_loss + self.cfg.vf_coef * value_loss - self.ent_now * entropy
         for p in self.params:
             p.grad = None
         loss.backward()
-        if self.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        if self.cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         # a fresh float32 tensor: its numpy view is ours to scale in place
         grad = torch.cat(
             [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
         ).numpy()
-        if self.grad_scaling == "rmsprop":
+        if self.cfg.grad_scaling == "rmsprop":
             if self.square_avg is None:
                 self.square_avg = np.zeros_like(grad)
-            self.square_avg *= np.float32(self.rms_alpha)
-            self.square_avg += np.float32(1.0 - self.rms_alpha) * grad * grad
+            self.square_avg *= np.float32(self.cfg.rms_alpha)
+            self.square_avg += np.float32(1.0 - self.cfg.rms_alpha) * grad * grad
             denom = np.sqrt(self.square_avg)
-            denom += np.float32(self.rms_eps)
+            denom += np.float32(self.cfg.rms_eps)
             grad /= denom
         if self.obs_norm is not None:  # the statistics' own step: merge this rollout's observations, as u − η g
             grad = np.concatenate([grad, self._stats_step(params[self.n_params :], obs_all)])
@@ -309,25 +237,23 @@ class A2CProblem:
         and agrees with it (the run stops with these parameters).
         """
         self.load(params)
-        first = self.log_eval_episodes
+        first = self.cfg.log_eval_episodes
         mean = self.evaluate(first)
-        more = self.confirm_episodes - first
-        if self.target_return is not None and mean >= self.target_return and more > 0:
+        more = self.cfg.eval_episodes - first
+        if self.cfg.target_return is not None and mean >= self.cfg.target_return and more > 0:
             rest = self.evaluate(more, seed=EVAL_SEED + self.seed + first)  # the episodes after the first ones
-            mean = (first * mean + more * rest) / self.confirm_episodes
+            mean = (first * mean + more * rest) / self.cfg.eval_episodes
         return -mean
 
     # -- helpers
     def _start_envs(self, rng: np.random.Generator) -> None:
         seeds = rng.integers(0, 2**31 - 1, size=self.m + 1)
         self.generator = torch.Generator().manual_seed(int(seeds[-1]))
-        self.envs = [self.env_spec.make() for _ in range(self.m)]
-        self.obs = []
-        for i, env in enumerate(self.envs):
+        name = self.env_spec.describe()
+        self.group = EnvGroup([self.env_spec.make() for _ in range(self.m)], where=lambda i: f"env {i} ({name})")
+        for i, env in enumerate(self.group.envs):
             env.action_space.seed(int(seeds[i]))
-            obs, _ = env.reset(seed=int(seeds[i]))
-            self.obs.append(np.asarray(obs))
-        self.ep_return = [0.0] * self.m
+            self.group.reset(i, seed=int(seeds[i]))
 
     def evaluate(self, episodes: int, seed: int | None = None) -> float:
         """Mean undiscounted return of ``episodes`` greedy episodes with the loaded weights (env seeds from
@@ -335,7 +261,7 @@ class A2CProblem:
         if episodes < 1:
             return 0.0
         first = EVAL_SEED + self.seed if seed is None else seed
-        return evaluate(self.agent, self.env_spec, episodes, seed=first, max_steps=self.eval_max_steps)[0]
+        return evaluate(self.agent, self.env_spec, episodes, seed=first, max_steps=self.cfg.eval_max_steps)[0]
 
 
 def _load_stats(stats: RunningMeanStd, flat: torch.Tensor) -> None:
@@ -347,9 +273,9 @@ def _load_stats(stats: RunningMeanStd, flat: torch.Tensor) -> None:
     stats.count.copy_(flat[2 * d].clamp(min=1e-4))
 
 
-def make_a2c_problem(**kwargs: Any) -> A2CProblem:
-    """Factory of :class:`A2CProblem` (``"frugalrl.algos.hsa2c:make_a2c_problem"``)."""
-    return A2CProblem(**kwargs)
+def make_a2c_problem(config: dict[str, Any]) -> A2CProblem:
+    """Factory of :class:`A2CProblem` from the run's config as JSON (``"frugalrl.algos.hsa2c:make_a2c_problem"``)."""
+    return A2CProblem(config_from_dict(HSA2CConfig, config))
 
 
 # ------------------------------------------------------------------------------------ training
@@ -375,7 +301,7 @@ class HSA2C(Algorithm):
     def setup(self) -> Setup:
         cfg = self.cfg
         env_spec = to_env_spec(cfg.env, cfg.env_kwargs)  # fails here, with the env's name, if unknown
-        self.problem = A2CProblem(**cfg.problem_kwargs())  # scores the recorded weights, then the final ones
+        self.problem = A2CProblem(cfg)  # scores the recorded weights, then the final ones
         agent = self.problem.agent
         return Setup(
             {"agent": agent}, total_updates=cfg.budget_updates, steps_per_update=cfg.env_steps_per_update,

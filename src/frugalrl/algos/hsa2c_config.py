@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from frugalrl.config import ActorCriticConfig, NetConfig, NormConfig, RunConfig, check_fields
 from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
+from frugalrl.runs import jsonable
 
 PROBLEM = "frugalrl.algos.hsa2c:make_a2c_problem"
 """The DPSGD problem factory every HSA2C process builds its :class:`~frugalrl.algos.hsa2c.A2CProblem` from."""
@@ -26,6 +28,8 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     envs; ``local_steps=1`` with ``synchronous`` is the DDRL A3C baseline; ``eval_every`` counts global
     updates (DPSGD's ``log_every``).
     """
+
+    renamed: ClassVar[dict[str, str]] = {"k": "num_steps"}
 
     local_steps: int = 10
     eta: float = 1e-3
@@ -47,8 +51,8 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     """Evaluate at the first global update after every this many seconds of training instead of every
     ``eval_every`` global updates: one wall-clock cadence for variants whose global updates differ in size
     (HSA2C against its B = 1 baselines)."""
-    k: int = 5
-    """Steps rolled per env per gradient (k-step bootstrapped returns)."""
+    num_steps: int = 5
+    """Steps rolled per env per gradient (the paper's k: k-step bootstrapped returns)."""
     gae_lambda: float = 1.0
     """λ of generalised advantage estimation within each k-step rollout: 1 is the paper's k-step bootstrapped
     return (Alg. 9) and SB3's A2C default; lower trades variance for bias (rl-zoo's A2C uses 0.9 on its pybullet
@@ -89,23 +93,21 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field.
 
-        The run and HSA2C fields are checked here, the DPSGD options by
-        :meth:`~frugalrl.dpsgd.config.DPSGDOptions.validate_options` (``"HSA2CConfig.workers must be ..."``),
-        the rest of the DPSGD run by :meth:`dpsgd_config`.
+        The HSA2C fields are checked here, every part's (the DPSGD options': ``"HSA2CConfig.workers must be ..."``)
+        along the chain, the rest of the DPSGD run by :meth:`dpsgd_config`.
         """
-        super().validate()
-        check_fields(self, positive_ints=("k", "envs_per_process", "log_eval_episodes", "eval_max_steps",
+        check_fields(self, positive_ints=("num_steps", "envs_per_process", "log_eval_episodes", "eval_max_steps",
                                           "sde_sample_freq"),
                      positive=("rms_eps", "eval_every_s"), unit=("rms_alpha", "ent_anneal", "gae_lambda"))
+        super().validate()  # after the fields that budget_updates divides by
         if self.ent_anneal and self.budget_updates is None:
             raise ValueError("HSA2CConfig.ent_anneal needs a budget (total_timesteps or global_updates)")
-        self.validate_options()
         self.dpsgd_config()
 
     @property
     def env_steps_per_gradient(self) -> int:
-        """Env steps behind one local gradient (k × m)."""
-        return self.k * self.envs_per_process
+        """Env steps behind one local gradient (num_steps × m)."""
+        return self.num_steps * self.envs_per_process
 
     @property
     def env_steps_per_update(self) -> int:
@@ -119,36 +121,9 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
         return by_steps if self.global_updates is None else min(self.global_updates, by_steps)
 
     def problem_kwargs(self) -> dict[str, Any]:
-        """JSON keyword arguments of :func:`~frugalrl.algos.hsa2c.make_a2c_problem` (every process builds its problem
-        from them; the entropy schedule's clock, a resumed run's included, comes from DPSGD's workers)."""
-        return {
-            "env": self.env,
-            "env_kwargs": dict(self.env_kwargs),
-            "envs": self.envs_per_process,
-            "k": self.k,
-            "gae_lambda": self.gae_lambda,
-            "gamma": self.gamma,
-            "ent_coef": self.ent_coef,
-            "vf_coef": self.vf_coef,
-            "max_grad_norm": self.max_grad_norm,
-            "hidden": list(self.hidden),
-            "net": self.net,
-            "mlp_options": self.mlp_options(),
-            "grad_scaling": self.grad_scaling,
-            "rms_alpha": self.rms_alpha,
-            "rms_eps": self.rms_eps,
-            "seed": self.seed,
-            "log_eval_episodes": self.log_eval_episodes,
-            "eval_max_steps": self.eval_max_steps,
-            "target_return": self.target_return,
-            "confirm_episodes": self.eval_episodes,
-            "norm_reward": self.norm_reward,
-            "norm_obs": self.norm_obs,
-            "ent_anneal": self.ent_anneal,
-            "sde": self.sde,
-            "sde_sample_freq": self.sde_sample_freq,
-            "horizon": self.budget_updates,
-        }
+        """JSON keyword arguments of :func:`~frugalrl.algos.hsa2c.make_a2c_problem`: this config (every process builds
+        its problem from it; the entropy schedule's clock, a resumed run's included, comes from DPSGD's workers)."""
+        return {"config": jsonable(dataclasses.asdict(self))}
 
     def dpsgd_config(self, done_updates: int = 0) -> DPSGDConfig:
         """The :class:`~frugalrl.dpsgd.config.DPSGDConfig` this run is: the inherited options, the A2C problem

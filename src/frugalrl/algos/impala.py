@@ -58,7 +58,6 @@ class IMPALAConfig(NormConfig, NetConfig, SurrogateConfig, OptimConfig, ClusterC
     learning_rate: float = 5e-4
     envs_per_worker: int = 8
     num_steps: int = 32
-    """Unroll length: steps per env per rollout fragment."""
     update_epochs: int = 4
     num_minibatches: int = 8
     norm_reward: bool | None = True
@@ -110,21 +109,11 @@ class IMPALAConfig(NormConfig, NetConfig, SurrogateConfig, OptimConfig, ClusterC
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field (including a bad --compress/--correct)."""
         super().validate()
-        check_fields(self, positive_ints=("num_steps", "recompress_every", "calib_size"),
+        check_fields(self, positive_ints=("recompress_every", "calib_size"),
                      nonneg=("distill_steps", "distill_beta"), positive=("recompress_kl", "distill_kl_tol"))
         parse_chain(self.compress)
         parse_correctors(self.correct)
         parse_monitor(self.monitor)
-
-    @property
-    def batch_size(self) -> int:
-        """Transitions per update."""
-        return self.workers * self.envs_per_worker * self.num_steps
-
-    @property
-    def num_updates(self) -> int:
-        """Updates in the run (at least one)."""
-        return max(1, self.total_timesteps // self.batch_size)
 
 
 def make_envs(cfg: IMPALAConfig, replayable: bool = False) -> ClusterEnv:

@@ -45,8 +45,6 @@ class PPOConfig(NormConfig, NetConfig, PPOLossConfig, OptimConfig, ClusterConfig
     vector_env: Literal["cluster", "gym"] = "cluster"
     """'cluster': a ClusterEnv whose workers act (see backend, sync); 'gym': a plain gymnasium SyncVectorEnv
     of workers × envs_per_worker envs in this process (head-side inference)."""
-    num_steps: int = 128
-    """Steps per env per rollout fragment."""
     ratio: Literal["decoupled", "behaviour"] = "decoupled"
     """'decoupled': clip π/π_old, weight by min(π_old/μ, is_clip); 'behaviour': clip π/μ."""
     is_clip: float = 1.0
@@ -55,19 +53,9 @@ class PPOConfig(NormConfig, NetConfig, PPOLossConfig, OptimConfig, ClusterConfig
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field."""
         super().validate()
-        check_fields(self, positive_ints=("num_steps",), positive=("is_clip",))
+        check_fields(self, positive=("is_clip",))
         if self.batch_size < self.num_minibatches:
             raise ValueError("num_minibatches exceeds the batch size (workers * envs_per_worker * num_steps)")
-
-    @property
-    def batch_size(self) -> int:
-        """Transitions per update."""
-        return self.workers * self.envs_per_worker * self.num_steps
-
-    @property
-    def num_updates(self) -> int:
-        """Updates in the run (at least one)."""
-        return max(1, self.total_timesteps // self.batch_size)
 
 
 def make_envs(cfg: PPOConfig, replayable: bool = False) -> ClusterEnv | gym.vector.VectorEnv:

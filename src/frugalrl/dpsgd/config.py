@@ -11,9 +11,11 @@ inheritance, so that every option is declared, documented and validated once:
 
 An application that wants another default for an option redeclares only the field with its new default;
 its documentation is the one here (the CLI reads attribute docstrings along the class hierarchy).
-Validation errors name the concrete class and the field (``"HSA2CConfig.workers must be ..."``).
+Validation errors name the concrete class and the field (``"HSA2CConfig.workers must be ..."``); ``validate()``
+is the cooperative chain of every :class:`~frugalrl.config.ConfigPart`.
 
 This module imports no torch and no transport, so an application's config stays light to import.
+``workers`` here are DPSGD's (each a process of Hogwild processes), not ClusterEnv's env workers: no config has both.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Literal, Self, get_args
 
 import numpy as np
 
+from frugalrl.config import ConfigPart
 from frugalrl.dpsgd.rates import scale_learning_rate
 
 Codec = Literal["fp32", "bf16", "fp16"]
@@ -46,7 +49,7 @@ COLUMN_BASE_OPTIONS: tuple[str, ...] = get_args(ColumnBaseOption)
 
 
 @dataclass
-class DPSGDOptions:
+class DPSGDOptions(ConfigPart):
     """The options of the DPSGD optimiser that every application shares (the paper's symbols in brackets)."""
 
     workers: int = 2
@@ -125,8 +128,9 @@ class DPSGDOptions:
         """Global updates the run may make (None: until ``time_limit_s``); HSA2C adds its env-step budget."""
         return self.global_updates
 
-    def validate_options(self) -> None:
+    def validate(self) -> None:
         """Raise ``ValueError`` naming the class and the first bad DPSGD option."""
+        super().validate()
         where = type(self).__name__
         for name in ("workers", "processes", "local_steps", "master_batch"):
             _check_int(where, name, getattr(self, name), 1)
@@ -151,9 +155,6 @@ class DPSGDOptions:
             _check_positive(where, "time_limit_s", self.time_limit_s)
         if self.budget_updates is None and self.time_limit_s is None:
             raise ValueError(f"{where}.global_updates and time_limit_s are both None: the run would never stop")
-        for name in ("update_codec", "pull_codec"):
-            if getattr(self, name) not in UPDATE_CODECS:
-                raise ValueError(f"{where}.{name} must be one of {UPDATE_CODECS}, got {getattr(self, name)!r}")
         # a bool (the older switch) passes as 0 or 1: the worker config carries float(eta_anneal)
         if not isinstance(self.eta_anneal, (int, float)) or not (0 <= self.eta_anneal <= 1):
             raise ValueError(f"{where}.eta_anneal must be a fraction in [0, 1], got {self.eta_anneal!r}")
@@ -174,19 +175,11 @@ class DPSGDOptions:
                 scale_learning_rate(1.0, _parallelism(self.rescale_from), (1, 1, 1))
             except ValueError as e:
                 raise ValueError(f"{where}.rescale_from: {e}") from e
-        if self.update_format not in UPDATE_FORMATS:
-            raise ValueError(f"{where}.update_format must be one of {UPDATE_FORMATS}, got {self.update_format!r}")
-        if self.column_base not in COLUMN_BASE_OPTIONS:
-            raise ValueError(
-                f"{where}.column_base must be one of {COLUMN_BASE_OPTIONS}, got {self.column_base!r}"
-            )
         if self.update_format == "columns" and self.processes != 1:
             raise ValueError(
                 f"{where}.processes must be 1 with update_format='columns' (Hogwild races would lose decays), "
                 f"got {self.processes}"
             )
-        if self.transport not in TRANSPORT_NAMES:
-            raise ValueError(f"{where}.transport must be one of {TRANSPORT_NAMES}, got {self.transport!r}")
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"{where}.ray_address must be a non-empty string or None, got {self.ray_address!r}")
         _check_positive(where, "startup_timeout_s", self.startup_timeout_s)
@@ -259,7 +252,7 @@ class DPSGDConfig(DPSGDOptions):
             json.dumps(self.problem_kwargs)
         except (TypeError, ValueError) as e:
             raise ValueError(f"DPSGDConfig.problem_kwargs must be JSON-serialisable: {e}") from e
-        self.validate_options()
+        super().validate()
         _check_int("DPSGDConfig", "seed", self.seed, 0)
         _check_int("DPSGDConfig", "log_every", self.log_every, 0)
         _check_int("DPSGDConfig", "clock_offset", self.clock_offset, 0)

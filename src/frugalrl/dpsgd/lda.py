@@ -434,6 +434,10 @@ class LDAConfig(DPSGDOptions):
     """Words listed per topic in the summary."""
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field."""
         for name in ("n_topics", "batch_size", "heldout_max_docs", "e_step_iters", "top_words"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -460,7 +464,7 @@ class LDAConfig(DPSGDOptions):
             raise ValueError(f"LDAConfig.e_step_backend: {e}") from None
         if self.corpus not in ("synthetic", "reuters") and not os.path.exists(self.corpus):
             raise ValueError(f"LDAConfig.corpus: no file {self.corpus!r} (or use 'synthetic' / 'reuters')")
-        self.validate_options()
+        super().validate()
 
     def problem_kwargs(self) -> dict[str, Any]:
         """The JSON arguments of :func:`lda_problem`."""

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from frugalrl.dists import DistKind
-from frugalrl.envs.worker import space_shape
+from frugalrl.experience import space_shape
 from frugalrl.rollout import Rollout
 from frugalrl.wire.message import Message
 

@@ -37,7 +37,8 @@ from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
 from frugalrl.envs.batching import assemble_rollout, check_actions, merge_infos, rollout_bound
 from frugalrl.envs.checkpoint import Checkpoints
 from frugalrl.envs.spec import EnvSpec, to_env_spec
-from frugalrl.envs.worker import compact_int_dtype, space_shape
+from frugalrl.envs.worker import compact_int_dtype
+from frugalrl.experience import space_shape
 from frugalrl.nets import ActorCritic, as_agent
 from frugalrl.rollout import Rollout
 from frugalrl.sync import EveryUpdate, SyncRule

@@ -50,7 +50,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.envs.spec import EnvSpec
-from frugalrl.envs.worker import space_shape
+from frugalrl.experience import space_shape
 
 __all__ = ["SB3VecEnv", "make_sb3_vec_env"]
 

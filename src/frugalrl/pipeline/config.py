@@ -37,7 +37,7 @@ class PipelinePPOConfig(NormConfig, PPOLossConfig, OptimConfig, RunConfig):
     num_minibatches: int = 32
     update_epochs: int = 10
     num_envs: int = 8
-    """Environments stepped by stage 0 (a SyncVectorEnv)."""
+    """Environments stepped by stage 0 (one process, same-step autoreset)."""
     num_steps: int = 512
     """Steps per env per iteration (num_envs * num_steps = the paper's 4096)."""
     head_hidden: int = 512

@@ -24,6 +24,7 @@ from torch import nn
 from frugalrl.driver import Algorithm, Setup, Step, Update
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import Evaluation
+from frugalrl.experience import EnvGroup, Fragment, Stepped, collect_fragment
 from frugalrl.nets import action_desc, make_encoder
 from frugalrl.pipeline.config import STAT_NAMES, PipelinePPOConfig
 from frugalrl.wire import cut
@@ -34,13 +35,14 @@ EVAL_SEED = 20_000
 """Env seeds of the pipeline's evaluation episodes: ``EVAL_SEED, EVAL_SEED + 1, ...``."""
 
 
-def make_vector_env(cfg: PipelinePPOConfig, seed: int) -> gym.vector.SyncVectorEnv:
-    """Stage 0's environments (same-step autoreset: a finished env's next observation is its reset one)."""
+def make_env_group(cfg: PipelinePPOConfig, seed: int) -> EnvGroup:
+    """Stage 0's environments, reset with ``seed`` (same-step autoreset: a finished env's next observation is its
+    reset one)."""
     spec = to_env_spec(cfg.env, cfg.env_kwargs)
-    envs = gym.vector.SyncVectorEnv([spec.make for _ in range(cfg.num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    envs.reset(seed=seed)
-    return envs
+    name = spec.describe()
+    group = EnvGroup([spec.make() for _ in range(cfg.num_envs)], where=lambda i: f"env {i} ({name})")
+    group.reset_all(seed)
+    return group
 
 
 def check_spaces(cfg: PipelinePPOConfig) -> tuple[gym.Space, gym.Space]:
@@ -98,25 +100,21 @@ class TruncationLog:
     def load_state_dict(self, state: dict[str, list[int]]) -> None:
         self.counts = [int(c) for c in state["counts"]]
 
-
-def truncated_final_obs(info: dict[str, Any], terminated: np.ndarray, truncated: np.ndarray) -> list[np.ndarray]:
-    """The final observations of the envs whose episode was truncated (not terminated) at this step, in env
-    order; same-step autoreset keeps them in ``info["final_obs"]`` (the step's observation is the reset one)."""
-    return [np.asarray(info["final_obs"][i]) for i in np.flatnonzero(np.logical_and(truncated, ~terminated))]
+    @staticmethod
+    def state_when_missing(counters: dict[str, Any]) -> dict[str, list[int]]:
+        """A checkpoint from before this part: its iterations sent no bootstraps."""
+        return {"counts": [0] * int(counters["updates"])}
 
 
 def send_bootstrap(cfg: PipelinePPOConfig, encoder: nn.Module, chan: TorchDistChannel, next_obs: np.ndarray,
-                   finals: list[np.ndarray]) -> None:
+                   finals: np.ndarray) -> None:
     """After a rollout: the features of the last observation, then those of the final observations of the
     truncated steps (row-major (t, env) order) when there are any; stage 1 counts them from the done flags,
     so nothing is sent for none."""
     with torch.no_grad():
         chan.send(encode_features(cfg, encoder(torch.as_tensor(next_obs))), "activations")
-        if finals:
-            final_obs = torch.as_tensor(np.stack(finals))
-            if final_obs.is_floating_point() and not torch.isfinite(final_obs).all():
-                raise ValueError("environment returned a non-finite final observation")
-            chan.send(encode_features(cfg, encoder(final_obs)), "activations")
+        if len(finals):
+            chan.send(encode_features(cfg, encoder(torch.as_tensor(finals))), "activations")
 
 
 class Stage0(Algorithm):
@@ -129,7 +127,7 @@ class Stage0(Algorithm):
         super().__init__(cfg)
         self.cfg: PipelinePPOConfig = cfg
         self.connect = connect
-        self.envs: gym.vector.SyncVectorEnv | None = None
+        self.envs: EnvGroup | None = None
         self.eval_meter = ByteMeter()  # evaluation and run-control traffic, kept apart from training's
 
     def tag(self) -> str:
@@ -138,8 +136,8 @@ class Stage0(Algorithm):
     def setup(self) -> Setup:
         cfg = self.cfg
         self.chan = self.connect()
-        envs = self.envs = make_vector_env(cfg, cfg.seed)
-        self.obs_space, self.act_space = envs.single_observation_space, envs.single_action_space
+        envs = self.envs = make_env_group(cfg, cfg.seed)
+        self.obs_space, self.act_space = envs.observation_space, envs.action_space
         assert isinstance(self.obs_space, gym.spaces.Box)  # make_encoder accepts Box spaces only
         self.norm_obs, self.norm_reward = cfg.normalization(isinstance(self.act_space, gym.spaces.Box))
         self.encoder = make_encoder(self.obs_space, cfg.encoder_hidden, obs_norm=self.norm_obs)
@@ -170,12 +168,8 @@ class Stage0(Algorithm):
         if chan.recv_json().get("digest") != cfg.digest():
             raise ValueError("the two stages were started with different configs (digest mismatch); "
                              "give both the same flags")
-        T, N = cfg.num_steps, cfg.num_envs
-        self.obs_buf = torch.from_numpy(np.zeros((T, N, *tuple(self.obs_space.shape or ())), dtype=self.obs_space.dtype))
-        self.check_finite = np.issubdtype(self.obs_space.dtype, np.floating)  # integer frames cannot hold NaN
         assert self.envs is not None
-        self.next_obs, _ = self.envs.reset(seed=cfg.seed if not run.resumed else cfg.seed + 1_000_003 * len(run.resumes))
-        self.running = np.zeros(N)
+        self.envs.reset_all(cfg.seed if not run.resumed else cfg.seed + 1_000_003 * len(run.resumes))
         self.curve: list[tuple[int, float, float]] = []  # (step, seconds, mean return of episodes that ended)
         self.timings = {"rollout": 0.0, "update": 0.0}
         self.iteration_seconds: list[float] = []
@@ -186,12 +180,14 @@ class Stage0(Algorithm):
         T, N = cfg.num_steps, cfg.num_envs
         t_iter = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"] = cfg.lr_at(step.index, step.total)
-        ended, finals = self._rollout()
-        send_bootstrap(cfg, self.encoder, chan, self.next_obs, finals)
+        fragment = self._rollout()
+        finals = fragment.truncated_final_obs()
+        send_bootstrap(cfg, self.encoder, chan, fragment.next_obs, finals)
         self.truncations.counts.append(len(finals))
+        ended = fragment.episode_returns
         t_update = time.perf_counter()
         self.timings["rollout"] += t_update - t_iter
-        self._learn()
+        self._learn(torch.from_numpy(fragment.obs))
         now = time.perf_counter()
         self.timings["update"] += now - t_update
         self.iteration_seconds.append(now - t_iter)
@@ -202,39 +198,32 @@ class Stage0(Algorithm):
                **{f"bytes/{k}": v for k, v in chan.meter.by_kind().items()}, "bytes/total": chan.meter.total()}
         return Update(T * N, row, episode_returns=ended, postfix={"MB": f"{chan.meter.total() / 1e6:.1f}"})
 
-    def _rollout(self) -> tuple[list[float], list[np.ndarray]]:
-        """``num_steps`` steps of every env, stage 1 choosing the actions; returns the returns of the episodes
-        that ended and the final observations of the truncated steps (to bootstrap them)."""
+    def _rollout(self) -> Fragment:
+        """``num_steps`` steps of every env, stage 1 choosing the actions from the features sent to it; each step's
+        rewards and done flags go to stage 1 as they come."""
         cfg, chan, envs = self.cfg, self.chan, self.envs
         assert envs is not None
         N = cfg.num_envs
-        ended: list[float] = []
-        finals: list[np.ndarray] = []
-        for t in range(cfg.num_steps):
-            obs_t = torch.as_tensor(self.next_obs)
-            if self.check_finite and not torch.isfinite(obs_t).all():
-                raise ValueError(f"environment returned a non-finite observation at step {self.run.env_steps + t * N}")
-            self.obs_buf[t] = obs_t
-            with torch.no_grad():
-                chan.send(encode_features(cfg, self.encoder(obs_t)), "activations")
-            action = cut.decode_cut(chan.recv("actions")).numpy()
-            if isinstance(self.act_space, gym.spaces.Discrete):
-                action = action.reshape(N).astype(np.int64)
-            self.next_obs, reward, terminated, truncated, info = envs.step(action)
-            done = np.logical_or(terminated, truncated)
-            finals += truncated_final_obs(info, terminated, truncated)
-            chan.send(cut.encode_dense(np.stack([reward, terminated, done], axis=1).astype(np.float32), "fp32"),
-                      "rewards")
-            self.running += reward
-            for i in np.flatnonzero(done):
-                ended.append(float(self.running[i]))
-                self.running[i] = 0.0
-        return ended, finals
+        discrete = isinstance(self.act_space, gym.spaces.Discrete)
 
-    def _learn(self) -> None:
-        """The encoder's side of the update: features of every minibatch out, cut gradients back in."""
+        def policy(obs: np.ndarray) -> tuple[np.ndarray, None]:
+            with torch.no_grad():
+                chan.send(encode_features(cfg, self.encoder(torch.as_tensor(obs))), "activations")
+            action = cut.decode_cut(chan.recv("actions")).numpy()
+            return (action.reshape(N).astype(np.int64) if discrete else action), None
+
+        def send_rewards(t: int, s: Stepped) -> None:
+            done = np.logical_or(s.terminations, s.truncations)
+            chan.send(cut.encode_dense(np.stack([s.rewards, s.terminations, done], axis=1).astype(np.float32), "fp32"),
+                      "rewards")
+
+        return collect_fragment(envs, policy, cfg.num_steps, on_step=send_rewards)
+
+    def _learn(self, obs: torch.Tensor) -> None:
+        """The encoder's side of the update on the rollout's observations ``obs`` (T, N, ...): features of every
+        minibatch out, cut gradients back in."""
         cfg, chan, encoder = self.cfg, self.chan, self.encoder
-        b_obs = self.obs_buf.reshape(cfg.batch_size, *tuple(self.obs_space.shape or ()))
+        b_obs = obs.reshape(cfg.batch_size, *tuple(self.obs_space.shape or ()))
         mb_size = cfg.minibatch_size
         for _epoch in range(cfg.update_epochs):
             order = torch.randperm(cfg.batch_size, generator=self.order_gen)

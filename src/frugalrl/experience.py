@@ -1,0 +1,385 @@
+"""Experience collection: the one place where environments are stepped into fragments.
+
+:class:`EnvGroup` steps ``k`` single Gymnasium envs as one batch: same-step or next-step autoreset, the final
+observation of every finished episode (what a truncated episode is bootstrapped from), episode returns, lengths and
+durations, NaN/inf checks that name the env, and, when asked, the records from which a fresh process rebuilds each env
+(checkpoints). :class:`VectorGroup` shows any Gymnasium vector env through the same interface. :func:`collect_fragment`
+runs a policy for ``T`` steps on either and returns a :class:`Fragment`.
+
+ClusterEnv's workers, HSA2C's A2C problem, pipeline stage 0 and :func:`frugalrl.rollout.collect_rollout` all collect
+through them, so a fix to autoreset, bootstrapping or episode statistics is made once. Evaluation plays whole greedy
+episodes on one env with their own seeds and keeps its short loop (:mod:`frugalrl.evaluation`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from frugalrl.runs import jsonable
+
+Autoreset = Literal["NextStep", "SameStep"]
+NEXT_STEP: Autoreset = "NextStep"
+SAME_STEP: Autoreset = "SameStep"
+
+
+class NonFiniteExperience(ValueError):
+    """An environment returned a NaN or infinite observation or reward."""
+
+
+@dataclass(slots=True)
+class Stepped:
+    """One step of every env of a group."""
+
+    rewards: np.ndarray  # (k,) float64; 0 for an env that only reset
+    terminations: np.ndarray  # (k,) bool
+    truncations: np.ndarray  # (k,) bool
+    reset_only: list[int]  # envs that only reset at this step (next-step autoreset): their action was ignored
+    ended: list[int]  # envs whose episode ended at this step, ascending
+    final_obs: list[np.ndarray]  # their last observations, in the same order
+    episode_returns: list[float]
+    episode_lengths: list[int]
+    episode_seconds: list[float]
+    infos: dict[str, np.ndarray] = field(default_factory=dict)  # batched as Gymnasium does (with ``infos=True``)
+    final_infos: dict[str, np.ndarray] = field(default_factory=dict)  # the ended steps' infos (same-step autoreset)
+
+
+class EnvGroup:
+    """``k`` single envs stepped together; :attr:`obs` holds each env's current observation.
+
+    ``where(i)`` names env ``i`` in errors. With ``replayable`` the group records how each episode began (its seed,
+    options, or the env's RNG state) and the actions since, in :attr:`began` and :attr:`actions`.
+    """
+
+    def __init__(self, envs: Sequence[gym.Env], autoreset: Autoreset = SAME_STEP, check_finite: bool = True,
+                 replayable: bool = False, where: Callable[[int], str] | None = None) -> None:
+        if autoreset not in (NEXT_STEP, SAME_STEP):
+            raise ValueError(f"autoreset must be {NEXT_STEP!r} or {SAME_STEP!r}, got {autoreset!r}")
+        self.envs = list(envs)
+        k = len(self.envs)
+        self.autoreset = autoreset
+        self.check_finite = check_finite
+        self.where = where or (lambda i: f"env {i}")
+        self.observation_space = self.envs[0].observation_space
+        self.action_space = self.envs[0].action_space
+        self.obs = np.zeros((k, *space_shape(self.observation_space)), dtype=self.observation_space.dtype)
+        self.needs_reset = np.ones(k, dtype=bool)
+        self.ep_return = np.zeros(k, dtype=np.float64)
+        self.ep_length = np.zeros(k, dtype=np.int64)
+        self.ep_start = np.full(k, time.perf_counter())
+        self.began: list[dict[str, Any]] = [{} for _ in range(k)]
+        self.actions: list[list[Any]] | None = [[] for _ in range(k)] if replayable else None
+        self._float_obs = self.obs.dtype.kind == "f"  # float observations are checked once per step, as one block
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    # ------------------------------------------------------------------ resets
+    def reset(self, i: int, seed: int | None = None, options: dict | None = None) -> dict[str, Any]:
+        """Start a new episode in env ``i``; returns its info."""
+        if self.actions is not None:
+            rng = None if seed is not None else jsonable(self.envs[i].unwrapped.np_random.bit_generator.state)
+            self.began[i] = {"seed": seed, "options": options, "rng": rng}
+            self.actions[i] = []
+        obs, info = self.envs[i].reset(seed=seed, options=options)
+        self.check(i, obs)
+        self.obs[i] = obs
+        self.needs_reset[i] = False
+        self.ep_return[i] = 0.0
+        self.ep_length[i] = 0
+        self.ep_start[i] = time.perf_counter()
+        return info
+
+    def reset_all(self, seed: int | None = None, options: dict | None = None) -> dict[str, np.ndarray]:
+        """Reset every env (env ``i`` with ``seed + i``, as Gymnasium's vector envs do); returns the batched infos."""
+        infos: dict[str, np.ndarray] = {}
+        for i in range(len(self.envs)):
+            add_info(infos, self.reset(i, None if seed is None else int(seed) + i, options), i, len(self.envs))
+        return infos
+
+    def reset_pending(self) -> None:
+        """Reset the envs that wait for it (next-step autoreset, or a deferred reset after a restart)."""
+        for i in np.flatnonzero(self.needs_reset):
+            self.reset(int(i))
+
+    # ------------------------------------------------------------------ checks
+    def check(self, i: int, obs: Any, reward: Any = None) -> None:
+        """Raise :class:`NonFiniteExperience` naming env ``i`` if ``reward`` or ``obs`` is NaN or infinite."""
+        if not self.check_finite:
+            return
+        if reward is not None and not np.isfinite(reward):
+            raise NonFiniteExperience(f"non-finite reward {reward} from {self.where(i)}")
+        arr = np.asarray(obs)
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise NonFiniteExperience(f"non-finite observation (NaN or inf) from {self.where(i)}")
+
+    def _check_each(self, stepped: list[tuple[int, Any, Any]]) -> None:
+        for i, obs, reward in stepped:
+            self.check(i, obs, reward)
+
+    def _suspect(self, rewards: np.ndarray | None, final_obs: list[np.ndarray]) -> bool:
+        """A cheap test over the whole step: False when every reward and observation is surely finite (True only
+        means "run the exact per-env checks", which decide: a cast to the space's dtype can overflow to inf)."""
+        if rewards is None or not self._float_obs or not np.isfinite(self.obs).all():
+            return True
+        return bool(final_obs) and not all(np.isfinite(o).all() for o in final_obs)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self, actions: Sequence[Any] | np.ndarray, infos: bool = False, autoreset: Autoreset | None = None
+             ) -> Stepped:
+        """Step every env with its action (as given: clip sampled Box actions first, :func:`clip_actions`), with the
+        group's autoreset mode unless ``autoreset`` says otherwise.
+
+        The loop over envs only steps and records; the NaN/inf check runs once over the step and, when it fires or
+        anything raises, the exact per-env checks run in env order, so the error names the env that checking each
+        env right after its step would. Finished envs are reset after the row is complete (same-step autoreset) or
+        at their next step (next-step autoreset, where :attr:`obs` keeps their final observation meanwhile).
+        """
+        envs, k, logs = self.envs, len(self.envs), self.actions
+        needs = self.needs_reset.tolist()
+        obs_block = self.obs
+        r_list: list[Any] = [0.0] * k
+        te_list: list[Any] = [False] * k
+        tr_list: list[Any] = [False] * k
+        stepped: list[tuple[int, Any, Any]] = []
+        reset_only: list[int] = []
+        ended: list[int] = []
+        finals: list[Any] = []
+        step_infos: dict[int, dict[str, Any]] = {}
+        batched: dict[str, np.ndarray] = {}
+        try:
+            for i in range(k):
+                if needs[i]:
+                    info = self.reset(i)
+                    reset_only.append(i)
+                    if infos and info:
+                        add_info(batched, info, i, k)
+                    continue
+                obs, r, te, tr, info = envs[i].step(actions[i])
+                if logs is not None:
+                    logs[i].append(actions[i])
+                stepped.append((i, obs, r))
+                r_list[i], te_list[i], tr_list[i] = r, te, tr
+                obs_block[i] = obs
+                if te or tr:
+                    ended.append(i)
+                    finals.append(obs)
+                if infos and info:
+                    step_infos[i] = info
+            rewards = _float_row(r_list)
+            final_obs = [np.asarray(o) for o in finals] if finals else []
+            if self.check_finite and self._suspect(rewards, final_obs):
+                self._check_each(stepped)
+                rewards = None
+        except BaseException:
+            if self.check_finite:
+                self._check_each(stepped)
+            raise
+        if rewards is None:  # not plain finite numbers: assign one by one, exactly as numpy does
+            rewards = np.zeros(k, dtype=np.float64)
+            for i, _, r in stepped:
+                rewards[i] = r
+        self.ep_return += rewards
+        if reset_only:
+            acted = np.ones(k, dtype=bool)
+            acted[reset_only] = False
+            self.ep_length += acted
+        else:
+            self.ep_length += 1
+        out = Stepped(rewards, np.array(te_list, dtype=bool), np.array(tr_list, dtype=bool), reset_only, ended,
+                      final_obs, [], [], [], batched)
+        if not ended and not step_infos:
+            return out
+        now = time.perf_counter()
+        out.episode_returns = [float(self.ep_return[i]) for i in ended]
+        out.episode_lengths = [int(self.ep_length[i]) for i in ended]
+        out.episode_seconds = [round(now - float(self.ep_start[i]), 6) for i in ended]
+        same_step = (autoreset or self.autoreset) == SAME_STEP
+        finished = set(ended)
+        for i in step_infos:
+            if same_step and i in finished:
+                add_info(out.final_infos, step_infos[i], i, k)
+            else:
+                add_info(batched, step_infos[i], i, k)
+        for i in ended:
+            if same_step:
+                info = self.reset(i)
+                if infos and info:
+                    add_info(batched, info, i, k)
+            else:
+                self.needs_reset[i] = True
+        return out
+
+
+class VectorGroup:
+    """A Gymnasium vector env (ClusterEnv included) seen as an :class:`EnvGroup`: the same :meth:`step` result,
+    episode statistics kept here, final observations from ``info["final_obs"]`` (same-step) or the step's own
+    observation (next-step autoreset, whose reset steps come back in ``reset_only``)."""
+
+    def __init__(self, envs: gym.vector.VectorEnv, seed: int | None = None) -> None:
+        mode = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+        self.autoreset: Autoreset = SAME_STEP if getattr(mode, "value", mode) == SAME_STEP else NEXT_STEP
+        self.vec = envs
+        self.action_space = envs.single_action_space
+        self.obs, _ = envs.reset(seed=seed)
+        k = envs.num_envs
+        self.resetting = np.zeros(k, dtype=bool)
+        self.ep_return = np.zeros(k)
+        self.ep_length = np.zeros(k, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.vec.num_envs)
+
+    def step(self, actions: np.ndarray) -> Stepped:
+        reset_only = np.flatnonzero(self.resetting).tolist()
+        acted = ~self.resetting
+        next_obs, r, te, tr, infos = self.vec.step(actions)
+        done = np.logical_or(te, tr)
+        ended = np.flatnonzero(done).tolist()
+        finals = infos["final_obs"] if self.autoreset == SAME_STEP and ended else next_obs
+        self.ep_return += np.where(acted, r, 0.0)
+        self.ep_length += acted
+        out = Stepped(np.asarray(r, dtype=np.float64), np.asarray(te, bool), np.asarray(tr, bool), reset_only, ended,
+                      [np.asarray(finals[i]) for i in ended], [float(self.ep_return[i]) for i in ended],
+                      [int(self.ep_length[i]) for i in ended], [0.0] * len(ended))
+        self.ep_return[done], self.ep_length[done] = 0.0, 0
+        self.resetting = done if self.autoreset == NEXT_STEP else np.zeros_like(done)
+        self.obs = next_obs
+        return out
+
+
+@dataclass
+class Fragment:
+    """``T`` steps of ``k`` envs (same layout as :class:`frugalrl.rollout.Rollout`)."""
+
+    obs: np.ndarray  # (T, k, *obs_shape) the observation each action was chosen on
+    actions: np.ndarray  # (T, k, *act_shape) as chosen (before clipping)
+    params: np.ndarray | None  # (T, k, P) float32 the behaviour distribution's parameters (None: not given)
+    rewards: np.ndarray  # (T, k) float32
+    terminations: np.ndarray  # (T, k) bool
+    truncations: np.ndarray  # (T, k) bool
+    next_obs: np.ndarray  # (k, *obs_shape) after the last step
+    final_idx: np.ndarray  # (K, 2) int32 [t, env] of every finished episode
+    final_obs: np.ndarray  # (K, *obs_shape) its last observation
+    valid: np.ndarray | None  # (T, k) False where an env only reset (next-step autoreset); None: all valid
+    episode_returns: list[float]
+    episode_lengths: list[int]
+    episode_envs: list[int]  # the env (index in the group) of each finished episode
+
+    def truncated_final_obs(self) -> np.ndarray:
+        """The final observations of the episodes that were truncated, not terminated, in (t, env) order."""
+        keep = ~self.terminations[self.final_idx[:, 0], self.final_idx[:, 1]]
+        return self.final_obs[keep]
+
+
+Policy = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]]
+"""Observations (k, ...) -> actions (k, ...) and the behaviour distribution's parameters (k, P), or None."""
+
+
+def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: int,
+                     on_step: Callable[[int, Stepped], None] | None = None) -> Fragment:
+    """Run ``policy`` for ``num_steps`` steps of every env of ``group`` (clipping Box actions to the space) and
+    return the fragment; ``on_step(t, stepped)`` sees each step as it happens. An :class:`EnvGroup` is stepped with
+    same-step autoreset whatever its mode: a fragment has no steps that only reset."""
+    if num_steps <= 0:
+        raise ValueError(f"num_steps must be positive, got {num_steps}")
+    if isinstance(group, EnvGroup):
+        group.reset_pending()
+    k = len(group)
+    first = np.asarray(group.obs)
+    obs_buf = np.empty((num_steps, *first.shape), dtype=first.dtype)
+    act_buf: np.ndarray | None = None
+    par_buf: np.ndarray | None = None
+    rewards = np.zeros((num_steps, k), dtype=np.float32)
+    terms = np.zeros((num_steps, k), dtype=bool)
+    truncs = np.zeros((num_steps, k), dtype=bool)
+    valid = np.ones((num_steps, k), dtype=bool)
+    final_idx: list[tuple[int, int]] = []
+    final_obs: list[np.ndarray] = []
+    ep_r: list[float] = []
+    ep_l: list[int] = []
+    ep_env: list[int] = []
+    space = group.action_space
+    box = isinstance(space, gym.spaces.Box)
+    low, high = (space.low, space.high) if isinstance(space, gym.spaces.Box) else (None, None)
+    step = functools.partial(group.step, autoreset=SAME_STEP) if isinstance(group, EnvGroup) else group.step
+    for t in range(num_steps):
+        obs_buf[t] = group.obs
+        actions, params = policy(obs_buf[t])
+        if act_buf is None:  # the first step: the buffers take the policy's shapes and dtypes
+            act_buf = np.empty((num_steps, *actions.shape), dtype=actions.dtype)
+            par_buf = None if params is None else np.empty((num_steps, *params.shape), dtype=np.float32)
+        act_buf[t] = actions
+        if par_buf is not None:
+            par_buf[t] = params
+        stepped = step(np.clip(actions, low, high) if box else actions)
+        rewards[t], terms[t], truncs[t] = stepped.rewards, stepped.terminations, stepped.truncations
+        if stepped.reset_only:
+            valid[t, stepped.reset_only] = False
+        if stepped.ended:
+            final_idx += [(t, i) for i in stepped.ended]
+            final_obs += stepped.final_obs
+            ep_r += stepped.episode_returns
+            ep_l += stepped.episode_lengths
+            ep_env += stepped.ended
+        if on_step is not None:
+            on_step(t, stepped)
+    assert act_buf is not None
+    next_obs = np.array(group.obs, copy=True)
+    return Fragment(
+        obs=obs_buf, actions=act_buf, params=par_buf, rewards=rewards, terminations=terms, truncations=truncs,
+        next_obs=next_obs, final_idx=np.array(final_idx, dtype=np.int32).reshape(-1, 2),
+        final_obs=np.stack(final_obs) if final_obs else np.zeros((0, *next_obs.shape[1:]), next_obs.dtype),
+        valid=None if valid.all() else valid, episode_returns=ep_r, episode_lengths=ep_l, episode_envs=ep_env,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def clip_actions(space: gym.Space, actions: np.ndarray) -> np.ndarray:
+    """Sampled Box actions clipped to the space's bounds; other actions unchanged."""
+    if isinstance(space, gym.spaces.Box):
+        return np.clip(actions, space.low, space.high)
+    return actions
+
+
+def space_shape(space: gym.Space) -> tuple[int, ...]:
+    """``space.shape``, which every space a group steps (Box, Discrete) has; ``TypeError`` if it is None."""
+    if space.shape is None:
+        raise TypeError(f"the space {space} has no shape; frugalrl supports Box and Discrete spaces")
+    return space.shape
+
+
+def _float_row(values: list[Any]) -> np.ndarray | None:
+    """``values`` as a float64 array if they are all finite numbers, else None (the caller then goes
+    element by element, so that odd rewards fail or convert exactly as single assignments do)."""
+    try:
+        row = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return row if row.ndim == 1 and np.isfinite(row).all() else None
+
+
+def add_info(infos: dict[str, np.ndarray], info: dict[str, Any], i: int, k: int) -> None:
+    """Batch one env's numeric infos into ``infos`` as Gymnasium does (value array + ``_key`` mask)."""
+    for key, value in info.items():
+        if isinstance(value, bool | int | float | np.number | np.ndarray) and not isinstance(value, str):
+            arr = np.asarray(value)
+            if arr.dtype == object:
+                continue
+            if key not in infos:
+                infos[key] = np.zeros((k, *arr.shape), dtype=arr.dtype)
+                infos[f"_{key}"] = np.zeros(k, dtype=bool)
+            if infos[key].shape[1:] != arr.shape:
+                continue
+            infos[key][i] = arr
+            infos[f"_{key}"][i] = True
