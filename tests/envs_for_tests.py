@@ -8,6 +8,7 @@ that hangs, a constructor that only fails inside a worker process.
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import gymnasium as gym
@@ -83,6 +84,42 @@ class FailsInWorkerEnv(CounterEnv):
         super().__init__()
         if os.getpid() != int(head_pid):
             raise RuntimeError("boom: this environment refuses to start in a worker process")
+
+
+class DiesWhileStartingEnv(CounterEnv):
+    """Builds in the process ``head_pid`` (the test); a worker process building it dies at once (SIGKILL, as
+    the OOM killer would), the first time only when ``marker`` (a file path) is given, else every time."""
+
+    def __init__(self, head_pid: int, marker: str | None = None) -> None:
+        super().__init__()
+        if os.getpid() != int(head_pid) and (marker is None or _first_to_create(marker)):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class DiesAfterEnv(CounterEnv):
+    """In a worker process (not ``head_pid``): the first process to build it (it creates ``marker``) is SIGKILLed at
+    its step ``die_after``, every later one at its first step, as a worker whose node keeps failing."""
+
+    def __init__(self, head_pid: int, marker: str, die_after: int = 100) -> None:
+        super().__init__(horizon=10)
+        in_worker = os.getpid() != int(head_pid)
+        self.die_at = None if not in_worker else (int(die_after) if _first_to_create(marker) else 1)
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.die_at is not None and self.steps >= self.die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action)
+
+
+def _first_to_create(path: str) -> bool:
+    """Create ``path``; whether this process did (of several starting together, exactly one does)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 class HangingEnv(CounterEnv):

@@ -27,6 +27,7 @@ from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import policy_evaluator
 from frugalrl.nets import make_agent
 from frugalrl.runs import RunSummary, read_metrics
+from frugalrl.training import RunRecorder
 
 
 @dataclass(kw_only=True)
@@ -124,6 +125,29 @@ def test_a_toy_run_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_d
     resumed = drive(HillClimb(_config(tmp_path / "cut")), resume=cut["run_dir"])
     assert resumed["updates"] == 16 and [r["step"] for r in resumed["resumes"]] == [350]
     assert torch.equal(_weights(resumed), _weights(whole))
+
+
+def test_checkpoints_come_by_time_and_after_each_best_evaluation(tmp_path, monkeypatch):
+    """``checkpoint_every_s``: a checkpoint after every update that starts that long after the last one, and after
+    every evaluation that is the run's best so far; None: only at the end (``checkpoint_every`` 0)."""
+    saves: list[int] = []
+    save = RunRecorder.save
+
+    def counted(run: RunRecorder):
+        saves.append(run.updates)
+        return save(run)
+
+    monkeypatch.setattr(RunRecorder, "save", counted)
+    drive(HillClimb(_config(tmp_path / "end", checkpoint_every=0, checkpoint_every_s=None)))
+    assert saves == [16]
+    saves.clear()
+    summary = drive(HillClimb(_config(tmp_path / "best", checkpoint_every=0, checkpoint_every_s=1e9)))
+    means = [e["mean"] for e in summary["eval_history"][:-1]]  # the last one is the end's
+    bests = [4 * (i + 1) for i, m in enumerate(means) if all(m > earlier for earlier in means[:i])]
+    assert bests and saves == [*bests, 16]
+    saves.clear()
+    drive(HillClimb(_config(tmp_path / "time", checkpoint_every=0, checkpoint_every_s=1e-9)))
+    assert saves == [*range(1, 16), 16]  # due before every update (the last one's is the end's)
 
 
 def test_callbacks_see_every_update_and_evaluation_and_a_target_stops_the_run(tmp_path):

@@ -6,6 +6,7 @@ A worker killed between rollouts, or silent, on every backend with processes: te
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -17,6 +18,7 @@ import torch
 from conftest import pid_exists, wait_dead
 
 from frugalrl import ClusterEnv, make_agent
+from frugalrl.envs.restarts import CrashLoopRule, WorkersFailed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -163,25 +165,53 @@ def test_hanging_worker_is_declared_dead_and_replaced(tmp_path, closing):
     close_and_check(env, pids)
 
 
-def test_always_hanging_worker_exhausts_restarts_with_a_clear_error():
+def test_worker_that_always_hangs_is_a_crash_loop_given_up_after_back_off():
+    """A worker that hangs at its first step after every start never completes a request: it is replaced
+    ``crash_loop_tries`` times, after 0 s then 0.5 s of back-off, then WorkersFailed names it and its errors, the
+    env is closed and no process is left."""
     env = ClusterEnv(
-        "envs_for_tests:HangingEnv", 1, 1, backend="local", seed=6, worker_timeout=1.5, max_restarts=1,
-        env_kwargs={"hang_after": 3},
+        "envs_for_tests:HangingEnv", 1, 1, backend="local", seed=6, worker_timeout=1.5, crash_loop_tries=2,
+        env_kwargs={"hang_after": 1},
     )
     pids = set(env.backend.worker_pids().values())
     zeros = np.zeros(1, dtype=np.int64)
     env.reset()
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"worker 0 failed \(no reply within .*restart budget of 1 is spent"):
+    with pytest.raises(WorkersFailed, match=r"worker 0 failed 3 times in a row with no completed request in between "
+                                            r"\(last: no reply within"):
         for _ in range(10):
             pids |= set(env.backend.worker_pids().values())
             env.step(zeros)
-    assert time.monotonic() - t0 < 2 * 1.5 + DETECT_S
-    assert env.closed
+    assert 3 * 1.5 + 0.5 <= time.monotonic() - t0 < 3 * 1.5 + 0.5 + DETECT_S
+    assert env.closed and len(env.restart_events) == 2
     left = [p for p in pids if pid_exists(p)]
     assert not left, f"processes left: {left}"
     with pytest.raises(RuntimeError, match="closed"):
         env.step(zeros)
+
+
+def test_worker_that_dies_while_starting_is_replaced(tmp_path):
+    """SIGKILL while a worker builds its envs (the first attempt only): the env starts anyway, on a replacement."""
+    marker = str(tmp_path / "died")
+    env = ClusterEnv("envs_for_tests:DiesWhileStartingEnv", 2, 1, backend="local", seed=1,
+                     env_kwargs={"head_pid": os.getpid(), "marker": marker})
+    try:
+        assert os.path.exists(marker)
+        assert len(env.restart_events) == 1  # one of the two workers, whichever built its env first
+        assert "died or hung while starting" in env.restart_events[0]["reason"]
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (2, 2)
+    finally:
+        close_and_check(env, set())
+
+
+def test_worker_that_never_starts_fails_in_seconds():
+    """Every attempt dies while starting: a crash loop, given up after its tries (no retry storm)."""
+    t0 = time.monotonic()
+    with pytest.raises(WorkersFailed, match=r"worker 0 failed 3 times in a row .*died or hung while starting"):
+        ClusterEnv("envs_for_tests:DiesWhileStartingEnv", 1, 1, backend="local", seed=1, crash_loop_tries=2,
+                   env_kwargs={"head_pid": os.getpid()})
+    assert time.monotonic() - t0 < 0.5 + DETECT_S
 
 
 def test_silent_worker_while_shared_memory_grows_is_replaced(closing):
@@ -198,3 +228,36 @@ def test_silent_worker_while_shared_memory_grows_is_replaced(closing):
     finally:
         with contextlib.suppress(ProcessLookupError):  # already killed and reaped by the restart
             os.kill(pid, signal.SIGKILL)
+
+
+def test_run_whose_workers_keep_failing_saves_the_learner_and_says_how_to_resume(tmp_path, capsys):
+    """PPO's one worker dies after useful work (replaced), then its replacements die before completing a fragment:
+    the rule gives up, and the run writes its checkpoint and summary ("workers_failed", the errors) and the CLI
+    prints one line with the --resume command (no traceback)."""
+    from frugalrl.cli import main as cli_main
+
+    env_kwargs = json.dumps({"head_pid": os.getpid(), "marker": str(tmp_path / "marker"), "die_after": 200})
+    code = cli_main(["train", "ppo", "--env", "envs_for_tests:DiesAfterEnv", "--env-kwargs", env_kwargs,
+                     "--preset", "none", "--workers", "1", "--envs-per-worker", "1", "--num-steps", "16",
+                     "--total-timesteps", "100000", "--run-dir", str(tmp_path), "--run-name", "run", "--no-progress",
+                     "--no-plots", "--no-tensorboard", "--eval-episodes", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and err[-1].startswith("frugalrl: error: workers failed: worker 0 failed 6 times in a row"), err
+    assert err[-1].endswith(f"frugalrl train ppo --resume {tmp_path / 'run'}")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "workers_failed" and 160 <= summary["env_steps"] <= 200
+    assert len(summary["details"]["workers_failed"]["errors"]) == 6 and summary["restarts"] == 5
+    assert (tmp_path / "run" / "checkpoints" / "latest.pt").exists()
+
+
+def test_crash_loop_rule():
+    """Useful work resets the count; failures in a row back off 0, 0.5, 1, 2 s ... and give up after max_tries."""
+    rule = CrashLoopRule(2, max_tries=4, first_delay=0.5, max_delay=1.5)
+    assert [rule.failed(0, f"e{i}") for i in range(4)] == [0.0, 0.5, 1.0, 1.5]
+    with pytest.raises(WorkersFailed, match=r"worker 0 failed 5 times in a row .*\(last: e4\)") as failed:
+        rule.failed(0, "e4")
+    assert failed.value.errors == ["e0", "e1", "e2", "e3", "e4"]
+    rule.succeeded(1)
+    assert [rule.failed(1, "x") for _ in range(2)] == [0.0, 0.5]
+    rule.succeeded(1)  # it worked in between: the next death is a first one again
+    assert rule.failed(1, "y") == 0.0 and rule.loop_errors[1] == ["y"]

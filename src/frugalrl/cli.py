@@ -245,6 +245,7 @@ def _error(message: str) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from frugalrl.envs.restarts import WorkersFailed
     from frugalrl.runs import read_config
 
     mod, cls = algorithm(args.algo).load()
@@ -260,6 +261,9 @@ def _train(args: argparse.Namespace) -> int:
         summary = mod.train(cfg, resume=args.resume)
     except (ValueError, TypeError, FileNotFoundError) as e:
         return _error(str(e))
+    except WorkersFailed as e:
+        saved_to = f"; the run is saved: continue with  frugalrl train {args.algo} --resume {e.run_dir}" if e.run_dir else ""
+        return _error(f"workers failed: {e}{saved_to}")
     except KeyboardInterrupt:
         print("frugalrl: interrupted; workers stopped", file=sys.stderr)
         return 130

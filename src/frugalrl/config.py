@@ -129,7 +129,10 @@ class RunConfig(ConfigPart):
     target_return: float | None = None
     """Stop early once an evaluation's mean return reaches this."""
     checkpoint_every: int = 0
-    """Write a checkpoint (that ``--resume`` continues from) every this many updates (0: only at the end)."""
+    """Write a checkpoint (that ``--resume`` continues from) every this many updates (0: by time only)."""
+    checkpoint_every_s: float | None = 600.0
+    """Write a checkpoint after the first update that starts this many seconds of training after the last one,
+    and after every evaluation that is the run's best so far (None: only checkpoint_every and the end)."""
     run_dir: str = "runs"
     """Directory that holds the run directories."""
     run_name: str | None = None
@@ -152,6 +155,7 @@ class RunConfig(ConfigPart):
             raise ValueError(f"env_kwargs must be a dict, got {type(self.env_kwargs).__name__}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        check_fields(self, positive=("checkpoint_every_s",))
         if self.target_return is not None and not math.isfinite(self.target_return):
             raise ValueError(f"target_return must be a finite number or None, got {self.target_return!r}")
 

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from frugalrl.config import RunConfig
+from frugalrl.envs.restarts import WorkersFailed
 from frugalrl.evaluation import Evaluation, Evaluator
 from frugalrl.training import RunRecorder
 
@@ -70,8 +71,8 @@ class Step:
     total: int
     """Updates in the whole run: schedules (learning rate, clip range) anneal over it (0: no budget in updates)."""
     checkpoint_after: bool
-    """A checkpoint is written right after this update: an algorithm that overlaps collection with learning
-    leaves nothing in flight, so that the checkpoint holds envs at rest."""
+    """A checkpoint may be written right after this update (one is due, or an evaluation that may be the best): an
+    algorithm that overlaps collection with learning leaves nothing in flight, so that it holds envs at rest."""
 
 
 @dataclass
@@ -133,9 +134,10 @@ class Algorithm(ABC):
     def update(self, step: Step) -> Update:
         """Collect experience and make one learner update."""
 
-    def after_update(self, stopping: bool) -> None:  # noqa: B027 - an optional hook
+    def after_update(self, stopping: bool, saved: bool) -> None:  # noqa: B027 - an optional hook
         """Called at the end of each update's turn of the loop (evaluated, logged, checkpointed); ``stopping``:
-        the run ends now (its target reached, a callback's stop)."""
+        the run ends now (its target reached, a callback's stop); ``saved``: a checkpoint was just written (a remote
+        half of the algorithm saves its own)."""
 
     def end(self) -> Update | None:
         """The last update is done: finish what is in flight before the final evaluation and checkpoint. An
@@ -184,16 +186,32 @@ def drive(algo: Algorithm, *, resume: str | Path | None = None, callbacks: Seque
 
 def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], signals: StopSignals) -> dict[str, Any]:
     cfg = algo.cfg
-    setup = algo.setup()
+    try:
+        setup = algo.setup()
+    except WorkersFailed as e:  # no worker could start: nothing to save, but the summary says why
+        run.stop("workers_failed")
+        run.finish({"workers_failed": {"worker": e.worker, "errors": e.errors}}, evaluate=False, checkpoint=False)
+        raise
     run.attach(**setup.parts)
     run.begin(setup.evaluate, (setup.total_updates or 0) * setup.steps_per_update,
               evaluate_stochastic=setup.evaluate_stochastic)
     algo.start()
     total, saved = setup.total_updates, run.updates
+    failure: WorkersFailed | None = None
     while not signals.stop(run) and (total is None or run.updates < total):
         index = run.updates + 1
-        update = algo.update(Step(index, total or 0, cfg.checkpoints_after(index)))
+        # decided before the update, so that an algorithm that overlaps collection with learning leaves nothing in
+        # flight; a scheduled evaluation may become the best, which is checkpointed too
+        due = cfg.checkpoints_after(index) or run.checkpoint_due()
+        at_rest = due or (setup.evaluate is not None and cfg.evaluates_after(index, total or 0))
+        try:
+            update = algo.update(Step(index, total or 0, at_rest))
+        except WorkersFailed as e:  # the learner is intact: save it, then report the failure
+            failure = e
+            run.stop("workers_failed")
+            break
         row = _account(run, update, setup.cluster)
+        run.new_best = False
         evaluation = _evaluate(run, update, setup, row)
         if evaluation is not None and any(cb.on_evaluation(run, evaluation) is False for cb in callbacks):
             run.stop("callback")
@@ -202,17 +220,27 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
             run.stop("callback")
         signals.stop(run)
         every = cfg.checkpoint_every
-        if every and run.updates // every > saved // every and not run.stopped:
+        crossed = bool(every) and run.updates // every > saved // every  # an update may stand for several
+        ending = run.stopped or (total is not None and run.updates >= total)  # the end writes its own
+        checkpoint = not ending and (due or crossed or (run.new_best and cfg.checkpoint_every_s is not None))
+        if checkpoint:
             run.save()
             saved = run.updates
         run.show_progress(update.steps, row, update.postfix)
-        algo.after_update(run.stopped)
-    last = algo.end()
+        algo.after_update(run.stopped, checkpoint)
+    last = algo.end() if failure is None else None
     if last is not None:
         _account(run, last, None)
+    details = algo.details()
+    if failure is not None:
+        details["workers_failed"] = {"worker": failure.worker, "errors": failure.errors}
     # A signal asks for the checkpoint and summary within a scheduler's grace period: no final evaluation then.
-    return run.finish(algo.details(), traffic=algo.traffic(), always_evaluate=setup.final_evaluation == "always",
-                      evaluate=signals.reason is None)
+    summary = run.finish(details, traffic=algo.traffic(), always_evaluate=setup.final_evaluation == "always",
+                         evaluate=signals.reason is None and failure is None)
+    if failure is not None:
+        failure.run_dir = summary["run_dir"]
+        raise failure
+    return summary
 
 
 class StopSignals:

@@ -230,13 +230,15 @@ class Child:
         raise ChildExited(self.name, self.reap())
 
     def await_ready(
-        self, deadline: float, error: type[Exception] = RuntimeError, keep_value_error: bool = False
+        self, deadline: float, error: type[Exception] = RuntimeError, keep_value_error: bool = False,
+        died: type[Exception] | None = None,
     ) -> tuple[Message, dict[str, int]]:
         """Wait until ``deadline`` (``time.monotonic()``) for the child's ``ready``; return it with its sizes.
 
         An ``error`` answer raises :func:`child_error` (``"{name} could not start: ..."``); a child that
         dies, closes its socket, sends something else or lets the deadline pass raises
-        ``error("{name} died or hung while starting (exit code N)")``.
+        ``died("{name} died or hung while starting (exit code N)")`` (``died`` defaults to ``error``: a caller that
+        retries deaths but not errors tells them apart by it).
         """
         try:
             got = self.wait_message(max(0.0, deadline - time.monotonic()))
@@ -248,7 +250,7 @@ class Child:
                 raise child_error(self.name, msg.meta, error, keep_value_error)
             if msg.op == "ready":
                 return msg, sizes
-        raise error(f"{self.name} died or hung while starting (exit code {self.returncode})")
+        raise (died or error)(f"{self.name} died or hung while starting (exit code {self.returncode})")
 
     # ------------------------------------------------------------------ life and death
     def exited(self, timeout: float = 0.0) -> bool:

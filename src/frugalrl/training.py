@@ -151,6 +151,9 @@ class RunRecorder:
         self._eval_seconds = 0.0
         self._past_seconds = 0.0
         self._t0 = time.monotonic()
+        self._saved_at = 0.0  # training seconds at the last checkpoint
+        self.new_best = False
+        """Whether the latest evaluation is the run's best so far (the driver then checkpoints)."""
         self._bar: Any = None
         self.stall_watch = StallWatch()
         """Notices a sync rule that leaves the workers on an old policy while training stops improving."""
@@ -173,7 +176,12 @@ class RunRecorder:
     @property
     def checkpointing(self) -> bool:
         """Whether checkpoints are written during the run (parts then need to be restorable exactly)."""
-        return self.cfg.checkpoint_every > 0
+        return self.cfg.checkpoint_every > 0 or self.cfg.checkpoint_every_s is not None
+
+    def checkpoint_due(self) -> bool:
+        """Whether ``checkpoint_every_s`` seconds of training have passed since the last checkpoint (or the start)."""
+        every = self.cfg.checkpoint_every_s
+        return every is not None and self.seconds() - self._saved_at >= every
 
     def _new_dir(self, tag: str) -> Path:
         cfg = self.cfg
@@ -212,6 +220,7 @@ class RunRecorder:
             self._bar = tqdm(total=total_steps, initial=self.env_steps, unit="step", unit_scale=True,
                              dynamic_ncols=True, desc=f"{self.algo} {self.cfg.env.split(':')[-1]}")
         self._t0 = time.monotonic()
+        self._saved_at = self.seconds()  # a resumed run's clock goes on from its checkpoint
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
         if ckpt.get("format") != CHECKPOINT_FORMAT:
@@ -370,7 +379,8 @@ class RunRecorder:
             disagreement = evaluation_disagreement(result, stochastic, train)
             if disagreement is not None:
                 entry["disagreement"] = disagreement["message"]
-        if all(result.mean > e["mean"] for e in self.eval_history):
+        self.new_best = all(result.mean > e["mean"] for e in self.eval_history)
+        if self.new_best:
             self._save_best({**entry, **extra})
         self.eval_history.append({**entry, **extra})
         target = self.cfg.target_return
@@ -398,6 +408,7 @@ class RunRecorder:
         agent = self._parts.get("agent")
         if agent is not None and hasattr(agent, "spec"):
             payload["spec"] = agent.spec.to_json()
+        self._saved_at = self.seconds()
         return self.directory.save_checkpoint(payload)
 
     def _save_best(self, entry: dict[str, Any]) -> None:
@@ -430,16 +441,17 @@ class RunRecorder:
 
     @staticmethod
     def _part_state(name: str, part: Stateful) -> Any:
-        if name == "envs" and not getattr(part, "replayable", False):
-            return None  # envs that cannot be rebuilt exactly: a resume resets them
+        if name == "envs" and (not getattr(part, "replayable", False) or getattr(part, "closed", False)):
+            return None  # envs that cannot be rebuilt exactly (or whose workers failed): a resume resets them
         return part.state_dict()
 
     # ------------------------------------------------------------------ the end
     def finish(self, details: dict[str, Any] | None = None, traffic: dict[str, Any] | None = None,
-               always_evaluate: bool = False, evaluate: bool = True) -> dict[str, Any]:
+               always_evaluate: bool = False, evaluate: bool = True, checkpoint: bool = True) -> dict[str, Any]:
         """Final evaluation (unless an evaluation was made at the last step, e.g. the one that reached the
         target; ``always_evaluate`` makes one anyway; ``evaluate=False`` none, nor the recheck of a regression:
-        a stop on a signal), final checkpoint, summary.json and plots; returns the summary as a dict.
+        a stop on a signal), final checkpoint (unless ``checkpoint=False``: a run that could not start),
+        summary.json and plots; returns the summary as a dict.
 
         ``traffic``: ``bytes``, ``weight_syncs``, ``restarts`` and ``uplink`` (the experience codecs per stream,
         put in ``details``; see :func:`cluster_traffic`).
@@ -461,7 +473,8 @@ class RunRecorder:
             t0 = time.monotonic()
             stochastic = self._evaluate_stochastic()  # in the summary (the metrics keep one row per step)
             self._eval_seconds += time.monotonic() - t0
-        self.save()
+        if checkpoint:
+            self.save()
         seconds = self.seconds()
         wall = seconds + self._eval_seconds
         traffic = traffic or {}

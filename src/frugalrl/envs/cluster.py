@@ -33,9 +33,10 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from frugalrl.envs.backends import BACKENDS, make_backend
-from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
+from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure, WorkerStartFailed
 from frugalrl.envs.batching import assemble_rollout, check_actions, merge_infos, rollout_bound
 from frugalrl.envs.checkpoint import Checkpoints
+from frugalrl.envs.restarts import CrashLoopRule, WorkersFailed
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype
 from frugalrl.experience import space_shape
@@ -54,6 +55,10 @@ def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+_EXPERIENCE_REPLIES = ("step", "rollout")
+"""Replies that mean a worker did useful work (a reset or a weights message does not)."""
 
 
 class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
@@ -76,7 +81,9 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
             behaviour stream holds, the link rate ``auto`` assumes); see :mod:`frugalrl.wire.uplink`.
         worker_timeout: seconds without a reply after which a worker is declared dead.
         check_finite: raise on NaN/inf observations or rewards.
-        max_restarts: worker replacements allowed over the env's life before giving up.
+        crash_loop_tries: how many times in a row a worker that dies before completing a request is replaced
+            (with back-off) before :class:`~frugalrl.envs.restarts.WorkersFailed`; one that dies after useful
+            work is always replaced (:mod:`frugalrl.envs.restarts`).
         kl_states: states per worker kept for the AAPS KL estimate.
         ray_address: ``backend="ray"`` only: the Ray cluster to join (``"auto"`` or ``"host:port"``);
             None starts a private single-machine Ray (shut down on close). A Ray already initialised in
@@ -101,7 +108,7 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
         worker_timeout: float = 300.0,
         check_finite: bool = True,
         meter: ByteMeter | None = None,
-        max_restarts: int = 20,
+        crash_loop_tries: int = 5,
         kl_states: int = 256,
         ray_address: str | None = None,
         ray_num_cpus: float = 1.0,
@@ -169,7 +176,7 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
         self.weights_codec = weights_codec
         self.uplink = uplink_options
         self._codecs_seen: dict[str, dict[str, int]] = {}
-        self.max_restarts = int(max_restarts)
+        self.restart_rule = CrashLoopRule(self.num_workers, max_tries=int(crash_loop_tries))
         self.backend_name = backend
         self.replayable = bool(replayable)
 
@@ -182,11 +189,14 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
         self.backend = make_backend(
             backend, configs, self.meter, float(worker_timeout), ray_address=ray_address, ray_num_cpus=ray_num_cpus
         )
-        self.backend.start()
+        died = self.backend.start()
         self.closed = False
         _register_close(self)
 
         self.restart_events: list[dict[str, Any]] = []
+        self._deferred: set[int] = set()  # workers whose envs reset at their next step
+        for w, reason in died.items():  # died or hung while starting: replaced like any other
+            self._restart(w, reason)
         self._obs: np.ndarray | None = None
 
     @property
@@ -396,23 +406,37 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
                     raise RuntimeError(f"worker {w}: {result.meta.get('error')}")
                 else:
                     replies[w] = result
+                    if result.op in _EXPERIENCE_REPLIES:  # useful work: not a crash loop
+                        if w in self._deferred:  # its first step after a deferred reset only reset its envs
+                            self._deferred.discard(w)
+                        else:
+                            self.restart_rule.succeeded(w)
             requests = retry
         return replies
 
     def _restart(self, w: int, reason: str) -> None:
-        if len(self.restart_events) >= self.max_restarts:
-            self.close()
-            raise RuntimeError(
-                f"worker {w} failed ({reason}) and the restart budget of {self.max_restarts} is spent"
-            )
-        log.warning("frugalrl: worker %d failed (%s); replacing it and resetting its envs", w, reason)
+        """Replace worker ``w`` under the crash-loop rule (:mod:`frugalrl.envs.restarts`): at once after useful
+        work, with back-off when it keeps dying; :class:`WorkersFailed` (this env closed) when the rule gives up."""
         t0 = time.monotonic()
-        self.backend.restart(w)
+        while True:
+            try:
+                self.restart_rule.wait(w, reason)
+            except WorkersFailed:
+                self.close()
+                raise
+            log.warning("frugalrl: worker %d failed (%s); replacing it and resetting its envs", w, reason)
+            try:
+                self.backend.restart(w)
+                break
+            except WorkerStartFailed as e:
+                reason = str(e)
         self.policies.forget(w)
         self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
                                     "seconds": round(time.monotonic() - t0, 3)})
 
     def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message:
+        if defer:
+            self._deferred.add(w)
         def fail(w_: int, reason: str) -> Message:
             self._restart(w_, reason)
             return msg

@@ -240,10 +240,11 @@ class Stage0(Algorithm):
         if obs_norm is not None:  # after the update: a rollout and its update see the same statistics
             obs_norm.update(b_obs)
 
-    def after_update(self, stopping: bool) -> None:
-        """Tell stage 1 whether the run goes on (it stops with us: a target, a callback)."""
+    def after_update(self, stopping: bool, saved: bool) -> None:
+        """Tell stage 1 whether the run goes on (it stops with us: a target, a callback) and whether we just wrote a
+        checkpoint (it then saves its half, at the same iteration)."""
         with self._control_traffic():
-            self.chan.send_json({"stop": stopping})
+            self.chan.send_json({"stop": stopping, "checkpoint": saved})
 
     def details(self) -> dict[str, Any]:
         cfg, chan = self.cfg, self.chan

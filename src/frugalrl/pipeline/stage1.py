@@ -6,8 +6,8 @@ from the value of its final observation, a terminated one from nothing), and for
 the features, steps its heads with :func:`frugalrl.losses.ppo_loss` and sends back the gradient of the loss
 with respect to the features through the cut codec (dense, or :class:`~frugalrl.wire.sparsify.TopPercentile`
 with error feedback). Both stages draw the minibatch order from the same seeded generator, so indices never
-travel. It keeps its own half: ``checkpoints/heads.pt`` in the run directory on its machine, written on the
-checkpoint cadence of stage 0's run (:meth:`~frugalrl.config.RunConfig.checkpoints_after`) and at the end.
+travel. It keeps its own half: ``checkpoints/heads.pt`` in the run directory on its machine, written whenever
+stage 0's driver writes its checkpoint (it says so after every iteration) and at the end.
 """
 
 from __future__ import annotations
@@ -160,8 +160,9 @@ def run_stage1(cfg: PipelinePPOConfig, chan: TorchDistChannel) -> None:
         chan.send(cut.encode_dense(np.asarray(stats, dtype=np.float32), "fp32"), "control")
         if cfg.evaluates_after(iteration, cfg.iterations):
             _serve_eval(cfg, heads, chan)
-        stop = bool(chan.recv_json()["stop"])  # stage 0's driver ends the run (its target, a callback)
-        if cfg.checkpoints_after(iteration) and not stop:
+        control = chan.recv_json()  # stage 0's driver ends the run (its target, a callback) and checkpoints it
+        stop = bool(control["stop"])
+        if control.get("checkpoint") and not stop:
             _save(cfg, iteration, hello, parts, gens)
         if stop:
             iteration_done = iteration

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from frugalrl.envs.worker import EnvWorker
 
 
+class WorkerStartFailed(RuntimeError):
+    """A worker died or hung while starting (not an error it reported): ClusterEnv retries it under its
+    crash-loop rule (:mod:`frugalrl.envs.restarts`)."""
+
+
 @dataclass
 class WorkerFailure:
     """A worker that died or timed out while a request was outstanding."""
@@ -127,8 +132,9 @@ class Backend(ABC):
         return len(self.configs)
 
     @abstractmethod
-    def start(self) -> None:
-        """Start every worker; raise a clear error if one cannot be built."""
+    def start(self) -> dict[int, str]:
+        """Start every worker; raise a clear error if one cannot be built (an error it reports). Returns the
+        workers that died or hung while starting, with the reason: the caller replaces them (:meth:`restart`)."""
 
     @abstractmethod
     def request(self, requests: dict[int, Message]) -> dict[int, Message | WorkerFailure]:
@@ -136,7 +142,8 @@ class Backend(ABC):
 
     @abstractmethod
     def restart(self, worker: int) -> None:
-        """Replace worker ``worker`` by a fresh one built from the same config."""
+        """Replace worker ``worker`` by a fresh one built from the same config; :class:`WorkerStartFailed` if the
+        new one dies or hangs while starting (the backend stays usable)."""
 
     def reserve(self, up_bytes: int, down_bytes: int) -> None:  # noqa: B027 - optional hook
         """Hint the largest reply (``up``) and request (``down``) expected next; transports may pre-allocate."""

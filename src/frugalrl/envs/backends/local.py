@@ -27,7 +27,14 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
-from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, config_to_json, worker_from_json
+from frugalrl.envs.backends.base import (
+    Backend,
+    WorkerConfig,
+    WorkerFailure,
+    WorkerStartFailed,
+    config_to_json,
+    worker_from_json,
+)
 from frugalrl.process import Child, ParentGone, ParentLink, spawn
 from frugalrl.wire.cache import WireCache
 from frugalrl.wire.channel import POLLIN, Channel
@@ -153,15 +160,22 @@ class LocalBackend(Backend):
         self._wire = WireCache()
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        """Start every process and wait until each has built its environments."""
+    def start(self) -> dict[int, str]:
+        """Start every process and wait until each has built its environments; returns those that died or hung
+        while starting (see :meth:`Backend.start`)."""
         for w in range(self.num_workers):
             self._spawn(w)
+        failed: dict[int, str] = {}
         for w in range(self.num_workers):
-            self._await_ready(w)
+            try:
+                self._await_ready(w)
+            except WorkerStartFailed as e:
+                failed[w] = str(e)
+                continue
             if not self._attach(w):
-                self.close()
-                raise RuntimeError(f"worker {w} failed while attaching shared memory at start")
+                self._child(w).kill()
+                failed[w] = f"worker {w} died while attaching shared memory at start"
+        return failed
 
     def _spawn(self, w: int) -> None:
         self.children[w] = spawn(_ENTRY, self._config_json[w], name=f"worker {w}")
@@ -173,8 +187,13 @@ class LocalBackend(Backend):
         return child
 
     def _await_ready(self, w: int) -> None:
+        """Wait for worker ``w``'s ready; one that dies or hangs raises :class:`WorkerStartFailed` (and is killed),
+        one that reports an error closes the backend and raises it."""
         try:
-            self._child(w).await_ready(time.monotonic() + max(self.timeout, 60.0))
+            self._child(w).await_ready(time.monotonic() + max(self.timeout, 60.0), died=WorkerStartFailed)
+        except WorkerStartFailed:
+            self._child(w).kill()
+            raise
         except BaseException:
             self.close()
             raise
@@ -215,7 +234,8 @@ class LocalBackend(Backend):
         self._spawn(worker)
         self._await_ready(worker)
         if not self._attach(worker):
-            raise RuntimeError(f"worker {worker} failed again right after being restarted")
+            self._child(worker).kill()
+            raise WorkerStartFailed(f"worker {worker} died while attaching shared memory after a restart")
 
     def close(self) -> None:
         """Ask every worker to exit, kill the ones that do not, free the shared memory."""

@@ -84,8 +84,9 @@ class RayBackend(Backend):
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        """Connect to (or start) Ray, start every actor and wait until each has built its envs."""
+    def start(self) -> dict[int, str]:
+        """Connect to (or start) Ray, start every actor and wait until each has built its envs (an actor that dies
+        while starting is an error here: Ray already retried placing it)."""
         self._owns_ray = ray_session.acquire(self.address, self.num_workers * self.num_cpus)
         try:
             for w in range(self.num_workers):
@@ -95,6 +96,7 @@ class RayBackend(Backend):
         except BaseException:
             self.close()
             raise
+        return {}
 
     def _spawn(self, w: int) -> None:
         self.actors[w], _ = start_actor(EnvActor, self._configs[w], num_cpus=self.num_cpus)

@@ -12,9 +12,10 @@ class SerialBackend(Backend):
 
     name = "serial"
 
-    def start(self) -> None:
-        """Build every worker in this process."""
+    def start(self) -> dict[int, str]:
+        """Build every worker in this process (none can die while starting)."""
         self.workers = [build_worker(c) for c in self.configs]
+        return {}
 
     def request(self, requests: dict[int, Message]) -> dict[int, Message | WorkerFailure]:
         """Call each worker directly; bytes are metered as if the messages had been encoded."""
