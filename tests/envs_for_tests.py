@@ -113,6 +113,21 @@ class DiesAfterEnv(CounterEnv):
         return super().step(action)
 
 
+_LEAKED: list[bytes] = []
+
+
+class LeakyEnv(CounterEnv):
+    """Keeps ``leak_kb`` KiB of written memory per step for the life of its process, as a leaking simulator."""
+
+    def __init__(self, leak_kb: int = 1024) -> None:
+        super().__init__()
+        self.leak = int(leak_kb) * 1024
+
+    def step(self, action):
+        _LEAKED.append(b"\x01" * self.leak)
+        return super().step(action)
+
+
 def _first_to_create(path: str) -> bool:
     """Create ``path``; whether this process did (of several starting together, exactly one does)."""
     try:
@@ -161,3 +176,7 @@ class TextObservationEnv(CounterEnv):
     def __init__(self) -> None:
         super().__init__()
         self.observation_space = gym.spaces.Text(8)
+
+
+# Registered on import, for the "module:EnvId" convention (gym.make imports the module, then finds the id).
+gym.register("FrugalCounter-v0", entry_point=CounterEnv, kwargs={"horizon": 7})

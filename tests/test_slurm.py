@@ -31,7 +31,15 @@ case $name in
   srun) for a in "$@"; do [[ $a == hostname ]] && echo "${FAKE_HEAD_IP:-10.0.0.1}"; done ;;
   ray) if [[ -n ${FAKE_BLOCK:-} ]]; then for a in "$@"; do [[ $a == --block ]] && exec sleep 120; done; fi ;;
   waitpy) sleep 0.3; exit "${FAKE_WAIT_RC:-0}" ;;  # lets the background fakes record first
-  frugalrl) echo "RAY_ADDRESS=$RAY_ADDRESS"; exit "${FAKE_TRAIN_RC:-0}" ;;
+  frugalrl) echo "RAY_ADDRESS=$RAY_ADDRESS"
+            if [[ -n ${FAKE_PREEMPT_ONCE:-} ]]; then  # the first run saves a checkpoint and exits as preempted
+              ck=runs/frugalrl-$SLURM_JOB_ID/checkpoints
+              if [[ ! -f $ck/latest.pt ]]; then mkdir -p "$ck"; : > "$ck/latest.pt"; exit 75; fi
+            fi
+            if [[ -n ${FAKE_TRAIN_WAIT:-} ]]; then
+              sleep 60 & nap=$!; trap 'echo "got TERM"; kill $nap; exit 75' TERM; wait
+            fi
+            exit "${FAKE_TRAIN_RC:-0}" ;;
   sbatch) echo "4242;cluster" ;;
 esac
 exit 0
@@ -63,7 +71,8 @@ def _dry_run(tmp_path: Path, cfg: SlurmConfig, command: list[str], **env: str):
     log = tmp_path / "calls.log"
     full_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(log), "SLURM_JOB_NODELIST": "n[1-3]",
                 "SLURM_JOB_NUM_NODES": str(cfg.nodes), "SLURM_JOB_ID": "7", "HOME": str(tmp_path), **env}
-    proc = subprocess.run(["bash", str(script)], env=full_env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", str(script)], env=full_env, capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
     return proc, _records(log)
 
 
@@ -119,7 +128,8 @@ def test_dry_run_sequence_and_quoting(tmp_path):
     assert fg[0] == ["scontrol", "show", "hostnames", "n[1-3]"]
     assert fg[1] == ["srun", "--nodes=1", "--ntasks=1", "-w", "n1", "hostname", "--ip-address"]
     assert fg[2][-3:] == ["10.0.0.1:6379", "1", "300.0"] and fg[3][-3:] == ["10.0.0.1:6379", "3", "300.0"]
-    assert fg[4][1:] == ["train", "ppo", *NASTY, "--backend", "ray", "--ray-address", "10.0.0.1:6379"]
+    assert fg[4][1:] == ["train", "ppo", *NASTY, "--run-name", "frugalrl-7", "--backend", "ray", "--ray-address",
+                         "10.0.0.1:6379"]
     assert _is_stop(fg[5]) and fg[5][fg[5].index("ray"):] == ["ray", "stop", "--force"]
     assert "--overlap" in fg[5] and "--nodes=3" in fg[5]
     starts = [r for r in rec if r[0] == "srun" and "start" in r]
@@ -153,6 +163,51 @@ def test_cluster_never_ready_skips_training(tmp_path):
     assert proc.returncode != 0
     assert "frugalrl" not in [r[0] for r in rec]
     assert _is_stop(rec[-1])
+
+
+def test_requeue_directives_only_for_frugalrl_train():
+    train = render_sbatch(SlurmConfig(nodes=1, partition="cpu", signal_grace=90), ["frugalrl", "train", "ppo"])
+    assert {"#SBATCH --requeue", "#SBATCH --signal=B:TERM@90", "#SBATCH --open-mode=append"} <= set(train.splitlines())
+    for text in (render_sbatch(SlurmConfig(nodes=1, partition="cpu"), ["echo", "hi"]),
+                 render_sbatch(SlurmConfig(nodes=1, partition="cpu", requeue=False), ["frugalrl", "train", "ppo"])):
+        assert "--requeue" not in text and "--signal" not in text and "--resume" not in text
+
+
+def test_a_preempted_run_requeues_the_job_and_the_requeued_job_resumes(tmp_path):
+    """Exit 75 (the run saved itself on SIGTERM): ``scontrol requeue``; the requeued job finds the run's checkpoint
+    (its name fixed by the job id) and resumes it instead of starting from zero."""
+    proc, rec = _dry_run(tmp_path, _cfg(nodes=1), ["frugalrl", "train", "ppo", "--env", "X"], FAKE_NODES="n1",
+                         SLURM_JOB_NODELIST="n1", FAKE_TRAIN_RC="75")
+    assert proc.returncode == 75 and ["scontrol", "requeue", "7"] in rec, proc.stderr
+    (tmp_path / "runs" / "frugalrl-7" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "runs" / "frugalrl-7" / "checkpoints" / "latest.pt").write_bytes(b"")
+    (tmp_path / "calls.log").unlink()
+    proc, rec = _dry_run(tmp_path, _cfg(nodes=1), ["frugalrl", "train", "ppo", "--env", "X"], FAKE_NODES="n1",
+                         SLURM_JOB_NODELIST="n1", SLURM_RESTART_COUNT="1")
+    assert proc.returncode == 0 and "resuming runs/frugalrl-7 (restart 1)" in proc.stdout, proc.stderr
+    train = next(r for r in rec if r[0] == "frugalrl")
+    assert train[1:5] == ["train", "ppo", "--resume", "runs/frugalrl-7"] and "--env" not in train
+    assert not any(r[:2] == ["scontrol", "requeue"] for r in rec)
+
+
+def test_sigterm_to_the_batch_script_reaches_the_run(tmp_path):
+    """``--signal=B:TERM@N`` signals the batch shell only: it passes SIGTERM on to the run and requeues on its 75."""
+    bin_dir = _fakes(tmp_path)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(_cfg(nodes=1), ["frugalrl", "train", "ppo"]))
+    log = tmp_path / "calls.log"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(log), "SLURM_JOB_NODELIST": "n1", "FAKE_NODES": "n1",
+           "SLURM_JOB_ID": "7", "HOME": str(tmp_path), "FAKE_TRAIN_WAIT": "1"}
+    proc = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not any(r[0] == "frugalrl" for r in _records(log)):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    time.sleep(0.5)  # the fake sets its trap
+    proc.terminate()
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 75 and "got TERM" in out
+    assert ["scontrol", "requeue", "7"] in _records(log)
 
 
 def test_too_few_nodes_in_allocation(tmp_path):
@@ -235,7 +290,8 @@ def test_cli_prints_script(capsys):
                         "train", "ppo", "--env", "Lunar Lander")
     assert rc == 0, err
     assert "#SBATCH --nodes=2" in out and "#SBATCH --time=00:10:00" in out
-    assert "\nfrugalrl train ppo --env 'Lunar Lander' --backend ray --ray-address \"$ray_address\"\n" in out
+    assert ("\n    frugalrl train ppo --env 'Lunar Lander' --run-name \"frugalrl-$SLURM_JOB_ID\" --backend ray "
+            "--ray-address \"$ray_address\" &\n") in out
 
 
 def test_cli_errors(tmp_path, monkeypatch, capsys):
@@ -373,6 +429,42 @@ def test_real_slurm(tmp_path, slurm_cluster):
             "--block"] in ray_calls
     assert ["ray", "stop", "--force"] in ray_calls
     train = [r for r in rec if r[0] == "frugalrl"]
-    assert train == [["frugalrl", "train", "ppo", *NASTY, "--backend", "ray", "--ray-address", f"{head_ip}:6379"]]
+    assert train == [["frugalrl", "train", "ppo", *NASTY, "--run-name", f"frugalrl-{job_id}", "--backend", "ray",
+                      "--ray-address", f"{head_ip}:6379"]]
     assert f"Ray head {host} at {head_ip}:6379" in text
     assert f"RAY_ADDRESS={head_ip}:6379" in text
+
+
+def test_real_slurm_requeue_resumes_the_run(tmp_path, slurm_cluster, monkeypatch):
+    """Real sbatch and scontrol: the run saves itself and exits 75 (a fake ``frugalrl`` that does so once), the
+    script requeues the job, Slurm starts it again, and the requeued job resumes the run (same run directory, from
+    the job id) and completes: never from zero."""
+    env, _ = slurm_cluster
+    bin_dir = _fakes(tmp_path, names=("ray", "waitpy", "frugalrl"))
+    log = tmp_path / "calls.log"
+    env = {**env, "PATH": f"{bin_dir}:{env['PATH']}", "FAKE_LOG": str(log), "FAKE_BLOCK": "1",
+           "FAKE_PREEMPT_ONCE": "1"}
+    out = tmp_path / "job.out"
+    script = tmp_path / "job.sbatch"
+    cfg = SlurmConfig(nodes=1, partition="debug", time="00:05:00", cpus_per_task=1, output=str(out),
+                      job_name="frugal-requeue", python="waitpy")
+    script.write_text(render_sbatch(cfg, ["frugalrl", "train", "ppo", "--env", "CartPole-v1"]))
+    monkeypatch.chdir(tmp_path)  # the job's working directory: its runs/ go here
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # sbatch exports the submitting environment to the job
+    job_id = submit(script)
+    deadline = time.monotonic() + 240
+    info = ""
+    while time.monotonic() < deadline:
+        info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+        if "JobState=COMPLETED" in info or "JobState=FAILED" in info:
+            break
+        if "JobState=PENDING" in info and "Restarts=1" in info:  # Slurm holds a requeued job back a while
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+        time.sleep(0.5)
+    text = out.read_text() if out.exists() else "(no output file)"
+    assert "JobState=COMPLETED" in info and "Restarts=1" in info, f"{info}\n{text}"
+    train = [r for r in _records(log) if r[0] == "frugalrl"]
+    assert [r[1:5] for r in train] == [["train", "ppo", "--env", "CartPole-v1"],
+                                       ["train", "ppo", "--resume", f"runs/frugalrl-{job_id}"]]
+    assert "requeueing job" in text and f"resuming runs/frugalrl-{job_id} (restart 1)" in text

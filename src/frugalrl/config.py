@@ -214,6 +214,13 @@ class ClusterConfig(ConfigPart):
     the losses and AAPS's KL estimate need) or 'params' (the full distribution parameters)."""
     uplink_link_mbps: float = 100.0
     """The link rate (Mbit/s) uplink 'auto' weighs each codec's CPU time against."""
+    crash_loop_tries: int = 8
+    """A worker that dies again before completing a request is replaced this many times in a row (after back-offs
+    of 0, 0.25, 0.5, ... up to 4 s), then the run stops with its checkpoint; one that dies after useful work is
+    always replaced."""
+    worker_memory_mb: float | None = 2048.0
+    """A worker process over this resident memory (MB) is replaced between two rollouts, its envs starting new
+    episodes, so that an env that leaks cannot take a long run down (local backend; None: never)."""
 
     if typing.TYPE_CHECKING:  # RunConfig's, which every config with a ClusterConfig also has
         total_timesteps: int
@@ -225,8 +232,8 @@ class ClusterConfig(ConfigPart):
     def validate(self) -> None:
         """Check the cluster fields."""
         super().validate()
-        check_fields(self, positive_ints=("workers", "envs_per_worker", "num_steps", "sync_interval"),
-                     positive=("kl_threshold",))
+        check_fields(self, positive_ints=("workers", "envs_per_worker", "num_steps", "sync_interval", "crash_loop_tries"),
+                     positive=("kl_threshold", "worker_memory_mb"))
         if self.max_policy_lag is not None:
             check_fields(self, positive_ints=("max_policy_lag",))
         self.sync_rule()

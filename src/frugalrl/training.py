@@ -21,7 +21,7 @@ import typing
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -253,9 +253,11 @@ class RunRecorder:
     def _restore_envs(self, envs: Any, state: Any, resumes: int) -> Any:
         """Rebuild the envs; a checkpoint without their state (or envs that cannot hold it) resets them, with
         seeds no earlier segment used (``resumes``: this resume's number)."""
-        if state is not None and getattr(envs, "replayable", False):
+        if state is not None and state.get("workers") is not None and getattr(envs, "replayable", False):
             inexact = envs.load_state_dict(state)
             return [int(i) for i in inexact] if inexact else "restored"
+        if state is not None:
+            envs.load_state_dict({**state, "workers": None})  # their books: bytes, syncs, restarts
         log.warning("frugalrl: the checkpoint holds no env state; the envs start new episodes")
         if hasattr(envs, "reset"):
             envs.reset(seed=self.cfg.seed + 1_000_003 * resumes)
@@ -441,8 +443,9 @@ class RunRecorder:
 
     @staticmethod
     def _part_state(name: str, part: Stateful) -> Any:
-        if name == "envs" and (not getattr(part, "replayable", False) or getattr(part, "closed", False)):
-            return None  # envs that cannot be rebuilt exactly (or whose workers failed): a resume resets them
+        if name == "envs":  # envs that cannot be rebuilt exactly (or whose workers failed) keep their books only
+            return cast(Any, part).state_dict(workers=getattr(part, "replayable", False)
+                                              and not getattr(part, "closed", False))
         return part.state_dict()
 
     # ------------------------------------------------------------------ the end

@@ -446,6 +446,7 @@ class IMPALA(Algorithm):
             "monitor": self.monitor.to_json(),
             "warnings": [f"step {n['step']}: {n['message']}" for n in self.monitor.notes()],
             "restart_events": envs.stats()["restart_events"],
+            "recycle_events": envs.stats()["recycle_events"],
         }
 
     def traffic(self) -> dict[str, Any]:

@@ -183,7 +183,8 @@ class PPO(Algorithm):
                    "sync_rule": cluster.sync_rule.describe() if cluster is not None else "none (head-side inference)",
                    "workers": cfg.workers, "envs_per_worker": cfg.envs_per_worker}
         if cluster is not None:
-            details["restart_events"] = cluster.stats()["restart_events"]
+            stats = cluster.stats()
+            details["restart_events"], details["recycle_events"] = stats["restart_events"], stats["recycle_events"]
         return details
 
     def traffic(self) -> dict[str, Any]:

@@ -45,11 +45,16 @@ class Checkpoints:
         def _restart(self, w: int, reason: str) -> None: ...
         def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message: ...
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, workers: bool = True) -> dict[str, Any]:
         """Everything needed to continue exactly from here in a new ClusterEnv (``replayable`` workers):
         the sync state, the byte meter, restarts, the current observations and each worker's snapshot
         (how its envs' episodes began and the actions since, its sampling generator, the policy it holds).
-        Fetching the snapshots is counted as ``checkpoint`` bytes."""
+        Fetching the snapshots is counted as ``checkpoint`` bytes. ``workers=False``: the books only (sync
+        counts, bytes, restarts; no request is made), for envs that cannot be rebuilt (not replayable, or closed
+        after their workers failed): a resume then starts their envs anew but keeps counting."""
+        if not workers:
+            return {"policies": self.policies.state_dict(), "meter": self.meter.state_dict(),
+                    "restart_events": list(self.restart_events), "obs": None, "workers": None}
         self._check_open()
         if not self.replayable:
             raise RuntimeError("ClusterEnv.state_dict() needs workers started with replayable=True")
@@ -64,7 +69,7 @@ class Checkpoints:
 
         replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
         assert self._obs is not None
-        workers = [
+        snapshots = [
             {"meta": replies[w].meta, "arrays": {k: torch.from_numpy(np.ascontiguousarray(v))
                                                  for k, v in replies[w].arrays.items()}}
             for w in range(self.num_workers)
@@ -74,7 +79,7 @@ class Checkpoints:
             "meter": self.meter.state_dict(),
             "restart_events": list(self.restart_events),
             "obs": torch.from_numpy(self._obs.copy()),
-            "workers": workers,
+            "workers": snapshots,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> list[int]:
@@ -85,6 +90,13 @@ class Checkpoints:
         with a warning. Restoring is counted as ``checkpoint`` bytes.
         """
         self._check_open()
+        if state["workers"] is None:  # the books only (state_dict(workers=False)): the envs start anew
+            self.policies.load_state_dict(state["policies"])
+            for w in range(self.num_workers):
+                self.policies.forget(w)  # these workers hold no weights yet
+            self.meter.load_state_dict(state["meter"])
+            self.restart_events = list(state["restart_events"])
+            return list(range(self.num_workers * self.envs_per_worker))
         if not self.replayable:
             raise RuntimeError("ClusterEnv.load_state_dict() needs workers started with replayable=True")
         if len(state["workers"]) != self.num_workers:
@@ -97,13 +109,15 @@ class Checkpoints:
             arrays["obs"] = obs[w * k : (w + 1) * k]
             requests[w] = Message("restore", dict(snap["meta"]), arrays, kinds={n: "checkpoint" for n in arrays})
 
-        def fail(w: int, reason: str) -> None:
-            raise RuntimeError(f"worker {w} failed while restoring a checkpoint: {reason}")
+        def retry(w: int, reason: str) -> Message:  # a fresh worker replays the same episodes
+            self._restart(w, reason)
+            return requests[w]
 
-        replies = self._request(requests, on_failure=fail)
+        first_event = len(self.restart_events)
+        replies = self._request(requests, on_failure=retry)
         self.policies.load_state_dict(state["policies"])
         self.meter.load_state_dict(state["meter"])
-        self.restart_events = list(state["restart_events"])
+        self.restart_events = list(state["restart_events"]) + self.restart_events[first_event:]
         inexact = [w * k + i for w in range(self.num_workers) for i, ok in enumerate(replies[w].meta["exact"])
                    if not ok]
         self._obs = np.concatenate([replies[w].arrays["obs"] for w in range(self.num_workers)])

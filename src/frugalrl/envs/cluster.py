@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -33,10 +32,10 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from frugalrl.envs.backends import BACKENDS, make_backend
-from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure, WorkerStartFailed
+from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
 from frugalrl.envs.batching import assemble_rollout, check_actions, merge_infos, rollout_bound
 from frugalrl.envs.checkpoint import Checkpoints
-from frugalrl.envs.restarts import CrashLoopRule, WorkersFailed
+from frugalrl.envs.restarts import CrashLoopRule, Replacements
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype
 from frugalrl.experience import space_shape
@@ -61,7 +60,7 @@ _EXPERIENCE_REPLIES = ("step", "rollout")
 """Replies that mean a worker did useful work (a reset or a weights message does not)."""
 
 
-class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
+class ClusterEnv(Checkpoints, Replacements, gym.vector.VectorEnv):
     """A distributed Gymnasium vector env with worker-side inference and adaptive policy sync.
 
     Args:
@@ -81,9 +80,12 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
             behaviour stream holds, the link rate ``auto`` assumes); see :mod:`frugalrl.wire.uplink`.
         worker_timeout: seconds without a reply after which a worker is declared dead.
         check_finite: raise on NaN/inf observations or rewards.
+        worker_memory_mb: a worker process whose resident memory exceeds this (MB) is replaced at the start of
+            a rollout, its envs starting new episodes (a leaking env cannot take a long run down); checked on
+            this machine's workers (local backend) at most every 10 s; None: never.
         crash_loop_tries: how many times in a row a worker that dies before completing a request is replaced
-            (with back-off) before :class:`~frugalrl.envs.restarts.WorkersFailed`; one that dies after useful
-            work is always replaced (:mod:`frugalrl.envs.restarts`).
+            (after 0, 0.25, 0.5, ... up to 4 s) before :class:`~frugalrl.envs.restarts.WorkersFailed`; one that
+            dies after useful work is always replaced (:mod:`frugalrl.envs.restarts`).
         kl_states: states per worker kept for the AAPS KL estimate.
         ray_address: ``backend="ray"`` only: the Ray cluster to join (``"auto"`` or ``"host:port"``);
             None starts a private single-machine Ray (shut down on close). A Ray already initialised in
@@ -108,7 +110,8 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
         worker_timeout: float = 300.0,
         check_finite: bool = True,
         meter: ByteMeter | None = None,
-        crash_loop_tries: int = 5,
+        crash_loop_tries: int = 8,
+        worker_memory_mb: float | None = 2048.0,
         kl_states: int = 256,
         ray_address: str | None = None,
         ray_num_cpus: float = 1.0,
@@ -139,6 +142,12 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
             raise ValueError("autoreset_mode 'Disabled' is not supported; use 'NextStep' or 'SameStep'")
 
         self.env_spec = to_env_spec(env, env_kwargs)
+        if self.env_spec.fns is not None:  # one function per env, as AsyncVectorEnv takes them
+            n = len(self.env_spec.fns)
+            if n % self.num_workers or envs_per_worker not in (1, n // self.num_workers):
+                raise ValueError(f"{n} env functions cannot be split evenly into {self.num_workers} workers of "
+                                 f"{envs_per_worker} envs; pass num_workers dividing {n}")
+            self.envs_per_worker = n // self.num_workers
         try:
             probe = self.env_spec.make()
         except Exception as e:
@@ -177,6 +186,11 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
         self.uplink = uplink_options
         self._codecs_seen: dict[str, dict[str, int]] = {}
         self.restart_rule = CrashLoopRule(self.num_workers, max_tries=int(crash_loop_tries))
+        if worker_memory_mb is not None and not worker_memory_mb > 0:
+            raise ValueError(f"worker_memory_mb must be > 0 or None, got {worker_memory_mb!r}")
+        self.worker_memory_mb = worker_memory_mb
+        self.recycle_events: list[dict[str, Any]] = []
+        self._memory_checked = 0.0  # time.monotonic() of the last check
         self.backend_name = backend
         self.replayable = bool(replayable)
 
@@ -210,7 +224,8 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
         :class:`~frugalrl.config.ClusterConfig` workers, backend, sync rule, codec and uplink)."""
         return cls(cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
                    sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec,
-                   uplink=cfg.uplink_options(), ray_address=cfg.ray_address, replayable=replayable)
+                   uplink=cfg.uplink_options(), ray_address=cfg.ray_address, replayable=replayable,
+                   worker_memory_mb=cfg.worker_memory_mb, crash_loop_tries=cfg.crash_loop_tries)
 
     # ------------------------------------------------------------------ the sync state, read-only
     @property
@@ -289,6 +304,7 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
         first_event = len(self.restart_events)
         if self._obs is None:
             self.reset(seed=self.seed)
+        self._recycle_large_workers()
         self.send_weights(agent)
         self.backend.reserve(
             rollout_bound(self.single_observation_space, self.single_action_space, self.envs_per_worker, num_steps), 0
@@ -381,6 +397,7 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
             **self.policies.stats(),
             "restarts": len(self.restart_events),
             "restart_events": list(self.restart_events),
+            "recycle_events": list(self.recycle_events),
             "backend": self.backend_name,
         }
 
@@ -413,26 +430,6 @@ class ClusterEnv(Checkpoints, gym.vector.VectorEnv):
                             self.restart_rule.succeeded(w)
             requests = retry
         return replies
-
-    def _restart(self, w: int, reason: str) -> None:
-        """Replace worker ``w`` under the crash-loop rule (:mod:`frugalrl.envs.restarts`): at once after useful
-        work, with back-off when it keeps dying; :class:`WorkersFailed` (this env closed) when the rule gives up."""
-        t0 = time.monotonic()
-        while True:
-            try:
-                self.restart_rule.wait(w, reason)
-            except WorkersFailed:
-                self.close()
-                raise
-            log.warning("frugalrl: worker %d failed (%s); replacing it and resetting its envs", w, reason)
-            try:
-                self.backend.restart(w)
-                break
-            except WorkerStartFailed as e:
-                reason = str(e)
-        self.policies.forget(w)
-        self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
-                                    "seconds": round(time.monotonic() - t0, 3)})
 
     def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message:
         if defer:

@@ -4,15 +4,27 @@ A days-long run sees workers die for reasons that have nothing to do with it (a 
 pod, a stray signal), so a worker that dies after it has completed requests is always replaced, at once. A worker
 that dies again before completing a single request since it was (re)started is in a crash loop: it is retried
 after a back-off that doubles (``first_delay``, then 2×, 4×, ... up to ``max_delay``), at most ``max_tries`` times
-in a row, then :class:`WorkersFailed` is raised with the worker's last errors. This is the rule of systemd's
+in a row, then :class:`WorkersFailed` is raised with the worker's last errors. The defaults give up on a worker
+that can never start in about half a minute, and survive a worker killed every 1-3 s, startup included
+(``benchmarks/soak.py``). This is the rule of systemd's
 ``StartLimitBurst`` and of RLlib's restarted env runners; errors a worker reports (an env that raises) are not
 deaths and are never retried.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from frugalrl.envs.backends.base import Backend, WorkerStartFailed
+from frugalrl.wire.message import Message
+
+if TYPE_CHECKING:
+    from frugalrl.sync_state import PolicySync
+
+log = logging.getLogger("frugalrl")
 
 
 class WorkersFailed(RuntimeError):
@@ -32,12 +44,12 @@ class CrashLoopRule:
     """The restart rule of one ClusterEnv (see the module docstring)."""
 
     num_workers: int
-    max_tries: int = 5
+    max_tries: int = 8
     """Restarts in a row of a worker that completed no request in between, before giving up."""
-    first_delay: float = 0.5
+    first_delay: float = 0.25
     """Back-off before the second restart in a row (seconds); it doubles with each further one."""
-    max_delay: float = 30.0
-    """The longest back-off (seconds)."""
+    max_delay: float = 4.0
+    """The longest back-off (seconds): a worker that can never start is given up in about half a minute."""
     completed: list[int] = field(init=False)
     """Requests each worker completed since it was last (re)started."""
     loop_errors: list[list[str]] = field(init=False)
@@ -74,3 +86,63 @@ class CrashLoopRule:
         delay = self.failed(worker, reason)
         if delay > 0:
             time.sleep(delay)
+
+
+class Replacements:
+    """How :class:`~frugalrl.envs.cluster.ClusterEnv` (a subclass) replaces workers: after a death, under the
+    :class:`CrashLoopRule`, and when one outgrows ``worker_memory_mb`` (recycled between fragments)."""
+
+    memory_check_s: float = 10.0
+    """Seconds between two reads of the workers' memory (``worker_memory_mb``)."""
+
+    backend: Backend
+    restart_rule: CrashLoopRule
+    restart_events: list[dict[str, Any]]
+    recycle_events: list[dict[str, Any]]
+    worker_memory_mb: float | None
+    policies: PolicySync
+    _memory_checked: float
+
+    if TYPE_CHECKING:  # ClusterEnv's methods, declared for the type checker only
+        def close(self, **kwargs: Any) -> None: ...
+        def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message: ...
+
+    def _restart(self, w: int, reason: str) -> None:
+        """Replace worker ``w`` under the crash-loop rule (:mod:`frugalrl.envs.restarts`): at once after useful
+        work, with back-off when it keeps dying; :class:`WorkersFailed` (this env closed) when the rule gives up."""
+        t0 = time.monotonic()
+        while True:
+            try:
+                self.restart_rule.wait(w, reason)
+            except WorkersFailed:
+                self.close()
+                raise
+            log.warning("frugalrl: worker %d failed (%s); replacing it and resetting its envs", w, reason)
+            try:
+                self.backend.restart(w)
+                break
+            except WorkerStartFailed as e:
+                reason = str(e)
+        self.policies.forget(w)
+        self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
+                                    "seconds": round(time.monotonic() - t0, 3)})
+
+    def _recycle_large_workers(self) -> None:
+        """Replace the workers over ``worker_memory_mb`` (between fragments: nothing is lost but their episodes in
+        progress, which start anew, as after a truncation)."""
+        now = time.monotonic()
+        if self.worker_memory_mb is None or now - self._memory_checked < self.memory_check_s:
+            return
+        self._memory_checked = now
+        for w, rss in self.backend.worker_rss_mb().items():
+            if rss <= self.worker_memory_mb:
+                continue
+            log.warning("frugalrl: worker %d uses %.0f MB (over worker_memory_mb=%.0f); replacing it", w, rss,
+                        self.worker_memory_mb)
+            try:
+                self.backend.restart(w)
+            except WorkerStartFailed as e:
+                self._restart(w, str(e))  # the replacement died while starting: the crash-loop rule decides
+            self.policies.forget(w)
+            self._reset_worker(w, seed=None)
+            self.recycle_events.append({"worker": w, "rss_mb": round(rss, 1), "time": time.time()})

@@ -14,32 +14,40 @@ from frugalrl.nets import import_string
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """A picklable recipe for one environment.
+    """A recipe for the environments of a vector env.
 
-    Exactly one of ``id`` (a registered Gymnasium id) or ``factory`` (``"module:function"`` or a
-    module-level callable) is set; ``kwargs`` go to ``gym.make`` or to the factory.
+    Exactly one of ``id`` (a registered Gymnasium id, ``"module:EnvId"`` included), ``factory`` (``"module:function"``
+    or a module-level callable; ``kwargs`` go to it or to ``gym.make``) or ``fns`` (one thunk per env, as
+    Gymnasium's ``AsyncVectorEnv`` takes them: closures and lambdas included, with the user's wrappers) is set.
     """
 
     id: str | None = None
     factory: str | Callable[..., gym.Env] | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    fns: tuple[Callable[[], gym.Env], ...] | None = None
 
-    def make(self) -> gym.Env:
-        """Build one environment (observations that are not a Box are flattened: :func:`flat_observations`)."""
+    def make(self, index: int = 0) -> gym.Env:
+        """Build env ``index`` (observations that are not a Box are flattened: :func:`flat_observations`)."""
         if self.id is not None:
             return flat_observations(gym.make(self.id, **self.kwargs))
-        if self.factory is None:
+        if self.fns is not None:
+            env = self.fns[index % len(self.fns)]()
+            what = f"env_fns[{index % len(self.fns)}]"
+        elif self.factory is None:
             raise ValueError("EnvSpec has neither an id nor a factory; set exactly one of them")
-        fn = import_string(self.factory) if isinstance(self.factory, str) else self.factory
-        env = fn(**self.kwargs)
+        else:
+            fn = import_string(self.factory) if isinstance(self.factory, str) else self.factory
+            env, what = fn(**self.kwargs), f"env factory {self.factory!r}"
         if not isinstance(env, gym.Env):
-            raise TypeError(f"env factory {self.factory!r} returned {type(env).__name__}, not a gymnasium.Env")
+            raise TypeError(f"{what} returned {type(env).__name__}, not a gymnasium.Env")
         return flat_observations(env)
 
     def describe(self) -> str:
         """A short human-readable name."""
         if self.id is not None:
             return self.id
+        if self.fns is not None:
+            return f"env_fns ({getattr(self.fns[0], '__qualname__', 'thunk')})"
         return self.factory if isinstance(self.factory, str) else getattr(self.factory, "__qualname__", "factory")
 
 
@@ -68,13 +76,16 @@ def flat_observations(env: gym.Env) -> gym.Env:
 def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
     """Normalise what a user passed as ``env`` and check it names something that exists.
 
-    A string with a ``:`` is an import path to a factory, any other string a Gymnasium id.
+    A string with a ``:`` is Gymnasium's ``"module:EnvId"`` when importing the module registers that id, else an
+    import path to a factory; any other string is a Gymnasium id.
     Raises ``ValueError`` for an unknown id or a factory that cannot be imported.
     """
     kwargs = dict(env_kwargs or {})
     if isinstance(env, EnvSpec):
         return env if not kwargs else EnvSpec(env.id, env.factory, {**env.kwargs, **kwargs})
     if isinstance(env, str):
+        if ":" in env and not _is_registered(env) and _registers(env):  # Gymnasium's "module:EnvId"
+            return EnvSpec(id=env, kwargs=kwargs)
         if ":" in env and not _is_registered(env):
             import_string(env)  # raises a clear ValueError if it does not import
             return EnvSpec(factory=env, kwargs=kwargs)
@@ -83,7 +94,25 @@ def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[st
         return EnvSpec(id=env, kwargs=kwargs)
     if callable(env):
         return EnvSpec(factory=env, kwargs=kwargs)
-    raise TypeError(f"env must be a Gymnasium id, a 'module:function' path or a callable, got {type(env).__name__}")
+    if isinstance(env, list | tuple) and env and all(callable(fn) for fn in env):
+        if kwargs:
+            raise ValueError("env_kwargs cannot be used with a list of env functions: pass them in the functions")
+        return EnvSpec(fns=tuple(env))
+    raise TypeError("env must be a Gymnasium id, a 'module:function' path, a callable or a list of env functions "
+                    f"(as AsyncVectorEnv takes), got {type(env).__name__}")
+
+
+def _registers(env: str) -> bool:
+    """Whether ``"module:EnvId"`` names an id that importing ``module`` registers (``gym.make`` then imports it in
+    every worker too)."""
+    import importlib
+
+    module, _, env_id = env.partition(":")
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return _is_registered(env_id)
 
 
 def _is_registered(env_id: str) -> bool:

@@ -71,7 +71,7 @@ class EnvWorker:
         self.index = index
         self.first_env = first_env
         self.env_name = env_spec.describe()
-        self.group = EnvGroup([env_spec.make() for _ in range(num_envs)],
+        self.group = EnvGroup([env_spec.make(first_env + i) for i in range(num_envs)],
                               SAME_STEP if autoreset_mode == SAME_STEP else NEXT_STEP, check_finite, replayable,
                               where=lambda i: f"worker {self.index}, env {self.first_env + i} ({self.env_name})")
         self.obs_space = self.group.observation_space

@@ -9,7 +9,9 @@ answering comes back as a :class:`WorkerFailure`, and :meth:`Backend.restart` re
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
@@ -20,6 +22,9 @@ from frugalrl.wire.meter import ByteMeter
 
 if TYPE_CHECKING:
     from frugalrl.envs.worker import EnvWorker
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class WorkerStartFailed(RuntimeError):
@@ -70,6 +75,7 @@ def config_to_json(config: WorkerConfig, backend: str) -> dict[str, Any]:
     spec = config.env_spec
     factory = spec.factory
     main_path = None
+    fns = None if spec.fns is None else _pickle_env_fns(spec.fns)
     if callable(factory):
         module = getattr(factory, "__module__", None)
         qualname = getattr(factory, "__qualname__", "")
@@ -88,7 +94,7 @@ def config_to_json(config: WorkerConfig, backend: str) -> dict[str, Any]:
             module = "__frugalrl_main__"  # the name the worker imports the script under
         factory = f"{module}:{qualname}"
     out = asdict(config)
-    out["env_spec"] = {"id": spec.id, "factory": factory, "kwargs": spec.kwargs}
+    out["env_spec"] = {"id": spec.id, "factory": factory, "kwargs": spec.kwargs, "fns": fns}
     out["main_path"] = main_path
     try:
         json.dumps(out)
@@ -113,7 +119,26 @@ def worker_from_json(cfg: dict[str, Any]) -> EnvWorker:
         sys.modules["__frugalrl_main__"] = module
         spec.loader.exec_module(module)
     fields = {k: v for k, v in cfg.items() if k != "main_path"}
-    return build_worker(WorkerConfig(**{**fields, "env_spec": EnvSpec(**cfg["env_spec"])}))
+    recipe = dict(cfg["env_spec"])
+    if recipe.get("fns") is not None:  # the head's own code, sent to its worker (never the other way round)
+        import cloudpickle  # type: ignore[import-untyped]
+
+        recipe["fns"] = tuple(cloudpickle.loads(base64.b64decode(recipe["fns"])))
+    return build_worker(WorkerConfig(**{**fields, "env_spec": EnvSpec(**recipe)}))
+
+
+def _pickle_env_fns(fns: tuple[Any, ...]) -> str:
+    """The env functions as a cloudpickle (base64), for the worker processes; a clear ValueError for one that cannot
+    travel (its closure holds an open file, a lock, a socket...)."""
+    import cloudpickle
+
+    for i, fn in enumerate(fns):
+        try:
+            cloudpickle.dumps(fn)
+        except Exception as e:  # noqa: BLE001 - any pickling error means the same to the user
+            raise ValueError(f"env_fns[{i}] cannot be sent to a worker process ({type(e).__name__}: {e}); build what "
+                             "it holds inside the function, or use backend='serial'") from None
+    return base64.b64encode(cloudpickle.dumps(tuple(fns))).decode("ascii")
 
 
 class Backend(ABC):
@@ -155,6 +180,17 @@ class Backend(ABC):
     def worker_pids(self) -> dict[int, int]:
         """Operating-system process ids of the workers, where there are any."""
         return {}
+
+    def worker_rss_mb(self) -> dict[int, float]:
+        """Resident memory (MB) of each worker process this machine can see (read from ``/proc``: no message)."""
+        out: dict[int, float] = {}
+        for w, pid in self.worker_pids().items():
+            try:
+                with open(f"/proc/{pid}/statm") as f:
+                    out[w] = int(f.read().split()[1]) * _PAGE / 2**20
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
 
     def worker_nodes(self) -> dict[int, dict[str, str]]:
         """Where each worker runs (``node_id``, ``node_ip``), for backends that span machines."""

@@ -1,0 +1,82 @@
+"""ClusterEnv(env_fns): the user's own env functions and wrappers, exactly as Gymnasium's AsyncVectorEnv takes them.
+
+The functions travel head → worker as cloudpickles (closures and lambdas included; never the other way round), so
+CleanRL's ``make_env`` thunks with their wrappers run unchanged; the steps match SyncVectorEnv's on the same thunks.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from frugalrl import ClusterEnv
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def make_env(env_id: str, gamma: float):
+    """CleanRL's ppo_continuous_action.py ``make_env``: a closure with the wrappers and two lambdas."""
+
+    def thunk():
+        env = gym.make(env_id)
+        env = gym.wrappers.FlattenObservation(env)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = gym.wrappers.ClipAction(env)
+        env = gym.wrappers.NormalizeObservation(env)
+        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+        env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+        return env
+
+    return thunk
+
+
+@pytest.mark.parametrize("backend", ["serial", "local"])
+def test_cleanrl_thunks_with_wrappers_step_as_sync_vector_env(backend):
+    fns = [make_env("Pendulum-v1", 0.99) for _ in range(4)]
+    ref = gym.vector.SyncVectorEnv(fns)
+    ours = ClusterEnv(fns, num_workers=2, backend=backend)
+    try:
+        assert ours.num_envs == 4 and ours.envs_per_worker == 2
+        obs_ref, _ = ref.reset(seed=1)
+        obs, _ = ours.reset(seed=1)
+        np.testing.assert_allclose(obs, obs_ref, rtol=1e-6)
+        rng = np.random.default_rng(0)
+        for _ in range(250):  # past Pendulum's time limit: autoreset too
+            actions = rng.uniform(-3, 3, (4, 1)).astype(np.float32)  # outside the box: ClipAction's job
+            out_ref, out = ref.step(actions), ours.step(actions)
+            for a, b in zip(out[:4], out_ref[:4], strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    finally:
+        ref.close()
+        ours.close()
+
+
+def test_an_env_function_that_cannot_travel_is_one_clear_line():
+    lock = threading.Lock()
+
+    def holds_a_lock():
+        with lock:
+            return gym.make("CartPole-v1")
+
+    with pytest.raises(ValueError, match=r"env_fns\[1\] cannot be sent to a worker process \(TypeError: .*lock"):
+        ClusterEnv([lambda: gym.make("CartPole-v1"), holds_a_lock], num_workers=2, backend="local")
+    serial = ClusterEnv([holds_a_lock, holds_a_lock], num_workers=2, backend="serial")  # nothing travels
+    serial.close()
+    with pytest.raises(ValueError, match="3 env functions cannot be split evenly into 2 workers"):
+        ClusterEnv([holds_a_lock] * 3, num_workers=2, backend="serial")
+
+
+def test_module_colon_env_id_is_gymnasiums_convention():
+    """``"module:EnvId"``: the module registers the id when imported (in the head and in every worker)."""
+    env = ClusterEnv("envs_for_tests:FrugalCounter-v0", 2, 1, backend="local")
+    try:
+        env.reset(seed=0)
+        for _ in range(7):
+            _, _, _, truncated, _ = env.step(np.zeros(2, dtype=np.int64))
+        assert truncated.all()  # the registered horizon of 7
+    finally:
+        env.close()
