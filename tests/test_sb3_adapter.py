@@ -163,13 +163,12 @@ def test_attributes_methods_and_wrappers(closing):
     assert venv.get_attr("action_space", [0, 1]) == [gym.spaces.Discrete(2)] * 2
     assert venv.get_attr("observation_space", 0) == [venv.observation_space]
     assert venv.get_attr("metadata")[0]["render_fps"] == 50
-    assert venv.has_attr("spec") and not venv.has_attr("gravity")
-    with pytest.raises(AttributeError, match="'gravity'.*worker processes"):
-        venv.get_attr("gravity")
-    with pytest.raises(NotImplementedError, match="'gravity'.*worker processes"):
-        venv.set_attr("gravity", 1.0)
-    with pytest.raises(NotImplementedError, match="'render'.*worker processes"):
-        venv.env_method("render", indices=[0])
+    assert venv.has_attr("spec") and venv.has_attr("gravity") and not venv.has_attr("no_such_attribute")
+    with pytest.raises(AttributeError, match="env 0 has no attribute 'no_such_attribute'"):
+        venv.get_attr("no_such_attribute")
+    venv.set_attr("gravity", 1.0, indices=[1])  # in the worker's env, through its wrappers
+    assert venv.get_attr("gravity") == [9.8, 1.0]
+    assert venv.env_method("get_wrapper_attr", "gravity", indices=[1]) == [1.0]
     assert venv.env_is_wrapped(Monitor) == [True, True]  # the adapter records Monitor's statistics
     assert venv.env_is_wrapped(gym.wrappers.TimeLimit, indices=0) == [True]  # gym.make's wrappers
     assert venv.env_is_wrapped(gym.wrappers.ClipAction) == [False, False]
@@ -179,9 +178,10 @@ def test_attributes_methods_and_wrappers(closing):
         assert venv.render() is None
     with pytest.raises(RuntimeError, match="step_async"):
         venv.step_wait()
-    assert venv.bytes["total"] == 0  # nothing sent yet
+    before = venv.bytes["total"]
+    assert 0 < before == venv.bytes["control"]  # only the attribute calls have travelled yet
     venv.reset()
-    assert venv.bytes["total"] > 0 and venv.stats()["bytes"]["total"] == venv.bytes["total"]
+    assert venv.bytes["total"] > before and venv.stats()["bytes"]["total"] == venv.bytes["total"]
     assert "SB3VecEnv(ClusterEnv(CartPole-v1" in repr(venv)
 
 
@@ -274,3 +274,16 @@ def test_sb3_a2c_trains_through_vec_normalize(closing):
         model.learn(2_000)
     assert model.num_timesteps >= 2_000 and len(model.ep_info_buffer) > 0
     assert venv.bytes["total"] > 0
+
+
+def test_make_sb3_vec_env_takes_make_vec_envs_arguments(closing):
+    """``wrapper_class`` / ``wrapper_kwargs`` wrap each env in the workers, ``env_kwargs`` reach the env and
+    ``vec_env_kwargs`` the ClusterEnv, as SB3's ``make_vec_env`` passes them."""
+    venv = closing(make_sb3_vec_env("Pendulum-v1", 2, 1, backend="local", seed=0, env_kwargs={"g": 3.0},
+                                    wrapper_class=gym.wrappers.TimeLimit, wrapper_kwargs={"max_episode_steps": 7},
+                                    vec_env_kwargs={"uplink": "none"}))
+    venv.reset()
+    for _ in range(7):
+        _, _, dones, infos = venv.step(np.zeros((2, 1), dtype=np.float32))
+    assert dones.all() and all(info["TimeLimit.truncated"] for info in infos)  # the wrapper's 7 steps, not 200
+    assert venv.get_attr("g") == [3.0, 3.0] and venv.cluster.uplink.compressor == "none"

@@ -34,6 +34,7 @@ from gymnasium.vector.utils import batch_space
 from frugalrl.envs.backends import BACKENDS, make_backend
 from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
 from frugalrl.envs.batching import assemble_rollout, check_actions, merge_infos, rollout_bound
+from frugalrl.envs.calls import EnvCalls
 from frugalrl.envs.checkpoint import Checkpoints
 from frugalrl.envs.restarts import CrashLoopRule, Replacements
 from frugalrl.envs.spec import EnvSpec, to_env_spec
@@ -60,7 +61,7 @@ _EXPERIENCE_REPLIES = ("step", "rollout")
 """Replies that mean a worker did useful work (a reset or a weights message does not)."""
 
 
-class ClusterEnv(Checkpoints, Replacements, gym.vector.VectorEnv):
+class ClusterEnv(Checkpoints, Replacements, EnvCalls, gym.vector.VectorEnv):
     """A distributed Gymnasium vector env with worker-side inference and adaptive policy sync.
 
     Args:
@@ -92,6 +93,9 @@ class ClusterEnv(Checkpoints, Replacements, gym.vector.VectorEnv):
             this process is always used as is.
         ray_num_cpus: ``backend="ray"`` only: CPUs each worker actor reserves (0 lets actors share CPUs).
         replayable: workers record what :meth:`state_dict` needs to rebuild their envs exactly (checkpoints).
+        episode_statistics: ``step()``'s infos carry ``episode`` / ``_episode`` as Gymnasium's
+            ``RecordEpisodeStatistics`` would (measured on the workers); False gives SyncVectorEnv's exact info
+            layout, e.g. to put ``gymnasium.wrappers.vector.RecordEpisodeStatistics`` on top.
     """
 
     def __init__(
@@ -116,6 +120,7 @@ class ClusterEnv(Checkpoints, Replacements, gym.vector.VectorEnv):
         ray_address: str | None = None,
         ray_num_cpus: float = 1.0,
         replayable: bool = False,
+        episode_statistics: bool = True,
     ) -> None:
         self.closed = True  # until started, so that close() in __del__ is safe
         self.num_workers = _positive_int("num_workers", num_workers)
@@ -193,6 +198,7 @@ class ClusterEnv(Checkpoints, Replacements, gym.vector.VectorEnv):
         self._memory_checked = 0.0  # time.monotonic() of the last check
         self.backend_name = backend
         self.replayable = bool(replayable)
+        self.episode_statistics = bool(episode_statistics)
 
         k = self.envs_per_worker
         configs = [
@@ -472,6 +478,9 @@ class ClusterEnv(Checkpoints, Replacements, gym.vector.VectorEnv):
             truncs[sl] = reply.arrays["truncations"]
             self._note_codecs(reply)
         infos = merge_infos(replies, self.num_envs, self.envs_per_worker)
+        if not self.episode_statistics:  # SyncVectorEnv's exact layout (a RecordEpisodeStatistics may go on top)
+            infos.pop("episode", None)
+            infos.pop("_episode", None)
         if restarted:
             mask = np.zeros(n, dtype=bool)
             for w in restarted:

@@ -13,6 +13,7 @@ rollout    meta ``num_steps``                              a fragment of T steps
 weights    ``w/*`` arrays, meta ``version``, ``spec``      ``ok``
 snapshot   —                                               what :meth:`EnvWorker.restore` needs
 restore    a ``snapshot`` reply + ``obs`` expected         ``restored``: meta ``exact`` per env
+call       meta ``name``, ``mode``, ``envs``, arguments    ``called``: meta ``results`` (+ arrays)
 ping       —                                               ``ok``
 ========== ============================================== ===========================================
 
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 
 from frugalrl import dists
+from frugalrl.envs.calls import call_envs
 from frugalrl.envs.spec import EnvSpec
 from frugalrl.experience import NEXT_STEP, SAME_STEP, EnvGroup, clip_actions, collect_fragment, space_shape
 from frugalrl.nets import ActorCritic, PolicySpec, build_policy
@@ -174,6 +176,12 @@ class EnvWorker:
         # Envs that were autoresetting (NEXT_STEP) ignored their action; it is still reported.
         reply.arrays.update(actions=self._wire_actions(actions), dist_params=params)
         return reply
+
+    def _op_call(self, msg: Message) -> Message:
+        """Gymnasium's ``call`` / ``get_attr`` / ``set_attr`` on some of the envs (:mod:`frugalrl.envs.calls`)."""
+        entries, arrays = call_envs(self.group.envs, msg.meta)
+        return Message("called", {"worker": self.index, "results": entries}, arrays,
+                       kinds={name: "control" for name in arrays})
 
     def _op_weights(self, msg: Message) -> Message:
         spec = msg.meta.get("spec")

@@ -49,7 +49,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     ) from e
 
 from frugalrl.envs.cluster import ClusterEnv
-from frugalrl.envs.spec import EnvSpec
+from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.experience import space_shape
 
 __all__ = ["SB3VecEnv", "make_sb3_vec_env"]
@@ -243,49 +243,23 @@ class SB3VecEnv(VecEnv):
         return super().seed(seed)
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        """An attribute of the envs, among those the head knows: ``render_mode``, ``spec``,
-        ``observation_space``, ``action_space`` (one env's) and ``metadata``.
-
-        Raises:
-            AttributeError: any other attribute (the envs live in worker processes).
-        """
-        getters: dict[str, Callable[[], Any]] = {
-            "render_mode": lambda: self.cluster.render_mode,
-            "spec": lambda: self.cluster.spec,
-            "observation_space": lambda: self.cluster.single_observation_space,
-            "action_space": lambda: self.cluster.single_action_space,
-            "metadata": lambda: dict(self._probe_env()[0]),
-        }
-        if attr_name not in getters:
-            raise AttributeError(
-                f"SB3VecEnv cannot read {attr_name!r} from the environments: they live in ClusterEnv's worker "
-                f"processes; readable on the head: {sorted(getters)}"
-            )
-        return [getters[attr_name]() for _ in self._get_indices(indices)]
+        """An attribute of the envs: the spaces, ``spec``, ``render_mode`` and ``metadata`` from the head, any other
+        from the workers (a JSON value or a NumPy array; see :mod:`frugalrl.envs.calls`)."""
+        if attr_name == "metadata":
+            return [dict(self._probe_env()[0]) for _ in self._get_indices(indices)]
+        return list(self.cluster.get_attr(attr_name, envs=list(self._get_indices(indices))))
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
-        """Not supported: the envs live in ClusterEnv's worker processes.
-
-        Raises:
-            NotImplementedError: always.
-        """
-        raise NotImplementedError(
-            f"SB3VecEnv cannot set {attr_name!r} on the environments: they live in ClusterEnv's worker processes; "
-            "pass settings through the env factory or env_kwargs instead"
-        )
+        """Set an attribute of the envs in the workers (one JSON value for all of ``indices``)."""
+        targets = list(self._get_indices(indices))
+        self.cluster.set_attr(attr_name, [value] * len(targets), envs=targets)
 
     def env_method(
         self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any
     ) -> list[Any]:
-        """Not supported: the envs live in ClusterEnv's worker processes.
-
-        Raises:
-            NotImplementedError: always.
-        """
-        raise NotImplementedError(
-            f"SB3VecEnv cannot call {method_name!r} on the environments: they live in ClusterEnv's worker "
-            "processes, which only step and reset them"
-        )
+        """Call a method of the envs in the workers, with JSON arguments; its results come back as data."""
+        return list(self.cluster.call(method_name, *method_args, envs=list(self._get_indices(indices)),
+                                      **method_kwargs))
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
         """Whether the envs are wrapped with ``wrapper_class``.
@@ -325,12 +299,29 @@ class SB3VecEnv(VecEnv):
         return f"SB3VecEnv({self.cluster!r})"
 
 
+class _Wrapped:
+    """An env function (picklable, for the workers): the spec's env inside ``wrapper_class(env, **wrapper_kwargs)``,
+    as SB3's ``make_vec_env`` wraps each env."""
+
+    def __init__(self, spec: EnvSpec, wrapper_class: Callable[..., gym.Env], wrapper_kwargs: dict[str, Any]) -> None:
+        self.spec, self.wrapper_class, self.wrapper_kwargs = spec, wrapper_class, wrapper_kwargs
+        self.__qualname__ = f"{getattr(wrapper_class, '__name__', 'wrapper')}({spec.describe()})"
+
+    def __call__(self) -> gym.Env:
+        return self.wrapper_class(self.spec.make(), **self.wrapper_kwargs)
+
+
 def make_sb3_vec_env(
     env: str | Callable[..., gym.Env] | EnvSpec,
     num_workers: int = 2,
     envs_per_worker: int = 1,
     backend: str = "local",
     seed: int | None = None,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    wrapper_class: Callable[..., gym.Env] | None = None,
+    wrapper_kwargs: dict[str, Any] | None = None,
+    vec_env_kwargs: dict[str, Any] | None = None,
     **cluster_kwargs: Any,
 ) -> SB3VecEnv:
     """Build a ClusterEnv with same-step autoreset and wrap it for Stable-Baselines3.
@@ -343,15 +334,23 @@ def make_sb3_vec_env(
         backend: ``"local"`` (processes), ``"serial"`` (in-process) or ``"ray"``.
         seed: if given, the ClusterEnv's base seed and the seed of the first :meth:`SB3VecEnv.reset`
             (env ``j`` starts with ``seed + j``); SB3's ``model = PPO(..., seed=s)`` reseeds it anyway.
-        **cluster_kwargs: other :class:`~frugalrl.ClusterEnv` arguments (``env_kwargs``, ``uplink``,
-            ``worker_timeout``, ...); ``autoreset_mode`` must be ``"SameStep"`` if given.
+        env_kwargs, wrapper_class, wrapper_kwargs, vec_env_kwargs: as SB3's ``make_vec_env``: the env's keyword
+            arguments, a wrapper put around each env (in the workers) with its keyword arguments, and keyword
+            arguments of the vector env (here :class:`~frugalrl.ClusterEnv`'s). SB3's ``Monitor`` statistics are
+            recorded by the adapter itself, so there is no ``monitor_dir``.
+        **cluster_kwargs: other :class:`~frugalrl.ClusterEnv` arguments (``uplink``, ``worker_timeout``, ...);
+            ``autoreset_mode`` must be ``"SameStep"`` if given.
 
     Returns:
         The adapter; ``close()`` it to stop the workers.
     """
+    cluster_kwargs = {**(vec_env_kwargs or {}), **cluster_kwargs}
     mode = cluster_kwargs.pop("autoreset_mode", AutoresetMode.SAME_STEP)
+    if wrapper_class is not None:
+        wrapped = _Wrapped(to_env_spec(env, env_kwargs), wrapper_class, dict(wrapper_kwargs or {}))
+        env, env_kwargs = [wrapped] * (num_workers * envs_per_worker), None  # type: ignore[assignment]
     cluster = ClusterEnv(env, num_workers=num_workers, envs_per_worker=envs_per_worker, backend=backend,
-                         seed=seed, autoreset_mode=mode, **cluster_kwargs)
+                         seed=seed, autoreset_mode=mode, env_kwargs=env_kwargs, **cluster_kwargs)
     try:
         venv = SB3VecEnv(cluster)
     except BaseException:
