@@ -42,7 +42,7 @@ def pendulum():
         ("nope.module:fn", r"cannot import module 'nope.module'"),
         ("frugalrl:nothing", r"module 'frugalrl' has no attribute 'nothing'"),
         ("envs_for_tests:raising_factory", r"could not build environment 'envs_for_tests:raising_factory'.*boom"),
-        (42, r"env must be a Gymnasium id, a 'module:function' path or a callable"),
+        (42, r"env must be a Gymnasium id, a 'module:function' path, a callable or a list of env functions"),
     ],
 )
 def test_bad_env_names(backend, env, match):
