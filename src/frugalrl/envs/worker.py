@@ -17,12 +17,10 @@ call       meta ``name``, ``mode``, ``envs``, arguments    ``called``: meta ``re
 ping       —                                               ``ok``
 ========== ============================================== ===========================================
 
-Snapshots (checkpoints, ``--resume``): with ``replayable`` a worker records how each env's episode began and the
-actions since, and a fresh worker rebuilds the env by replaying them; an env whose replay does not reproduce the
-observation the head holds starts a new episode instead (docs/clusterenv.md#checkpoints-and-resume). ``reset``,
-``step`` and ``rollout`` replies carry their experience streams with the codecs of the worker's uplink options
-(:class:`frugalrl.wire.uplink.UplinkCodecs`). Errors (a NaN observation, an env that raises) come back as an
-``error`` message that the head turns into an exception naming the worker and environment.
+Snapshots (checkpoints): a ``replayable`` worker records how each episode began and the actions since, so that a
+fresh one rebuilds its envs by replay (docs/clusterenv.md#checkpoints-and-resume). Experience replies carry their
+streams with the worker's uplink codecs (:class:`frugalrl.wire.uplink.UplinkCodecs`). Errors (a NaN observation, an
+env that raises) come back as an ``error`` message that the head turns into an exception naming the worker and env.
 """
 
 from __future__ import annotations
