@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from frugalrl.process import resident_mb
+
 RESULTS = Path(__file__).parent / "results"
 WORKER_ENTRY = "frugalrl.envs.backends.local"
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def descendants(pid: int) -> list[int]:
@@ -59,14 +60,6 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def rss_mb(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * PAGE / 2**20
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 class Watch:
     """Samples the memory of a process tree every second; kills random workers on request."""
 
@@ -90,7 +83,7 @@ class Watch:
             now = time.monotonic()
             kids = descendants(proc.pid)
             for pid in [proc.pid, *kids]:
-                mb = rss_mb(pid)
+                mb = resident_mb(pid)
                 if mb is not None:
                     role = "head" if pid == proc.pid else ("worker" if WORKER_ENTRY in cmdline(pid) else "other")
                     self.memory.setdefault(f"{role}:{pid}", []).append((round(now - self.t0, 2), round(mb, 1)))
@@ -184,7 +177,7 @@ def soak(env: str, steps: int, seed: int, kills: int, preemptions: int, every_s:
             break
     watch.close()
     time.sleep(2.0)  # a worker whose head died exits within a second
-    orphans = [p for p in watch.workers_seen if rss_mb(p) is not None]
+    orphans = [p for p in watch.workers_seen if resident_mb(p) is not None]
     fire = json.loads((run / "summary.json").read_text())
     memory = {name: memory_summary(series) for name, series in watch.memory.items() if len(series) >= 20}
     return {

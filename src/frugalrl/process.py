@@ -404,3 +404,12 @@ class ParentLink:
     def close(self) -> None:
         """Close the socket."""
         self.channel.close()
+
+
+def resident_mb(pid: int) -> float | None:
+    """Resident memory of process ``pid`` in MB, from ``/proc`` (None if it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None

@@ -268,11 +268,8 @@ class EnvWorker:
         (``params``), ``next_obs`` (k,...), ``final_idx`` (K,2) int32 [step, env] and ``final_obs`` (K,...) for
         every finished episode, and the finished episodes' ``ep_r``, ``ep_l``, ``ep_env``.
         """
-        T = int(msg.meta["num_steps"])
-        if T <= 0:
-            raise WorkerError(f"num_steps must be positive, got {T}")
         version = self.version
-        f = collect_fragment(self.group, self._policy, T)
+        f = collect_fragment(self.group, self._policy, int(msg.meta["num_steps"]))  # it checks num_steps
         assert f.params is not None and self.policy is not None
         if self.uplink.options.behaviour == "logprob":  # all the learner and AAPS need: log μ(a_t | s_t)
             with torch.inference_mode():

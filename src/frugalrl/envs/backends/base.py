@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
@@ -22,9 +21,6 @@ from frugalrl.wire.meter import ByteMeter
 
 if TYPE_CHECKING:
     from frugalrl.envs.worker import EnvWorker
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class WorkerStartFailed(RuntimeError):
@@ -183,14 +179,10 @@ class Backend(ABC):
 
     def worker_rss_mb(self) -> dict[int, float]:
         """Resident memory (MB) of each worker process this machine can see (read from ``/proc``: no message)."""
-        out: dict[int, float] = {}
-        for w, pid in self.worker_pids().items():
-            try:
-                with open(f"/proc/{pid}/statm") as f:
-                    out[w] = int(f.read().split()[1]) * _PAGE / 2**20
-            except (OSError, ValueError, IndexError):
-                continue
-        return out
+        from frugalrl.process import resident_mb
+
+        sizes = {w: resident_mb(pid) for w, pid in self.worker_pids().items()}
+        return {w: mb for w, mb in sizes.items() if mb is not None}
 
     def worker_nodes(self) -> dict[int, dict[str, str]]:
         """Where each worker runs (``node_id``, ``node_ip``), for backends that span machines."""
