@@ -36,6 +36,7 @@ from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
 from frugalrl.envs.batching import assemble_rollout, check_actions, merge_infos, rollout_bound
 from frugalrl.envs.calls import EnvCalls
 from frugalrl.envs.checkpoint import Checkpoints
+from frugalrl.envs.pool import AsyncSteps
 from frugalrl.envs.restarts import CrashLoopRule, Replacements
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype
@@ -61,7 +62,7 @@ _EXPERIENCE_REPLIES = ("step", "rollout")
 """Replies that mean a worker did useful work (a reset or a weights message does not)."""
 
 
-class ClusterEnv(Checkpoints, Replacements, EnvCalls, gym.vector.VectorEnv):
+class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.VectorEnv):
     """A distributed Gymnasium vector env with worker-side inference and adaptive policy sync.
 
     Args:
@@ -215,6 +216,7 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, gym.vector.VectorEnv):
 
         self.restart_events: list[dict[str, Any]] = []
         self._deferred: set[int] = set()  # workers whose envs reset at their next step
+        self._in_flight: set[int] = set()  # workers with a send() / async_reset() not yet recv()'d
         for w, reason in died.items():  # died or hung while starting: replaced like any other
             self._restart(w, reason)
         self._obs: np.ndarray | None = None
@@ -416,6 +418,7 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, gym.vector.VectorEnv):
         self, requests: dict[int, Message], on_failure: Callable[[int, str], Message | None]
     ) -> dict[int, Message]:
         """Send requests; a failed worker is handed to ``on_failure``, which may return a request to retry."""
+        self._check_idle(requests)
         replies: dict[int, Message] = {}
         while requests:
             results = self.backend.request(requests)
@@ -425,17 +428,21 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, gym.vector.VectorEnv):
                     again = on_failure(w, result.reason)
                     if again is not None:
                         retry[w] = again
-                elif result.op == "error":
-                    raise RuntimeError(f"worker {w}: {result.meta.get('error')}")
                 else:
-                    replies[w] = result
-                    if result.op in _EXPERIENCE_REPLIES:  # useful work: not a crash loop
-                        if w in self._deferred:  # its first step after a deferred reset only reset its envs
-                            self._deferred.discard(w)
-                        else:
-                            self.restart_rule.succeeded(w)
+                    replies[w] = self._accept(w, result)
             requests = retry
         return replies
+
+    def _accept(self, w: int, reply: Message) -> Message:
+        """Worker ``w``'s reply; an ``error`` reply raises, experience counts as useful work (not a crash loop)."""
+        if reply.op == "error":
+            raise RuntimeError(f"worker {w}: {reply.meta.get('error')}")
+        if reply.op in _EXPERIENCE_REPLIES:
+            if w in self._deferred:  # its first step after a deferred reset only reset its envs
+                self._deferred.discard(w)
+            else:
+                self.restart_rule.succeeded(w)
+        return reply
 
     def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message:
         if defer:

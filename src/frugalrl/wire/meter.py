@@ -57,10 +57,15 @@ class ByteMeter:
 
     def add_message(self, sizes: dict[str, int], worker: int | None, direction: str) -> None:
         """Record one message whose encoded size split by kind is ``sizes``."""
-        with self._lock:
+        if any(n < 0 for n in sizes.values()):
+            raise ValueError(f"negative byte count in {sizes}")
+        with self._lock:  # once per message: this runs on every step of every worker
             self._messages += 1
-        for kind, n in sizes.items():
-            self.add(kind, n, worker=worker, direction=direction)
+            for kind, n in sizes.items():
+                self._by_kind[kind] += n
+                self._by_dir[(direction, kind)] += n
+                if worker is not None:
+                    self._by_worker[(worker, kind)] += n
 
     def by_kind(self) -> dict[str, int]:
         """Bytes per kind (every kind in :data:`KINDS` present, zero if unused)."""

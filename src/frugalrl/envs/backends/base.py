@@ -13,6 +13,7 @@ import base64
 import json
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -146,6 +147,7 @@ class Backend(ABC):
         self.configs = configs
         self.meter = meter
         self.timeout = timeout
+        self._posted: dict[int, Message] = {}
 
     @property
     def num_workers(self) -> int:
@@ -160,6 +162,24 @@ class Backend(ABC):
     @abstractmethod
     def request(self, requests: dict[int, Message]) -> dict[int, Message | WorkerFailure]:
         """Send each worker its request and wait for every reply (or failure)."""
+
+    def post(self, requests: dict[int, Message]) -> None:
+        """Send requests without waiting for their replies (:meth:`gather` collects them); one request in flight
+        per worker. This default does the work in :meth:`gather`; the local backend overlaps it with the caller."""
+        busy = [w for w in requests if w in self._posted]
+        if busy:
+            raise RuntimeError(f"worker(s) {busy} already have a request in flight")
+        self._posted.update(requests)
+
+    def gather(self, workers: Iterable[int] | None = None, at_least: int | None = None
+               ) -> dict[int, Message | WorkerFailure]:
+        """Replies (or failures) to posted requests of ``workers`` (default: all posted), in that order: at least
+        ``at_least`` of them (default: all), and every other that is already in."""
+        wanted = list(self._posted) if workers is None else list(workers)
+        unknown = [w for w in wanted if w not in self._posted]
+        if unknown:
+            raise RuntimeError(f"no request in flight for worker(s) {unknown}")
+        return self.request({w: self._posted.pop(w) for w in wanted})
 
     @abstractmethod
     def restart(self, worker: int) -> None:

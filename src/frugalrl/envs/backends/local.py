@@ -25,6 +25,7 @@ import select
 import struct
 import tempfile
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from frugalrl.envs.backends.base import (
@@ -38,8 +39,10 @@ from frugalrl.envs.backends.base import (
 from frugalrl.process import Child, ParentGone, ParentLink, spawn
 from frugalrl.wire.cache import WireCache
 from frugalrl.wire.channel import POLLIN, Channel
-from frugalrl.wire.message import Message, decode_message, encode_message
+from frugalrl.wire.message import Message, encode_message
 from frugalrl.wire.meter import DOWN, UP, ByteMeter
+from frugalrl.wire.shared import MAGIC as SHARED_MAGIC
+from frugalrl.wire.shared import SharedFrames
 
 if TYPE_CHECKING:
     from frugalrl.envs.worker import EnvWorker
@@ -48,6 +51,10 @@ _ENTRY = "frugalrl.envs.backends.local:worker_entry"
 _SHM_NOTE = struct.Struct("<4sQ")
 _SHM_MAGIC = b"SHM!"
 _MIN_ARENA = 1 << 16
+#: How long a process waiting for a message first polls without blocking (yielding its core between polls): a
+#: message that comes within it is taken without waking a sleeping process, which costs tens of microseconds
+#: (more in a virtual machine) on every step. A worker spins only while requests have been coming that soon.
+SPIN_S = 0.001
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
@@ -84,23 +91,40 @@ class Arena:
         self.buf.close()
 
 
-def _send(conn: Channel, blob: bytes, arena: Arena | None) -> None:
-    if arena is not None and 4096 < len(blob) <= arena.size:
-        arena.buf[: len(blob)] = blob
-        conn.send_bytes(_SHM_NOTE.pack(_SHM_MAGIC, len(blob)))
-    else:
-        conn.send_bytes(blob)
+class Codec:
+    """One side's message coding on a connection: shared frames where the arena allows, else encoded messages
+    (through the arena when they are big)."""
 
+    def __init__(self) -> None:
+        self.wire = WireCache()
+        self.frames = SharedFrames()
 
-def _recv(conn: Channel, arena: Arena | None, wire: WireCache | None = None) -> tuple[Message, dict[str, int]]:
-    decode = decode_message if wire is None else wire.decode
-    data = conn.recv_bytes()
-    if len(data) == _SHM_NOTE.size and data[:4] == _SHM_MAGIC:
-        if arena is None:
-            raise RuntimeError("shared-memory note received but no arena is attached")
-        (_, n) = _SHM_NOTE.unpack(data)
-        return decode(memoryview(arena.buf)[:n])
-    return decode(data)
+    def send(self, conn: Channel, msg: Message, arena: Arena | None) -> dict[str, int]:
+        """Send ``msg``; return its sizes by kind (those of the encoded message, whichever way it went)."""
+        if arena is not None:
+            shared = self.frames.write(msg, arena.buf)
+            if shared is not None:
+                conn.send_bytes(shared[0])
+                return shared[1]
+        blob, sizes = self.wire.encode(msg)
+        if arena is not None and 4096 < len(blob) <= arena.size:
+            arena.buf[: len(blob)] = blob
+            conn.send_bytes(_SHM_NOTE.pack(_SHM_MAGIC, len(blob)))
+        else:
+            conn.send_bytes(blob)
+        return sizes
+
+    def recv(self, conn: Channel, arena: Arena | None) -> tuple[Message, dict[str, int]]:
+        """The next message on ``conn`` and its sizes by kind."""
+        data = conn.recv_bytes()
+        if data[:4] == SHARED_MAGIC or (len(data) == _SHM_NOTE.size and data[:4] == _SHM_MAGIC):
+            if arena is None:
+                raise RuntimeError("shared-memory note received but no arena is attached")
+            if data[:4] == SHARED_MAGIC:
+                return self.frames.read(data, arena.buf)
+            (_, n) = _SHM_NOTE.unpack(data)
+            return self.wire.decode(memoryview(arena.buf)[:n])
+        return self.wire.decode(data)
 
 
 def _build_worker(config: dict[str, Any]) -> EnvWorker:
@@ -122,11 +146,14 @@ def worker_entry() -> None:
         return  # the error went to the head
     arena_in: Arena | None = None
     arena_out: Arena | None = None
-    wire = WireCache()
+    codec = Codec()
+    spin = SPIN_S
     try:
         while True:
-            link.wait()
-            msg, _ = _recv(link.channel, arena_in, wire)
+            idle = time.perf_counter()
+            link.wait(spin)
+            spin = SPIN_S if time.perf_counter() - idle < SPIN_S else 0.0  # spin again while requests come soon
+            msg, _ = codec.recv(link.channel, arena_in)
             if msg.op == "close":
                 return
             if msg.op == "attach":
@@ -138,7 +165,7 @@ def worker_entry() -> None:
                 reply = Message("ok")
             else:
                 reply = worker.handle(msg)
-            _send(link.channel, wire.encode(reply)[0], arena_out)
+            codec.send(link.channel, reply, arena_out)
     except (EOFError, OSError):  # ParentGone included
         return
     finally:
@@ -157,7 +184,9 @@ class LocalBackend(Backend):
         self._arenas: list[tuple[Arena, Arena] | None] = [None] * len(configs)  # (down, up) of each worker
         self._arena_sizes = (_MIN_ARENA, _MIN_ARENA)
         self._closed = False
-        self._wire = WireCache()
+        self._codec = Codec()
+        self._pending: dict[int, tuple[Child, float, bool]] = {}  # posted, not answered: (child, deadline, meter)
+        self._failed: dict[int, WorkerFailure] = {}  # posted but could not be sent
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> dict[int, str]:
@@ -254,6 +283,8 @@ class LocalBackend(Backend):
     def _stop(self, w: int, grace: float) -> None:
         """Let worker ``w`` exit for up to ``grace`` seconds, then kill it; release everything."""
         child, self.children[w] = self.children[w], None
+        self._pending.pop(w, None)  # a request in flight to it is forgotten
+        self._failed.pop(w, None)
         if child is not None:
             child.stop(grace)
         self._free_arenas(w)
@@ -271,55 +302,78 @@ class LocalBackend(Backend):
         """Send every request, then gather replies; dead or silent workers become failures."""
         return self._exchange(requests, meter=True)
 
+    def post(self, requests: dict[int, Message]) -> None:
+        """Send every request and return at once (:meth:`gather` collects the replies)."""
+        self._post(requests, meter=True)
+
+    def gather(self, workers: Iterable[int] | None = None, at_least: int | None = None
+               ) -> dict[int, Message | WorkerFailure]:
+        """Replies to posted requests (see :meth:`Backend.gather`): as soon as ``at_least`` of ``workers`` have
+        answered or failed, every reply already in is returned."""
+        return self._gather(workers, at_least)
+
     def _exchange(self, requests: dict[int, Message], meter: bool) -> dict[int, Message | WorkerFailure]:
+        self._post(requests, meter)
+        return self._gather(list(requests), None)
+
+    def _post(self, requests: dict[int, Message], meter: bool) -> None:
         if self._closed:
             raise RuntimeError("backend is closed")
-        results: dict[int, Message | WorkerFailure] = {}
-        # Encode everything first (a message shared by several workers once), then send in a tight loop
-        # so that the workers start together.
-        encoded: dict[int, tuple[bytes, dict[str, int]]] = {}
-        for msg in requests.values():
-            if id(msg) not in encoded:
-                encoded[id(msg)] = self._wire.encode(msg)
-        live: dict[int, Child] = {}
         for w, msg in requests.items():
-            blob, sizes = encoded[id(msg)]
+            if w in self._pending or w in self._failed:
+                raise RuntimeError(f"worker {w} already has a request in flight")
             child = self.children[w]
             arenas = self._arenas[w]
             try:
                 if child is None:
                     raise OSError("the worker is not running")
-                _send(child.channel, blob, None if arenas is None else arenas[0])
+                # An attach names the new arenas: it cannot travel in them before the worker has mapped them.
+                down = None if arenas is None or msg.op == "attach" else arenas[0]
+                sizes = self._codec.send(child.channel, msg, down)
             except OSError as e:
-                results[w] = WorkerFailure(w, f"could not send to worker: {e!r}")
+                self._failed[w] = WorkerFailure(w, f"could not send to worker: {e!r}")
                 continue
-            live[w] = child
+            self._pending[w] = (child, time.monotonic() + self.timeout, meter)
             if meter:
                 self.meter.add_message(sizes, w, DOWN)
-        if not live:
-            return results
-        # One poll set for this exchange: each pending worker's socket and pidfd (a worker that dies is
-        # seen at once); a worker leaves the set as soon as it has answered.
+
+    def _gather(self, workers: Iterable[int] | None, at_least: int | None) -> dict[int, Message | WorkerFailure]:
+        wanted = list(self._pending) + list(self._failed) if workers is None else list(workers)
+        unknown = [w for w in wanted if w not in self._pending and w not in self._failed]
+        if unknown:
+            raise RuntimeError(f"no request in flight for worker(s) {unknown}")
+        need = len(wanted) if at_least is None else max(1, min(at_least, len(wanted)))
+        results: dict[int, Message | WorkerFailure] = {w: self._failed.pop(w) for w in wanted if w in self._failed}
+        # One poll set for this wait: each pending worker's socket and pidfd (a worker that dies is seen at
+        # once); a worker leaves the set as soon as it has answered.
         poller = select.poll()
         owner: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its socket)
-        for w, child in live.items():
-            owner[child.channel.fileno()] = (w, True)
-            owner[child.pidfd] = (w, False)
-            poller.register(child.channel.fileno(), POLLIN)
-            poller.register(child.pidfd, POLLIN)
-        pending = set(live)
-        deadline = time.monotonic() + self.timeout
-        while pending:
-            timeout = max(0.0, min(1.0, deadline - time.monotonic()))
-            for fd, _ in poller.poll(int(timeout * 1000) + 1):
-                w, is_socket = owner[fd]
-                if w not in pending:
+        for w in wanted:
+            if w in self._pending:
+                child = self._pending[w][0]
+                owner[child.channel.fileno()] = (w, True)
+                owner[child.pidfd] = (w, False)
+                poller.register(child.channel.fileno(), POLLIN)
+                poller.register(child.pidfd, POLLIN)
+        spin_until = time.perf_counter() + SPIN_S
+        while len(results) < need:
+            if time.perf_counter() < spin_until:  # replies that come soon are taken without a wake-up
+                events = poller.poll(0)
+                if not events:
+                    os.sched_yield()
                     continue
-                child = live[w]
+            else:
+                first = min(self._pending[w][1] for w in wanted if w in self._pending)
+                events = poller.poll(int(max(0.0, min(1.0, first - time.monotonic())) * 1000) + 1)
+            for fd, _ in events:
+                w, is_socket = owner[fd]
+                if w not in self._pending:
+                    continue
+                child, _, meter = self._pending.pop(w)
                 if is_socket or child.channel.poll():
                     arenas = self._arenas[w]
                     try:
-                        reply, sizes = _recv(child.channel, None if arenas is None else arenas[1], self._wire)
+                        reply, sizes = self._codec.recv(child.channel, None if arenas is None else arenas[1])
                     except (EOFError, OSError) as e:
                         results[w] = WorkerFailure(w, f"connection lost: {e!r}")
                     else:
@@ -329,17 +383,16 @@ class LocalBackend(Backend):
                 else:
                     child.kill()  # its process group, before it is reaped
                     results[w] = WorkerFailure(w, f"process died (exit code {child.reap()})")
-                pending.discard(w)
                 poller.unregister(child.channel.fileno())
                 poller.unregister(child.pidfd)
-            if pending and time.monotonic() >= deadline:
-                for w in pending:
+            now = time.monotonic()
+            for w in wanted:
+                if w in self._pending and now >= self._pending[w][1]:
+                    self._pending.pop(w)[0].kill()
                     results[w] = WorkerFailure(w, f"no reply within {self.timeout:.0f} s")
-                    live[w].kill()
-                pending.clear()
-        # In request order (as the serial backend answers), whatever order the replies came in: the
+        # In the order asked for (as the serial backend answers), whatever order the replies came in: the
         # first error a caller meets does not depend on which worker happened to answer first.
-        return {w: results[w] for w in requests}
+        return {w: results[w] for w in wanted if w in results}
 
 
 def _round(n: int) -> int:

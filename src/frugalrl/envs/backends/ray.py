@@ -106,6 +106,7 @@ class RayBackend(Backend):
 
     def restart(self, worker: int) -> None:
         """Kill (if needed) and replace one actor."""
+        self._posted.pop(worker, None)
         self._kill(worker)
         self._spawn(worker)
         self._await_ready(worker)

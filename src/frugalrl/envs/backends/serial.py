@@ -31,6 +31,7 @@ class SerialBackend(Backend):
 
     def restart(self, worker: int) -> None:
         """Rebuild a worker in place."""
+        self._posted.pop(worker, None)
         self.workers[worker].close()
         self.workers[worker] = build_worker(self.configs[worker])
 

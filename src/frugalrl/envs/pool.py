@@ -1,0 +1,142 @@
+"""EnvPool-style asynchronous steps for ClusterEnv: send actions to some envs, receive whichever are ready.
+
+``step()`` waits for every worker, so the learner's inference and the workers' stepping take turns. With
+``send`` / ``recv`` (EnvPool's API) the learner infers on the envs that are ready while the workers step the
+others; a batch is one or more workers' envs, so env ids come in whole workers::
+
+    env.async_reset(seed=0)
+    while True:
+        obs, rewards, terminations, truncations, infos = env.recv()
+        env.send(policy(obs), infos["env_id"])
+
+Autoreset and episode statistics follow the env's settings as in ``step()``; a worker that dies is replaced
+and its envs come back truncated with ``infos["worker_restarted"]``, as in ``step()``. A synchronous call
+(``step``, ``reset``, ``rollout``...) on a worker whose envs are in flight is an error: ``recv`` them first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from frugalrl.envs.backends.base import WorkerFailure
+from frugalrl.envs.batching import check_actions
+from frugalrl.experience import space_shape
+from frugalrl.wire.message import Message
+
+if TYPE_CHECKING:
+    from gymnasium.spaces import Space
+
+    from frugalrl.envs.backends.base import Backend
+    from frugalrl.envs.restarts import CrashLoopRule
+
+
+class AsyncSteps:
+    """``async_reset`` / ``send`` / ``recv`` (mixed into :class:`~frugalrl.envs.cluster.ClusterEnv`)."""
+
+    num_workers: int
+    envs_per_worker: int
+    num_envs: int
+    _in_flight: set[int]
+
+    if TYPE_CHECKING:  # ClusterEnv's, declared for the type checker only
+        single_observation_space: Space
+        single_action_space: Space
+        backend: Backend
+        autoreset_mode: AutoresetMode
+        restart_rule: CrashLoopRule
+        _obs: np.ndarray | None
+        _action_wire_dtype: np.dtype | None
+
+        def _check_open(self) -> None: ...
+        def _restart(self, w: int, reason: str) -> None: ...
+        def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message: ...
+        def _accept(self, w: int, reply: Message) -> Message: ...
+        def _finish_step(self, result: tuple[dict[int, Message], list[int]]
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]: ...
+
+    def async_reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """Reset every env (env ``j`` with ``seed + j``); the first observations come from :meth:`recv`."""
+        self._check_open()
+        self._check_idle(range(self.num_workers))
+        if self._obs is None:
+            shape = space_shape(self.single_observation_space)
+            self._obs = np.zeros((self.num_envs, *shape), dtype=self.single_observation_space.dtype)
+        msg = Message("reset", {"seed": None if seed is None else int(seed), "options": options})
+        self.backend.post({w: msg for w in range(self.num_workers)})
+        self._in_flight.update(range(self.num_workers))
+
+    def send(self, actions: Any, env_id: Any = None) -> None:
+        """Step the envs ``env_id`` (default: all) with ``actions`` (one row per id, in the order of the ids);
+        returns at once. The ids must make up whole workers' envs (``infos["env_id"]`` of a :meth:`recv`)."""
+        self._check_open()
+        n, k = self.num_envs, self.envs_per_worker
+        ids = np.arange(n) if env_id is None else np.asarray(env_id).reshape(-1)
+        if ids.dtype.kind not in "iu" or ids.size == 0 or (ids < 0).any() or (ids >= n).any():
+            raise ValueError(f"env_id must be indices of this ClusterEnv's {n} envs, got {env_id!r}")
+        order = np.argsort(ids, kind="stable")
+        blocks = ids[order].reshape(-1, k) if ids.size % k == 0 else None
+        if blocks is None or not (blocks == blocks[:, :1] + np.arange(k)).all() or (blocks[:, 0] % k).any():
+            raise ValueError(f"env_id must hold whole workers' envs (worker w has envs w*{k} .. w*{k}+{k - 1}), "
+                             f"got {ids.tolist()}")
+        workers = [int(w) for w in blocks[:, 0] // k]
+        if len(set(workers)) != len(workers):
+            raise ValueError(f"env_id repeats an env: {ids.tolist()}")
+        self._check_idle(workers)
+        if self._obs is None:
+            raise RuntimeError("call reset() or async_reset() before send()")
+        acts = check_actions(self.single_action_space, ids.size, actions)[order]  # type: ignore[arg-type]
+        if self._action_wire_dtype is not None:
+            acts = acts.astype(self._action_wire_dtype)
+        self.backend.post({w: Message("step", {}, {"actions": acts[i * k : (i + 1) * k]})
+                           for i, w in enumerate(workers)})
+        self._in_flight.update(workers)
+
+    def recv(self, min_workers: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """The envs of at least ``min_workers`` workers in flight (and of any other already done), as ``step()``
+        returns them, ``infos["env_id"]`` saying which envs they are; envs just reset have zero rewards."""
+        self._check_open()
+        if not self._in_flight:
+            raise RuntimeError("no envs in flight: send() actions or async_reset() first")
+        results = self.backend.gather(sorted(self._in_flight), at_least=int(min_workers))
+        self._in_flight.difference_update(results)
+        restarted: list[int] = []
+        replies: dict[int, Message] = {}
+        for w, result in results.items():
+            if isinstance(result, WorkerFailure):
+                restarted.append(w)
+                self._restart(w, result.reason)
+                self._reset_worker(w, seed=None, defer=self.autoreset_mode == AutoresetMode.NEXT_STEP)
+                continue
+            self._accept(w, result)
+            if result.op == "reset":  # from async_reset: a step of nothing
+                k = self.envs_per_worker
+                result.arrays.update(rewards=np.zeros(k), terminations=np.zeros(k, bool),
+                                     truncations=np.zeros(k, bool))
+            replies[w] = result
+        obs, rewards, terms, truncs, infos = self._finish_step((replies, restarted))
+        k = self.envs_per_worker
+        ids = np.concatenate([np.arange(w * k, (w + 1) * k) for w in sorted(results)])
+        out = _take(infos, ids, self.num_envs)
+        out["env_id"] = ids
+        return obs[ids], rewards[ids], terms[ids], truncs[ids], out
+
+    def _check_idle(self, workers: Any) -> None:
+        busy = sorted(self._in_flight.intersection(workers))
+        if busy:
+            raise RuntimeError(f"the envs of worker(s) {busy} are in flight (send/async_reset): recv() them first")
+
+
+def _take(infos: dict[str, Any], ids: np.ndarray, n: int) -> dict[str, Any]:
+    """``infos`` of a vector env of ``n`` envs restricted to the envs ``ids`` (nested dicts included)."""
+    out: dict[str, Any] = {}
+    for key, value in infos.items():
+        if isinstance(value, dict):
+            out[key] = _take(value, ids, n)
+        elif isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == n:
+            out[key] = value[ids]
+        else:
+            out[key] = value
+    return out
