@@ -146,19 +146,25 @@ def test_seed_then_reset_is_reproducible(closing):
         np.testing.assert_array_equal(x, y)
     seeds = venv.seed()  # a random seed, still consecutive
     assert all(isinstance(s, int) for s in seeds) and seeds == [seeds[0] + j for j in range(3)]
-    venv._seeds = [1, 5, 2]  # not what ClusterEnv can apply
+    venv._seeds = [1, 5, 2]  # not ClusterEnv's seed + j: they travel in the reset options to each env
+    venv.set_options([{"low": -0.01, "high": 0.01}, {}, {}])
+    obs = venv.reset()
+    np.testing.assert_array_equal(obs[0], gym.make("CartPole-v1").reset(seed=1, options={"low": -0.01, "high": 0.01})[0])
+    np.testing.assert_array_equal(obs[1:], np.stack([gym.make("CartPole-v1").reset(seed=s)[0] for s in (5, 2)]))
+    bare = closing(SB3VecEnv(ClusterEnv("CartPole-v1", 1, 3, backend="serial", autoreset_mode="SameStep")))
+    bare._seeds = [1, 5, 2]  # a ClusterEnv not built by the adapter cannot apply them
     with pytest.raises(ValueError, match="seed \\+ j"):
-        venv.reset()
-    venv._reset_seeds()
-    venv.set_options([{"a": 1}, {}, {}])
+        bare.reset()
+    bare._reset_seeds()
+    bare.set_options([{"a": 1}, {}, {}])
     with pytest.raises(ValueError, match="same options"):
-        venv.reset()
+        bare.reset()
 
 
 def test_attributes_methods_and_wrappers(closing):
     venv = closing(make_sb3_vec_env("CartPole-v1", 1, 2, backend="serial"))
-    assert venv.render_mode is None and venv.metadata == {"render_modes": []}
-    assert venv.get_attr("render_mode") == [None, None]
+    assert venv.render_mode == "rgb_array" and venv.metadata == {"render_modes": ["human", "rgb_array"]}  # as SB3's
+    assert venv.get_attr("render_mode") == ["rgb_array", "rgb_array"]
     assert [s.id for s in venv.get_attr("spec", indices=1)] == ["CartPole-v1"]
     assert venv.get_attr("action_space", [0, 1]) == [gym.spaces.Discrete(2)] * 2
     assert venv.get_attr("observation_space", 0) == [venv.observation_space]
@@ -169,20 +175,23 @@ def test_attributes_methods_and_wrappers(closing):
     venv.set_attr("gravity", 1.0, indices=[1])  # in the worker's env, through its wrappers
     assert venv.get_attr("gravity") == [9.8, 1.0]
     assert venv.env_method("get_wrapper_attr", "gravity", indices=[1]) == [1.0]
-    assert venv.env_is_wrapped(Monitor) == [True, True]  # the adapter records Monitor's statistics
-    assert venv.env_is_wrapped(gym.wrappers.TimeLimit, indices=0) == [True]  # gym.make's wrappers
+    assert venv.env_is_wrapped(Monitor) == [True, True]  # make_vec_env's Monitor, in the workers
+    assert venv.env_is_wrapped(gym.wrappers.TimeLimit, indices=-1) == [True]  # gym.make's wrappers
     assert venv.env_is_wrapped(gym.wrappers.ClipAction) == [False, False]
-    with pytest.warns(UserWarning, match="render mode is None"):
-        assert venv.get_images() == [None, None]
-    with pytest.warns(UserWarning):
-        assert venv.render() is None
     with pytest.raises(RuntimeError, match="step_async"):
         venv.step_wait()
     before = venv.bytes["total"]
     assert 0 < before == venv.bytes["control"]  # only the attribute calls have travelled yet
     venv.reset()
     assert venv.bytes["total"] > before and venv.stats()["bytes"]["total"] == venv.bytes["total"]
-    assert "SB3VecEnv(ClusterEnv(CartPole-v1" in repr(venv)
+    assert venv.get_images()[1].shape == (400, 600, 3) and venv.render().shape == (800, 600, 3)  # tiled
+    assert "SB3VecEnv(ClusterEnv(env_fns (CartPole-v1)" in repr(venv)
+    bare = closing(SB3VecEnv(ClusterEnv("CartPole-v1", 1, 2, backend="serial", autoreset_mode="SameStep")))
+    assert bare.env_is_wrapped(Monitor) == [True, True]  # the adapter records Monitor's statistics
+    with pytest.warns(UserWarning, match="render mode is None"):
+        assert bare.get_images() == [None, None]
+    with pytest.warns(UserWarning):
+        assert bare.render() is None
 
 
 def test_needs_same_step_autoreset():
