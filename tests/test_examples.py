@@ -21,7 +21,10 @@ TIMEOUT_S = 90  # per example; each takes a few seconds on a quiet 2-core machin
 #: Flags giving each example a budget of seconds (every example has one).
 SMALL_BUDGET: dict[str, list[str]] = {
     "ppo_clusterenv.py": ["--total-timesteps", "512", "--num-envs", "4", "--num-steps", "64"],
-    "sb3_ppo_clusterenv.py": ["--total-timesteps", "512", "--envs-per-worker", "2", "--eval-episodes", "2"],
+    "sb3_ppo_clusterenv.py": [  # a few hundred steps through env wrappers, VecFrameStack and VecNormalize
+        "--total-timesteps", "256", "--n-envs", "4", "--eval-episodes", "2", "--hyperparams",
+        '{"n_steps": 32, "batch_size": 64, "n_epochs": 2, "normalize": true, "frame_stack": 2, '
+        '"env_wrapper": [{"gymnasium.wrappers:TimeLimit": {"max_episode_steps": 20}}]}'],
     "accerl_compressed_actors.py": ["--updates", "10"],
 }
 
