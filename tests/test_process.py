@@ -176,3 +176,21 @@ def test_supervising_long_running_children_that_report_done_or_an_error(tmp_path
             log.close()
     assert codes == [0, 0]
     assert (tmp_path / "stage1.log").read_text() == "stage 1 finished\n"
+
+
+def test_spin_returns_when_ready_gives_up_in_time_and_backs_off_under_contention(monkeypatch):
+    import frugalrl.process as process
+
+    calls = iter([False, False, True])
+    assert process.spin(lambda: next(calls), 1.0)
+    t0 = time.perf_counter()
+    assert not process.spin(lambda: False, 0.002)
+    assert time.perf_counter() - t0 < 0.5
+    monkeypatch.setattr(process, "SPIN_CONTENDED_S", -1.0)  # every yield looks contended
+    monkeypatch.setattr(process, "_spin_off_until", 0.0)
+    polls = []
+    assert not process.spin(lambda: polls.append(1) or False, 1.0)
+    assert len(polls) == 2  # one poll, one yield, the last look
+    polls.clear()
+    assert not process.spin(lambda: polls.append(1) or False, 1.0)
+    assert len(polls) == 1  # backing off: one look, no spinning

@@ -37,6 +37,11 @@ from frugalrl.wire.message import Message, WireError, decode_message, encode_mes
 T = TypeVar("T")
 
 PARENT_POLL_S = 1.0
+#: A yield longer than this means a process that is not waiting on us took the core for a time slice (a yield to
+#: the process we wait for, e.g. a learner's inference, is shorter): spinning stops (:func:`spin`).
+SPIN_CONTENDED_S = 0.5e-3
+#: How long a process that met contention while spinning blocks instead.
+SPIN_BACKOFF_S = 0.5
 """How often a waiting child checks that its parent is still there."""
 _BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -313,6 +318,32 @@ def poll_children(children: Sequence[Child], timeout: float | None) -> list[Chil
     return [c for c in children if c.channel.fileno() in hit or c.pidfd in hit]
 
 
+_spin_off_until = 0.0  # time.perf_counter() until which this process does not spin (it met contention)
+
+
+def spin(ready: Callable[[], bool], seconds: float) -> bool:
+    """Poll ``ready()`` for up to ``seconds``, yielding the core between polls; True as soon as it is.
+
+    A yield that takes long means another process wanted the core and ran: with more busy processes than
+    cores, spinning only takes time from them (and each yield may cost a whole time slice), so this process
+    stops spinning at once and for the next :data:`SPIN_BACKOFF_S`; the caller blocks instead.
+    """
+    global _spin_off_until
+    start = time.perf_counter()
+    if start < _spin_off_until:
+        return ready()
+    until = start + seconds
+    while not ready():
+        now = time.perf_counter()
+        if now >= until:
+            return False
+        os.sched_yield()
+        if time.perf_counter() - now > SPIN_CONTENDED_S:
+            _spin_off_until = now + SPIN_BACKOFF_S
+            return ready()
+    return True
+
+
 # ---------------------------------------------------------------------------------------- the child's side
 class ParentLink:
     """A child's end of the connection to its parent, made from ``FD PARENT_PID`` on its command line.
@@ -347,11 +378,7 @@ class ParentLink:
         microseconds, more in a virtual machine), and a process that needs the core still gets it.
         """
         if spin_s > 0.0 and not self.channel.pending():
-            until = time.perf_counter() + spin_s
-            while not self._poller.poll(0):
-                if time.perf_counter() >= until:
-                    break
-                os.sched_yield()
+            spin(lambda: bool(self._poller.poll(0)), spin_s)
         while not self.channel.pending() and not self._poller.poll(int(PARENT_POLL_S * 1000)):
             if not self.parent_alive():
                 raise ParentGone(f"the parent process {self.parent_pid} is gone")

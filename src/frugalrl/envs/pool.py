@@ -74,20 +74,25 @@ class AsyncSteps:
         self._check_open()
         n, k = self.num_envs, self.envs_per_worker
         ids = np.arange(n) if env_id is None else np.asarray(env_id).reshape(-1)
-        if ids.dtype.kind not in "iu" or ids.size == 0 or (ids < 0).any() or (ids >= n).any():
+        if ids.dtype.kind not in "iu" or ids.size == 0 or ids.min() < 0 or ids.max() >= n:
             raise ValueError(f"env_id must be indices of this ClusterEnv's {n} envs, got {env_id!r}")
-        order = np.argsort(ids, kind="stable")
-        blocks = ids[order].reshape(-1, k) if ids.size % k == 0 else None
+        blocks = ids.reshape(-1, k) if ids.size % k == 0 else None
+        order = None
+        if blocks is not None and not (blocks == blocks[:, :1] + np.arange(k)).all():  # not whole workers in order
+            order = np.argsort(ids, kind="stable")
+            blocks = ids[order].reshape(-1, k)
         if blocks is None or not (blocks == blocks[:, :1] + np.arange(k)).all() or (blocks[:, 0] % k).any():
             raise ValueError(f"env_id must hold whole workers' envs (worker w has envs w*{k} .. w*{k}+{k - 1}), "
                              f"got {ids.tolist()}")
-        workers = [int(w) for w in blocks[:, 0] // k]
+        workers = (blocks[:, 0] // k).tolist()
         if len(set(workers)) != len(workers):
             raise ValueError(f"env_id repeats an env: {ids.tolist()}")
         self._check_idle(workers)
         if self._obs is None:
             raise RuntimeError("call reset() or async_reset() before send()")
-        acts = check_actions(self.single_action_space, ids.size, actions)[order]  # type: ignore[arg-type]
+        acts = check_actions(self.single_action_space, ids.size, actions)  # type: ignore[arg-type]
+        if order is not None:
+            acts = acts[order]
         if self._action_wire_dtype is not None:
             acts = acts.astype(self._action_wire_dtype)
         self.backend.post({w: Message("step", {}, {"actions": acts[i * k : (i + 1) * k]})

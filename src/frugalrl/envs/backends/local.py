@@ -36,7 +36,7 @@ from frugalrl.envs.backends.base import (
     config_to_json,
     worker_from_json,
 )
-from frugalrl.process import Child, ParentGone, ParentLink, spawn
+from frugalrl.process import Child, ParentGone, ParentLink, spawn, spin
 from frugalrl.wire.cache import WireCache
 from frugalrl.wire.channel import POLLIN, Channel
 from frugalrl.wire.message import Message, encode_message
@@ -355,16 +355,16 @@ class LocalBackend(Backend):
                 owner[child.pidfd] = (w, False)
                 poller.register(child.channel.fileno(), POLLIN)
                 poller.register(child.pidfd, POLLIN)
-        spin_until = time.perf_counter() + SPIN_S
+        events: list[tuple[int, int]] = []
+
+        def ready() -> bool:
+            events[:] = poller.poll(0)
+            return bool(events)
+
         while len(results) < need:
-            if time.perf_counter() < spin_until:  # replies that come soon are taken without a wake-up
-                events = poller.poll(0)
-                if not events:
-                    os.sched_yield()
-                    continue
-            else:
+            if not spin(ready, SPIN_S):  # a reply that comes soon is taken without a wake-up
                 first = min(self._pending[w][1] for w in wanted if w in self._pending)
-                events = poller.poll(int(max(0.0, min(1.0, first - time.monotonic())) * 1000) + 1)
+                events[:] = poller.poll(int(max(0.0, min(1.0, first - time.monotonic())) * 1000) + 1)
             for fd, _ in events:
                 w, is_socket = owner[fd]
                 if w not in self._pending:
