@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -39,7 +40,7 @@ class ClusterAsyncVectorEnv(ClusterEnv):
                  observation_mode="same", autoreset_mode=AutoresetMode.NEXT_STEP):
         env_fns = list(env_fns)
         super().__init__(env_fns, num_workers=len(env_fns), backend="local", autoreset_mode=autoreset_mode,
-                         episode_statistics=False, uplink="none")
+                         episode_statistics=False, uplink="none", observation_mode=observation_mode)
 
 
 gymnasium.vector.AsyncVectorEnv = ClusterAsyncVectorEnv
@@ -59,7 +60,8 @@ def main() -> None:
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "pytest", f"tests/vector/{name}.py", "-q", "-p", "no:cacheprovider",
                                "--timeout", "60", "-rf"], cwd=root, capture_output=True, text=True,
-                              env={**__import__("os").environ, "PYTHONPATH": str(root)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])})
         tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]
         counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", tail)}
         failing = Counter(re.sub(r"\[.*", "", line.split("::")[-1].split(" ")[0])

@@ -84,8 +84,8 @@ def test_is_a_gymnasium_vector_env(cartpole):
     assert cartpole.spec is not None and cartpole.spec.id == "CartPole-v1"
     assert cartpole.backend_name in repr(cartpole) and "CartPole-v1" in repr(cartpole)
     assert cartpole.unwrapped is cartpole
-    with pytest.raises(NotImplementedError, match="does not render"):
-        cartpole.render()
+    cartpole.reset(seed=SEED)
+    assert cartpole.render() == (None,) * N  # every env's render(), as AsyncVectorEnv's (no render_mode here)
 
 
 def test_reset_seeds_env_j_with_seed_plus_j(cartpole):

@@ -24,9 +24,10 @@ import numpy as np
 
 from frugalrl.runs import jsonable
 
-Autoreset = Literal["NextStep", "SameStep"]
+Autoreset = Literal["NextStep", "SameStep", "Disabled"]
 NEXT_STEP: Autoreset = "NextStep"
 SAME_STEP: Autoreset = "SameStep"
+DISABLED: Autoreset = "Disabled"  # finished envs wait for the learner's reset (``reset_mask``); Gymnasium's mode
 
 
 class NonFiniteExperience(ValueError):
@@ -59,8 +60,8 @@ class EnvGroup:
 
     def __init__(self, envs: Sequence[gym.Env], autoreset: Autoreset = SAME_STEP, check_finite: bool = True,
                  replayable: bool = False, where: Callable[[int], str] | None = None) -> None:
-        if autoreset not in (NEXT_STEP, SAME_STEP):
-            raise ValueError(f"autoreset must be {NEXT_STEP!r} or {SAME_STEP!r}, got {autoreset!r}")
+        if autoreset not in (NEXT_STEP, SAME_STEP, DISABLED):
+            raise ValueError(f"autoreset must be {NEXT_STEP!r}, {SAME_STEP!r} or {DISABLED!r}, got {autoreset!r}")
         self.envs = list(envs)
         k = len(self.envs)
         self.autoreset = autoreset
@@ -68,14 +69,17 @@ class EnvGroup:
         self.where = where or (lambda i: f"env {i}")
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
-        self.obs = np.zeros((k, *space_shape(self.observation_space)), dtype=self.observation_space.dtype)
+        space = self.observation_space
+        # Box and Discrete observations are one block; those of other spaces (a dict, a tuple...) one object each.
+        self.obs: Any = (np.zeros((k, *space_shape(space)), dtype=space.dtype) if isinstance(space, SIMPLE_SPACES)
+                         else [None] * k)
         self.needs_reset = np.ones(k, dtype=bool)
         self.ep_return = np.zeros(k, dtype=np.float64)
         self.ep_length = np.zeros(k, dtype=np.int64)
         self.ep_start = np.full(k, time.perf_counter())
         self.began: list[dict[str, Any]] = [{} for _ in range(k)]
         self.actions: list[list[Any]] | None = [[] for _ in range(k)] if replayable else None
-        self._float_obs = self.obs.dtype.kind == "f"  # float observations are checked once per step, as one block
+        self._float_obs = isinstance(self.obs, np.ndarray) and self.obs.dtype.kind == "f"  # checked as one block
 
     def __len__(self) -> int:
         return len(self.envs)
@@ -100,11 +104,16 @@ class EnvGroup:
         self.ep_start[i] = time.perf_counter()
         return info
 
-    def reset_all(self, seed: int | None = None, options: dict | None = None) -> dict[str, np.ndarray]:
-        """Reset every env (env ``i`` with ``seed + i``, as Gymnasium's vector envs do); returns the batched infos."""
+    def reset_all(self, seed: int | None = None, options: dict | None = None, seeds: Sequence[int | None] | None = None,
+                  mask: Sequence[bool] | None = None) -> dict[str, np.ndarray]:
+        """Reset every env (env ``i`` with ``seed + i``, as Gymnasium's vector envs do, or with ``seeds[i]``), or only
+        those ``mask`` picks; returns the batched infos."""
         infos: dict[str, np.ndarray] = {}
         for i in range(len(self.envs)):
-            add_info(infos, self.reset(i, None if seed is None else int(seed) + i, options), i, len(self.envs))
+            if mask is not None and not mask[i]:
+                continue
+            env_seed = seeds[i] if seeds is not None else None if seed is None else int(seed) + i
+            add_info(infos, self.reset(i, env_seed, options), i, len(self.envs))
         return infos
 
     def reset_pending(self) -> None:
@@ -119,8 +128,7 @@ class EnvGroup:
             return
         if reward is not None and not np.isfinite(reward):
             raise NonFiniteExperience(f"non-finite reward {reward} from {self.where(i)}")
-        arr = np.asarray(obs)
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        if _non_finite(obs):
             raise NonFiniteExperience(f"non-finite observation (NaN or inf) from {self.where(i)}")
 
     def _check_each(self, stepped: list[tuple[int, Any, Any]]) -> None:
@@ -177,7 +185,7 @@ class EnvGroup:
                 if infos and info:
                     step_infos[i] = info
             rewards = _float_row(r_list)
-            final_obs = [np.asarray(o) for o in finals] if finals else []
+            final_obs = [np.asarray(o) if isinstance(obs_block, np.ndarray) else o for o in finals]
             if self.check_finite and self._suspect(rewards, final_obs):
                 self._check_each(stepped)
                 rewards = None
@@ -216,7 +224,7 @@ class EnvGroup:
                 info = self.reset(i)
                 if infos and info:
                     add_info(batched, info, i, k)
-            else:
+            elif (autoreset or self.autoreset) == NEXT_STEP:
                 self.needs_reset[i] = True
         return out
 
@@ -357,6 +365,24 @@ def space_shape(space: gym.Space) -> tuple[int, ...]:
     if space.shape is None:
         raise TypeError(f"the space {space} has no shape; frugalrl supports Box and Discrete spaces")
     return space.shape
+
+
+SIMPLE_SPACES = (gym.spaces.Box, gym.spaces.Discrete)
+"""Spaces whose values a group keeps as one block (and a policy acts on): Box, Discrete."""
+
+
+def _non_finite(obs: Any) -> bool:
+    """Whether an observation (of any space: arrays, numbers, tuples, dicts, graphs) holds a NaN or inf."""
+    if isinstance(obs, np.ndarray | np.floating | float):
+        arr = np.asarray(obs)
+        return arr.dtype.kind == "f" and not bool(np.isfinite(arr).all())
+    if isinstance(obs, dict):
+        return any(_non_finite(v) for v in obs.values())
+    if isinstance(obs, tuple | list):
+        return any(_non_finite(v) for v in obs)
+    if isinstance(obs, gym.spaces.GraphInstance):
+        return _non_finite(obs.nodes) or _non_finite(obs.edges)
+    return False
 
 
 def _float_row(values: list[Any]) -> np.ndarray | None:

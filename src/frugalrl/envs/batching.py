@@ -7,6 +7,7 @@ rollout reply (which sizes the local backend's shared-memory arenas).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -25,6 +26,8 @@ def check_actions(space: gym.spaces.Discrete | gym.spaces.Box, num_envs: int, ac
         arr = np.asarray(actions)
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"actions could not be read as an array: {e}") from e
+    if arr.ndim == 0 and arr.dtype != object:  # one number for a vector env: Gymnasium's iterate raises TypeError
+        raise TypeError(f"actions must hold one action per env ({num_envs}), got the scalar {actions!r}")
     if isinstance(space, gym.spaces.Discrete):
         if arr.shape != (num_envs,):
             raise ValueError(
@@ -39,18 +42,61 @@ def check_actions(space: gym.spaces.Discrete | gym.spaces.Box, num_envs: int, ac
     expected = (num_envs, *space.shape)
     if arr.shape != expected:
         raise ValueError(f"actions must have shape {expected} for this Box action space, got shape {arr.shape}")
-    if arr.dtype.kind not in "fiu":
+    if arr.dtype.kind not in "fiu" and not (arr.dtype.kind == "b" and space.dtype.kind == "b"):
         raise ValueError(f"actions for a Box action space must be numeric, got dtype {arr.dtype}")
-    arr = arr.astype(space.dtype)
+    if arr.dtype.kind != "f":  # floats reach the env as given, as in Gymnasium; others in the space's dtype
+        arr = arr.astype(space.dtype)
     if not np.isfinite(arr).all():
         raise ValueError("actions contain NaN or inf")
     return arr
 
 
-def merge_infos(replies: dict[int, Message], num_envs: int, k: int) -> dict[str, Any]:
+def reset_requests(num_envs: int, k: int, seed: Any, options: dict[str, Any] | None) -> dict[int, Message]:
+    """The ``reset`` message of each worker of ``k`` envs, checked as AsyncVectorEnv checks them: ``seed`` None, an
+    integer (env ``j`` gets ``seed + j``) or one per env; ``options["reset_mask"]`` resets only the envs it picks
+    (workers with none get no message)."""
+    meta: dict[str, Any] = {"seed": None}
+    seeds = None
+    if isinstance(seed, list | tuple):
+        if len(seed) != num_envs:
+            raise ValueError(f"If seeds are passed as a list the length must match num_envs={num_envs} but got "
+                             f"length={len(seed)}.")
+        seeds = [None if s is None else int(s) for s in seed]
+    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+        raise ValueError(f"reset(seed=...) takes an integer or None, got {seed!r} (or a list, one per env)")
+    elif seed is not None:
+        meta["seed"] = int(seed)
+    options = dict(options) if options is not None else None
+    mask = None if options is None or "reset_mask" not in options else options.pop("reset_mask")
+    if mask is not None:
+        if not isinstance(mask, np.ndarray):
+            raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+        if mask.shape != (num_envs,):
+            raise ValueError(f"`options['reset_mask']` must have shape `({num_envs},)`, got {mask.shape}")
+        if mask.dtype != np.bool_:
+            raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+        if not mask.any():
+            raise ValueError("`options['reset_mask']` must contain a boolean array with at least one True value, got "
+                             f"reset_mask={mask}")
+    meta["options"] = options
+    out = {}
+    for w in range(num_envs // k):
+        part = {**meta}
+        if seeds is not None:
+            part["seeds"] = seeds[w * k : (w + 1) * k]
+        if mask is not None:
+            if not mask[w * k : (w + 1) * k].any():
+                continue
+            part["mask"] = mask[w * k : (w + 1) * k].tolist()
+        out[w] = Message("reset", part)
+    return out
+
+
+def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
+                final_obs: Callable[[Message], list[Any]] | None = None) -> dict[str, Any]:
     """The workers' infos (``info/*``, episode statistics, final observations and infos) merged into one
     Gymnasium vector-env ``infos`` dict (value arrays with ``_key`` masks); worker ``w`` holds envs
-    ``w·k .. w·k + k − 1``."""
+    ``w·k .. w·k + k − 1``. ``final_obs(reply)``: the final observations of a space other than Box and Discrete."""
     n = num_envs
     infos: dict[str, Any] = {}
     for w, reply in replies.items():
@@ -76,8 +122,9 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int) -> dict[str,
                 infos["_final_obs"] = np.zeros(n, dtype=bool)
                 infos["final_info"] = {}
                 infos["_final_info"] = np.zeros(n, dtype=bool)
+            finals = a["final_obs"] if final_obs is None else final_obs(reply)
             for j, i in enumerate(a["final_idx"]):
-                infos["final_obs"][base + int(i)] = a["final_obs"][j]
+                infos["final_obs"][base + int(i)] = finals[j]
                 infos["_final_obs"][base + int(i)] = True
                 infos["_final_info"][base + int(i)] = True
             for name, value in a.items():
@@ -140,3 +187,24 @@ def assemble_rollout(replies: list[Message], action_dtype: np.dtype, dist_kind: 
         restarted_workers=sorted(set(restarted)),
         learner_version=learner_version,
     )
+
+
+def check_agent_fits(agent: Any, obs_space: gym.Space, space: gym.Space) -> None:
+    """Fail on the head, with a clear message, for an agent built for other spaces."""
+    import torch
+
+    if isinstance(space, gym.spaces.Discrete):
+        kind, size = "categorical", int(space.n)
+    else:
+        kind, size = "gaussian", 2 * int(np.prod(space_shape(space)))
+    if agent.dist_kind != kind:
+        raise ValueError(f"agent.dist_kind is {agent.dist_kind!r} but this env's action space {space} needs {kind!r}")
+    obs = torch.as_tensor(np.stack([obs_space.sample()]))
+    try:
+        with torch.no_grad():
+            params = agent.dist_params(obs)
+    except Exception as e:
+        raise ValueError(f"agent cannot act on this env's observations {obs_space}: {type(e).__name__}: {e}") from e
+    if tuple(params.shape) != (1, size):
+        raise ValueError(f"agent.dist_params returned shape {tuple(params.shape[1:])} per observation; "
+                         f"the action space {space} needs ({size},)")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from frugalrl.envs.spaces import pack_value, unpack_value
 from frugalrl.wire.message import Message
 
 if TYPE_CHECKING:
@@ -48,6 +49,11 @@ class EnvCalls:
         """Call method ``name`` of every env (of ``envs``, indices, if given) with JSON arguments, or read attribute
         ``name`` where it is not callable; returns the results in env order."""
         return self._remote(name, "call", envs, args=list(args), kwargs=kwargs)
+
+    @property
+    def np_random_seed(self) -> tuple[Any, ...]:
+        """Every env's ``np_random_seed``, as AsyncVectorEnv's."""
+        return self.get_attr("np_random_seed")
 
     def get_attr(self, name: str, envs: Sequence[int] | None = None) -> tuple[Any, ...]:
         """Attribute ``name`` of every env (of ``envs``), found through the env's wrappers as Gymnasium's
@@ -97,7 +103,10 @@ class EnvCalls:
             for i, (local, value) in enumerate(zip(requests[w].meta["envs"], reply.meta["results"], strict=True)):
                 if value.get("missing"):
                     raise AttributeError(f"env {w * k + local} has no attribute {name!r} (nor do its wrappers)")
-                results[w * k + local] = reply.arrays[f"r/{i}"] if value.get("array") else value["value"]
+                if "packed" in value:
+                    results[w * k + local] = unpack_value(value["packed"], reply.arrays)
+                else:
+                    results[w * k + local] = reply.arrays[f"r/{i}"] if value.get("array") else value["value"]
         return tuple(results[j] for j in targets)
 
 
@@ -128,7 +137,11 @@ def call_envs(envs: list[Any], meta: dict[str, Any]) -> tuple[list[dict[str, Any
         try:
             json.dumps(value)
         except TypeError:
-            raise TypeError(f"{name!r} of env {local} is a {type(value).__name__}, which cannot travel back as data "
-                            "(JSON values and NumPy arrays can)") from None
+            try:  # a list of frames, a tuple of arrays...: :mod:`frugalrl.envs.spaces`'s data
+                entries.append({"packed": pack_value(value, f"r/{i}", arrays)})
+            except TypeError:
+                raise TypeError(f"{name!r} of env {local} is a {type(value).__name__}, which cannot travel back as "
+                                "data (JSON values, NumPy arrays, and tuples, lists and dicts of them can)") from None
+            continue
         entries.append({"value": value})
     return entries, arrays

@@ -29,15 +29,23 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space
 
+from frugalrl.envs.asynccalls import AsyncCalls
 from frugalrl.envs.backends import BACKENDS, make_backend
 from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
-from frugalrl.envs.batching import assemble_rollout, check_actions, merge_infos, rollout_bound
+from frugalrl.envs.batching import (
+    assemble_rollout,
+    check_actions,
+    check_agent_fits,
+    merge_infos,
+    reset_requests,
+    rollout_bound,
+)
 from frugalrl.envs.calls import EnvCalls
 from frugalrl.envs.checkpoint import Checkpoints
 from frugalrl.envs.pool import AsyncSteps
 from frugalrl.envs.restarts import CrashLoopRule, Replacements
+from frugalrl.envs.spaces import Batches, check_worker_spaces, probe
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype
 from frugalrl.experience import space_shape
@@ -62,7 +70,7 @@ _EXPERIENCE_REPLIES = ("step", "rollout")
 """Replies that mean a worker did useful work (a reset or a weights message does not)."""
 
 
-class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.VectorEnv):
+class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.VectorEnv):  # type: ignore[misc]
     """A distributed Gymnasium vector env with worker-side inference and adaptive policy sync.
 
     Args:
@@ -75,7 +83,8 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         sync: the weight-sync rule for worker-side inference (default :class:`EveryUpdate`).
         seed: base seed; env ``j`` is reset with ``seed + j``.
         env_kwargs: keyword arguments for ``gym.make`` or the factory.
-        autoreset_mode: ``"NextStep"`` (Gymnasium's default) or ``"SameStep"`` for :meth:`step`.
+        autoreset_mode: ``"NextStep"`` (Gymnasium's default), ``"SameStep"`` or ``"Disabled"`` for :meth:`step`.
+        observation_mode: AsyncVectorEnv's: ``"same"``, ``"different"`` or ``(batched, single)`` spaces.
         weights_codec: how weights travel: ``fp32``, ``bf16``, ``fp16`` or ``int8``.
         uplink: how experience travels back: a compressor name (``"auto"``, ``"lz4"``, ``"zstd"``, ``"none"``;
             lossless) or :class:`~frugalrl.wire.uplink.UplinkOptions` (also lossy observations, what the
@@ -122,6 +131,7 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         ray_num_cpus: float = 1.0,
         replayable: bool = False,
         episode_statistics: bool = True,
+        observation_mode: Any = "same",
     ) -> None:
         self.closed = True  # until started, so that close() in __del__ is safe
         self.num_workers = _positive_int("num_workers", num_workers)
@@ -142,10 +152,8 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
             mode = AutoresetMode(autoreset_mode)
         except ValueError:
             raise ValueError(
-                f"autoreset_mode must be 'NextStep' or 'SameStep', got {autoreset_mode!r}"
+                f"autoreset_mode must be 'NextStep', 'SameStep' or 'Disabled', got {autoreset_mode!r}"
             ) from None
-        if mode == AutoresetMode.DISABLED:
-            raise ValueError("autoreset_mode 'Disabled' is not supported; use 'NextStep' or 'SameStep'")
 
         self.env_spec = to_env_spec(env, env_kwargs)
         if self.env_spec.fns is not None:  # one function per env, as AsyncVectorEnv takes them
@@ -154,31 +162,28 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
                 raise ValueError(f"{n} env functions cannot be split evenly into {self.num_workers} workers of "
                                  f"{envs_per_worker} envs; pass num_workers dividing {n}")
             self.envs_per_worker = n // self.num_workers
-        try:
-            probe = self.env_spec.make()
-        except Exception as e:
-            raise ValueError(f"could not build environment {self.env_spec.describe()!r}: {type(e).__name__}: {e}") from e
-        obs_space, act_space = probe.observation_space, probe.action_space
-        self.spec = probe.spec
-        probe.close()
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise TypeError(f"ClusterEnv supports Box observation spaces, got {obs_space}")
-        if not isinstance(act_space, gym.spaces.Discrete | gym.spaces.Box):
-            raise TypeError(f"ClusterEnv supports Discrete and Box action spaces, got {act_space}")
-        self.single_observation_space: gym.spaces.Box = obs_space
-        self.single_action_space: gym.spaces.Discrete | gym.spaces.Box = act_space
+        self.num_envs = self.num_workers * self.envs_per_worker
+        probed = probe(self.env_spec, self.num_envs, observation_mode)
+        self.spec = probed.spec
+        # Any space of Gymnasium's own for step(actions); Box observations and Box or Discrete actions for
+        # worker-side inference, rollouts and checkpoints (:mod:`frugalrl.envs.spaces`).
+        self.single_observation_space: gym.spaces.Box = probed.single_observation_space  # type: ignore[assignment]
+        self.single_action_space: gym.spaces.Discrete | gym.spaces.Box = probed.single_action_space  # type: ignore[assignment]
+        self._obs_batches = Batches(self.single_observation_space, self.num_envs, self.envs_per_worker)
+        self._act_batches = Batches(self.single_action_space, self.num_envs, self.envs_per_worker)
+        if replayable and not self._inference_ok():
+            raise ValueError("replayable=True (checkpoints) needs Box observations and Box or Discrete actions")
 
         self._action_wire_dtype = (
             compact_int_dtype(self.single_action_space)
             if isinstance(self.single_action_space, gym.spaces.Discrete)
             else None
         )
-        self.num_envs = self.num_workers * self.envs_per_worker
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.observation_space = probed.observation_space
+        self.action_space = probed.action_space
         self.autoreset_mode = mode
-        self.metadata = {"autoreset_mode": mode, "render_modes": []}
-        self.render_mode = None
+        self.metadata = {**probed.metadata, "autoreset_mode": mode}
+        self.render_mode = probed.render_mode
         self.meter = meter if meter is not None else ByteMeter()
         self.policies = PolicySync(
             self.num_workers, sync if sync is not None else EveryUpdate(), weights_codec, self.kl_states
@@ -220,11 +225,17 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         for w, reason in died.items():  # died or hung while starting: replaced like any other
             self._restart(w, reason)
         self._obs: np.ndarray | None = None
+        if self.env_spec.fns is not None:  # the functions may build different envs: AsyncVectorEnv's check
+            try:
+                check_worker_spaces(self, observation_mode)
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def observations(self) -> np.ndarray | None:
         """The current observation of every env (a copy; None before the first reset)."""
-        return None if self._obs is None else self._obs.copy()
+        return None if self._obs is None else self._obs_batches.copy(self._obs)
 
     @classmethod
     def from_config(cls, cfg: Any, replayable: bool = False) -> ClusterEnv:
@@ -262,23 +273,30 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         return self.policies.last_kl
 
     # ------------------------------------------------------------------ Gymnasium API
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
-        """Reset every env (env ``j`` with ``seed + j`` if a seed is given)."""
-        self._check_open()
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
-            raise ValueError(f"reset(seed=...) takes an integer or None, got {seed!r}")
-        meta = {"seed": None if seed is None else int(seed), "options": options}
-        msg = Message("reset", meta)
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """Reset every env (env ``j`` with ``seed + j`` if a seed is given, or ``seed[j]`` for a list), or those
+        ``options["reset_mask"]`` picks."""
+        self._idle("reset")
+        return self._reset_prepare(seed, options)()
+
+    def _reset_prepare(self, seed: Any, options: dict[str, Any] | None) -> Callable[[], tuple[Any, dict]]:
+        """Check reset's arguments; returns what sends the requests and reads the replies."""
+        requests = reset_requests(self.num_envs, self.envs_per_worker, seed, options)
+        if self._obs is None:  # a first reset with a mask still hears from every worker
+            requests = {w: requests.get(w, Message("reset", {"seed": None, "mask": [False] * self.envs_per_worker}))
+                        for w in range(self.num_workers)}
 
         def recover(w: int, reason: str) -> Message:
             self._restart(w, reason)
-            return msg
+            return requests[w]
 
-        replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
-        obs = np.concatenate([replies[w].arrays["obs"] for w in range(self.num_workers)])
-        infos = merge_infos(replies, self.num_envs, self.envs_per_worker)
-        self._obs = obs
-        return obs.copy(), infos
+        def run() -> tuple[Any, dict]:
+            replies = self._request(requests, on_failure=recover)
+            self._obs = self._obs_batches.update(self._obs, replies)
+            return self._obs_batches.copy(self._obs), merge_infos(replies, self.num_envs, self.envs_per_worker)
+
+        return run
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env with ``actions`` (head-side inference), or with an agent's own actions.
@@ -287,11 +305,20 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         cached copy of the agent (DETACH); ``infos`` then holds ``actions``, ``dist_params`` and
         ``policy_version`` for the step.
         """
-        self._check_open()
+        self._idle("step")
         if self._obs is None:
             raise RuntimeError("call reset() before step()")
         if isinstance(actions, torch.nn.Module):
             return self._step_agent(as_agent(actions))
+        return self._step_prepare(actions)()
+
+    def _step_prepare(self, actions: Any) -> Callable[[], tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]]:
+        """Check step's actions; returns what sends them and reads the replies."""
+        if self._obs is None:
+            raise RuntimeError("call reset() before step()")
+        if not self._act_batches.simple:  # leaf by leaf (frugalrl.envs.spaces)
+            requests = self._act_batches.split(actions, "actions", "actions")
+            return lambda: self._finish_step(self._request_step(requests))
         actions = check_actions(self.single_action_space, self.num_envs, actions)
         k = self.envs_per_worker
         if self._action_wire_dtype is not None:
@@ -299,7 +326,7 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         requests = {
             w: Message("step", {}, {"actions": actions[w * k : (w + 1) * k]}) for w in range(self.num_workers)
         }
-        return self._finish_step(self._request_step(requests))
+        return lambda: self._finish_step(self._request_step(requests))
 
     def rollout(self, agent: torch.nn.Module, num_steps: int) -> Rollout:
         """Every worker runs ``num_steps`` steps of its envs with its cached policy; returns one batch.
@@ -307,6 +334,7 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         Weights are first sent to the workers the sync rule picks. Steps use same-step autoreset.
         """
         self._check_open()
+        self._check_inference()
         num_steps = _positive_int("num_steps", num_steps)
         agent = as_agent(agent)
         first_event = len(self.restart_events)
@@ -341,12 +369,13 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         return batch
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Stop every worker (no orphan processes)."""
+        """Stop every worker (no orphan processes), after a pending asynchronous call."""
+        self._settle()
         self.backend.close()
 
-    def render(self) -> None:
-        """Rendering happens on the workers; not supported through the head."""
-        raise NotImplementedError("ClusterEnv does not render; render inside your env factory if needed")
+    def render(self) -> tuple[Any, ...]:
+        """Every env's ``render()`` (frames travel back as arrays), as AsyncVectorEnv's."""
+        return self.call("render")
 
     # ------------------------------------------------------------------ policy sync
     def send_weights(self, agent: torch.nn.Module, force: bool = False) -> list[int]:
@@ -354,35 +383,12 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         self._check_open()
         agent = as_agent(agent)
         if self.policies.is_new_agent(agent):
-            self._check_agent_fits(agent)
+            check_agent_fits(agent, self.single_observation_space, self.single_action_space)
         self.policies.track(agent)
         chosen = self.policies.stale() if force else self.policies.select(agent)
         if chosen:
             self._send_weights(agent, chosen)
         return chosen
-
-    def _check_agent_fits(self, agent: ActorCritic) -> None:
-        """Fail on the head, with a clear message, for an agent built for other spaces."""
-        space = self.single_action_space
-        if isinstance(space, gym.spaces.Discrete):
-            kind, size = "categorical", int(space.n)
-        else:
-            kind, size = "gaussian", 2 * int(np.prod(space.shape))
-        if agent.dist_kind != kind:
-            raise ValueError(f"agent.dist_kind is {agent.dist_kind!r} but this env's action space {space} needs {kind!r}")
-        obs = torch.as_tensor(np.stack([self.single_observation_space.sample()]))
-        try:
-            with torch.no_grad():
-                params = agent.dist_params(obs)
-        except Exception as e:
-            raise ValueError(
-                f"agent cannot act on this env's observations {self.single_observation_space}: {type(e).__name__}: {e}"
-            ) from e
-        if tuple(params.shape) != (1, size):
-            raise ValueError(
-                f"agent.dist_params returned shape {tuple(params.shape[1:])} per observation; "
-                f"the action space {space} needs ({size},)"
-            )
 
     def _send_weights(self, agent: ActorCritic, workers: list[int]) -> None:
         msg = self.policies.message(agent)
@@ -411,8 +417,16 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
 
     # ------------------------------------------------------------------ internals
     def _check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError("this ClusterEnv is closed")
+        self._idle("a method")
+
+    def _inference_ok(self) -> bool:
+        return self._obs_batches.simple and not isinstance(self.single_observation_space, gym.spaces.Discrete) \
+            and self._act_batches.simple
+
+    def _check_inference(self) -> None:
+        if not self._inference_ok():
+            raise TypeError(f"worker-side inference (step(agent), rollout) needs Box observations and Box or Discrete "
+                            f"actions, not {self.single_observation_space} and {self.single_action_space}")
 
     def _request(
         self, requests: dict[int, Message], on_failure: Callable[[int, str], Message | None]
@@ -460,8 +474,8 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         def recover(w: int, reason: str) -> None:
             restarted.append(w)
             self._restart(w, reason)
-            # NEXT_STEP: report the cut episode as truncated now; the envs reset on the next step.
-            self._reset_worker(w, seed=None, defer=self.autoreset_mode == AutoresetMode.NEXT_STEP)
+            # NEXT_STEP (and DISABLED): report the cut episode as truncated now; the envs reset on the next step.
+            self._reset_worker(w, seed=None, defer=self.autoreset_mode != AutoresetMode.SAME_STEP)
             return None
 
         replies = self._request(requests, on_failure=recover)
@@ -473,18 +487,18 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
         replies, restarted = result
         n, k = self.num_envs, self.envs_per_worker
         assert self._obs is not None
-        obs = self._obs.copy()
+        obs = self._obs_batches.update(self._obs, replies)
         rewards = np.zeros(n, dtype=np.float64)
         terms = np.zeros(n, dtype=bool)
         truncs = np.zeros(n, dtype=bool)
         for w, reply in replies.items():
             sl = slice(w * k, (w + 1) * k)
-            obs[sl] = reply.arrays["obs"]
             rewards[sl] = reply.arrays["rewards"]
             terms[sl] = reply.arrays["terminations"]
             truncs[sl] = reply.arrays["truncations"]
             self._note_codecs(reply)
-        infos = merge_infos(replies, self.num_envs, self.envs_per_worker)
+        infos = merge_infos(replies, self.num_envs, self.envs_per_worker,
+                            lambda m: self._obs_batches.values(m, "final_obs"))
         if not self.episode_statistics:  # SyncVectorEnv's exact layout (a RecordEpisodeStatistics may go on top)
             infos.pop("episode", None)
             infos.pop("_episode", None)
@@ -499,15 +513,16 @@ class ClusterEnv(Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.Vec
                     infos.setdefault("final_obs", np.full(n, None, dtype=object))
                     infos.setdefault("_final_obs", np.zeros(n, dtype=bool))
                     for i in range(k):
-                        infos["final_obs"][w * k + i] = self._obs[w * k + i].copy()
+                        infos["final_obs"][w * k + i] = self._obs_batches.item(self._obs, w * k + i)
                         infos["_final_obs"][w * k + i] = True
-                    obs[sl] = fresh.arrays["obs"]
+                    obs = self._obs_batches.update(obs, {w: fresh})
             infos["worker_restarted"] = mask
             infos["_worker_restarted"] = mask.copy()
         self._obs = obs
-        return obs.copy(), rewards, terms, truncs, infos
+        return self._obs_batches.copy(obs), rewards, terms, truncs, infos
 
     def _step_agent(self, agent: ActorCritic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        self._check_inference()
         first_event = len(self.restart_events)
         self.send_weights(agent)
         # A worker replaced while syncing lost its episodes: it is reported like one that fails

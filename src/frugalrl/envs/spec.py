@@ -27,12 +27,15 @@ class EnvSpec:
     fns: tuple[Callable[[], gym.Env], ...] | None = None
 
     def make(self, index: int = 0) -> gym.Env:
-        """Build env ``index`` (observations that are not a Box are flattened: :func:`flat_observations`)."""
+        """Build env ``index`` (from an id or a factory, observations that are not a Box are flattened:
+        :func:`flat_observations`)."""
         if self.id is not None:
             return flat_observations(gym.make(self.id, **self.kwargs))
-        if self.fns is not None:
+        if self.fns is not None:  # AsyncVectorEnv's way: the env as the function builds it, its spaces untouched
             env = self.fns[index % len(self.fns)]()
-            what = f"env_fns[{index % len(self.fns)}]"
+            if not isinstance(env, gym.Env):
+                raise TypeError(f"env_fns[{index % len(self.fns)}] returned {type(env).__name__}, not a gymnasium.Env")
+            return env
         elif self.factory is None:
             raise ValueError("EnvSpec has neither an id nor a factory; set exactly one of them")
         else:

@@ -34,8 +34,17 @@ import torch
 
 from frugalrl import dists
 from frugalrl.envs.calls import call_envs
+from frugalrl.envs.spaces import batch, from_message, is_simple, item, same_spaces, to_message
 from frugalrl.envs.spec import EnvSpec
-from frugalrl.experience import NEXT_STEP, SAME_STEP, EnvGroup, clip_actions, collect_fragment, space_shape
+from frugalrl.experience import (
+    DISABLED,
+    NEXT_STEP,
+    SAME_STEP,
+    EnvGroup,
+    clip_actions,
+    collect_fragment,
+    space_shape,
+)
 from frugalrl.nets import ActorCritic, PolicySpec, build_policy
 from frugalrl.wire.message import Message, decode_state_dict
 from frugalrl.wire.uplink import UplinkCodecs, UplinkOptions
@@ -72,7 +81,8 @@ class EnvWorker:
         self.first_env = first_env
         self.env_name = env_spec.describe()
         self.group = EnvGroup([env_spec.make(first_env + i) for i in range(num_envs)],
-                              SAME_STEP if autoreset_mode == SAME_STEP else NEXT_STEP, check_finite, replayable,
+                              autoreset_mode if autoreset_mode in (SAME_STEP, DISABLED) else NEXT_STEP,
+                              check_finite, replayable,
                               where=lambda i: f"worker {self.index}, env {self.first_env + i} ({self.env_name})")
         self.obs_space = self.group.observation_space
         self.act_space = self.group.action_space
@@ -82,7 +92,10 @@ class EnvWorker:
         self.generator = torch.Generator().manual_seed(_seed_for(seed, index))
         self._box = isinstance(self.act_space, gym.spaces.Box)
         # Discrete actions travel in the smallest integer type that holds them (uint8 for most envs).
-        self._action_wire_dtype = None if self._box else compact_int_dtype(self.act_space)
+        self._action_wire_dtype = (compact_int_dtype(self.act_space) if isinstance(self.act_space, gym.spaces.Discrete)
+                                   else None)
+        # Other spaces (Dict, Tuple, MultiDiscrete...) travel leaf by leaf, for head-side inference only.
+        self._tree_obs, self._tree_act = not is_simple(self.obs_space), not is_simple(self.act_space)
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, msg: Message) -> Message:
@@ -119,14 +132,14 @@ class EnvWorker:
     def _wire_actions(self, actions: np.ndarray) -> np.ndarray:
         return actions if self._action_wire_dtype is None else actions.astype(self._action_wire_dtype)
 
-    def _step_reply(self, actions: np.ndarray) -> Message:
+    def _step_reply(self, actions: np.ndarray | list[Any]) -> Message:
         """One step of every env, as a Gymnasium vector env replies (infos batched, episode statistics in ``ep_*``,
         with same-step autoreset the final observations and infos of the finished episodes)."""
         group = self.group
         k = len(group)
         s = group.step(actions, infos=True)
         arrays: dict[str, np.ndarray] = {
-            "obs": group.obs.copy(),
+            **({} if self._tree_obs else {"obs": group.obs.copy()}),
             "rewards": s.rewards,
             "terminations": s.terminations,
             "truncations": s.truncations,
@@ -141,10 +154,25 @@ class EnvWorker:
             arrays.update(ep_mask=ep_mask, ep_r=ep_r, ep_l=ep_l, ep_t=ep_t)
             if group.autoreset == SAME_STEP:
                 arrays["final_idx"] = idx.astype(np.int32)
-                arrays["final_obs"] = np.stack(s.final_obs)
+                if not self._tree_obs:
+                    arrays["final_obs"] = np.stack(s.final_obs)
                 arrays.update({f"finfo/{key}": v for key, v in s.final_infos.items()})
         arrays.update({f"info/{key}": v for key, v in s.infos.items()})
-        return Message("step", {"version": self.version}, arrays)
+        reply = Message("step", {"version": self.version}, arrays)
+        if self._tree_obs:
+            self._put_obs(reply, "obs", list(group.obs))
+            if s.ended and group.autoreset == SAME_STEP:
+                self._put_obs(reply, "final_obs", s.final_obs)
+        return reply
+
+    def _put_obs(self, msg: Message, prefix: str, values: list[Any]) -> None:
+        """Observations of a space other than Box and Discrete, leaf by leaf (:mod:`frugalrl.envs.spaces`)."""
+        to_message(msg, self.obs_space, batch(self.obs_space, values), prefix, "observations")
+
+    def _check_inference(self) -> None:
+        if self._tree_obs or self._tree_act:
+            raise WorkerError(f"worker-side inference needs Box observations and Box or Discrete actions, not "
+                              f"{self.obs_space} and {self.act_space}: choose the actions on the head, step(actions)")
 
     # ------------------------------------------------------------------ operations
     def _op_ping(self, msg: Message) -> Message:
@@ -158,17 +186,27 @@ class EnvWorker:
             # Used after a restart: envs reset on the next step, as after a truncation.
             self.group.needs_reset[:] = True
             return Message("ok", {"worker": self.index})
-        infos = self.group.reset_all(None if seed is None else int(seed) + self.first_env, msg.meta.get("options"))
-        arrays = {"obs": self.group.obs.copy(), **{f"info/{key}": v for key, v in infos.items()}}
-        return Message("reset", {"worker": self.index}, arrays)
+        infos = self.group.reset_all(None if seed is None else int(seed) + self.first_env, msg.meta.get("options"),
+                                     msg.meta.get("seeds"), msg.meta.get("mask"))
+        arrays = {f"info/{key}": v for key, v in infos.items()}
+        reply = Message("reset", {"worker": self.index}, arrays)
+        if self._tree_obs:
+            self._put_obs(reply, "obs", list(self.group.obs))
+        else:
+            reply.arrays["obs"] = self.group.obs.copy()
+        return reply
 
     def _op_step(self, msg: Message) -> Message:
+        if self._tree_act:
+            tree = from_message(msg, self.act_space, "actions")
+            return self._step_reply([item(self.act_space, tree, i) for i in range(len(self.group))])
         actions = msg.arrays["actions"]
         if not self._box:
-            actions = actions.astype(np.int64)  # compact on the wire; envs get plain integers
+            actions = actions.astype(self.act_space.dtype)  # compact on the wire; envs get the space's integers
         return self._step_reply(actions)  # actions the head chose reach the envs unclipped, as in Gymnasium
 
     def _op_act_step(self, msg: Message) -> Message:
+        self._check_inference()
         actions, params = self._policy(self.group.obs)
         reply = self._step_reply(clip_actions(self.act_space, actions))
         # Envs that were autoresetting (NEXT_STEP) ignored their action; it is still reported.
@@ -180,6 +218,10 @@ class EnvWorker:
         entries, arrays = call_envs(self.group.envs, msg.meta)
         return Message("called", {"worker": self.index, "results": entries}, arrays,
                        kinds={name: "control" for name in arrays})
+
+    def _op_spaces(self, msg: Message) -> Message:
+        """Whether every env has the head's spaces (:func:`frugalrl.envs.spaces.check_worker_spaces`)."""
+        return Message("ok", {"worker": self.index, **same_spaces(self.group.envs, msg.meta)})
 
     def _op_weights(self, msg: Message) -> Message:
         spec = msg.meta.get("spec")
@@ -268,6 +310,7 @@ class EnvWorker:
         (``params``), ``next_obs`` (k,...), ``final_idx`` (K,2) int32 [step, env] and ``final_obs`` (K,...) for
         every finished episode, and the finished episodes' ``ep_r``, ``ep_l``, ``ep_env``.
         """
+        self._check_inference()
         version = self.version
         f = collect_fragment(self.group, self._policy, int(msg.meta["num_steps"]))  # it checks num_steps
         assert f.params is not None and self.policy is not None
