@@ -45,7 +45,7 @@ from frugalrl.envs.calls import EnvCalls
 from frugalrl.envs.checkpoint import Checkpoints
 from frugalrl.envs.pool import AsyncSteps
 from frugalrl.envs.restarts import CrashLoopRule, Replacements
-from frugalrl.envs.spaces import Batches, check_worker_spaces, probe
+from frugalrl.envs.spaces import Batches, check_inference, check_worker_spaces, probe
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype
 from frugalrl.experience import space_shape
@@ -171,8 +171,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         self.single_action_space: gym.spaces.Discrete | gym.spaces.Box = probed.single_action_space  # type: ignore[assignment]
         self._obs_batches = Batches(self.single_observation_space, self.num_envs, self.envs_per_worker)
         self._act_batches = Batches(self.single_action_space, self.num_envs, self.envs_per_worker)
-        if replayable and not self._inference_ok():
-            raise ValueError("replayable=True (checkpoints) needs Box observations and Box or Discrete actions")
+        if replayable:
+            check_inference(self.single_observation_space, self.single_action_space, "replayable=True (checkpoints)")
 
         self._action_wire_dtype = (
             compact_int_dtype(self.single_action_space)
@@ -419,14 +419,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
     def _check_open(self) -> None:
         self._idle("a method")
 
-    def _inference_ok(self) -> bool:
-        return self._obs_batches.simple and not isinstance(self.single_observation_space, gym.spaces.Discrete) \
-            and self._act_batches.simple
-
     def _check_inference(self) -> None:
-        if not self._inference_ok():
-            raise TypeError(f"worker-side inference (step(agent), rollout) needs Box observations and Box or Discrete "
-                            f"actions, not {self.single_observation_space} and {self.single_action_space}")
+        check_inference(self.single_observation_space, self.single_action_space)
 
     def _request(
         self, requests: dict[int, Message], on_failure: Callable[[int, str], Message | None]

@@ -38,6 +38,13 @@ def is_simple(space: gym.Space) -> bool:
     return isinstance(space, S.Box | S.Discrete)
 
 
+def check_inference(obs_space: gym.Space, act_space: gym.Space,
+                    what: str = "worker-side inference (step(agent), rollout)") -> None:
+    """``TypeError`` unless observations are a Box and actions a Box or Discrete (what agents take)."""
+    if not (isinstance(obs_space, S.Box) and is_simple(act_space)):
+        raise TypeError(f"{what} needs Box observations and Box or Discrete actions, not {obs_space} and {act_space}")
+
+
 def check_space(space: gym.Space, what: str) -> None:
     """``ValueError`` for a space with a part that is not one of Gymnasium's own (its values cannot travel as
     data without pickling them)."""
