@@ -318,14 +318,11 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
             raise RuntimeError("call reset() before step()")
         if not self._act_batches.simple:  # leaf by leaf (frugalrl.envs.spaces)
             requests = self._act_batches.split(actions, "actions", "actions")
-            return lambda: self._finish_step(self._request_step(requests))
-        actions = check_actions(self.single_action_space, self.num_envs, actions)
-        k = self.envs_per_worker
-        if self._action_wire_dtype is not None:
-            actions = actions.astype(self._action_wire_dtype)  # uint8 for most Discrete spaces
-        requests = {
-            w: Message("step", {}, {"actions": actions[w * k : (w + 1) * k]}) for w in range(self.num_workers)
-        }
+        else:
+            actions, k = check_actions(self.single_action_space, self.num_envs, actions), self.envs_per_worker
+            if self._action_wire_dtype is not None:
+                actions = actions.astype(self._action_wire_dtype)  # uint8 for most Discrete spaces
+            requests = {w: Message("step", {}, {"actions": actions[w * k : (w + 1) * k]}) for w in range(self.num_workers)}
         return lambda: self._finish_step(self._request_step(requests))
 
     def rollout(self, agent: torch.nn.Module, num_steps: int) -> Rollout:
