@@ -39,7 +39,7 @@ T = TypeVar("T")
 PARENT_POLL_S = 1.0
 #: A yield longer than this means a process that is not waiting on us took the core for a time slice (a yield to
 #: the process we wait for, e.g. a learner's inference, is shorter): spinning stops (:func:`spin`).
-SPIN_CONTENDED_S = 0.5e-3
+SPIN_CONTENDED_S = 2e-3
 #: How long a process that met contention while spinning blocks instead.
 SPIN_BACKOFF_S = 0.5
 """How often a waiting child checks that its parent is still there."""
