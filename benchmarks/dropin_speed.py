@@ -7,8 +7,8 @@ env steps per second:
   async     ``AsyncVectorEnv`` of ``W`` processes with ``num_envs / W`` envs each (a sub-env that steps k envs),
             policy in this process: the same process layout as ClusterEnv's
   step      ``ClusterEnv.step(actions)`` (``W`` workers), policy in this process: the drop-in path
-  pool      ``ClusterEnv.send`` / ``recv`` (EnvPool's API): the policy runs on one worker's envs while the
-            other workers step theirs
+  pool      ``ClusterEnv.send`` / ``recv`` (EnvPool's API, batches of at least half the workers' envs): the
+            policy runs on the envs that are back while the other workers step theirs
   rollout   ``ClusterEnv.rollout(agent, T)``: the policy runs on the workers (DETACH)
 
 The methods are built once, warmed up, then timed in ``--repeats`` rounds in a rotating order so that all of them
@@ -109,11 +109,13 @@ class Method:
             for _ in range(max(1, steps // T)):
                 env.rollout(agent, T)
             return max(1, steps // T) * T * self.n
-        if self.name == "pool":
-            for _ in range(steps * self.W):  # each recv is one worker's envs
-                obs, _, _, _, info = env.recv()
+        if self.name == "pool":  # EnvPool's batch: half the envs (half the workers) per recv
+            done = 0
+            while done < steps * self.n:
+                obs, _, _, _, info = env.recv(min_workers=max(1, self.W // 2))
                 env.send(_policy(agent, obs), info["env_id"])
-            return steps * self.n
+                done += len(obs)
+            return done
         obs = self.obs
         for _ in range(steps):
             if self.name == "async":  # (W, k, ...) observations: one policy call on all of them

@@ -371,6 +371,18 @@ def t_throughput(_: str) -> list[Table]:
     return [Table(["env steps/s", *envs], rows, [s.name], [s("machine", "command")], align="l" + "r" * len(envs))]
 
 
+def t_dropin_speed(_: str) -> list[Table]:
+    s = Source("dropin_speed")
+    names = ("async", "step", "pool", "rollout")
+    rows = []
+    for i, row in enumerate(s("rows")):
+        rows.append([[f"{row['env']}, {row['workers']} workers × {row['envs_per_worker']} envs"],
+                     [s.num("rows", i, "steps_per_s", "sync", fmt=",.0f")],
+                     *[[s.num("rows", i, "vs_sync", m, fmt=".2f", suffix="×")] for m in names]])
+    return [Table(["env, layout", "SyncVectorEnv steps/s", "AsyncVectorEnv (k per process)", "ClusterEnv step()",
+                   "send / recv", "rollout()"], rows, [s.name], [s("command")], align="lrrrrr")]
+
+
 UNRECORDED_COMMANDS = {  # result files that do not record the command that wrote them
     "impala_ablation": "python benchmarks/impala_ablation.py",
     "ray_overhead": "python benchmarks/ray_overhead.py",
@@ -414,6 +426,7 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "shaped_links": t_shaped_links,
     "ray_overhead": t_ray_overhead,
     "throughput": t_throughput,
+    "dropin_speed": t_dropin_speed,
 }
 DEFAULT_ARG = {"headline": "site", "aaps": "aaps_sweep", "pipeline_suite": "pipeline_suite", "dpsgd_speedup": "dpsgd_speedup_lda",
                "hsa2c_vs_sync": "hsa2c_vs_sync_defaults", "hsa2c_link": "hsa2c_link", "a2c_reference": "a2c_reference", "lda": "lda_baselines", "lda_seeds": "synthetic",

@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
     from frugalrl.envs.backends.base import Backend
     from frugalrl.envs.restarts import CrashLoopRule
+    from frugalrl.envs.spaces import Batches
+
+
+#: The arrays of a step reply without infos, episode statistics or final observations.
+_PLAIN = {"obs", "rewards", "terminations", "truncations"}
 
 
 class AsyncSteps:
@@ -48,18 +53,22 @@ class AsyncSteps:
         autoreset_mode: AutoresetMode
         restart_rule: CrashLoopRule
         _obs: np.ndarray | None
+        _obs_batches: Batches
+        _act_batches: Batches
         _action_wire_dtype: np.dtype | None
 
         def _check_open(self) -> None: ...
         def _restart(self, w: int, reason: str) -> None: ...
         def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message: ...
         def _accept(self, w: int, reply: Message) -> Message: ...
+        def _note_codecs(self, reply: Message) -> None: ...
         def _finish_step(self, result: tuple[dict[int, Message], list[int]]
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]: ...
 
     def async_reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         """Reset every env (env ``j`` with ``seed + j``); the first observations come from :meth:`recv`."""
         self._check_open()
+        self._check_pool()
         self._check_idle(range(self.num_workers))
         if self._obs is None:
             shape = space_shape(self.single_observation_space)
@@ -72,6 +81,7 @@ class AsyncSteps:
         """Step the envs ``env_id`` (default: all) with ``actions`` (one row per id, in the order of the ids);
         returns at once. The ids must make up whole workers' envs (``infos["env_id"]`` of a :meth:`recv`)."""
         self._check_open()
+        self._check_pool()
         n, k = self.num_envs, self.envs_per_worker
         ids = np.arange(n) if env_id is None else np.asarray(env_id).reshape(-1)
         if ids.dtype.kind not in "iu" or ids.size == 0 or ids.min() < 0 or ids.max() >= n:
@@ -121,12 +131,27 @@ class AsyncSteps:
                 result.arrays.update(rewards=np.zeros(k), terminations=np.zeros(k, bool),
                                      truncations=np.zeros(k, bool))
             replies[w] = result
-        obs, rewards, terms, truncs, infos = self._finish_step((replies, restarted))
         k = self.envs_per_worker
         ids = np.concatenate([np.arange(w * k, (w + 1) * k) for w in sorted(results)])
+        if not restarted and all(r.arrays.keys() == _PLAIN for r in replies.values()):  # the common step: no infos
+            parts = [replies[w] for w in sorted(replies)]
+            assert self._obs is not None, "async_reset() or reset() came first"
+            for w, r in zip(sorted(replies), parts, strict=True):
+                self._obs[w * k : (w + 1) * k] = r.arrays["obs"]
+                self._note_codecs(r)
+            return (np.concatenate([r.arrays["obs"] for r in parts]),
+                    np.concatenate([r.arrays["rewards"] for r in parts]).astype(np.float64, copy=False),
+                    np.concatenate([r.arrays["terminations"] for r in parts]),
+                    np.concatenate([r.arrays["truncations"] for r in parts]), {"env_id": ids})
+        obs, rewards, terms, truncs, infos = self._finish_step((replies, restarted))
         out = _take(infos, ids, self.num_envs)
         out["env_id"] = ids
         return obs[ids], rewards[ids], terms[ids], truncs[ids], out
+
+    def _check_pool(self) -> None:
+        if not (self._obs_batches.simple and self._act_batches.simple):
+            raise TypeError("send/recv take Box or Discrete observations and actions, not "
+                            f"{self.single_observation_space} and {self.single_action_space}")
 
     def _check_idle(self, workers: Any) -> None:
         busy = sorted(self._in_flight.intersection(workers))

@@ -274,7 +274,9 @@ class SB3VecEnv(VecEnv):
                 self.reset_infos[i] = _env_info(vinfos, i, _VECTOR_KEYS)
                 if final_obs is None or final_obs[i] is None:  # pragma: no cover - ClusterEnv's SameStep contract
                     raise RuntimeError(f"ClusterEnv ended env {i}'s episode without its final observation")
-                info["terminal_observation"] = self._sb3_obs(np.asarray(final_obs[i]), batch=False)
+                last = final_obs[i]  # an array, or a dict / tuple for ClusterEnv's native composite spaces
+                info["terminal_observation"] = self._sb3_obs(last if isinstance(last, dict | tuple) else
+                                                             np.asarray(last), batch=False)
                 if self.record_episodes or (not stepped[i] and self._is_wrapped(i, Monitor)):
                     info["episode"] = {"r": round(float(self._returns[i]), 6), "l": int(self._lengths[i]), "t": now}
                 if "episode" in info:
