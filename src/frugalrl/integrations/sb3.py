@@ -372,7 +372,7 @@ class SB3VecEnv(VecEnv):
             return True
         return any(issubclass(w, wrapper_class) for w in self._probe(j).wrappers)
 
-    def _sb3_obs(self, obs: np.ndarray, batch: bool = True) -> Any:
+    def _sb3_obs(self, obs: Any, batch: bool = True) -> Any:
         """ClusterEnv's (flattened) observations in the envs' own space."""
         if not self._flat_obs:
             return obs
