@@ -86,6 +86,7 @@ def main() -> None:
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
+    np.random.seed(args.seed)  # the minibatch shuffles (CleanRL seeds it too)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 
