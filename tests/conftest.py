@@ -14,6 +14,20 @@ TESTS_DIR = str(Path(__file__).resolve().parent)
 if TESTS_DIR not in sys.path:  # worker processes inherit sys.path, so envs_for_tests imports there too
     sys.path.insert(0, TESTS_DIR)
 
+# Spinning (the local backend's processes poll for 1 ms before they block) changes when a message is read, never what:
+# most tests run without it, because with dozens of short-lived processes on two cores it costs the suite minutes.
+# The modules of the local backend's core (`spinning` below) run its default, spinning included.
+os.environ.setdefault("FRUGALRL_SPIN_MS", "0")
+
+
+@pytest.fixture(scope="module")
+def spinning():
+    """The local backend's default waiting for the whole module: processes spin before they block."""
+    old = os.environ.pop("FRUGALRL_SPIN_MS", None)
+    yield
+    if old is not None:
+        os.environ["FRUGALRL_SPIN_MS"] = old
+
 
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, parent pid) of ``pid`` from /proc, or None if it does not exist."""

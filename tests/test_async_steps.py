@@ -14,6 +14,11 @@ from frugalrl import ClusterEnv
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _spin(spinning):
+    """The local backend's default waiting, spinning included (tests/conftest.py turns it off elsewhere)."""
+
+
 def _actions(env_ids: np.ndarray, t: np.ndarray) -> np.ndarray:
     return ((t[env_ids] + env_ids) // 3 % 2).astype(np.int64)  # a fixed sequence per env
 

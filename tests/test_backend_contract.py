@@ -24,6 +24,11 @@ from frugalrl import ClusterEnv
 
 pytestmark = pytest.mark.timeout(120)
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _spin(spinning):
+    """The local backend's default waiting, spinning included (tests/conftest.py turns it off elsewhere)."""
+
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 RAY = pytest.param("ray", marks=pytest.mark.skipif(not HAVE_RAY, reason="backend='ray' needs Ray"))
 ALL = ["serial", "local", RAY]

@@ -194,3 +194,16 @@ def test_spin_returns_when_ready_gives_up_in_time_and_backs_off_under_contention
     polls.clear()
     assert not process.spin(lambda: polls.append(1) or False, 1.0)
     assert len(polls) == 1  # backing off: one look, no spinning
+
+
+def test_frugalrl_spin_ms_sets_the_local_backends_spin_and_a_bad_value_is_one_clear_line(monkeypatch):
+    from frugalrl.envs.backends.local import SPIN_S, spin_seconds
+
+    monkeypatch.delenv("FRUGALRL_SPIN_MS", raising=False)
+    assert spin_seconds() == SPIN_S
+    monkeypatch.setenv("FRUGALRL_SPIN_MS", "0.25")
+    assert spin_seconds() == 0.00025
+    for bad in ("fast", "-1", "5000"):
+        monkeypatch.setenv("FRUGALRL_SPIN_MS", bad)
+        with pytest.raises(ValueError, match=r"FRUGALRL_SPIN_MS must be a number of milliseconds in \[0, 1000\]"):
+            spin_seconds()

@@ -51,10 +51,25 @@ _ENTRY = "frugalrl.envs.backends.local:worker_entry"
 _SHM_NOTE = struct.Struct("<4sQ")
 _SHM_MAGIC = b"SHM!"
 _MIN_ARENA = 1 << 16
-#: How long a process waiting for a message first polls without blocking (yielding its core between polls): a
-#: message that comes within it is taken without waking a sleeping process, which costs tens of microseconds
-#: (more in a virtual machine) on every step. A worker spins only while requests have been coming that soon.
+#: How long a process waiting for a message first polls without blocking (yielding its core between polls), unless
+#: the environment variable ``FRUGALRL_SPIN_MS`` says otherwise (0: never): a message that comes within it is taken
+#: without waking a sleeping process, which costs tens of microseconds (more in a virtual machine) on every step. A
+#: worker spins only while requests have been coming that soon.
 SPIN_S = 0.001
+
+
+def spin_seconds() -> float:
+    """:data:`SPIN_S`, or ``FRUGALRL_SPIN_MS`` (milliseconds) where it is set."""
+    value = os.environ.get("FRUGALRL_SPIN_MS")
+    if value is None:
+        return SPIN_S
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1.0
+    if not 0.0 <= ms <= 1000.0:
+        raise ValueError(f"FRUGALRL_SPIN_MS must be a number of milliseconds in [0, 1000], got {value!r}")
+    return ms / 1000.0
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
@@ -147,12 +162,12 @@ def worker_entry() -> None:
     arena_in: Arena | None = None
     arena_out: Arena | None = None
     codec = Codec()
-    spin = SPIN_S
+    spin = most = spin_seconds()
     try:
         while True:
             idle = time.perf_counter()
             link.wait(spin)
-            spin = SPIN_S if time.perf_counter() - idle < SPIN_S else 0.0  # spin again while requests come soon
+            spin = most if time.perf_counter() - idle < most else 0.0  # spin again while requests come soon
             msg, _ = codec.recv(link.channel, arena_in)
             if msg.op == "close":
                 return
@@ -185,6 +200,7 @@ class LocalBackend(Backend):
         self._arena_sizes = (_MIN_ARENA, _MIN_ARENA)
         self._closed = False
         self._codec = Codec()
+        self._spin = spin_seconds()
         self._pending: dict[int, tuple[Child, float, bool]] = {}  # posted, not answered: (child, deadline, meter)
         self._failed: dict[int, WorkerFailure] = {}  # posted but could not be sent
 
@@ -362,7 +378,7 @@ class LocalBackend(Backend):
             return bool(events)
 
         while len(results) < need:
-            if not spin(ready, SPIN_S):  # a reply that comes soon is taken without a wake-up
+            if not spin(ready, self._spin):  # a reply that comes soon is taken without a wake-up
                 first = min(self._pending[w][1] for w in wanted if w in self._pending)
                 events[:] = poller.poll(int(max(0.0, min(1.0, first - time.monotonic())) * 1000) + 1)
             for fd, _ in events:
