@@ -16,7 +16,7 @@ if TESTS_DIR not in sys.path:  # worker processes inherit sys.path, so envs_for_
 
 # Spinning (the local backend's processes poll for 1 ms before they block) changes when a message is read, never what:
 # most tests run without it, because with dozens of short-lived processes on two cores it costs the suite minutes.
-# The modules of the local backend's core (`spinning` below) run its default, spinning included.
+# The backend contract and send/recv modules (`spinning` below) run the default, spinning included.
 os.environ.setdefault("FRUGALRL_SPIN_MS", "0")
 
 

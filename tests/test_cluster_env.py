@@ -15,11 +15,6 @@ from frugalrl import ClusterEnv, make_agent
 
 pytestmark = pytest.mark.timeout(120)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _spin(spinning):
-    """The local backend's default waiting, spinning included (tests/conftest.py turns it off elsewhere)."""
-
 BACKENDS = ["serial", "local"]
 SEED = 123
 W, K = 2, 2  # workers, envs per worker

@@ -205,7 +205,7 @@ def test_sigterm_to_the_batch_script_reaches_the_run(tmp_path):
         time.sleep(0.1)
     proc.terminate()
     out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 75 and "got TERM" in out
+    assert proc.returncode == 75 and "got TERM" in out, (out, _records(log))
     assert ["scontrol", "requeue", "7"] in _records(log)
 
 

@@ -174,6 +174,8 @@ def requeue_lines(command: list[str]) -> list[str]:
     resumed = command_line([*head, "--resume", "RUNPATH"]).replace(q("RUNPATH"), '"$run_path"')
     return [
         f"run_path={run_path}",
+        "term_pending=0  # a signal that comes while the run starts is passed on as soon as it has started",
+        "trap 'term_pending=1' INT TERM",
         'if [[ -f "$run_path/checkpoints/latest.pt" ]]; then  # a requeued job: continue the run',
         '    echo "frugalrl slurm: resuming $run_path (restart ${SLURM_RESTART_COUNT:-0})"',
         f"    {resumed} &",
@@ -183,10 +185,11 @@ def requeue_lines(command: list[str]) -> list[str]:
         "train_pid=$!",
         """trap 'kill -TERM "$train_pid" 2>/dev/null || true' TERM  # the time limit is near: checkpoint""",
         """trap 'kill -TERM "$train_pid" 2>/dev/null || true' INT  # (a background job ignores SIGINT)""",
-        "while true; do",
-        '    rc=0; wait "$train_pid" || rc=$?',
-        '    kill -0 "$train_pid" 2>/dev/null || break  # a signal interrupted the wait, not the run',
+        """if (( term_pending )); then kill -TERM "$train_pid" 2>/dev/null || true; fi""",
+        'while kill -0 "$train_pid" 2>/dev/null; do  # a signal interrupts a wait, not the run',
+        '    wait "$train_pid" || true',
         "done",
+        'rc=0; wait "$train_pid" || rc=$?  # the run\'s own exit status (bash keeps it once the run has ended)',
         "trap 'exit 143' INT TERM",
         "if (( rc == 75 )); then  # preempted and saved: run again",
         '    echo "frugalrl slurm: the run is saved; requeueing job $SLURM_JOB_ID"',
