@@ -132,14 +132,16 @@ class Codec:
     def recv(self, conn: Channel, arena: Arena | None) -> tuple[Message, dict[str, int]]:
         """The next message on ``conn`` and its sizes by kind."""
         data = conn.recv_bytes()
-        if data[:4] == SHARED_MAGIC or (len(data) == _SHM_NOTE.size and data[:4] == _SHM_MAGIC):
-            if arena is None:
-                raise RuntimeError("shared-memory note received but no arena is attached")
-            if data[:4] == SHARED_MAGIC:
-                return self.frames.read(data, arena.buf)
-            (_, n) = _SHM_NOTE.unpack(data)
-            return self.wire.decode(memoryview(arena.buf)[:n])
-        return self.wire.decode(data)
+        magic = data[:4]
+        shared = magic == SHARED_MAGIC
+        if not shared and not (len(data) == _SHM_NOTE.size and magic == _SHM_MAGIC):
+            return self.wire.decode(data)  # the message itself
+        if arena is None:
+            raise RuntimeError("shared-memory note received but no arena is attached")
+        if shared:
+            return self.frames.read(data, arena.buf)
+        (_, n) = _SHM_NOTE.unpack(data)
+        return self.wire.decode(memoryview(arena.buf)[:n])
 
 
 def _build_worker(config: dict[str, Any]) -> EnvWorker:
