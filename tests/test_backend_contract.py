@@ -31,7 +31,7 @@ def _spin(spinning):
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 RAY = pytest.param("ray", marks=pytest.mark.skipif(not HAVE_RAY, reason="backend='ray' needs Ray"))
-ALL = ["serial", "local", RAY]
+ALL = ["serial", "local", "local+inline", RAY]
 WITH_PROCESSES = ["local", RAY]  # backends whose workers are processes that can die
 W, K = 2, 2
 N = W * K
@@ -47,9 +47,13 @@ def backend(request):
 
 
 def make(backend: str, *args, **kwargs) -> ClusterEnv:
-    """A ClusterEnv on ``backend`` (Ray actors reserve no CPU, so that several fit on a small machine)."""
+    """A ClusterEnv on ``backend`` (Ray actors reserve no CPU, so that several fit on a small machine; ``local`` has
+    every worker in a process, ``local+inline`` worker 0 in this one)."""
     if backend == "ray":
         kwargs.setdefault("ray_num_cpus", 0)
+    if backend.startswith("local"):
+        kwargs.setdefault("inline_workers", 1 if backend == "local+inline" else 0)
+        backend = "local"
     return ClusterEnv(*args, backend=backend, **kwargs)
 
 
@@ -118,7 +122,7 @@ def test_same_rollouts_and_bytes_as_serial(backend, closing):
 @pytest.mark.parametrize("backend", ALL, indirect=True)
 def test_reset_step_rollout_shapes(backend, closing):
     env = closing(make(backend, "CartPole-v1", W, K, seed=3))
-    assert env.num_envs == N and env.backend.name == backend
+    assert env.num_envs == N and env.backend.name == backend.split("+")[0]
     obs, infos = env.reset(seed=3)
     assert obs.shape == (N, 4) and obs.dtype == np.float32 and isinstance(infos, dict)
     obs, rewards, terms, truncs, infos = env.step(np.zeros(N, dtype=np.int64))
@@ -225,7 +229,7 @@ def test_env_that_fails_in_a_worker_is_a_clear_error_at_start(backend):
 def test_close_is_idempotent_and_leaves_no_process(backend):
     env = make(backend, "CartPole-v1", 1, 2, seed=0)
     pids = list(env.backend.worker_pids().values())
-    if backend != "serial":
+    if backend in ("local", "ray"):  # the one worker of local+inline is in this process
         assert len(pids) == 1 and all(pid_alive(p) for p in pids)
     if backend == "local":
         assert set(pids) <= set(worker_children())

@@ -79,7 +79,7 @@ def test_bad_flags_give_clear_errors(tmp_path):
 def _start_training(tmp_path) -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "frugalrl.cli", "train", "ppo", *TINY, "--total-timesteps", "10000000",
-         "--run-dir", str(tmp_path)],
+         "--inline-workers", "0", "--run-dir", str(tmp_path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         # Ctrl-C as a terminal delivers it: a shell's background job (`cmd &` without job control, as CI scripts
         # may run pytest) inherits SIGINT ignored, and a Python started so keeps ignoring it

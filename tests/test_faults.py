@@ -48,7 +48,7 @@ def close_and_check(env: ClusterEnv, pids: set[int]) -> None:
 
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
 def test_kill_during_head_side_step(mode, closing):
-    env = closing(ClusterEnv("CartPole-v1", W, K, backend="local", seed=1, autoreset_mode=mode))
+    env = closing(ClusterEnv("CartPole-v1", W, K, backend="local", inline_workers=0, seed=1, autoreset_mode=mode))
     pids = set(env.backend.worker_pids().values())
     obs, _ = env.reset(seed=1)
     zeros = np.zeros(N, dtype=np.int64)
@@ -80,7 +80,7 @@ def test_kill_during_head_side_step(mode, closing):
 
 
 def test_kill_during_step_with_agent(closing):
-    env = closing(ClusterEnv("CartPole-v1", W, K, backend="local", seed=2))
+    env = closing(ClusterEnv("CartPole-v1", W, K, backend="local", inline_workers=0, seed=2))
     pids = set(env.backend.worker_pids().values())
     agent = agent_for(env)
     env.reset(seed=2)
@@ -111,7 +111,7 @@ def test_kill_during_step_with_agent(closing):
 
 
 def test_kill_mid_rollout(closing):
-    env = closing(ClusterEnv("CartPole-v1", W, 1, backend="local", seed=3))
+    env = closing(ClusterEnv("CartPole-v1", W, 1, backend="local", inline_workers=0, seed=3))
     pids = set(env.backend.worker_pids().values())
     agent = agent_for(env)
     T = 4000
@@ -145,7 +145,7 @@ def test_hanging_worker_is_declared_dead_and_replaced(tmp_path, closing):
     marker = str(tmp_path / "hung-once")
     env = closing(
         ClusterEnv(
-            "envs_for_tests:HangingEnv", 1, 1, backend="local", seed=5, worker_timeout=2.0,
+            "envs_for_tests:HangingEnv", 1, 1, backend="local", inline_workers=0, seed=5, worker_timeout=2.0,
             env_kwargs={"hang_after": 5, "marker": marker},
         )
     )
@@ -170,7 +170,7 @@ def test_worker_that_always_hangs_is_a_crash_loop_given_up_after_back_off():
     ``crash_loop_tries`` times, after 0 s then 0.25 s of back-off, then WorkersFailed names it and its errors, the
     env is closed and no process is left."""
     env = ClusterEnv(
-        "envs_for_tests:HangingEnv", 1, 1, backend="local", seed=6, worker_timeout=1.5, crash_loop_tries=2,
+        "envs_for_tests:HangingEnv", 1, 1, backend="local", inline_workers=0, seed=6, worker_timeout=1.5, crash_loop_tries=2,
         env_kwargs={"hang_after": 1},
     )
     pids = set(env.backend.worker_pids().values())
@@ -193,7 +193,7 @@ def test_worker_that_always_hangs_is_a_crash_loop_given_up_after_back_off():
 def test_worker_that_dies_while_starting_is_replaced(tmp_path):
     """SIGKILL while a worker builds its envs (the first attempt only): the env starts anyway, on a replacement."""
     marker = str(tmp_path / "died")
-    env = ClusterEnv("envs_for_tests:DiesWhileStartingEnv", 2, 1, backend="local", seed=1,
+    env = ClusterEnv("envs_for_tests:DiesWhileStartingEnv", 2, 1, backend="local", inline_workers=0, seed=1,
                      env_kwargs={"head_pid": os.getpid(), "marker": marker})
     try:
         assert os.path.exists(marker)
@@ -209,7 +209,7 @@ def test_worker_that_never_starts_fails_in_seconds():
     """Every attempt dies while starting: a crash loop, given up after its tries (no retry storm)."""
     t0 = time.monotonic()
     with pytest.raises(WorkersFailed, match=r"worker 0 failed 3 times in a row .*died or hung while starting"):
-        ClusterEnv("envs_for_tests:DiesWhileStartingEnv", 1, 1, backend="local", seed=1, crash_loop_tries=2,
+        ClusterEnv("envs_for_tests:DiesWhileStartingEnv", 1, 1, backend="local", inline_workers=0, seed=1, crash_loop_tries=2,
                    env_kwargs={"head_pid": os.getpid()})
     assert time.monotonic() - t0 < 0.25 + DETECT_S
 
@@ -217,7 +217,7 @@ def test_worker_that_never_starts_fails_in_seconds():
 def test_silent_worker_while_shared_memory_grows_is_replaced(closing):
     """A worker that stops answering just when a longer rollout grows the shared-memory arenas."""
     # The timeout must cover a healthy 4000-step rollout on a loaded 2-core CI machine.
-    env = closing(ClusterEnv("CartPole-v1", W, 1, backend="local", seed=7, worker_timeout=8.0))
+    env = closing(ClusterEnv("CartPole-v1", W, 1, backend="local", inline_workers=0, seed=7, worker_timeout=8.0))
     agent = agent_for(env)
     env.rollout(agent, 8)
     pid = env.backend.worker_pids()[1]
@@ -255,7 +255,7 @@ def test_a_worker_over_its_memory_bound_is_recycled_between_rollouts(closing, mo
     """A worker whose env leaks 1 MiB per step passes its bound: it is replaced before the next rollout, which
     is whole and from a fresh process; the replacement's memory is back near the start."""
     monkeypatch.setattr(ClusterEnv, "memory_check_s", 0.0)
-    env = closing(ClusterEnv("envs_for_tests:LeakyEnv", 1, 1, backend="local", seed=0, env_kwargs={"leak_kb": 1024}))
+    env = closing(ClusterEnv("envs_for_tests:LeakyEnv", 1, 1, backend="local", inline_workers=0, seed=0, env_kwargs={"leak_kb": 1024}))
     agent = agent_for(env)
     env.rollout(agent, 4)
     start = env.backend.worker_rss_mb()[0]

@@ -208,7 +208,7 @@ def test_needs_same_step_autoreset():
 
 
 def test_close_is_idempotent_and_stops_the_workers():
-    venv = make_sb3_vec_env("CartPole-v1", W, 1, seed=0)
+    venv = make_sb3_vec_env("CartPole-v1", W, 1, seed=0, inline_workers=0)
     pids = list(venv.cluster.backend.worker_pids().values())
     venv.reset()
     venv.close()
@@ -219,7 +219,7 @@ def test_close_is_idempotent_and_stops_the_workers():
 
 
 def test_a_killed_worker_ends_its_envs_episodes_as_truncated(closing):
-    venv = closing(make_sb3_vec_env("CartPole-v1", W, K, seed=1))
+    venv = closing(make_sb3_vec_env("CartPole-v1", W, K, seed=1, inline_workers=0))
     obs = venv.reset()
     zeros = np.zeros(N, dtype=np.int64)
     for _ in range(3):

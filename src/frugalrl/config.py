@@ -218,6 +218,10 @@ class ClusterConfig(ConfigPart):
     """A worker that dies again before completing a request is replaced this many times in a row (after back-offs
     of 0, 0.25, 0.5, ... up to 4 s), then the run stops with its checkpoint; one that dies after useful work is
     always replaced."""
+    inline_workers: int | None = None
+    """Local backend: how many workers run in the learner's process (stepped while the other workers step theirs;
+    their envs share its fate: no isolation, memory limit or timeout). None: as many as keep the worker processes
+    fewer than the cores; 0: every worker in a process of its own."""
     worker_memory_mb: float | None = 2048.0
     """A worker process over this resident memory (MB) is replaced between two rollouts, its envs starting new
     episodes, so that an env that leaks cannot take a long run down (local backend; None: never)."""

@@ -32,6 +32,7 @@ from gymnasium.vector import AutoresetMode
 
 from frugalrl.envs.asynccalls import AsyncCalls
 from frugalrl.envs.backends import BACKENDS, make_backend
+from frugalrl.envs.backends import inline_workers as inline_workers_of
 from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
 from frugalrl.envs.batching import (
     assemble_rollout,
@@ -77,6 +78,9 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         env: a Gymnasium id (``"CartPole-v1"``), a ``"module:function"`` factory path, a callable
             returning a ``gymnasium.Env``, or an :class:`~frugalrl.envs.spec.EnvSpec`.
         num_workers: worker processes (or in-process workers for ``backend="serial"``).
+        inline_workers: ``backend="local"``: how many of the workers run in this process, stepped while the others
+            step theirs (no process isolation for them: a crash or hang of their envs is this process's; no
+            memory limit or timeout). None: as many as keep the worker processes fewer than the cores.
         envs_per_worker: environments stepped by each worker.
         backend: ``"local"`` (processes, the default), ``"serial"`` (in-process reference) or ``"ray"``
             (Ray actors, spread across the nodes of a Ray cluster; needs ``pip install 'frugalrl[ray]'``).
@@ -114,6 +118,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         num_workers: int = 2,
         envs_per_worker: int = 1,
         backend: str = "local",
+        inline_workers: int | None = None,
         sync: SyncRule | None = None,
         seed: int | None = None,
         *,
@@ -212,9 +217,9 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
                          uplink_options)
             for w in range(self.num_workers)
         ]
-        self.backend = make_backend(
-            backend, configs, self.meter, float(worker_timeout), ray_address=ray_address, ray_num_cpus=ray_num_cpus
-        )
+        self.inline_workers = inline_workers_of(backend, self.num_workers, inline_workers)
+        self.backend = make_backend(backend, configs, self.meter, float(worker_timeout), inline=self.inline_workers,
+                                    ray_address=ray_address, ray_num_cpus=ray_num_cpus)
         died = self.backend.start()
         self.closed = False
         _register_close(self)
@@ -242,6 +247,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         """The ClusterEnv a run config describes (its :class:`~frugalrl.config.RunConfig` env and seed, its
         :class:`~frugalrl.config.ClusterConfig` workers, backend, sync rule, codec and uplink)."""
         return cls(cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
+                   inline_workers=cfg.inline_workers,
                    sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec,
                    uplink=cfg.uplink_options(), ray_address=cfg.ray_address, replayable=replayable,
                    worker_memory_mb=cfg.worker_memory_mb, crash_loop_tries=cfg.crash_loop_tries)

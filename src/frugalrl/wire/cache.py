@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from frugalrl.wire import codecs as _codecs
-from frugalrl.wire.message import _PREFIX, Message, decode_message, encode_message
+from frugalrl.wire.message import _PREFIX, Message, decode_message, encode_message, message_sizes
 
 
 class WireCache:
@@ -37,11 +37,26 @@ class WireCache:
     def __init__(self) -> None:
         self._enc: dict[tuple, list | None] = {}
         self._dec: dict[bytes, list | None] = {}
+        self._sizes: dict[tuple, dict[str, int]] = {}
+
+    # ------------------------------------------------------------------ sizes
+    def sizes(self, msg: Message) -> dict[str, int]:
+        """``message_sizes(msg)``: what ``msg`` would take on the wire, for a message that does not travel (a worker
+        in the caller's process). A fixed-size shape's sizes depend on its shape alone, so they are kept."""
+        key = shape_key(msg)
+        if key is None:
+            return message_sizes(msg)
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            sizes = message_sizes(msg)
+            if len(self._sizes) < self.MAX_SHAPES:
+                self._sizes[key] = sizes
+        return dict(sizes)
 
     # ------------------------------------------------------------------ encode
     def encode(self, msg: Message) -> tuple[bytes, dict[str, int]]:
         """``encode_message(msg)``."""
-        key = _shape_key(msg)
+        key = shape_key(msg)
         if key is None:
             return encode_message(msg)
         entry = self._enc.get(key)
@@ -113,7 +128,7 @@ _PLAIN_META = (str, int, bool, float, type(None))
 _PLAIN_KEY = (str, int, bool, type(None))  # floats are left out: 0.0 == -0.0 but they encode differently
 
 
-def _shape_key(msg: Message) -> tuple | None:
+def shape_key(msg: Message) -> tuple | None:
     """What a message's header is a function of, or None if the cache should not handle it."""
     if type(msg) is not Message or type(msg.op) is not str or type(msg.meta) is not dict:
         return None

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from frugalrl.wire import codecs as _codecs
+from frugalrl.wire.cache import shape_key
 from frugalrl.wire.message import (
     _PREFIX,
     Message,
@@ -65,7 +66,7 @@ class SharedFrames:
     def write(self, msg: Message, buf: Any) -> tuple[bytes, dict[str, int]] | None:
         """Write ``msg``'s arrays into ``buf`` and return the note and the message's sizes by kind; None (nothing
         written) if ``msg`` cannot travel this way (a lossy or compressing codec, or too big for ``buf``)."""
-        key = _key(msg)
+        key = shape_key(msg)
         if key is None:
             return None
         entry = self._enc.get(key)
@@ -98,23 +99,6 @@ class SharedFrames:
         arrays = {name: data[offset : offset + dtype.itemsize * math.prod(shape)].view(dtype).reshape(shape)
                   for name, dtype, shape, offset in layout}
         return Message(op, dict(meta), arrays, dict(msg_codecs), dict(kinds)), dict(sizes)
-
-
-def _key(msg: Message) -> tuple | None:
-    """What a message's note and layout are a function of, or None for one this module does not handle."""
-    if type(msg) is not Message or type(msg.op) is not str or type(msg.meta) is not dict:
-        return None
-    meta = []
-    for k, v in msg.meta.items():
-        if type(k) is not str or type(v) not in (str, int, bool, type(None)):  # floats: 0.0 == -0.0
-            return None
-        meta.append((k, type(v), v))
-    arrays = []
-    for name, arr in msg.arrays.items():
-        if type(arr) is not np.ndarray or type(name) is not str:
-            return None
-        arrays.append((name, arr.dtype.str, arr.shape, msg.codecs.get(name, "raw"), msg.kinds.get(name)))
-    return (msg.op, tuple(meta), tuple(arrays))
 
 
 def _learn(msg: Message) -> tuple | None:

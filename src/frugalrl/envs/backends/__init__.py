@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig
@@ -10,10 +11,28 @@ from frugalrl.wire.meter import ByteMeter
 BACKENDS = ("serial", "local", "ray")
 
 
+def inline_workers(backend: str, num_workers: int, inline: int | None) -> int:
+    """How many workers run in the head's process: ``inline`` (local backend only), or where None, as many as keep
+    the worker processes fewer than the cores this process may use (one is the head's). The head waits while the
+    workers step, so it can step some envs itself; a process more than there are cores only adds wake-ups."""
+    if inline is not None:
+        if isinstance(inline, bool) or not isinstance(inline, int) or not 0 <= inline <= num_workers:
+            raise ValueError(f"inline_workers must be an integer in [0, num_workers={num_workers}] or None, "
+                             f"got {inline!r}")
+        if inline and backend != "local":
+            raise ValueError(f"inline_workers applies to backend='local' only, not {backend!r}")
+        return inline
+    if backend != "local":
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, num_workers - (cores - 1))
+
+
 def make_backend(
     name: str, configs: list[WorkerConfig], meter: ByteMeter, timeout: float, **options: Any
 ) -> Backend:
-    """Build the backend called ``name`` (``options``: ``ray_address``, ``ray_num_cpus`` for Ray)."""
+    """Build the backend called ``name`` (``options``: ``inline`` for the local backend, ``ray_address`` and
+    ``ray_num_cpus`` for Ray)."""
     if name == "serial":
         from frugalrl.envs.backends.serial import SerialBackend
 
@@ -21,7 +40,7 @@ def make_backend(
     if name == "local":
         from frugalrl.envs.backends.local import LocalBackend
 
-        return LocalBackend(configs, meter, timeout)
+        return LocalBackend(configs, meter, timeout, inline=options.get("inline", 0))
     if name == "ray":
         try:
             from frugalrl.envs.backends.ray import RayBackend

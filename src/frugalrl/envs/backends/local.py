@@ -1,4 +1,5 @@
-"""The local backend: one OS process per worker, a socket pair for messages, shared memory for big ones.
+"""The local backend: one OS process per worker, a socket pair for messages, shared memory for big ones; or, for
+its first ``inline`` workers, the head's own process (stepped while the processes step theirs).
 
 Workers are children of :mod:`frugalrl.process` (``python -c ...`` with ``subprocess``, not
 ``multiprocessing``): the user's main script is never re-imported (no ``if __name__ == "__main__"``
@@ -36,6 +37,7 @@ from frugalrl.envs.backends.base import (
     config_to_json,
     worker_from_json,
 )
+from frugalrl.envs.backends.serial import InProcessWorkers
 from frugalrl.process import Child, ParentGone, ParentLink, spawn, spin
 from frugalrl.wire.cache import WireCache
 from frugalrl.wire.channel import POLLIN, Channel
@@ -194,9 +196,11 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    def __init__(self, configs: list[WorkerConfig], meter: ByteMeter, timeout: float) -> None:
+    def __init__(self, configs: list[WorkerConfig], meter: ByteMeter, timeout: float, inline: int = 0) -> None:
         super().__init__(configs, meter, timeout)
         self._config_json = [config_to_json(c, "local") for c in configs]  # fails early on unpicklable factories
+        # The first ``inline`` workers run in this process, stepped while the others' replies are on their way.
+        self.inline = InProcessWorkers({w: configs[w] for w in range(inline)}, meter)
         self.children: list[Child | None] = [None] * len(configs)
         self._arenas: list[tuple[Arena, Arena] | None] = [None] * len(configs)  # (down, up) of each worker
         self._arena_sizes = (_MIN_ARENA, _MIN_ARENA)
@@ -210,10 +214,16 @@ class LocalBackend(Backend):
     def start(self) -> dict[int, str]:
         """Start every process and wait until each has built its environments; returns those that died or hung
         while starting (see :meth:`Backend.start`)."""
-        for w in range(self.num_workers):
+        processes = [w for w in range(self.num_workers) if w not in self.inline]
+        for w in processes:
             self._spawn(w)
+        try:
+            self.inline.start()
+        except BaseException:
+            self.close()
+            raise
         failed: dict[int, str] = {}
-        for w in range(self.num_workers):
+        for w in processes:
             try:
                 self._await_ready(w)
             except WorkerStartFailed as e:
@@ -276,7 +286,10 @@ class LocalBackend(Backend):
                     self._child(w).kill()
 
     def restart(self, worker: int) -> None:
-        """Kill (if needed) and replace one worker process with fresh arenas."""
+        """Kill (if needed) and replace one worker process with fresh arenas (rebuild an in-process one)."""
+        if worker in self.inline:
+            self.inline.restart(worker)
+            return
         self._stop(worker, grace=0.0)
         self._spawn(worker)
         self._await_ready(worker)
@@ -297,6 +310,7 @@ class LocalBackend(Backend):
         deadline = time.monotonic() + 3.0
         for w in range(self.num_workers):
             self._stop(w, grace=max(0.0, deadline - time.monotonic()))
+        self.inline.close()
 
     def _stop(self, w: int, grace: float) -> None:
         """Let worker ``w`` exit for up to ``grace`` seconds, then kill it; release everything."""
@@ -338,6 +352,9 @@ class LocalBackend(Backend):
         if self._closed:
             raise RuntimeError("backend is closed")
         for w, msg in requests.items():
+            if w in self.inline:
+                self.inline.post(w, msg, meter)
+                continue
             if w in self._pending or w in self._failed:
                 raise RuntimeError(f"worker {w} already has a request in flight")
             child = self.children[w]
@@ -356,12 +373,16 @@ class LocalBackend(Backend):
                 self.meter.add_message(sizes, w, DOWN)
 
     def _gather(self, workers: Iterable[int] | None, at_least: int | None) -> dict[int, Message | WorkerFailure]:
-        wanted = list(self._pending) + list(self._failed) if workers is None else list(workers)
-        unknown = [w for w in wanted if w not in self._pending and w not in self._failed]
+        inline = self.inline.posted
+        wanted = [*self._pending, *self._failed, *inline] if workers is None else list(workers)
+        unknown = [w for w in wanted if w not in self._pending and w not in self._failed and w not in inline]
         if unknown:
             raise RuntimeError(f"no request in flight for worker(s) {unknown}")
         need = len(wanted) if at_least is None else max(1, min(at_least, len(wanted)))
         results: dict[int, Message | WorkerFailure] = {w: self._failed.pop(w) for w in wanted if w in self._failed}
+        # This process's own workers step while the others' replies are on their way; when not all replies are
+        # needed, one already in is taken first (the caller can work on it while an own worker's request waits).
+        own = [w for w in wanted if w in inline]
         # One poll set for this wait: each pending worker's socket and pidfd (a worker that dies is seen at
         # once); a worker leaves the set as soon as it has answered.
         poller = select.poll()
@@ -376,11 +397,15 @@ class LocalBackend(Backend):
         events: list[tuple[int, int]] = []
 
         def ready() -> bool:
-            events[:] = poller.poll(0)
+            events[:] = poller.poll(0) if owner else ()
             return bool(events)
 
         while len(results) < need:
-            if not spin(ready, self._spin):  # a reply that comes soon is taken without a wake-up
+            if own and (at_least is None or not ready()):
+                w = own.pop(0)
+                results[w] = self.inline.answer(w)
+                continue
+            if not events and not spin(ready, self._spin):  # a reply that comes soon is taken without a wake-up
                 first = min(self._pending[w][1] for w in wanted if w in self._pending)
                 events[:] = poller.poll(int(max(0.0, min(1.0, first - time.monotonic())) * 1000) + 1)
             for fd, _ in events:
@@ -403,6 +428,7 @@ class LocalBackend(Backend):
                     results[w] = WorkerFailure(w, f"process died (exit code {child.reap()})")
                 poller.unregister(child.channel.fileno())
                 poller.unregister(child.pidfd)
+            events.clear()
             now = time.monotonic()
             for w in wanted:
                 if w in self._pending and now >= self._pending[w][1]:

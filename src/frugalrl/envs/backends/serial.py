@@ -1,10 +1,73 @@
-"""The serial backend: every worker in this process, called in turn. The reference for tests."""
+"""Workers in the calling process: the serial backend (all of them; the reference for tests) and the local
+backend's in-process workers (:class:`InProcessWorkers`).
+
+A worker in this process is called directly: nothing is encoded, and each message is metered with the sizes its
+encoding would have (:meth:`~frugalrl.wire.cache.WireCache.sizes`), so that every backend counts the same bytes.
+Such a worker cannot die on its own or be timed out: an env that crashes the process or hangs takes the caller
+with it, which is why only the local backend's ``inline_workers`` (and this backend) run envs here.
+"""
 
 from __future__ import annotations
 
-from frugalrl.envs.backends.base import Backend, WorkerFailure, build_worker
-from frugalrl.wire.message import Message, message_sizes
-from frugalrl.wire.meter import DOWN, UP
+from typing import TYPE_CHECKING
+
+from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, build_worker
+from frugalrl.wire.cache import WireCache
+from frugalrl.wire.message import Message
+from frugalrl.wire.meter import DOWN, UP, ByteMeter
+
+if TYPE_CHECKING:
+    from frugalrl.envs.worker import EnvWorker
+
+
+class InProcessWorkers:
+    """Workers of some indices, built and called in this process; requests are posted, then answered in turn."""
+
+    def __init__(self, configs: dict[int, WorkerConfig], meter: ByteMeter) -> None:
+        self.configs = configs
+        self.meter = meter
+        self.workers: dict[int, EnvWorker] = {}
+        self.posted: dict[int, tuple[Message, bool]] = {}  # worker -> (request, metered)
+        self._wire = WireCache()
+
+    def __contains__(self, worker: object) -> bool:
+        return worker in self.configs
+
+    def start(self) -> None:
+        """Build every worker (an env that fails to build raises here)."""
+        for w, config in self.configs.items():
+            self.workers[w] = build_worker(config)
+
+    def post(self, worker: int, msg: Message, meter: bool = True) -> None:
+        """Take a request for ``worker`` (answered by :meth:`answer`)."""
+        if worker in self.posted:
+            raise RuntimeError(f"worker {worker} already has a request in flight")
+        if meter:
+            self.meter.add_message(self._wire.sizes(msg), worker, DOWN)
+        self.posted[worker] = (msg, meter)
+
+    def answer(self, worker: int) -> Message:
+        """Run ``worker`` on its posted request; its reply (an ``error`` reply if the request raised)."""
+        msg, meter = self.posted.pop(worker)
+        reply = self.workers[worker].handle(msg)
+        if meter:
+            self.meter.add_message(self._wire.sizes(reply), worker, UP)
+        return reply
+
+    def restart(self, worker: int) -> None:
+        """Rebuild a worker in place (its posted request, if any, is forgotten)."""
+        self.posted.pop(worker, None)
+        old = self.workers.pop(worker, None)
+        if old is not None:
+            old.close()
+        self.workers[worker] = build_worker(self.configs[worker])
+
+    def close(self) -> None:
+        """Close every env."""
+        self.posted.clear()
+        workers, self.workers = self.workers, {}
+        for w in workers.values():
+            w.close()
 
 
 class SerialBackend(Backend):
@@ -12,31 +75,33 @@ class SerialBackend(Backend):
 
     name = "serial"
 
+    def __init__(self, configs: list[WorkerConfig], meter: ByteMeter, timeout: float) -> None:
+        super().__init__(configs, meter, timeout)
+        self.inline = InProcessWorkers(dict(enumerate(configs)), meter)
+
+    @property
+    def workers(self) -> dict[int, EnvWorker]:
+        """The workers, by index."""
+        return self.inline.workers
+
     def start(self) -> dict[int, str]:
         """Build every worker in this process (none can die while starting)."""
-        self.workers = [build_worker(c) for c in self.configs]
+        self.inline.start()
         return {}
 
     def request(self, requests: dict[int, Message]) -> dict[int, Message | WorkerFailure]:
         """Call each worker directly; bytes are metered as if the messages had been encoded."""
         replies: dict[int, Message | WorkerFailure] = {}
-        sizes_cache: dict[int, dict[str, int]] = {}
         for w, msg in requests.items():
-            sizes = sizes_cache.setdefault(id(msg), message_sizes(msg))
-            self.meter.add_message(sizes, w, DOWN)
-            reply = self.workers[w].handle(msg)
-            self.meter.add_message(message_sizes(reply), w, UP)
-            replies[w] = reply
+            self.inline.post(w, msg)
+            replies[w] = self.inline.answer(w)
         return replies
 
     def restart(self, worker: int) -> None:
         """Rebuild a worker in place."""
         self._posted.pop(worker, None)
-        self.workers[worker].close()
-        self.workers[worker] = build_worker(self.configs[worker])
+        self.inline.restart(worker)
 
     def close(self) -> None:
         """Close every env."""
-        for w in getattr(self, "workers", []):
-            w.close()
-        self.workers = []
+        self.inline.close()
