@@ -25,6 +25,7 @@ env that raises) come back as an ``error`` message that the head turns into an e
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -46,6 +47,7 @@ from frugalrl.experience import (
     space_shape,
 )
 from frugalrl.nets import ActorCritic, PolicySpec, build_policy
+from frugalrl.npactor import NumpyActor
 from frugalrl.wire.message import Message, decode_state_dict
 from frugalrl.wire.uplink import UplinkCodecs, UplinkOptions
 
@@ -90,6 +92,8 @@ class EnvWorker:
         self.policy_spec: dict[str, Any] | None = None
         self.version = -1
         self.generator = torch.Generator().manual_seed(_seed_for(seed, index))
+        self._np_held: tuple[int, ...] = ()  # what _np_actor was built from: the policy's identity and tensor versions
+        self._np_actor: NumpyActor | None = None
         self._box = isinstance(self.act_space, gym.spaces.Box)
         # Discrete actions travel in the smallest integer type that holds them (uint8 for most envs).
         self._action_wire_dtype = (compact_int_dtype(self.act_space) if isinstance(self.act_space, gym.spaces.Discrete)
@@ -117,9 +121,16 @@ class EnvWorker:
 
     # ------------------------------------------------------------------ helpers
     def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Actions sampled from the cached policy and its distribution's parameters (float32)."""
+        """Actions sampled from the cached policy and its distribution's parameters (float32); a plain MLP agent
+        runs in numpy (:mod:`frugalrl.npactor`), rebuilt whenever its weights change."""
         if self.policy is None:
             raise WorkerError(f"worker {self.index} has no policy yet: weights must be sent before acting")
+        held = (id(self.policy), *(t._version for t in itertools.chain(self.policy.parameters(), self.policy.buffers())))
+        if held != self._np_held:
+            self._np_held, self._np_actor = held, NumpyActor.of(self.policy)
+        if self._np_actor is not None:
+            np_params = self._np_actor.params(obs)
+            return self._np_actor.sample(np_params, self.generator), np_params
         # inference_mode skips autograd's bookkeeping (version counters, views): same numbers, less time.
         with torch.inference_mode():
             params = self.policy.dist_params(torch.from_numpy(obs))

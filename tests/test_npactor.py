@@ -1,0 +1,96 @@
+"""The numpy actor the workers act with: PyTorch's distribution parameters, a correct sampler, rebuilt on new weights."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from frugalrl import make_agent
+from frugalrl.envs.backends.base import WorkerConfig, build_worker
+from frugalrl.envs.spec import to_env_spec
+from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic
+from frugalrl.npactor import NumpyActor
+from frugalrl.wire.message import Message, encode_state_dict
+
+pytestmark = pytest.mark.timeout(60)
+
+BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+OBS = gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)
+
+
+def _obs(n: int, seed: int = 0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((n, 5)) * 3).astype(np.float32)
+
+
+@pytest.mark.parametrize("action", [gym.spaces.Discrete(4), BOX])
+@pytest.mark.parametrize("options", [{}, {"activation": "relu", "hidden": (32, 16, 8)}, {"obs_norm": True}])
+def test_parameters_are_pytorchs(action, options):
+    agent = make_agent(OBS, action, **options)
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        if agent.obs_norm is not None:
+            agent.obs_norm.mean.fill_(0.5)
+            agent.obs_norm.var.fill_(4.0)
+    actor = NumpyActor.of(agent)
+    assert actor is not None
+    obs = _obs(64)
+    with torch.no_grad():
+        expected = agent.dist_params(torch.from_numpy(obs)).numpy()
+    got = actor.params(obs)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_other_agents_keep_pytorch():
+    assert NumpyActor.of(make_agent(OBS, BOX, sde=True)) is None
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    assert NumpyActor.of(NatureCNNActorCritic((4, 84, 84), {"type": "discrete", "n": 3})) is None
+    assert NumpyActor.of(make_agent(frames, gym.spaces.Discrete(3))) is None
+
+    class Custom(MLPActorCritic):
+        pass
+
+    assert NumpyActor.of(Custom(5, {"type": "discrete", "n": 2})) is None  # a subclass may change dist_params
+
+
+def test_samples_follow_the_distribution():
+    g = torch.Generator().manual_seed(0)
+    logits = np.array([[2.0, 0.0, -1.0, -30.0, 0.5]], dtype=np.float32).repeat(40_000, 0)
+    actor = NumpyActor([], "categorical", None, None)
+    draws = actor.sample(logits, g)
+    assert draws.dtype == np.int64 and draws.min() >= 0 and draws.max() <= 4
+    p = np.exp(logits[0] - logits[0].max())
+    p /= p.sum()
+    freq = np.bincount(draws, minlength=5) / len(draws)
+    assert np.all(np.abs(freq - p) < 4 * np.sqrt(p * (1 - p) / len(draws)) + 1e-4)
+    assert freq[3] == 0.0  # a probability of e^-32 is not drawn in 40k tries
+
+    params = np.array([[1.0, -2.0, np.log(0.5), np.log(3.0)]], dtype=np.float32).repeat(40_000, 0)
+    draws = NumpyActor([], "gaussian", None, None).sample(params, g)
+    assert draws.dtype == np.float32 and draws.shape == (40_000, 2)
+    np.testing.assert_allclose(draws.mean(0), [1.0, -2.0], atol=0.05)
+    np.testing.assert_allclose(draws.std(0), [0.5, 3.0], rtol=0.03)
+
+
+def test_a_worker_acts_with_the_weights_it_holds():
+    """New weights (a new version) are what the worker's next actions come from."""
+    worker = build_worker(WorkerConfig(0, to_env_spec("CartPole-v1", None), 4, 0, "NextStep", True, 0))
+    worker.handle(Message("reset", {"seed": 0}))
+    env = gym.make("CartPole-v1")
+    agent = make_agent(env.observation_space, env.action_space)
+    for version in (1, 2):
+        with torch.no_grad():
+            agent.actor[-1].weight.mul_(50.0)  # sharper logits at each version
+        msg = encode_state_dict(agent.state_dict())
+        msg.meta = {"version": version, "spec": agent.spec.to_json()}
+        assert worker.handle(msg).op == "ok"
+        reply = worker.handle(Message("act_step"))
+        assert reply.op == "step", reply.meta
+        obs = worker.group.obs.copy()  # after the step: act again on known states
+        reply = worker.handle(Message("act_step"))
+        with torch.no_grad():
+            expected = agent.dist_params(torch.from_numpy(obs)).numpy()
+        np.testing.assert_allclose(reply.arrays["dist_params"], expected, rtol=1e-5, atol=1e-5)
