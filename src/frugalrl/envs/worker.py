@@ -92,7 +92,9 @@ class EnvWorker:
         self.policy_spec: dict[str, Any] | None = None
         self.version = -1
         self.generator = torch.Generator().manual_seed(_seed_for(seed, index))
-        self._np_held: tuple[int, ...] = ()  # what _np_actor was built from: the policy's identity and tensor versions
+        self._np_of: ActorCritic | None = None  # the policy _np_actor was built from, its tensors and their versions
+        self._np_tensors: list[torch.Tensor] = []
+        self._np_held: tuple[int, ...] | None = None
         self._np_actor: NumpyActor | None = None
         self._box = isinstance(self.act_space, gym.spaces.Box)
         # Discrete actions travel in the smallest integer type that holds them (uint8 for most envs).
@@ -125,7 +127,11 @@ class EnvWorker:
         runs in numpy (:mod:`frugalrl.npactor`), rebuilt whenever its weights change."""
         if self.policy is None:
             raise WorkerError(f"worker {self.index} has no policy yet: weights must be sent before acting")
-        held = (id(self.policy), *(t._version for t in itertools.chain(self.policy.parameters(), self.policy.buffers())))
+        if self._np_of is not self.policy:  # a new policy object: its tensors, whose versions tell any change
+            self._np_of, self._np_tensors = self.policy, list(itertools.chain(self.policy.parameters(),
+                                                                                 self.policy.buffers()))
+            self._np_held = None
+        held = tuple(t._version for t in self._np_tensors)
         if held != self._np_held:
             self._np_held, self._np_actor = held, NumpyActor.of(self.policy)
         if self._np_actor is not None:
