@@ -109,18 +109,21 @@ def weights_update(new: Words, base: Words | None, meta: dict[str, Any], base_ve
 
 def _code_changes(arrays: dict[str, np.ndarray], msg_codecs: dict[str, str], size: int, xor: np.ndarray,
                   changed: np.ndarray) -> None:
-    """Add the cheaper coding of one word size's changes: the whole XOR, or the changed words' indices and XOR."""
+    """Add the cheaper coding of one word size's changes: the whole XOR, or the changed words' indices and XOR
+    (whose indices are only coded where their values alone are smaller than the whole XOR)."""
     dense = len(codecs.encode(xor, "zstd"))
-    gaps = rice.gaps(changed)
-    k, sum_q = rice.plan(gaps)
-    index = np.frombuffer(_K.pack(k) + rice.encode(gaps, k, sum_q), dtype=np.uint8)
     values = xor[changed]
-    if index.size + len(codecs.encode(values, "zstd")) + _SPEC_NBYTES < dense:
-        arrays[f"{_INDEX}{size}"], arrays[f"{_VALUES}{size}"] = index, values
-        msg_codecs[f"{_VALUES}{size}"] = "zstd"
-    else:
-        arrays[f"{_XOR}{size}"] = xor
-        msg_codecs[f"{_XOR}{size}"] = "zstd"
+    sparse = len(codecs.encode(values, "zstd")) + _SPEC_NBYTES
+    if sparse < dense:
+        gaps = rice.gaps(changed)
+        k, sum_q = rice.plan(gaps)
+        index = np.frombuffer(_K.pack(k) + rice.encode(gaps, k, sum_q), dtype=np.uint8)
+        if index.size + sparse < dense:
+            arrays[f"{_INDEX}{size}"], arrays[f"{_VALUES}{size}"] = index, values
+            msg_codecs[f"{_VALUES}{size}"] = "zstd"
+            return
+    arrays[f"{_XOR}{size}"] = xor
+    msg_codecs[f"{_XOR}{size}"] = "zstd"
 
 
 def apply_delta(base: Words, arrays: Mapping[str, np.ndarray]) -> Words:
