@@ -9,7 +9,8 @@ from frugalrl.nets import MLPActorCritic, build_policy
 from frugalrl.normalize import ObsNormalizer, ReturnScaler, RunningMeanStd
 from frugalrl.sync import EveryUpdate
 from frugalrl.sync_state import PolicySync
-from frugalrl.wire.message import decode_message, decode_state_dict, encode_message
+from frugalrl.wire.delta import HeldWeights, from_words
+from frugalrl.wire.message import decode_message, encode_message
 
 BOX = {"type": "box", "shape": [2], "low": [-1.0, -1.0], "high": [1.0, 1.0]}
 
@@ -39,11 +40,16 @@ def test_statistics_travel_exactly_with_lossy_weights_and_rebuild_anywhere():
     torch.manual_seed(0)
     agent = MLPActorCritic(4, BOX, [16], obs_norm=True)
     agent.obs_norm.update(torch.randn(100, 4) * 7 + 3)
-    msg = PolicySync(1, EveryUpdate(), "bf16", 16).message(agent)
-    assert msg.codecs["w/obs_norm.mean"] == "raw" and msg.codecs["w/actor.0.weight"] == "bf16"
+    sync = PolicySync(1, EveryUpdate(), "bf16", 16)
+    sync.track(agent)
+    msg = sync.message(agent)
+    # The statistics travel as they are (float64), the weights as bf16 code words.
+    assert msg.arrays["w/obs_norm.mean"].dtype == np.float64 and msg.arrays["w/actor.0.weight"].dtype == np.uint16
     decoded, sizes = decode_message(encode_message(msg)[0])
-    worker_copy = build_policy(agent.spec)  # how a worker builds it: from the spec, then the tensors
-    worker_copy.load_state_dict(decode_state_dict(decoded))
+    worker_copy = build_policy(decoded.meta["spec"])  # how a worker builds it: from the spec, then the tensors
+    like = {k: (tuple(t.shape), t.numpy().dtype) for k, t in worker_copy.state_dict().items()}
+    state = from_words(HeldWeights().resolve(decoded), like, decoded.meta["codec"])
+    worker_copy.load_state_dict({k: torch.from_numpy(a) for k, a in state.items()})
     assert torch.equal(worker_copy.obs_norm.mean, agent.obs_norm.mean)
     assert torch.equal(worker_copy.obs_norm.var, agent.obs_norm.var)
     obs = torch.randn(8, 4) * 7 + 3

@@ -7,12 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from frugalrl import make_agent
-from frugalrl.envs.backends.base import WorkerConfig, build_worker
-from frugalrl.envs.spec import to_env_spec
+from frugalrl import ClusterEnv, make_agent
 from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic
 from frugalrl.npactor import NumpyActor
-from frugalrl.wire.message import Message, encode_state_dict
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,21 +73,18 @@ def test_samples_follow_the_distribution():
 
 
 def test_a_worker_acts_with_the_weights_it_holds():
-    """New weights (a new version) are what the worker's next actions come from."""
-    worker = build_worker(WorkerConfig(0, to_env_spec("CartPole-v1", None), 4, 0, "NextStep", True, 0))
-    worker.handle(Message("reset", {"seed": 0}))
-    env = gym.make("CartPole-v1")
-    agent = make_agent(env.observation_space, env.action_space)
-    for version in (1, 2):
-        with torch.no_grad():
-            agent.actor[-1].weight.mul_(50.0)  # sharper logits at each version
-        msg = encode_state_dict(agent.state_dict())
-        msg.meta = {"version": version, "spec": agent.spec.to_json()}
-        assert worker.handle(msg).op == "ok"
-        reply = worker.handle(Message("act_step"))
-        assert reply.op == "step", reply.meta
-        obs = worker.group.obs.copy()  # after the step: act again on known states
-        reply = worker.handle(Message("act_step"))
-        with torch.no_grad():
-            expected = agent.dist_params(torch.from_numpy(obs)).numpy()
-        np.testing.assert_allclose(reply.arrays["dist_params"], expected, rtol=1e-5, atol=1e-5)
+    """New weights (a new version) are what the workers' next actions come from."""
+    env = ClusterEnv("CartPole-v1", 1, 4, backend="serial", seed=0)
+    agent = make_agent(env.single_observation_space, env.single_action_space)
+    obs, _ = env.reset(seed=0)
+    try:
+        for _ in range(3):
+            with torch.no_grad():
+                agent.actor[-1].weight.mul_(50.0)  # sharper logits at each version: each step syncs
+            before = obs
+            obs, *_, infos = env.step(agent)
+            with torch.no_grad():
+                expected = agent.dist_params(torch.from_numpy(before)).numpy()
+            np.testing.assert_allclose(infos["dist_params"], expected, rtol=1e-5, atol=1e-5)
+    finally:
+        env.close()

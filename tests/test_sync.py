@@ -95,8 +95,9 @@ def _pg_step(agent, opt, ro) -> None:
     opt.step()
 
 
-def _train(rule, iters: int = 10, backend: str = "serial") -> dict:
-    env = ClusterEnv("CartPole-v1", W, K, backend=backend, sync=rule, seed=11)
+def _train(rule, iters: int = 10, backend: str = "serial", weights_delta: bool = False) -> dict:
+    """``iters`` rollouts and policy-gradient steps; full copies every sync unless ``weights_delta``."""
+    env = ClusterEnv("CartPole-v1", W, K, backend=backend, sync=rule, seed=11, weights_delta=weights_delta)
     try:
         agent = _agent(env)
         opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
@@ -123,7 +124,7 @@ def test_aaps_syncs_less_than_every_update():
     assert len(aaps["weight_syncs"]["per_worker"]) == W
     assert sum(aaps["weight_syncs"]["per_worker"]) == aaps["weight_syncs"]["total"]
     assert all(c >= 1 for c in aaps["weight_syncs"]["per_worker"])  # the first sync always happens
-    # Bytes follow syncs: the same weights message is sent per sync.
+    # Bytes follow syncs: the same full weights message is sent per sync (deltas off).
     per_sync = every["bytes"]["weights"] / every["weight_syncs"]["total"]
     assert aaps["bytes"]["weights"] == per_sync * aaps["weight_syncs"]["total"]
     assert aaps["bytes"]["weights"] < every["bytes"]["weights"]

@@ -415,7 +415,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     syncs = summary.get("weight_syncs") or {}
     if syncs.get("total"):
         per_worker = f" (per worker {syncs['per_worker']})" if syncs.get("per_worker") else ""
-        lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}")
+        deltas = f", {syncs['delta']} as deltas" if syncs.get("delta") else ""
+        lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}{deltas}")
     lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")
     for key in ("eval_disagreement", "eval_regression"):
         if summary.get(key):

@@ -199,6 +199,10 @@ class ClusterConfig(ConfigPart):
     weights_codec: WeightsCodec = "fp32"
     """How weights travel to the workers: fp32, bf16, fp16 or int8 (a symmetric scale per tensor, on the wire
     only: the workers act with the decoded float weights)."""
+    weights_delta: bool = True
+    """A worker that holds an older copy of the weights is sent only what changed (the XOR of the codec's words
+    with its copy, compressed, or the changed words alone), when that is smaller than a full copy; exact: it
+    ends with the very weights a full copy gives. False: a full copy every sync."""
     uplink: Uplink = "auto"
     """How experience is compressed on its way from the workers (lossless: the learner gets the very same
     arrays): 'auto' (byte-plane shuffle + zstd, stacked image frames sent one new frame per step, each stream

@@ -9,14 +9,17 @@ actions it took there and their log-probabilities. From full parameters the KL i
 version) and knows the policy the workers run after decoding it (which differs from the learner's
 with a lossy codec), so that AAPS compares the learner with what a worker really holds.
 
-It holds no transport: :class:`~frugalrl.envs.cluster.ClusterEnv` sends the message to the workers that
-:meth:`PolicySync.select` returns and reports them back with :meth:`PolicySync.sent`.
+It also keeps the copy each worker acknowledged (its version, the words of :mod:`frugalrl.wire.delta`) and the
+policy spec it holds: a worker that holds an older copy is sent a delta against it when that is smaller (``delta``),
+and the spec only when it does not hold it. It holds no transport: :meth:`PolicySync.push` sends through the
+callable :class:`~frugalrl.envs.cluster.ClusterEnv` gives it, to the workers :meth:`PolicySync.select` returns.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -28,13 +31,10 @@ import torch
 from frugalrl import dists
 from frugalrl.nets import ActorCritic
 from frugalrl.sync import SyncContext, SyncRule
-from frugalrl.wire.message import (
-    Message,
-    decode_message,
-    decode_state_dict,
-    encode_message,
-    encode_state_dict,
-)
+from frugalrl.wire.delta import Words, from_words, full_message, to_words, weights_update
+from frugalrl.wire.message import Message
+
+log = logging.getLogger("frugalrl")
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,14 @@ class Evidence:
 
 
 class PolicySync:
-    """Versions, sync counts and AAPS's recent states of ``num_workers`` workers."""
+    """Versions, sync counts, the copy each of ``num_workers`` workers holds and AAPS's recent states."""
 
-    def __init__(self, num_workers: int, rule: SyncRule, weights_codec: str, kl_states: int) -> None:
+    def __init__(self, num_workers: int, rule: SyncRule, weights_codec: str, kl_states: int,
+                 delta: bool = True) -> None:
         self.rule = rule
         self.weights_codec = weights_codec
         self.kl_states = kl_states
+        self.delta = bool(delta)
         self.learner_version = 0
         self.worker_versions: list[int | None] = [None] * num_workers
         self.sync_counts = np.zeros(num_workers, dtype=np.int64)
@@ -69,7 +71,13 @@ class PolicySync:
         self.recent: list[Evidence | None] = [None] * num_workers
         self._fingerprint: tuple[int, ...] | None = None
         self._tracked: weakref.ref[ActorCritic] | None = None
-        self._message: Message | None = None
+        self.delta_syncs = 0  # syncs sent as a delta (the others are full copies)
+        # What each worker acknowledged holding: the version of its words (a delta's base) and the spec.
+        self._bases: list[int | None] = [None] * num_workers
+        self._specs: list[dict[str, Any] | None] = [None] * num_workers
+        self._words: dict[int, Words] = {}  # the learner's version's words and those of the bases
+        self._spec: dict[str, Any] | None = None
+        self._messages: dict[tuple[str, int | bool], Message] = {}  # the learner's version's, by base or spec
         self._held: ActorCritic | None = None
 
     # ------------------------------------------------------------------ versions
@@ -89,7 +97,7 @@ class PolicySync:
             self._fingerprint = fingerprint
             self._tracked = weakref.ref(agent)
             self.learner_version += 1
-            self._message = None
+            self._messages = {}
             self._held = None
 
     def stale(self) -> list[int]:
@@ -101,23 +109,63 @@ class PolicySync:
         ctx = SyncContext(self.learner_version, list(self.worker_versions), self._kl_estimator(agent))
         return self.rule.select(ctx)
 
-    def message(self, agent: ActorCritic) -> Message:
-        """The weights message of the learner's version (encoded once per version)."""
-        if self._message is None:
-            msg = encode_state_dict(agent.state_dict(), self.weights_codec, getattr(agent, "exact_tensors", ()))
-            msg.meta = {"version": self.learner_version, "spec": agent.spec.to_json()}
-            self._message = msg
-        return self._message
+    def words(self, agent: ActorCritic) -> Words:
+        """The learner's version's code words (:func:`frugalrl.wire.delta.to_words`, made once per version)."""
+        v = self.learner_version
+        if v not in self._words:
+            state = {k: t.detach().cpu().numpy() for k, t in agent.state_dict().items()}
+            self._words[v] = to_words(state, self.weights_codec, getattr(agent, "exact_tensors", ()))
+            self._spec = agent.spec.to_json()
+        return self._words[v]
+
+    def message(self, agent: ActorCritic, w: int | None = None) -> Message:
+        """The weights message for worker ``w`` (None: one that holds nothing): the spec only if it does not hold
+        it; a delta against the copy it holds if that is smaller (:func:`~frugalrl.wire.delta.weights_update`)."""
+        words = self.words(agent)
+        base = None if w is None else self._bases[w]
+        spec = None if w is not None and self._specs[w] == self._spec else self._spec
+        meta: dict[str, Any] = {"version": self.learner_version, "codec": self.weights_codec}
+        if spec is None and self.delta and base is not None and base in self._words:
+            key: tuple[str, int | bool] = ("delta", base)
+            if key not in self._messages:
+                self._messages[key] = weights_update(words, self._words[base], meta, base)
+        else:
+            key = ("full", spec is not None)
+            if key not in self._messages:
+                self._messages[key] = full_message(words, meta if spec is None else {**meta, "spec": spec})
+        return self._messages[key]
+
+    def push(self, agent: ActorCritic, workers: list[int],
+             request: Callable[[dict[int, Message]], dict[int, Message]]) -> None:
+        """Send the learner's version to ``workers`` through ``request`` (requests by worker to replies; it
+        replaces a worker that fails and asks :meth:`message` again). A worker that refuses a delta (it does not
+        hold its base: a reply lost, a worker replaced unseen) is sent a full copy."""
+        requests = {w: self.message(agent, w) for w in workers}
+        replies = request(requests)
+        refused = [w for w, reply in replies.items() if reply.op == "refused"]
+        for w in refused:
+            log.warning("frugalrl: worker %d refused a weights delta (%s); sending a full copy", w,
+                        replies[w].meta.get("error"))
+            self._bases[w] = None
+        if refused:
+            request({w: self.message(agent, w) for w in refused})
+        # A delta reached each worker that still has a base (not refused, not replaced on the way).
+        self.delta_syncs += sum("base" in requests[w].meta and self._bases[w] is not None for w in workers)
+        self.sent(agent, workers)
 
     def sent(self, agent: ActorCritic, workers: list[int]) -> None:
-        """Record that ``workers`` now hold the learner's version.
+        """Record that ``workers`` now hold the learner's version (its words and spec).
 
         AAPS compares the learner with the policy a worker *holds*: after a sync, the behaviour recorded
         on its recent states is that of the weights just sent (as decoded by the worker).
         """
+        self.words(agent)
         for w in workers:
             self.worker_versions[w] = self.learner_version
             self.sync_counts[w] += 1
+            self._bases[w], self._specs[w] = self.learner_version, self._spec
+        kept = {*self._bases, self.learner_version}
+        self._words = {v: words for v, words in self._words.items() if v in kept}
         if any(self.recent[w] is not None for w in workers):
             held = self._held_policy(agent)
             for w in workers:
@@ -130,9 +178,11 @@ class PolicySync:
                         self.recent[w] = replace(recent, behaviour=params)
 
     def forget(self, w: int) -> None:
-        """Worker ``w`` was replaced: it holds nothing and has no recent states."""
+        """Worker ``w`` was replaced: it holds nothing (its next weights are a full copy with the spec) and has
+        no recent states."""
         self.worker_versions[w] = None
         self.recent[w] = None
+        self._bases[w] = self._specs[w] = None
 
     # ------------------------------------------------------------------ AAPS evidence
     def remember(self, w: int, states: torch.Tensor, behaviour: torch.Tensor, actions: torch.Tensor | None = None,
@@ -173,16 +223,19 @@ class PolicySync:
         if self.weights_codec == "fp32":
             return agent
         if self._held is None:
-            decoded, _ = decode_message(encode_message(self.message(agent))[0])
+            state = agent.state_dict()
+            like = {k: (tuple(t.shape), t.detach().cpu().numpy().dtype) for k, t in state.items()}
+            decoded = from_words(self.words(agent), like, self.weights_codec)
             self._held = copy.deepcopy(agent)
-            self._held.load_state_dict(decode_state_dict(decoded))
+            self._held.load_state_dict({k: torch.from_numpy(a) for k, a in decoded.items()})
         return self._held
 
     # ------------------------------------------------------------------ reporting, checkpoints
     def stats(self) -> dict[str, Any]:
         """Syncs (total and per worker), versions, the last KL of each worker and the rule."""
         return {
-            "weight_syncs": {"total": int(self.sync_counts.sum()), "per_worker": self.sync_counts.tolist()},
+            "weight_syncs": {"total": int(self.sync_counts.sum()), "per_worker": self.sync_counts.tolist(),
+                             "delta": self.delta_syncs},
             "learner_version": self.learner_version,
             "worker_versions": list(self.worker_versions),
             "last_kl": list(self.last_kl),
@@ -191,11 +244,13 @@ class PolicySync:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the tracked agent (a resumed run tracks its own, and bumps the version once,
-        as the uninterrupted run does at its next sync after an update)."""
+        as the uninterrupted run does at its next sync after an update) and the copies the workers hold (a
+        resumed run assumes none: its first sync to each worker is a full copy with the spec)."""
         return {
             "learner_version": self.learner_version,
             "worker_versions": list(self.worker_versions),
             "sync_counts": torch.from_numpy(self.sync_counts.copy()),
+            "delta_syncs": self.delta_syncs,
             "last_kl": list(self.last_kl),
             "recent": [None if r is None else [t.clone() for t in r.tensors()] for r in self.recent],
         }
@@ -205,9 +260,12 @@ class PolicySync:
         self.learner_version = int(state["learner_version"])
         self.worker_versions = list(state["worker_versions"])
         self.sync_counts = state["sync_counts"].numpy().copy()
+        self.delta_syncs = int(state.get("delta_syncs", 0))
         self.last_kl = list(state["last_kl"])
         self.recent = [None if r is None else Evidence(*r) for r in state["recent"]]
-        self._fingerprint = self._tracked = self._message = self._held = None
+        self._fingerprint = self._tracked = self._held = self._spec = None
+        n = len(self.worker_versions)
+        self._bases, self._specs, self._words, self._messages = [None] * n, [None] * n, {}, {}
 
 
 class StallWatch:

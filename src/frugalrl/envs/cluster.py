@@ -90,6 +90,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         autoreset_mode: ``"NextStep"`` (Gymnasium's default), ``"SameStep"`` or ``"Disabled"`` for :meth:`step`.
         observation_mode: AsyncVectorEnv's: ``"same"``, ``"different"`` or ``(batched, single)`` spaces.
         weights_codec: how weights travel: ``fp32``, ``bf16``, ``fp16`` or ``int8``.
+        weights_delta: a worker that holds an older copy is sent only what changed, when that is smaller (exact;
+            :mod:`frugalrl.wire.delta`).
         uplink: how experience travels back: a compressor name (``"auto"``, ``"lz4"``, ``"zstd"``, ``"none"``;
             lossless) or :class:`~frugalrl.wire.uplink.UplinkOptions` (also lossy observations, what the
             behaviour stream holds, the link rate ``auto`` assumes); see :mod:`frugalrl.wire.uplink`.
@@ -125,6 +127,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         env_kwargs: dict[str, Any] | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         weights_codec: str = "fp32",
+        weights_delta: bool = True,
         uplink: str | UplinkOptions = "auto",
         worker_timeout: float = 300.0,
         check_finite: bool = True,
@@ -190,9 +193,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         self.metadata = {**probed.metadata, "autoreset_mode": mode}
         self.render_mode = probed.render_mode
         self.meter = meter if meter is not None else ByteMeter()
-        self.policies = PolicySync(
-            self.num_workers, sync if sync is not None else EveryUpdate(), weights_codec, self.kl_states
-        )
+        self.policies = PolicySync(self.num_workers, sync if sync is not None else EveryUpdate(), weights_codec,
+                                   self.kl_states, weights_delta)
         if seed is None:
             entropy = np.random.SeedSequence().entropy  # drawn from the OS: an int when none is given
             assert isinstance(entropy, int)
@@ -249,8 +251,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         return cls(cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
                    inline_workers=cfg.inline_workers,
                    sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec,
-                   uplink=cfg.uplink_options(), ray_address=cfg.ray_address, replayable=replayable,
-                   worker_memory_mb=cfg.worker_memory_mb, crash_loop_tries=cfg.crash_loop_tries)
+                   weights_delta=cfg.weights_delta, uplink=cfg.uplink_options(), ray_address=cfg.ray_address,
+                   replayable=replayable, worker_memory_mb=cfg.worker_memory_mb, crash_loop_tries=cfg.crash_loop_tries)
 
     # ------------------------------------------------------------------ the sync state, read-only
     @property
@@ -394,15 +396,12 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         return chosen
 
     def _send_weights(self, agent: ActorCritic, workers: list[int]) -> None:
-        msg = self.policies.message(agent)
-
         def recover(w: int, reason: str) -> Message:
             self._restart(w, reason)
             self._reset_worker(w, seed=None)
-            return msg
+            return self.policies.message(agent, w)  # a full copy: the new worker holds nothing
 
-        self._request({w: msg for w in workers}, on_failure=recover)
-        self.policies.sent(agent, workers)
+        self.policies.push(agent, workers, lambda requests: self._request(requests, on_failure=recover))
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:

@@ -10,7 +10,8 @@ step       ``actions`` (k, ...)                            ``obs``, ``rewards``,
                                                           ``truncations`` (+ ``info/*``, ``ep_*``)
 act_step   —  (worker-side inference, one step)            the step reply + ``actions``, ``dist_params``
 rollout    meta ``num_steps``                              a fragment of T steps (see :meth:`rollout`)
-weights    ``w/*`` arrays, meta ``version``, ``spec``      ``ok``
+weights    ``w/*`` or a delta ``wd/*``, meta ``version``,  ``ok``; ``refused`` for a delta against
+           ``codec`` (``spec``, ``base``, ``crc``)         weights it does not hold
 snapshot   —                                               what :meth:`EnvWorker.restore` needs
 restore    a ``snapshot`` reply + ``obs`` expected         ``restored``: meta ``exact`` per env
 call       meta ``name``, ``mode``, ``envs``, arguments    ``called``: meta ``results`` (+ arrays)
@@ -48,6 +49,7 @@ from frugalrl.experience import (
 )
 from frugalrl.nets import ActorCritic, PolicySpec, build_policy
 from frugalrl.npactor import NumpyActor
+from frugalrl.wire.delta import DeltaError, HeldWeights, from_words
 from frugalrl.wire.message import Message, decode_state_dict
 from frugalrl.wire.uplink import UplinkCodecs, UplinkOptions
 
@@ -90,6 +92,7 @@ class EnvWorker:
         self.act_space = self.group.action_space
         self.policy: ActorCritic | None = None
         self.policy_spec: dict[str, Any] | None = None
+        self.held = HeldWeights()  # the code words of the weights it holds: what a delta applies to
         self.version = -1
         self.generator = torch.Generator().manual_seed(_seed_for(seed, index))
         self._np_of: ActorCritic | None = None  # the policy _np_actor was built from, its tensors and their versions
@@ -241,6 +244,8 @@ class EnvWorker:
         return Message("ok", {"worker": self.index, **same_spaces(self.group.envs, msg.meta)})
 
     def _op_weights(self, msg: Message) -> Message:
+        """Load a full copy or a delta (:mod:`frugalrl.wire.delta`); a delta against another copy than the one
+        held is refused, never applied, and the head sends a full copy."""
         spec = msg.meta.get("spec")
         if self.policy is None or (spec is not None and spec != self.policy_spec):
             if spec is None:
@@ -248,9 +253,16 @@ class EnvWorker:
             self.policy = build_policy(PolicySpec(**spec))
             self.policy.eval()
             self.policy_spec = spec
-        state = decode_state_dict(msg)
-        self.policy.load_state_dict(state)
+            self.held.clear()
+        try:
+            words = self.held.resolve(msg)
+        except DeltaError as e:
+            return Message("refused", {"worker": self.index, "error": str(e)})
+        like = {k: (tuple(t.shape), t.numpy().dtype) for k, t in self.policy.state_dict().items()}
+        state = from_words(words, like, msg.meta["codec"])
+        self.policy.load_state_dict({k: torch.from_numpy(a) for k, a in state.items()})
         self.version = int(msg.meta["version"])
+        self.held.keep(self.version, words)
         return Message("ok", {"worker": self.index, "version": self.version})
 
     def _op_snapshot(self, msg: Message) -> Message:
@@ -310,6 +322,7 @@ class EnvWorker:
                 group.ep_return[i], group.ep_length[i], group.needs_reset[i] = 0.0, 0, False
         group.ep_start[:] = time.perf_counter()
         self.generator.set_state(torch.from_numpy(a["generator"].copy()))
+        self.held.clear()  # the head assumes a restored worker holds no words: its next weights are a full copy
         if meta.get("spec") is not None:
             self.policy = build_policy(PolicySpec(**meta["spec"]))
             self.policy.eval()

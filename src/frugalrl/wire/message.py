@@ -45,8 +45,9 @@ class WireError(RuntimeError):
 
 
 def default_kind(name: str) -> str:
-    """The byte-meter kind of an array named ``name`` (``w/...`` are weights, ``info/...`` infos)."""
-    if name.startswith("w/"):
+    """The byte-meter kind of an array named ``name`` (``w/...`` and deltas ``wd/...`` are weights, ``info/...``
+    infos)."""
+    if name.startswith(("w/", "wd/")):
         return "weights"
     if name.startswith(("info/", "finfo/", "ep_")):
         return "info"

@@ -57,7 +57,7 @@ class InProcessWorkers:
     def restart(self, worker: int) -> None:
         """Rebuild a worker in place (its posted request, if any, is forgotten)."""
         self.posted.pop(worker, None)
-        old = self.workers.pop(worker, None)
+        old = self.workers.get(worker)
         if old is not None:
             old.close()
         self.workers[worker] = build_worker(self.configs[worker])
@@ -80,9 +80,9 @@ class SerialBackend(Backend):
         self.inline = InProcessWorkers(dict(enumerate(configs)), meter)
 
     @property
-    def workers(self) -> dict[int, EnvWorker]:
-        """The workers, by index."""
-        return self.inline.workers
+    def workers(self) -> list[EnvWorker]:
+        """The workers, in index order."""
+        return [self.inline.workers[w] for w in range(self.num_workers)]
 
     def start(self) -> dict[int, str]:
         """Build every worker in this process (none can die while starting)."""
