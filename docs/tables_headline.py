@@ -118,8 +118,8 @@ def t_headline(where: str) -> list[Table]:
         vs_sb3(am, "MinAtar Breakout (atari recipe, same CNN)"),
         vs_sb3(alc, "LunarLanderContinuous-v3", f"{M05}, gSDE exploration"),
         vs_sb3(aho, "MuJoCo Hopper-v5 (short of SB3)", f"{M05}, gSDE exploration"),
-        [["ClusterEnv `step()` (the drop-in path) vs Gymnasium's SyncVectorEnv, LunarLander-v3, 16 envs on 2 workers, "
-          "same policy loop (AsyncVectorEnv with 8 envs per process: ", tp.num(*dl, "vs_sync", "async", fmt=".2f",
+        [["ClusterEnv `step()` (the drop-in path) vs Gymnasium's SyncVectorEnv, LunarLander-v3, 16 envs on 2 workers "
+          "(2 cores: one inline in the head), same policy loop (AsyncVectorEnv with 8 envs per process: ", tp.num(*dl, "vs_sync", "async", fmt=".2f",
                                                                              suffix="×"), ")"],
          [tp.num(*dl, "vs_sync", "step", fmt=".2f", suffix="×"), " the env steps/s; `send`/`recv` ",
           tp.num(*dl, "vs_sync", "pool", fmt=".2f", suffix="×"), ", `rollout()` ",
