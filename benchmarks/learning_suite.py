@@ -10,8 +10,9 @@ Variants, each at the same env steps with the same evaluation (10 deterministic 
 seeds 10000 + seed + i, every tenth of the run and at the end; evaluation time is not training time):
 
 - ``frugal-aaps-bf16``: ``frugalrl train ppo`` with the env's preset (``frugalrl/presets/ppo.json``), AAPS
-  (δ = 0.05, its default max policy lag) and bf16 weights: the frugal setting;
-- ``frugal-every-fp32``: the same with weights sent to every worker after every update, in fp32;
+  (δ = 0.05, its default max policy lag), bf16 weights and delta-coded syncs (the default): the frugal setting;
+- ``frugal-every-fp32``: the same with full fp32 copies of the weights sent to every worker after every update
+  (``--weights-delta false``): what the weight bytes are judged against;
 - ``sb3-zoo``: SB3's PPO with rl-baselines3-zoo's hyperparameters for the env (``ZOO`` below, read from
   ``hyperparams/ppo.yml`` of rl-baselines3-zoo at commit 22e3ff2; VecNormalize where the zoo normalises).
   MinAtar has no zoo entry: SB3 gets frugalrl's preset there, and frugalrl's network (the MinAtar paper's CNN,
@@ -20,7 +21,9 @@ seeds 10000 + seed + i, every tenth of the run and at the end; evaluation time i
   impala preset, if any), AAPS on (δ = 0.05, max lag 20), actors running an exact learner copy, ``int8,onnx``,
   or ``prune:0.5,distill,int8,onnx``, with the default Monitor (the compression guard). Their budget is the
   env's ``impala_steps`` where it has one. ``impala-every-copy`` (learner copies in fp32 to every worker after
-  every update) measures the bytes the AAPS + compression saving is judged against (``--variants``).
+  every update) measures the bytes the AAPS + compression saving is judged against (``--variants``). The learner
+  copies travel as full copies (``--weights-delta false``), as the compressed actors (ONNX graphs) do, so that a
+  copy's size times the syncs is every-update's.
 
 Every run is a fresh interpreter (the CLI for frugalrl, this script's ``--sb3-run`` for SB3), run one after
 another so that wall times compare. Each run's result is cached in ``benchmarks/results/learning_suite/``;
@@ -98,12 +101,13 @@ ZOO: dict[str, dict[str, Any]] = {
 PPO_VARIANTS = ("frugal-aaps-bf16", "frugal-every-fp32", "sb3-zoo")
 IMPALA_VARIANTS = ("impala-copy", "impala-int8", "impala-full")
 VARIANTS = PPO_VARIANTS + IMPALA_VARIANTS + ("impala-every-copy",)
+FULL = ["--weights-delta", "false"]
 FRUGAL_FLAGS = {"frugal-aaps-bf16": ["--sync", "aaps", "--weights-codec", "bf16"],
-                "frugal-every-fp32": ["--sync", "every", "--weights-codec", "fp32"],
-                "impala-copy": ["--sync", "aaps", "--compress", "none"],
+                "frugal-every-fp32": ["--sync", "every", "--weights-codec", "fp32", *FULL],
+                "impala-copy": ["--sync", "aaps", "--compress", "none", *FULL],
                 "impala-int8": ["--sync", "aaps", "--compress", "int8,onnx"],
                 "impala-full": ["--sync", "aaps", "--compress", "prune:0.5,distill,int8,onnx"],
-                "impala-every-copy": ["--sync", "every", "--compress", "none"]}
+                "impala-every-copy": ["--sync", "every", "--compress", "none", *FULL]}
 
 
 def algo_of(variant: str) -> str:
