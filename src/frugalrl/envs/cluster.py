@@ -78,12 +78,11 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         env: a Gymnasium id (``"CartPole-v1"``), a ``"module:function"`` factory path, a callable
             returning a ``gymnasium.Env``, or an :class:`~frugalrl.envs.spec.EnvSpec`.
         num_workers: worker processes (or in-process workers for ``backend="serial"``).
-        inline_workers: ``backend="local"``: how many of the workers run in this process, stepped while the others
-            step theirs (no process isolation for them: a crash or hang of their envs is this process's; no
-            memory limit or timeout). None: as many as keep the worker processes fewer than the cores.
+        inline_workers: ``backend="local"``: workers run in this process while the others step theirs (no isolation,
+            timeout or memory limit for them). None: as many as keep the worker processes fewer than the cores.
         envs_per_worker: environments stepped by each worker.
-        backend: ``"local"`` (processes, the default), ``"serial"`` (in-process reference) or ``"ray"``
-            (Ray actors, spread across the nodes of a Ray cluster; needs ``pip install 'frugalrl[ray]'``).
+        backend: ``"local"`` (processes), ``"serial"`` (in-process reference), ``"ray"`` (Ray actors on a Ray
+            cluster; ``pip install 'frugalrl[ray]'``) or ``"replay"`` (a load generator, :mod:`~.backends.replay`).
         sync: the weight-sync rule for worker-side inference (default :class:`EveryUpdate`).
         seed: base seed; env ``j`` is reset with ``seed + j``.
         env_kwargs: keyword arguments for ``gym.make`` or the factory.
@@ -159,9 +158,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         try:
             mode = AutoresetMode(autoreset_mode)
         except ValueError:
-            raise ValueError(
-                f"autoreset_mode must be 'NextStep', 'SameStep' or 'Disabled', got {autoreset_mode!r}"
-            ) from None
+            raise ValueError(f"autoreset_mode must be 'NextStep', 'SameStep' or 'Disabled', got {autoreset_mode!r}") from None
 
         self.env_spec = to_env_spec(env, env_kwargs)
         if self.env_spec.fns is not None:  # one function per env, as AsyncVectorEnv takes them

@@ -1,4 +1,5 @@
-"""Where a ClusterEnv's workers run: ``serial`` (in this process), ``local`` (processes), ``ray`` (Ray actors)."""
+"""Where a ClusterEnv's workers run: ``serial`` (in this process), ``local`` (processes), ``ray`` (Ray actors), or
+``replay`` (emulated workers replaying recorded traffic: a load generator for the head alone)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from frugalrl.envs.backends.base import Backend, WorkerConfig
 from frugalrl.wire.meter import ByteMeter
 
-BACKENDS = ("serial", "local", "ray")
+BACKENDS = ("serial", "local", "ray", "replay")
 
 
 def inline_workers(backend: str, num_workers: int, inline: int | None) -> int:
@@ -41,6 +42,10 @@ def make_backend(
         from frugalrl.envs.backends.local import LocalBackend
 
         return LocalBackend(configs, meter, timeout, inline=options.get("inline", 0))
+    if name == "replay":
+        from frugalrl.envs.backends.replay import ReplayBackend
+
+        return ReplayBackend(configs, meter, timeout)
     if name == "ray":
         try:
             from frugalrl.envs.backends.ray import RayBackend

@@ -1,0 +1,193 @@
+"""How many workers one learner can serve: the head's cost per ingested env step against the number of workers.
+
+Workers are emulated by the ``replay`` backend (:mod:`frugalrl.envs.backends.replay`): one real LunarLander worker
+records a few rollout fragments with the real uplink codecs, then 1 … 256 emulated workers answer with them, so
+that only the head's own work is timed: encoding requests and weights (full copies or deltas), decoding and
+metering replies, AAPS's KL on each worker's states, keeping those states, assembling the batch. Between two
+rollouts the learner runs a real PPO update (LunarLander's preset) on the replayed batch, so weights change as in
+training; its time is reported but is not serving. Each (sync setting, worker count) runs in a fresh interpreter
+(its memory per worker is the growth of its resident memory over one worker's).
+
+For scale, it also times a real worker's rollout per env step (8 LunarLander envs, its numpy policy), and turns
+the measured bytes and times into a first-order model: the learner's link and CPU load at N workers, and the
+worker count at which each saturates for links of 1, 10, 25 and 100 Gbit/s. Example::
+
+    python benchmarks/learner_capacity.py                      # → benchmarks/results/learner_capacity.json
+    python benchmarks/learner_capacity.py --workers 1 8 64 --settings every-fp32 aaps-bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+ENV, K, T = "LunarLander-v3", 8, 64
+SETTINGS = {  # sync rule, weights codec, delta-coded syncs
+    "every-fp32": ("every", "fp32", False),
+    "aaps-fp32": ("aaps", "fp32", False),
+    "aaps-bf16": ("aaps", "bf16", False),
+    "aaps-bf16-delta": ("aaps", "bf16", True),
+}
+LINKS_GBIT = (1, 10, 25, 100)
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def one(setting: str, workers: int, updates: int) -> dict[str, Any]:
+    """The head's time by phase over ``updates`` rollouts + PPO updates with ``workers`` emulated workers."""
+    import torch
+
+    import frugalrl.envs.cluster as cluster_module
+    from frugalrl import AAPS, ClusterEnv, EveryUpdate, make_agent
+    from frugalrl.algos.ppo import ppo_update
+    from frugalrl.envs.backends.replay import ReplayBackend
+    from frugalrl.presets import make_config
+    from frugalrl.sync_state import PolicySync
+
+    torch.set_num_threads(1)
+    rule, codec, delta = SETTINGS[setting]
+    base_rss = _rss_mb()
+    env = ClusterEnv(ENV, num_workers=workers, envs_per_worker=K, backend="replay", seed=0, weights_codec=codec,
+                     weights_delta=delta, sync=AAPS(0.05) if rule == "aaps" else EveryUpdate())
+    cfg = make_config("ppo", ENV, seed=0)
+    torch.manual_seed(0)
+    agent = make_agent(env.single_observation_space, env.single_action_space)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    generator = torch.Generator().manual_seed(0)
+    spent: dict[str, float] = {}
+
+    def timed(owner: Any, name: str, phase: str, only: str | None = None) -> None:
+        inner = getattr(owner, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if only is not None and not any(getattr(m, "op", None) == only for m in args[-1].values()):
+                return inner(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                spent[phase] = spent.get(phase, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, name, wrapper)
+
+    timed(PolicySync, "select", "kl")
+    timed(PolicySync, "push", "weights")
+    timed(ReplayBackend, "request", "rollout_io", only="rollout")
+    timed(cluster_module.ClusterEnv, "_remember", "remember")
+    timed(cluster_module, "assemble_rollout", "assemble")
+    env.rollout(agent, T)  # the recordings, the first sync
+    spent.clear()
+    steps, serve, update = 0, 0.0, 0.0
+    for _ in range(updates):
+        t0 = time.perf_counter()
+        batch = env.rollout(agent, T)
+        t1 = time.perf_counter()
+        ppo_update(agent, optimizer, batch, cfg, generator)
+        serve += t1 - t0
+        update += time.perf_counter() - t1
+        steps += batch.num_steps * batch.num_envs
+    bytes_ = env.meter.summary()
+    stats = env.stats()
+    out = {
+        "setting": setting, "workers": workers, "env_steps": steps,
+        "serve_us_per_step": serve / steps * 1e6, "update_us_per_step": update / steps * 1e6,
+        "phases_us_per_step": {k: v / steps * 1e6 for k, v in sorted(spent.items())},
+        "bytes": {"up": bytes_["up"], "down": bytes_["down"], "total": bytes_["total"]},
+        "weight_syncs": stats["weight_syncs"]["total"], "rss_mb": _rss_mb() - base_rss,
+    }
+    env.close()
+    return out
+
+
+def worker_cost(rollouts: int = 6) -> float:
+    """A real worker's time per env step: a rollout of ``K`` LunarLander envs × ``T`` steps with its numpy policy."""
+    import torch
+
+    from frugalrl import ClusterEnv, make_agent
+
+    torch.set_num_threads(1)
+    env = ClusterEnv(ENV, num_workers=1, envs_per_worker=K, backend="serial", seed=0)
+    agent = make_agent(env.single_observation_space, env.single_action_space)
+    env.rollout(agent, T)
+    worker = env.backend.workers[0]
+    from frugalrl.wire.message import Message
+
+    times = []
+    for _ in range(rollouts):
+        t0 = time.perf_counter()
+        worker.handle(Message("rollout", {"num_steps": T}))
+        times.append(time.perf_counter() - t0)
+    env.close()
+    return statistics.median(times) / (K * T) * 1e6
+
+
+def model(row: dict[str, Any], worker_us: float) -> dict[str, Any]:
+    """First-order load at N workers from one measured row: each worker steps 1e6 / worker_us env steps per second;
+    the learner's link carries the measured bytes per env step, its core the measured serving µs per env step."""
+    rate = 1e6 / worker_us  # env steps per second per worker
+    per_step = {d: sum(row["bytes"][d].values()) / row["env_steps"] for d in ("up", "down")}
+    busiest = max(per_step.values())
+    return {
+        "bytes_per_env_step": per_step,
+        "workers_per_learner_core": 1e6 / (rate * row["serve_us_per_step"]),
+        "workers_at_link_saturation": {f"{g}gbit": g * 1e9 / 8 / (rate * busiest) for g in LINKS_GBIT},
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--updates", type=int, default=4, help="measured rollouts + updates per run")
+    ap.add_argument("--one", nargs=2, metavar=("SETTING", "WORKERS"), help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="learner_capacity")
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.updates)))
+        return {}
+    t0 = time.time()
+    start_load = os.getloadavg()
+    worker_us = worker_cost()
+    print(f"a real worker: {worker_us:.1f} µs per env step ({K} {ENV} envs, numpy policy)", flush=True)
+    rows = []
+    for setting in args.settings:
+        for w in args.workers:
+            proc = subprocess.run([sys.executable, __file__, "--one", setting, str(w), "--updates", str(args.updates)],
+                                  capture_output=True, text=True, check=True)
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            row["model"] = model(row, worker_us)
+            row["serve_vs_worker"] = row["serve_us_per_step"] / worker_us
+            rows.append(row)
+            print(f"{setting:16s} W={w:4d} serve {row['serve_us_per_step']:6.2f} µs/step "
+                  f"({row['serve_vs_worker']:.3f} of a worker's) update {row['update_us_per_step']:6.1f} µs/step "
+                  f"syncs {row['weight_syncs']:5d} down {row['model']['bytes_per_env_step']['down']:7.1f} B/step "
+                  f"rss {row['rss_mb']:6.1f} MB", flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    out = {"command": "python benchmarks/learner_capacity.py " + " ".join(argv or sys.argv[1:]),
+           "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit, "torch_threads": 1,
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": start_load,
+                       "load_avg_end": os.getloadavg()},
+           "env": ENV, "envs_per_worker": K, "num_steps": T, "worker_us_per_env_step": worker_us, "rows": rows,
+           "seconds": round(time.time() - t0, 1)}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
