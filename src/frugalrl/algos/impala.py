@@ -81,9 +81,8 @@ class IMPALAConfig(NormConfig, NetConfig, SurrogateConfig, OptimConfig, ClusterC
     (and the Monitor's check runs at this cadence)."""
     recompress_kl: float | None = 0.02
     """Also rebuild it as soon as the learner has drifted from the snapshot the actors' policy was built from:
-    KL(snapshot ‖ learner) on 128 recent states above this (None: only every recompress_every updates). A
-    fixed cadence of 10 left the actors so far behind a learner taking 32 steps per batch that CartPole
-    ended at 0.73× (int8) and 0.35× (the full chain) of the learner copy's return."""
+    KL(snapshot ‖ learner) on 128 recent states above this (None: only every recompress_every updates): a fixed
+    cadence leaves the actors behind a fast learner (why: docs/benchmarks.md#accerl-ablation)."""
     async_compress: bool = True
     """Build the compressed policy in a background thread while training goes on (the paper's
     asynchronous compressor); False builds it in the loop."""
