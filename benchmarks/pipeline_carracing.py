@@ -24,7 +24,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
-from frugalrl.algos.pipeline_ppo import PipelinePPOConfig, train
+
+from frugalrl.pipeline import PipelinePPOConfig, train
+from frugalrl.presets import make_config
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = {
@@ -53,9 +55,10 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true", help="add these variants to an existing results file")
     args = parser.parse_args()
 
-    base = PipelinePPOConfig(
-        total_timesteps=args.total_timesteps, num_envs=args.num_envs, num_steps=args.num_steps,
-        update_epochs=args.update_epochs, num_minibatches=args.num_minibatches,
+    # The CarRacing preset (the paper's settings: heads of 512, lr not annealed ...), then these flags.
+    base: PipelinePPOConfig = make_config(
+        "pipeline-ppo", PipelinePPOConfig.env, total_timesteps=args.total_timesteps, num_envs=args.num_envs,
+        num_steps=args.num_steps, update_epochs=args.update_epochs, num_minibatches=args.num_minibatches,
         warmup_timesteps=args.warmup_timesteps, learning_rate=args.learning_rate,
         run_dir=str(RESULTS / "runs"), progress=False, tensorboard=False, plots=False)
     jobs = [(v, int(s)) for s in args.seeds.split(",") for v in args.variants.split(",")]

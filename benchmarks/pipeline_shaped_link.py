@@ -36,6 +36,7 @@ from _ppo_runs import config_flags  # noqa: E402 - benchmarks/ is on the path wh
 
 from frugalrl import netem
 from frugalrl.pipeline import PipelinePPOConfig
+from frugalrl.presets import make_config
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -166,8 +167,8 @@ def main() -> None:
         for rate in args.rates.split(","):
             hosts.shape(rate=None if rate == "none" else rate)
             for variant in args.variants.split(","):
-                cfg = PipelinePPOConfig(
-                    env=args.env, seed=args.seed, total_timesteps=args.iterations * batch,
+                cfg: PipelinePPOConfig = make_config(  # the env's preset (CarRacing: the paper's), then these
+                    "pipeline-ppo", args.env, seed=args.seed, total_timesteps=args.iterations * batch,
                     num_envs=args.num_envs, num_steps=args.num_steps, update_epochs=args.update_epochs,
                     num_minibatches=args.num_minibatches, warmup_timesteps=0, activations="bf16",
                     master_addr=hosts.address(0), master_port=args.master_port + k,

@@ -325,6 +325,18 @@ def t_pipeline_suite(name: str) -> list[Table]:
                    "× gradients", "total MB", "train s"], rows, [s.name], [s.command()])]
 
 
+def t_pipeline_defaults(name: str) -> list[Table]:
+    """``benchmarks/pipeline_defaults.py``: one row per seed of a no-flag run, then the mean."""
+    s = Source(name)
+    cols = (("eval_return", ".1f", 1.0), ("wall_seconds", ".0f", 1.0), ("steps_per_second", ",.0f", 1.0),
+            ("bytes_per_env_step", ".0f", 1.0), ("bytes", ".1f", 1e-6))
+    rows = [[[str(r["seed"])], *[[s.num("runs", i, k, fmt=f, scale=sc)] for k, f, sc in cols]]
+            for i, r in enumerate(s("runs"))]
+    rows.append([["mean"], *[[s.num("mean", k, fmt=f, scale=sc)] for k, f, sc in cols[:4]], [DASH]])
+    return [Table(["seed", "eval return", "wall s", "steps/s (training)", "bytes / env step", "MB"], rows, [s.name],
+                  [s.command()], align="lrrrrr")]
+
+
 # ----------------------------------------------------------------------------------------- scale-out
 def t_shaped_links(_: str) -> list[Table]:
     s = Source("shaped_links")
@@ -414,6 +426,7 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "pipeline_shaped_link": t_pipeline_shaped_link,
     "pipeline_carracing": t_pipeline_carracing,
     "pipeline_suite": t_pipeline_suite,  # ARG: pipeline_suite or pipeline_accumulator
+    "pipeline_defaults": t_pipeline_defaults,  # ARG: pipeline_defaults.py's --out
     "dpsgd_speedup": t_dpsgd_speedup,  # ARG: dpsgd_speedup_lda or dpsgd_speedup_hsa2c
     "hsa2c_vs_sync": t_hsa2c_vs_sync,  # ARG: a hsa2c_vs_sync*.json name (or a hsa2c_link_RATE one)
     "hsa2c_link": t_hsa2c_link,  # ARG: hsa2c_link.py's --out

@@ -59,3 +59,15 @@ def test_cli_applies_the_envs_preset_and_flags_win(tmp_path):
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 0, missing.stderr
     assert "no ppo preset for MountainCarContinuous-v0" in missing.stderr
+
+
+def test_pipeline_ppo_presets_build_and_vector_envs_need_none():
+    """Pipeline PPO's defaults are for any env; its one preset keeps the paper's CarRacing settings."""
+    from frugalrl.pipeline import PipelinePPOConfig
+
+    for env in presets.presets("pipeline-ppo"):
+        presets.make_config("pipeline-ppo", env).validate()
+    car = presets.make_config("pipeline-ppo", PipelinePPOConfig.env)
+    assert (car.num_steps, car.num_minibatches, car.update_epochs, car.head_hidden, car.anneal_lr) == (512, 32, 10, 512,
+                                                                                                     False)
+    assert presets.resolve("pipeline-ppo", "CartPole-v1") == ({}, None)

@@ -77,7 +77,7 @@ def predict_run(cfg: Any, feature_dim: int, action_dim: int, handshake_nbytes: t
     for it in range(cfg.iterations):
         tally.message(UP, "activations", cut.dense_nbytes((N, feature_dim), cfg.activations), 2, count=T)
         tally.message(DOWN, "actions", cut.dense_nbytes((N, action_dim), "fp32"), 2, count=T)
-        tally.message(UP, "rewards", cut.dense_nbytes((N, 3), "fp32"), 2, count=T)
+        tally.message(UP, "rewards", cut.dense_nbytes((T, N, 3), "fp32"), 3)
         tally.message(UP, "activations", cut.dense_nbytes((N, feature_dim), cfg.activations), 2)
         k = truncations[it] if it < len(truncations) else 0
         if k:

@@ -21,27 +21,38 @@ CutDtype = Literal["bf16", "fp16", "fp32"]
 
 @dataclass(kw_only=True)
 class PipelinePPOConfig(NormConfig, PPOLossConfig, OptimConfig, RunConfig):
-    """Every knob of a split-model PPO run. Field names are the CLI flags (``--cut-percentile`` ...)."""
+    """Every knob of a split-model PPO run. Field names are the CLI flags (``--cut-percentile`` ...).
+
+    The defaults are for any env (PPO's 4 epochs of 4 minibatches, lr annealed, no value clipping): every
+    minibatch costs a round trip between the stages, so an iteration has 16, not the paper's 320. The
+    paper's CarRacing settings are the preset of the default env (``presets/pipeline_ppo.json``).
+    """
 
     env: str = "frugalrl.envs.carracing:make_car_racing"
-    """Gymnasium id or 'module:function' env factory; observations (C, H, W) uint8 frames or flat vectors."""
+    """Gymnasium id or 'module:function' env factory; observations (C, H, W) uint8 frames or flat vectors.
+    The default env has a preset (presets/pipeline_ppo.json): the paper's CarRacing settings."""
     total_timesteps: int = 409_600
-    """Env steps in all (the paper: 100 iterations of 4096)."""
-    learning_rate: float = 3e-4
-    """Adam step size of both stages (the paper uses 5e-5 for the encoder)."""
-    anneal_lr: bool = False
+    """Env steps in all."""
+    learning_rate: float = 1e-3
+    """Adam step size of both stages, annealed to 0 by default. Higher than PPO's: an iteration has few,
+    large minibatches (each one is a round trip between the stages)."""
+    anneal_lr: bool = True
     ent_coef: float = 0.0
-    clip_vloss: bool = True
+    clip_vloss: bool = False
+    vf_coef: float = 1.0
+    """Weight of the value loss (0.5 × squared error): 1.0 is SB3's plain mean squared error at its 0.5."""
     max_grad_norm: float = 0.5
     """Gradient clipping, applied to each stage's parameters separately."""
-    num_minibatches: int = 32
-    update_epochs: int = 10
-    num_envs: int = 8
-    """Environments stepped by stage 0 (one process, same-step autoreset)."""
-    num_steps: int = 512
-    """Steps per env per iteration (num_envs * num_steps = the paper's 4096)."""
-    head_hidden: int = 512
-    """Width of the hidden layer of each head (the paper: 512)."""
+    num_minibatches: int = 4
+    """Minibatches per epoch: each is a round trip between the stages (features 0→1, their gradient back)."""
+    update_epochs: int = 4
+    num_envs: int = 32
+    """Environments stepped by stage 0 (one process, same-step autoreset). Many: each rollout step is a round
+    trip between the stages for all of them at once."""
+    num_steps: int = 32
+    """Steps per env per iteration."""
+    head_hidden: int = 64
+    """Width of the hidden layer of each head (the paper: 512, which the CarRacing preset sets)."""
     encoder_hidden: list[int] = field(default_factory=lambda: [64, 64])
     """Encoder MLP widths for flat observations (the last one is the cut width)."""
     activations: CutDtype = "bf16"

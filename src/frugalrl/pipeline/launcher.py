@@ -65,6 +65,7 @@ def run_stage(cfg: PipelinePPOConfig, rank: int, resume: str | Path | None = Non
         raise ValueError("master_port must be given (non-zero) when a stage is started on its own")
     if _is_loopback(addr):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(cfg.torch_threads)  # stage 1 too: both stages share this machine's cores when local
 
     def connect() -> TorchDistChannel:
         torch.manual_seed(cfg.seed + rank)

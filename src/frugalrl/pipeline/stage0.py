@@ -1,8 +1,8 @@
 """Stage 0 of split-model PPO: the environments and the encoder; it owns the run (directory, summary).
 
-Per iteration: a rollout of ``num_steps`` steps of ``num_envs`` envs (features 0→1, actions 1→0, rewards and
-done flags 0→1, then the last observation's features and those of truncated episodes' final observations, to
-bootstrap), then ``update_epochs × num_minibatches`` minibatches (features 0→1 with the encoder's graph kept,
+Per iteration: a rollout of ``num_steps`` steps of ``num_envs`` envs (features 0→1, actions 1→0), then its
+rewards and done flags 0→1 in one message, then the last observation's features and those of truncated
+episodes' final observations, to bootstrap, then ``update_epochs × num_minibatches`` minibatches (features 0→1 with the encoder's graph kept,
 the cut gradient 1→0 backpropagated through the encoder), then stage 1's loss statistics, then whether the run
 goes on. Evaluations (every ``eval_every`` iterations and after the last) go through the pipeline too; they and
 the go-on flags are counted on a meter of their own: the run's ``bytes`` are the training traffic that
@@ -24,8 +24,8 @@ from torch import nn
 from frugalrl.driver import Algorithm, Setup, Step, Update
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import Evaluation
-from frugalrl.experience import EnvGroup, Fragment, Stepped, collect_fragment
-from frugalrl.nets import action_desc, make_encoder
+from frugalrl.experience import EnvGroup, Fragment, collect_fragment
+from frugalrl.nets import PixelEncoder, VectorEncoder, action_desc, make_encoder
 from frugalrl.pipeline.config import STAT_NAMES, PipelinePPOConfig
 from frugalrl.wire import cut
 from frugalrl.wire.meter import ByteMeter
@@ -106,6 +106,15 @@ class TruncationLog:
         return {"counts": [0] * int(counters["updates"])}
 
 
+def send_rewards(chan: TorchDistChannel, fragment: Fragment) -> None:
+    """After a rollout, in one message: every step's reward, termination and done flag, ``(T, N, 3)`` fp32
+    (stage 1 needs them only for the returns; one message per step would cost a header and a round of
+    latency each)."""
+    done = np.logical_or(fragment.terminations, fragment.truncations)
+    rtd = np.stack([fragment.rewards, fragment.terminations, done], axis=-1).astype(np.float32)
+    chan.send(cut.encode_dense(rtd, "fp32"), "rewards")
+
+
 def send_bootstrap(cfg: PipelinePPOConfig, encoder: nn.Module, chan: TorchDistChannel, next_obs: np.ndarray,
                    finals: np.ndarray) -> None:
     """After a rollout: the features of the last observation, then those of the final observations of the
@@ -181,6 +190,7 @@ class Stage0(Algorithm):
         t_iter = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"] = cfg.lr_at(step.index, step.total)
         fragment = self._rollout()
+        send_rewards(chan, fragment)
         finals = fragment.truncated_final_obs()
         send_bootstrap(cfg, self.encoder, chan, fragment.next_obs, finals)
         self.truncations.counts.append(len(finals))
@@ -199,8 +209,7 @@ class Stage0(Algorithm):
         return Update(T * N, row, episode_returns=ended, postfix={"MB": f"{chan.meter.total() / 1e6:.1f}"})
 
     def _rollout(self) -> Fragment:
-        """``num_steps`` steps of every env, stage 1 choosing the actions from the features sent to it; each step's
-        rewards and done flags go to stage 1 as they come."""
+        """``num_steps`` steps of every env, stage 1 choosing the actions from the features sent to it."""
         cfg, chan, envs = self.cfg, self.chan, self.envs
         assert envs is not None
         N = cfg.num_envs
@@ -212,12 +221,7 @@ class Stage0(Algorithm):
             action = cut.decode_cut(chan.recv("actions")).numpy()
             return (action.reshape(N).astype(np.int64) if discrete else action), None
 
-        def send_rewards(t: int, s: Stepped) -> None:
-            done = np.logical_or(s.terminations, s.truncations)
-            chan.send(cut.encode_dense(np.stack([s.rewards, s.terminations, done], axis=1).astype(np.float32), "fp32"),
-                      "rewards")
-
-        return collect_fragment(envs, policy, cfg.num_steps, on_step=send_rewards)
+        return collect_fragment(envs, policy, cfg.num_steps)
 
     def _learn(self, obs: torch.Tensor) -> None:
         """The encoder's side of the update on the rollout's observations ``obs`` (T, N, ...): features of every
@@ -275,25 +279,33 @@ class Stage0(Algorithm):
             self.envs.close()
 
 
-def _evaluate(cfg: PipelinePPOConfig, encoder: nn.Module, chan: TorchDistChannel) -> Evaluation:
-    """``eval_episodes`` episodes through the pipeline, stage 1 taking the mode of its heads' distribution."""
-    env = to_env_spec(cfg.env, cfg.env_kwargs).make()
-    returns = []
+def _evaluate(cfg: PipelinePPOConfig, encoder: PixelEncoder | VectorEncoder, chan: TorchDistChannel) -> Evaluation:
+    """``eval_episodes`` episodes through the pipeline, stage 1 taking the mode of its heads' distribution.
+
+    The episodes run side by side: one message of the running episodes' features per step, one of their actions
+    back, and a message of no rows once every episode has ended (a round trip per step, not per episode step).
+    """
+    spec = to_env_spec(cfg.env, cfg.env_kwargs)
+    envs = [spec.make() for _ in range(cfg.eval_episodes)]
     try:
-        for ep in range(cfg.eval_episodes):
-            obs, _ = env.reset(seed=EVAL_SEED + ep)
-            total, done = 0.0, False
-            while not done:
-                with torch.no_grad():
-                    chan.send(encode_features(cfg, encoder(torch.as_tensor(obs)[None])), "activations")
-                action = cut.decode_cut(chan.recv("actions")).numpy()[0]
-                if isinstance(env.action_space, gym.spaces.Discrete):
-                    action = int(action.reshape(-1)[0])
-                obs, reward, terminated, truncated, _ = env.step(action)
-                total += float(reward)
-                done = terminated or truncated
-                chan.send_json({"done": bool(done)})
-            returns.append(total)
+        obs = [env.reset(seed=EVAL_SEED + ep)[0] for ep, env in enumerate(envs)]
+        returns = [0.0] * len(envs)
+        discrete = isinstance(envs[0].action_space, gym.spaces.Discrete) if envs else False
+        running = list(range(len(envs)))
+        while running:
+            with torch.no_grad():
+                features = encoder(torch.as_tensor(np.stack([obs[i] for i in running])))
+            chan.send(encode_features(cfg, features), "activations")
+            actions = cut.decode_cut(chan.recv("actions")).numpy()
+            still = []
+            for i, action in zip(running, actions, strict=True):
+                obs[i], reward, terminated, truncated, _ = envs[i].step(int(action[0]) if discrete else action)
+                returns[i] += float(reward)
+                if not (terminated or truncated):
+                    still.append(i)
+            running = still
+        chan.send(cut.encode_dense(np.zeros((0, encoder.feature_dim), np.float32), cfg.activations), "activations")
     finally:
-        env.close()
+        for env in envs:
+            env.close()
     return Evaluation(float(np.mean(returns)), float(np.std(returns)), cfg.eval_episodes, deterministic=True)

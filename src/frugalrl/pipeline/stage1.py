@@ -95,7 +95,7 @@ def run_stage1(cfg: PipelinePPOConfig, chan: TorchDistChannel) -> None:
     T, N = cfg.num_steps, cfg.num_envs
     n_act = 1 if heads.dist_kind == "categorical" else math.prod(hello["action"]["shape"])
     u_buf = torch.zeros((T, N) if heads.dist_kind == "categorical" else (T, N, n_act))
-    logp_buf, value_buf, reward_buf, term_buf, done_buf = (torch.zeros(T, N) for _ in range(5))
+    logp_buf, value_buf = torch.zeros(T, N), torch.zeros(T, N)
     for iteration in range(start + 1, cfg.iterations + 1):
         optimizer.param_groups[0]["lr"] = cfg.lr_at(iteration, cfg.iterations)
         for t in range(T):
@@ -103,12 +103,13 @@ def run_stage1(cfg: PipelinePPOConfig, chan: TorchDistChannel) -> None:
             with torch.no_grad():
                 params = heads.dist_params(features)
                 u = dists.sample(heads.dist_kind, params, generator=sample_gen)
+                chan.send(cut.encode_dense(heads.env_action(u).reshape(N, -1), "fp32"), "actions")
+                # while stage 0 steps its envs: what only the update needs
                 logp_buf[t] = dists.log_prob(heads.dist_kind, params, u)
                 value_buf[t] = heads.value(features)
             u_buf[t] = u
-            chan.send(cut.encode_dense(heads.env_action(u).reshape(N, -1), "fp32"), "actions")
-            rtd = cut.decode_cut(chan.recv("rewards"))
-            reward_buf[t], term_buf[t], done_buf[t] = rtd[:, 0], rtd[:, 1], rtd[:, 2]
+        rtd = cut.decode_cut(chan.recv("rewards")).reshape(T, N, 3)  # stage0.send_rewards
+        reward_buf, term_buf, done_buf = (rtd[..., i].contiguous() for i in range(3))
         with torch.no_grad():
             last_value, final_values = recv_bootstrap(heads, chan, term_buf, done_buf)
             rewards = reward_buf
@@ -140,8 +141,6 @@ def run_stage1(cfg: PipelinePPOConfig, chan: TorchDistChannel) -> None:
                 clipfracs.append(out.clipfrac)
                 optimizer.zero_grad()
                 out.loss.backward()
-                nn.utils.clip_grad_norm_(heads.parameters(), cfg.max_grad_norm)
-                optimizer.step()
                 grad = features.grad
                 assert grad is not None
                 if cfg.cut == "dense":
@@ -153,13 +152,16 @@ def run_stage1(cfg: PipelinePPOConfig, chan: TorchDistChannel) -> None:
                     msg = sparsifier.encode(grad, keys=keys, dense=dense)
                     densities.append(1.0 if sparsifier.last_dense else sparsifier.last_nnz / grad.numel())
                 chan.send(msg, "gradients")
+                # the heads' step runs while stage 0 backpropagates the cut gradient
+                nn.utils.clip_grad_norm_(heads.parameters(), cfg.max_grad_norm)
+                optimizer.step()
         stats = [out.policy.item(), out.value.item(), out.entropy.item(), out.approx_kl.item(),
                  float(np.mean(clipfracs)), explained_variance(b_values, b_returns),
                  float(np.mean(densities)) if densities else 1.0,
                  float(sparsifier.residual().norm()) if cfg.cut == "topk" and sparsifier.steps else 0.0]
         chan.send(cut.encode_dense(np.asarray(stats, dtype=np.float32), "fp32"), "control")
         if cfg.evaluates_after(iteration, cfg.iterations):
-            _serve_eval(cfg, heads, chan)
+            _serve_eval(heads, chan)
         control = chan.recv_json()  # stage 0's driver ends the run (its target, a callback) and checkpoints it
         stop = bool(control["stop"])
         if control.get("checkpoint") and not stop:
@@ -173,17 +175,16 @@ def run_stage1(cfg: PipelinePPOConfig, chan: TorchDistChannel) -> None:
     _save(cfg, iteration_done, hello, parts, gens)
 
 
-def _serve_eval(cfg: PipelinePPOConfig, heads: Heads, chan: TorchDistChannel) -> None:
-    """Stage 1's side of an evaluation: the mode of the heads' distribution until stage 0 says each episode is
-    done."""
-    for _ in range(cfg.eval_episodes):
-        done = False
-        while not done:
-            features = cut.decode_cut(chan.recv("activations"))
-            with torch.no_grad():
-                action = heads.env_action(dists.mode(heads.dist_kind, heads.dist_params(features)))
-            chan.send(cut.encode_dense(action.reshape(1, -1), "fp32"), "actions")
-            done = bool(chan.recv_json()["done"])
+def _serve_eval(heads: Heads, chan: TorchDistChannel) -> None:
+    """Stage 1's side of an evaluation (:func:`frugalrl.pipeline.stage0._evaluate`): the mode of the heads'
+    distribution for every row of features, until a message of no rows."""
+    while True:
+        features = cut.decode_cut(chan.recv("activations"))
+        if features.shape[0] == 0:
+            return
+        with torch.no_grad():
+            action = heads.env_action(dists.mode(heads.dist_kind, heads.dist_params(features)))
+        chan.send(cut.encode_dense(action.reshape(features.shape[0], -1), "fp32"), "actions")
 
 
 def _save(cfg: PipelinePPOConfig, iteration: int, hello: dict[str, Any], parts: dict[str, Any],
