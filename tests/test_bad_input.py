@@ -96,7 +96,7 @@ def test_worker_side_inference_needs_box_observations_and_box_or_discrete_action
         ({"num_workers": True}, r"num_workers must be a positive integer, got True"),
         ({"envs_per_worker": -1}, r"envs_per_worker must be a positive integer, got -1"),
         ({"envs_per_worker": 0}, r"envs_per_worker must be a positive integer, got 0"),
-        ({"backend": "nope"}, r"unknown backend 'nope'; expected one of \('serial', 'local', 'ray'\)"),
+        ({"backend": "nope"}, r"unknown backend 'nope'; expected one of \('serial', 'local', 'ray', 'replay'\)"),
         ({"weights_codec": "x"}, r"unknown weights_codec 'x'"),
         ({"weights_codec": "raw"}, r"unknown weights_codec 'raw'"),
         ({"autoreset_mode": "x"}, r"autoreset_mode must be 'NextStep', 'SameStep' or 'Disabled', got 'x'"),
