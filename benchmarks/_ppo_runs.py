@@ -10,6 +10,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from frugalrl.algos.ppo import PPOConfig
+from frugalrl.config import is_flag
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -67,6 +68,8 @@ def config_flags(cfg: PPOConfig) -> list[str]:
     """CLI flags that reproduce ``cfg`` (``frugalrl train ppo <flags>``)."""
     flags = []
     for f in fields(cfg):
+        if not is_flag(f):
+            continue
         value = getattr(cfg, f.name)
         if isinstance(value, dict):
             value = json.dumps(value)

@@ -395,6 +395,23 @@ def t_dropin_speed(_: str) -> list[Table]:
                    "send / recv", "rollout()"], rows, [s.name], [s("command")], align="lrrrrr")]
 
 
+def t_family_defaults(_: str) -> list[Table]:
+    """PPO's family fallback against SB3's plain defaults, per env: the returns by seed, their mean and median."""
+    s = Source("family_defaults")
+    rows = []
+    for env, sides in s("table").items():
+        for side in [k for k in sides if k != "ratio"]:
+            p = ("table", env, side)
+            rows.append([[env], [side], join([s.num(*p, "returns", i) for i in range(len(s(*p, "seeds")))]),
+                         [s.num(*p, "mean")], [s.num(*p, "median")]])
+        if "ratio" in sides:
+            rows.append([[env], ["frugal / sb3"], [""], [s.num("table", env, "ratio", "mean", fmt=".2f", suffix="×")],
+                         [s.num("table", env, "ratio", "median", fmt=".2f", suffix="×")]])
+    seeds = ", ".join(map(str, next(iter(s("table").values()))["sb3"]["seeds"]))
+    return [Table(["env", "side", f"return by seed ({seeds})", "mean", "median"], rows, [s.name], [s.command()],
+                  align="llrrr")]
+
+
 UNRECORDED_COMMANDS = {  # result files that do not record the command that wrote them
     "impala_ablation": "python benchmarks/impala_ablation.py",
     "ray_overhead": "python benchmarks/ray_overhead.py",
@@ -440,6 +457,7 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "ray_overhead": t_ray_overhead,
     "throughput": t_throughput,
     "dropin_speed": t_dropin_speed,
+    "family_defaults": t_family_defaults,
 }
 DEFAULT_ARG = {"headline": "site", "aaps": "aaps_sweep", "pipeline_suite": "pipeline_suite", "dpsgd_speedup": "dpsgd_speedup_lda",
                "hsa2c_vs_sync": "hsa2c_vs_sync_defaults", "hsa2c_link": "hsa2c_link", "a2c_reference": "a2c_reference", "lda": "lda_baselines", "lda_seeds": "synthetic",
@@ -485,8 +503,9 @@ def _default_text(f: dataclasses.Field) -> str:
 
 
 def config_rows(cls: type) -> list[dict[str, str]]:
-    """One row per field of dataclass ``cls``: flag, type, default, doc, and the part that declares it."""
-    from frugalrl.config import field_docs
+    """One row per field of dataclass ``cls``: flag (or the name of a field a run only records), type, default, doc,
+    and the part that declares it."""
+    from frugalrl.config import field_docs, is_flag
 
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
@@ -494,7 +513,7 @@ def config_rows(cls: type) -> list[dict[str, str]]:
     for f in dataclasses.fields(cls):
         part = next((k.__name__ for k in reversed(cls.__mro__)
                      if dataclasses.is_dataclass(k) and f.name in k.__dict__.get("__annotations__", {})), cls.__name__)
-        flag = "--" + f.name.replace("_", "-")
+        flag = "--" + f.name.replace("_", "-") if is_flag(f) else f"{f.name} (config.json only)"
         rows.append({"name": f.name, "flag": flag, "type": _type_name(hints[f.name]), "default": _default_text(f),
                      "doc": " ".join(docs.get(f.name, "").split()), "part": part})
     return rows

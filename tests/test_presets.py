@@ -1,4 +1,5 @@
-"""Presets: the env's own by default, a note when there is none, a file of one's own, flags override."""
+"""Presets: the env's own by default, else its family's (by its spaces), a file of one's own, flags override;
+the config records where each value came from."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def test_every_preset_builds_a_valid_config():
 def test_resolve_auto_none_name_and_file(tmp_path):
     values, name = presets.resolve("ppo", "LunarLander-v3")
     assert name == "LunarLander-v3" and values["gamma"] == 0.999 and "_source" not in values
-    assert presets.resolve("ppo", "Taxi-v3") == ({}, None)
+    assert presets.resolve("impala", "Taxi-v4") == ({}, None)  # no preset and no families: the defaults
     assert presets.resolve("ppo", "LunarLander-v3", "none") == ({}, None)
     assert presets.resolve("ppo", "MyEnv-v0", "CartPole-v1")[0]["num_steps"] == 32
     mine = tmp_path / "mine.json"
@@ -58,7 +59,13 @@ def test_cli_applies_the_envs_preset_and_flags_win(tmp_path):
                               str(tmp_path), "--run-name", "m", "--backend", "serial"],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 0, missing.stderr
-    assert "no ppo preset for MountainCarContinuous-v0" in missing.stderr
+    assert "no ppo preset for MountainCarContinuous-v0; using the family continuous fallback" in missing.stderr
+    assert "  command line: " in missing.stderr and "  family continuous: " in missing.stderr
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["preset"] == "family:continuous" and config["update_epochs"] == 10 and config["num_steps"] == 16
+    assert config["sources"]["update_epochs"] == "family continuous"
+    assert config["sources"]["num_steps"] == "command line"
+
 
 
 def test_pipeline_ppo_presets_build_and_vector_envs_need_none():
@@ -71,3 +78,48 @@ def test_pipeline_ppo_presets_build_and_vector_envs_need_none():
     assert (car.num_steps, car.num_minibatches, car.update_epochs, car.head_hidden, car.anneal_lr) == (512, 32, 10, 512,
                                                                                                      False)
     assert presets.resolve("pipeline-ppo", "CartPole-v1") == ({}, None)
+
+
+def test_the_family_is_picked_from_the_spaces():
+    from gymnasium import spaces
+
+    vector, frames = spaces.Box(-1, 1, (3,)), spaces.Box(0, 255, (4, 84, 84), dtype="uint8")
+    assert presets.family_of(vector, spaces.Box(-1, 1, (2,))) == "continuous"
+    assert presets.family_of(vector, spaces.Discrete(3)) == "discrete"
+    assert presets.family_of(vector, spaces.MultiDiscrete([2, 3])) == "discrete"
+    assert presets.family_of(frames, spaces.Discrete(6)) == "image"
+    assert presets.family_of(frames, spaces.Box(-1, 1, (3,))) == "image"  # the observations decide first
+    assert presets.resolve("ppo", "MountainCarContinuous-v0")[1] == "family:continuous"
+    assert presets.resolve("ppo", "FrozenLake-v1")[1] == "family:discrete"  # one-hot observations: a vector
+    assert set(presets.families("ppo")) == {"continuous", "discrete", "image"}
+    values, name = presets.resolve("ppo", "CartPole-v1", "family:image")  # asked for by name
+    assert name == "family:image" and values["clip_coef"] == 0.1
+    for family in presets.families("ppo"):
+        presets.make_config("ppo", "X-v0", f"family:{family}").validate()
+
+
+def test_a_preset_and_given_values_win_over_the_family_and_are_recorded():
+    cfg = presets.make_config("ppo", "MountainCarContinuous-v0", learning_rate=1e-3)
+    assert cfg.preset == "family:continuous" and cfg.update_epochs == 10 and cfg.learning_rate == 1e-3
+    assert cfg.sources["learning_rate"] == "argument" and cfg.sources["update_epochs"] == "family continuous"
+    assert "gamma" not in cfg.sources  # the family's 0.99 is the default: nothing to say
+    assert presets.make_config("ppo", "Pendulum-v1").preset == "Pendulum-v1"  # an env's own preset first
+    plain = presets.make_config("ppo", "MountainCarContinuous-v0", "none")
+    assert plain.preset is None and plain.update_epochs == 4 and plain.sources == {"env": "argument"}
+    block = presets.describe(cfg)
+    assert block.splitlines()[1].startswith("  family continuous: ") and "update_epochs=10" in block
+    assert "  argument: " in block and "learning_rate=0.001" in block
+
+
+def test_the_cli_prints_the_sources_and_its_help_names_the_family(capsys):
+    from frugalrl.cli import _with_preset, main
+
+    cfg = _with_preset("ppo", PPOConfig, {"env": "MountainCarContinuous-v0", "gamma": 0.9})
+    err = capsys.readouterr().err
+    assert "family continuous: " in err and "  command line: " in err and "gamma=0.9" in err
+    assert cfg.sources["gamma"] == "command line" and cfg.sources["num_steps"] == "family continuous"
+    with pytest.raises(SystemExit):
+        main(["train", "ppo", "--env", "MountainCarContinuous-v0", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "family continuous: 0.0003; without it 0.00025" in out
+    assert "else from its family's (continuous, discrete, image" in out

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from frugalrl.algos import ALGORITHMS, algorithm
-from frugalrl.config import config_from_dict, field_docs, literal_choices
+from frugalrl.config import config_from_dict, field_docs, is_flag, literal_choices
 
 
 def _field_parser(tp: Any) -> Any:
@@ -89,21 +89,24 @@ def _default(f: dataclasses.Field) -> Any:
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
                        preset: tuple[dict[str, Any], str | None] = ({}, None)) -> None:
     """One ``--flag`` per field of dataclass ``cls`` (underscores become dashes), its help the field's
-    docstring and its effective default: the ``preset``'s value (its fields and name) where it sets one, else
-    the dataclass's. Only flags given on the command line are set on the namespace (the dataclass supplies the
-    defaults), so a resumed run can tell what was changed."""
+    docstring and its effective default: the ``preset``'s value (its fields and name: an env's preset or a
+    family's) where it sets one, else the dataclass's. Only flags given on the command line are set on the
+    namespace (the dataclass supplies the defaults), so a resumed run can tell what was changed. Fields that a
+    run only records (:func:`frugalrl.config.is_flag`) get no flag."""
+    from frugalrl.presets import label
+
     values, preset_name = preset
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
-        if f.name in skip:
+        if f.name in skip or not is_flag(f):
             continue
         flag = "--" + f.name.replace("_", "-")
         default = _default(f)
         required = default is dataclasses.MISSING
         shown = "required" if required else f"default: {_shown(default)}"
-        if f.name in values:
-            shown = f"preset {preset_name}: {_shown(values[f.name])}; without it {shown.removeprefix('default: ')}"
+        if f.name in values and preset_name is not None:
+            shown = f"{label(preset_name)}: {_shown(values[f.name])}; without it {shown.removeprefix('default: ')}"
         help_text = f"{docs.get(f.name, '')} ({shown})".strip().replace("%", "%%")
         choices = literal_choices(hints[f.name])
         common: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
@@ -135,9 +138,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train an agent (or continue a run with --resume)")
     algos = train.add_subparsers(dest="algo", required=True)
+    from frugalrl.presets import overview
+
     for name, entry in ALGORITHMS.items():
         _, cls = entry.load()
-        p = algos.add_parser(name, help=entry.help, description=f"{entry.help}. Flags are the fields of {entry.config}.")
+        p = algos.add_parser(name, help=entry.help,
+                             description=f"{entry.help}. Flags are the fields of {entry.config}. {overview(name)}")
         p.add_argument("--resume", metavar="RUN_DIR", default=None,
                        help="continue this run directory from its latest checkpoint, with its config.json "
                             "(flags given here change it, e.g. a larger --total-timesteps)")
@@ -184,19 +190,21 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _help_preset(algo: str, cls: type, argv: list[str] | None) -> tuple[dict[str, Any], str | None]:
-    """The preset that ``frugalrl train ALGO --help`` (with its ``--env`` / ``--preset``) would apply: the values
-    its help then shows as the defaults. Nothing unless ``argv`` asks for that algorithm's help."""
+    """The preset that ``frugalrl train ALGO --help`` (with its ``--env`` / ``--env-kwargs`` / ``--preset``) would
+    apply, the env's own or its family's: the values its help then shows as the defaults. Nothing unless ``argv``
+    asks for that algorithm's help, or if the env cannot be built here to find its family."""
     from frugalrl import presets
 
     if not argv or argv[:2] != ["train", algo] or not {"-h", "--help"} & set(argv):
         return {}, None
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--env", default=next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
+    pre.add_argument("--env-kwargs", type=_parse_json_dict, default=None)
     pre.add_argument("--preset", default=presets.AUTO)
-    known, _ = pre.parse_known_args(argv[2:])
     try:
-        return presets.resolve(algo, known.env, known.preset)
-    except ValueError:
+        known, _ = pre.parse_known_args(argv[2:])
+        return presets.resolve(algo, known.env, known.preset, known.env_kwargs)
+    except Exception:  # an env that cannot be built here, a bad preset: the help shows the dataclass's defaults
         return {}, None
 
 
@@ -255,7 +263,8 @@ def _train(args: argparse.Namespace) -> int:
             saved = read_config(args.resume)
             if saved.get("algo") != args.algo:
                 return _error(f"{args.resume} is a {saved.get('algo')} run, not {args.algo}")
-            cfg = config_from_dict(cls, {**saved, **changes}, where=f"{args.resume}/config.json")
+            sources = {**saved.get("sources", {}), **dict.fromkeys(changes, "command line (resume)")}
+            cfg = config_from_dict(cls, {**saved, **changes, "sources": sources}, where=f"{args.resume}/config.json")
         else:
             cfg = _with_preset(args.algo, cls, changes)
         summary = mod.train(cfg, resume=args.resume)
@@ -279,19 +288,26 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
-    """The config from the preset ``--preset`` names (the env's own by default), then the flags given."""
+    """The config from the preset ``--preset`` names (the env's own by default, else its family's), then the
+    flags given; prints where each value that is not the dataclass's default came from."""
     from frugalrl import presets
 
     choice = changes.pop("preset", presets.AUTO)
     env = changes.get("env", next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
-    values, name = presets.resolve(algo, env, choice)
-    if name is None and choice == presets.AUTO:
-        print(f"frugalrl: note: no {algo} preset for {env}; using the defaults of {cls.__name__} and your flags",
-              file=sys.stderr)
-    elif name is not None:
-        shown = {k: v for k, v in values.items() if k not in changes}
-        print(f"frugalrl: preset {name}: {json.dumps(shown)}", file=sys.stderr)
-    return config_from_dict(cls, {**values, **changes, "preset": name}, where=f"preset {name}")
+    try:
+        values, name = presets.resolve(algo, env, choice, changes.get("env_kwargs"))
+    except Exception as e:  # auto only: the run itself reports an env it cannot build
+        if choice != presets.AUTO:
+            raise
+        print(f"frugalrl: note: cannot build {env} here to choose its family ({e}); using the defaults of "
+              f"{cls.__name__}", file=sys.stderr)
+        values, name = {}, None
+    if choice == presets.AUTO and (name is None or name.startswith(presets.FAMILY)):
+        fallback = f"the {presets.label(name)} fallback" if name else f"the defaults of {cls.__name__}"
+        print(f"frugalrl: note: no {algo} preset for {env}; using {fallback} and your flags", file=sys.stderr)
+    cfg = presets.build(cls, values, name, changes)
+    print(f"frugalrl: {presets.describe(cfg)}", file=sys.stderr)
+    return cfg
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -42,6 +42,15 @@ WeightsCodec = Literal["fp32", "bf16", "fp16", "int8"]
 """How weights travel to the workers (see :mod:`frugalrl.wire.codecs`)."""
 
 
+RECORDED = {"flag": False}
+"""Metadata of a config field that a run records but the command line does not set (:func:`is_flag`)."""
+
+
+def is_flag(f: dataclasses.Field) -> bool:
+    """Whether config field ``f`` is a command-line flag: every field is, but the ones marked :data:`RECORDED`."""
+    return bool(f.metadata.get("flag", True))
+
+
 class ConfigPart:
     """Base of every config part: the end of the cooperative ``validate()`` chain."""
 
@@ -113,8 +122,13 @@ class RunConfig(ConfigPart):
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the env (JSON on the command line)."""
     preset: str | None = None
-    """The preset the settings start from (frugalrl.presets): on the command line the env's own by default,
-    'none', another env id, or a .json file; here, the one that was applied (None: the defaults)."""
+    """The preset the settings start from (frugalrl.presets): on the command line the env's own by default (else
+    its family's: 'family:continuous', 'family:discrete' or 'family:image', by the env's spaces, where the algorithm
+    has families), 'none', another env id, a family, or a .json file; here, the one that was applied (None: the
+    defaults)."""
+    sources: dict[str, str] = field(default_factory=dict, metadata=RECORDED)
+    """Where each value that differs from the dataclass's default came from ('preset NAME', 'family FAMILY',
+    'command line'...): what frugalrl.presets.build recorded, kept in config.json; not a flag."""
     seed: int = 1
     """Seed of the network, the envs, action sampling and minibatch order."""
     total_timesteps: int = 500_000

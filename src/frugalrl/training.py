@@ -42,7 +42,7 @@ from frugalrl.sync_state import StallWatch
 log = logging.getLogger("frugalrl")
 
 CHECKPOINT_FORMAT = 1
-_NOT_COMPARED = {"progress", "tensorboard", "plots", "run_dir", "run_name", "total_timesteps", "_meta", "algo"}
+_NOT_COMPARED = {"progress", "tensorboard", "plots", "run_dir", "run_name", "total_timesteps", "_meta", "algo", "sources"}
 
 
 class Stateful(Protocol):

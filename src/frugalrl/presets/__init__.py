@@ -1,48 +1,97 @@
-"""Per-env hyperparameter presets, like rl-zoo's hyperparameter files: ``presets/<algo>.json``.
+"""Per-env hyperparameter presets, like rl-zoo's hyperparameter files: ``presets/<algo>.json``, and fallbacks
+per family of envs for the envs that have none.
 
 Each file maps an env (a Gymnasium id, or a ``module:function`` factory) to field values of the algorithm's
 config, with ``_source`` saying where they come from. ``frugalrl train ALGO --env X`` starts from X's preset
-when there is one (and says so when there is none); flags given on the command line override it.
-``--preset NAME`` takes the preset of another env id, ``--preset FILE.json`` a file of your own (one set of
-fields, or a mapping env -> fields as here), ``--preset none`` the config's defaults. In Python:
-``frugalrl.presets.make_config("ppo", "LunarLander-v3", seed=2)``.
+when there is one; when there is none and the file has ``_families`` (PPO's), from the entry of X's family,
+chosen by its spaces (:func:`family_of`: ``continuous``, ``discrete`` or ``image``), so that a continuous-control
+task does not inherit Atari's settings. Flags given on the command line override either.
+``--preset NAME`` takes the preset of another env id, ``--preset family:continuous`` a family's, ``--preset
+FILE.json`` a file of your own (one set of fields, or a mapping env -> fields as here), ``--preset none`` the
+config's defaults. In Python: ``frugalrl.presets.make_config("ppo", "LunarLander-v3", seed=2)``. The config
+records where each value that differs from its default came from (``sources``, :func:`build`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 AUTO = "auto"
 NONE = "none"
+FAMILY = "family:"
+"""Prefix of a family's preset name (``family:continuous``)."""
+Family = Literal["continuous", "discrete", "image"]
+"""Families of envs that get their own fallback: Box actions, other actions, image observations."""
+
+
+def _file(algo: str) -> dict[str, Any]:
+    name = f"{algo.replace('-', '_')}.json"
+    path = resources.files(__package__).joinpath(name)
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def presets(algo: str) -> dict[str, dict[str, Any]]:
-    """Every preset of ``algo`` (``{}`` if it has no preset file)."""
-    name = f"{algo.replace('-', '_')}.json"
-    path = resources.files(__package__).joinpath(name)
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
-    return {k: v for k, v in data.items() if not k.startswith("_")}
+    """Every preset of ``algo`` by env (``{}`` if it has no preset file)."""
+    return {k: v for k, v in _file(algo).items() if not k.startswith("_")}
 
 
-def resolve(algo: str, env: str, preset: str | None = AUTO) -> tuple[dict[str, Any], str | None]:
+def families(algo: str) -> dict[str, dict[str, Any]]:
+    """``algo``'s fallback per family (the ``_families`` entry of its file; ``{}``: none, the config's defaults)."""
+    return {k: v for k, v in _file(algo).get("_families", {}).items() if not k.startswith("_")}
+
+
+def family_of(observation_space: gym.Space, action_space: gym.Space) -> Family:
+    """The family of an env with these (single-env) spaces: ``image`` for observations that ``--net auto`` gives a
+    CNN (uint8 frames, small grids), else ``continuous`` for Box actions, else ``discrete``."""
+    import gymnasium as gym
+
+    from frugalrl.nets import image_layout
+
+    if image_layout(observation_space) is not None:
+        return "image"
+    return "continuous" if isinstance(action_space, gym.spaces.Box) else "discrete"
+
+
+def env_family(env: str, env_kwargs: dict[str, Any] | None = None) -> Family:
+    """The family of ``env``: one env is built here, as a worker builds it, to read its spaces."""
+    from frugalrl.envs.spec import to_env_spec
+
+    made = to_env_spec(env, env_kwargs).make()
+    try:
+        return family_of(made.observation_space, made.action_space)
+    finally:
+        made.close()
+
+
+def resolve(algo: str, env: str, preset: str | None = AUTO,
+            env_kwargs: dict[str, Any] | None = None) -> tuple[dict[str, Any], str | None]:
     """The field values ``preset`` gives ``algo`` on ``env``, and its name (None: no preset applies).
 
-    ``preset``: ``"auto"`` (``env``'s own, if any), ``"none"``, an env id of the algorithm's file, or a
-    ``.json`` file (its fields, or the entry for ``env`` in a mapping env -> fields). ``ValueError`` names
-    an unknown preset.
+    ``preset``: ``"auto"`` (``env``'s own if any, else its family's, named ``family:NAME``: ``env`` is built once
+    with ``env_kwargs`` to read its spaces), ``"none"``, an env id of the algorithm's file, ``family:NAME``, or a
+    ``.json`` file (its fields, or the entry for ``env`` in a mapping env -> fields). ``ValueError`` names an
+    unknown preset.
     """
     if preset is None or preset.lower() in (NONE, "null", ""):
         return {}, None
-    table = presets(algo)
+    table, fallbacks = presets(algo), families(algo)
     if preset == AUTO:
-        return (_fields(table[env]), env) if env in table else ({}, None)
+        if env in table:
+            return _fields(table[env]), env
+        if not fallbacks:
+            return {}, None
+        preset = FAMILY + env_family(env, env_kwargs)
     if preset in table:
         return _fields(table[preset]), preset
+    if preset.startswith(FAMILY) and preset.removeprefix(FAMILY) in fallbacks:
+        return _fields(fallbacks[preset.removeprefix(FAMILY)]), preset
     path = Path(preset)
     if path.suffix == ".json" and path.is_file():
         data = json.loads(path.read_text())
@@ -51,7 +100,7 @@ def resolve(algo: str, env: str, preset: str | None = AUTO) -> tuple[dict[str, A
         if not isinstance(data, dict):
             raise ValueError(f"preset file {path} must hold a JSON object of config fields")
         return _fields(data), str(path)
-    known = ", ".join(sorted(table)) or "none"
+    known = ", ".join([*sorted(table), *(FAMILY + f for f in fallbacks)]) or "none"
     raise ValueError(f"unknown {algo} preset {preset!r}: give an env id with a preset ({known}), a .json file, "
                      "'auto' or 'none'")
 
@@ -60,11 +109,66 @@ def _fields(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if not k.startswith("_")}
 
 
-def make_config(algo: str, env: str, preset: str | None = AUTO, **overrides: Any) -> Any:
-    """``algo``'s config for ``env``: the preset's values, then ``overrides`` (the Python ``--preset``)."""
-    from frugalrl.algos import algorithm
+def label(name: str) -> str:
+    """How a preset's name reads as the source of a value: ``preset CartPole-v1``, ``family continuous``."""
+    return f"family {name.removeprefix(FAMILY)}" if name.startswith(FAMILY) else f"preset {name}"
+
+
+def overview(algo: str) -> str:
+    """One sentence for ``--help``: which presets and families set ``algo``'s defaults ('' if none)."""
+    table, fallbacks = presets(algo), families(algo)
+    if not table:
+        return ""
+    text = f"Defaults come from the env's preset if it has one ({', '.join(table)})"
+    if fallbacks:
+        text += (f", else from its family's ({', '.join(fallbacks)}, by its spaces: image observations, else Box "
+                 "actions, else discrete)")
+    return text + ", else from the dataclass; flags override them, --preset none skips them."
+
+
+def build(cls: type, values: dict[str, Any], name: str | None, given: dict[str, Any],
+          given_as: str = "command line") -> Any:
+    """Config ``cls`` from a preset's ``values`` (its ``name``), then the fields ``given`` (they win).
+
+    Its ``sources`` say where each value that differs from the dataclass's default came from: the preset's
+    :func:`label`, or ``given_as``.
+    """
     from frugalrl.config import config_from_dict
 
+    data = {**values, **given, "preset": name}
+    cfg = config_from_dict(cls, data, where="config" if name is None else label(name))
+    origin = {**{k: label(name) for k in values if name is not None}, **{k: given_as for k in given}}
+    cfg.sources = {f.name: origin[f.name] for f in dataclasses.fields(cls)
+                   if f.name in origin and f.name not in ("preset", "sources")
+                   and getattr(cfg, f.name) != _default(f)}
+    return cfg
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def describe(cfg: Any) -> str:
+    """The compact block a run prints at its start: each value that differs from the dataclass's default, by
+    source (``cfg.sources``), and the preset applied even where it changes none."""
+    by_source: dict[str, list[str]] = {}
+    if cfg.preset is not None:
+        by_source[label(cfg.preset)] = []
+    for key, source in cfg.sources.items():
+        by_source.setdefault(source, []).append(f"{key}={json.dumps(getattr(cfg, key))}")
+    lines = [f"  {source}: {' '.join(items) or '(no value other than the defaults)'}" for source, items in by_source.items()]
+    return "\n".join([f"settings: {type(cfg).__name__}'s defaults, except", *lines] if lines else
+                     [f"settings: {type(cfg).__name__}'s defaults"])
+
+
+def make_config(algo: str, env: str, preset: str | None = AUTO, **overrides: Any) -> Any:
+    """``algo``'s config for ``env``: the preset's values (or the family's), then ``overrides`` (the Python
+    ``--preset``); its ``sources`` say which set each value."""
+    from frugalrl.algos import algorithm
+
     _, cls = algorithm(algo).load()
-    values, name = resolve(algo, env, preset)
-    return config_from_dict(cls, {**values, **overrides, "env": env, "preset": name}, where=f"preset {name}")
+    values, name = resolve(algo, env, preset, overrides.get("env_kwargs"))
+    return build(cls, values, name, {**overrides, "env": env}, given_as="argument")
+

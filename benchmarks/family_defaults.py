@@ -1,0 +1,180 @@
+"""PPO's fallback per family of envs, on envs the learning suite does not report, against SB3's PPO with its
+plain defaults: same machine, same steps, same evaluation.
+
+    python benchmarks/family_defaults.py                                  # every env and seed, both sides
+    python benchmarks/family_defaults.py --envs Hopper-v5 --seeds 101     # one env, one seed
+    python benchmarks/family_defaults.py --report                         # the table from the cached runs
+
+Sides, each run a fresh interpreter, one after the other (never two at once), torch on one thread on both:
+
+- ``frugal``: ``frugalrl train ppo --env X --total-timesteps N --seed S`` and the output flags only. No preset
+  exists for X, so the fallback of X's family applies (``continuous`` for these envs: ``_families`` in
+  ``frugalrl/presets/ppo.json``);
+- ``frugal-discrete``: the same with ``--preset family:discrete``, the fallback every env got before the
+  families (CleanRL's discrete settings), for reference (``--sides``);
+- ``sb3``: ``PPO("MlpPolicy", make_vec_env(X, n_envs=1, seed=S), seed=S, device="cpu")``: SB3's defaults.
+
+Evaluation: ``EVAL_EPISODES`` deterministic episodes after the last update. frugalrl plays them on a fresh env
+seeded ``10000 + S + i`` (its run evaluation); SB3's ``evaluate_policy(deterministic=True)`` on a fresh
+one-env vector env seeded ``10000 + S`` once (its later resets continue that env's generator). Each run's result
+is cached in ``benchmarks/results/family_defaults/``; ``benchmarks/results/family_defaults.json`` holds them all
+with the commit, date, machine and commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+CACHE = RESULTS / "family_defaults"
+ENVS = ["InvertedDoublePendulum-v5", "Hopper-v5"]
+SEEDS = [101, 102, 103]
+STEPS = 200_000
+EVAL_EPISODES = 10  # frugalrl's RunConfig.eval_episodes default
+EVAL_SEED = 10_000  # frugalrl.evaluation.EVAL_SEED
+SIDES = ["frugal", "sb3"]
+EXTRA = {"frugal": [], "frugal-discrete": ["--preset", "family:discrete"]}
+
+
+def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
+    """The CLI run of one frugalrl side: only the env, budget and seed change the training."""
+    return [sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--env", env, "--total-timesteps", str(steps),
+            "--seed", str(seed), *EXTRA[side], "--torch-threads", "1", "--run-dir", str(CACHE / "runs"),
+            "--run-name", f"{side}-{env}-s{seed}", "--no-progress", "--no-tensorboard", "--no-plots"]
+
+
+def run_frugal(env: str, seed: int, steps: int, side: str) -> dict[str, Any]:
+    """One frugalrl run through the CLI, as a user starts it; its summary's figures."""
+    cmd = frugal_command(env, seed, steps, side)
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side} {env} seed {seed} failed:\n{done.stderr[-3000:]}")
+    run_dir = CACHE / "runs" / f"{side}-{env}-s{seed}"
+    s = json.loads((run_dir / "summary.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    return {"return": s["eval_return_mean"], "return_std": s["eval_return_std"],
+            "eval_episodes": s["eval_episodes"], "env_steps": s["env_steps"], "train_seconds": s["train_seconds"],
+            "wall_seconds": time.monotonic() - t0, "preset": config["preset"], "sources": config["sources"],
+            "settings_printed": [line for line in done.stderr.splitlines() if line.startswith(("frugalrl:", "  "))],
+            "command": " ".join(cmd[1:])}
+
+
+def run_sb3(env: str, seed: int, steps: int) -> dict[str, Any]:
+    """One SB3 run in a fresh interpreter (``--sb3-run``)."""
+    cmd = [sys.executable, __file__, "--sb3-run", env, "--seed", str(seed), "--steps", str(steps)]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"SB3 {env} seed {seed} failed:\n{done.stderr[-3000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**out, "wall_seconds": time.monotonic() - t0, "command": " ".join(cmd[1:])}
+
+
+def _sb3_main(env: str, seed: int, steps: int) -> None:
+    """One SB3 run with its defaults; prints its result as one JSON line."""
+    import stable_baselines3
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    torch.set_num_threads(1)
+    model = PPO("MlpPolicy", make_vec_env(env, n_envs=1, seed=seed), seed=seed, device="cpu")
+    t0 = time.monotonic()
+    model.learn(total_timesteps=steps)
+    train_seconds = time.monotonic() - t0
+    eval_env = make_vec_env(env, n_envs=1, seed=EVAL_SEED + seed)
+    mean, std = evaluate_policy(model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
+    print(json.dumps({"return": float(mean), "return_std": float(std), "eval_episodes": EVAL_EPISODES,
+                      "env_steps": int(model.num_timesteps), "train_seconds": train_seconds,
+                      "sb3": stable_baselines3.__version__, "torch_threads": torch.get_num_threads()}))
+
+
+def table(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per env and side: the returns by seed, their mean and median; per env, frugal's ratios to SB3's."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in runs.values():
+        row = out.setdefault(r["env"], {}).setdefault(r["side"], {"seeds": [], "returns": []})
+        row["seeds"].append(r["seed"])
+        row["returns"].append(round(r["return"], 1))
+    for sides in out.values():
+        for row in sides.values():
+            row["mean"] = round(statistics.fmean(row["returns"]), 1)
+            row["median"] = round(statistics.median(row["returns"]), 1)
+        if "frugal" in sides and "sb3" in sides:
+            sides["ratio"] = {k: round(sides["frugal"][k] / sides["sb3"][k], 2) for k in ("mean", "median")}
+    return out
+
+
+def markdown(rows: dict[str, dict[str, Any]]) -> str:
+    """The table of :func:`table` as Markdown."""
+    lines = ["| env | side | returns by seed | mean | median |", "|---|---|---|---:|---:|"]
+    for env, sides in rows.items():
+        for side, row in sides.items():
+            if side != "ratio":
+                shown = ", ".join(f"{s}: {v}" for s, v in zip(row["seeds"], row["returns"], strict=True))
+                lines.append(f"| {env} | {side} | {shown} | {row['mean']} | {row['median']} |")
+        if "ratio" in sides:
+            lines.append(f"| {env} | frugal / sb3 | | {sides['ratio']['mean']} | {sides['ratio']['median']} |")
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--envs", nargs="+", default=ENVS)
+    p.add_argument("--seeds", nargs="+", type=int, default=SEEDS)
+    p.add_argument("--sides", nargs="+", default=SIDES, choices=[*EXTRA, "sb3"])
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--force", action="store_true", help="rerun runs that are cached")
+    p.add_argument("--report", action="store_true", help="only rebuild the JSON and table from the cache")
+    p.add_argument("--sb3-run", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.sb3_run:
+        _sb3_main(args.sb3_run, args.seed, args.steps)
+        return 0
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        for seed in args.seeds:  # seed by seed, so that a run cut short leaves every env with the same seeds
+            for env in args.envs:
+                for side in args.sides:  # both sides of a seed back to back
+                    path = CACHE / f"{side}-{env}-s{seed}.json"
+                    if path.exists() and not args.force:
+                        continue
+                    out = run_sb3(env, seed, args.steps) if side == "sb3" else run_frugal(env, seed, args.steps, side)
+                    out.update(env=env, side=side, seed=seed, steps=args.steps, date=time.strftime("%Y-%m-%d %H:%M"))
+                    path.write_text(json.dumps(out, indent=1))
+                    print(f"[{time.strftime('%H:%M:%S')}] {env} {side} seed {seed}: {out['return']:.1f} "
+                          f"({out['wall_seconds']:.0f} s)", flush=True)
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(CACHE.glob("*.json"))}
+    rows = table(runs)
+    result = {
+        "commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+                    "python": platform.python_version()},
+        "torch_threads": 1, "eval_episodes": EVAL_EPISODES, "deterministic": True,
+        "command": "python benchmarks/family_defaults.py " + " ".join(a for a in sys.argv[1:] if a != "--report"),
+        "table": rows, "runs": runs,
+    }
+    (RESULTS / "family_defaults.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
