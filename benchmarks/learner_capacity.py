@@ -47,8 +47,9 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def one(setting: str, workers: int, updates: int) -> dict[str, Any]:
-    """The head's time by phase over ``updates`` rollouts + PPO updates with ``workers`` emulated workers."""
+def one(setting: str, workers: int, updates: int, backend: str = "replay") -> dict[str, Any]:
+    """The head's time by phase over ``updates`` rollouts + PPO updates with ``workers`` emulated workers (or real
+    ones: ``backend="local"``, to check the replayed bytes against a real run's)."""
     import torch
 
     import frugalrl.envs.cluster as cluster_module
@@ -61,7 +62,7 @@ def one(setting: str, workers: int, updates: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     rule, codec, delta = SETTINGS[setting]
     base_rss = _rss_mb()
-    env = ClusterEnv(ENV, num_workers=workers, envs_per_worker=K, backend="replay", seed=0, weights_codec=codec,
+    env = ClusterEnv(ENV, num_workers=workers, envs_per_worker=K, backend=backend, seed=0, weights_codec=codec,
                      weights_delta=delta, sync=AAPS(0.05) if rule == "aaps" else EveryUpdate())
     cfg = make_config("ppo", ENV, seed=0)
     torch.manual_seed(0)
@@ -154,10 +155,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--updates", type=int, default=4, help="measured rollouts + updates per run")
     ap.add_argument("--one", nargs=2, metavar=("SETTING", "WORKERS"), help=argparse.SUPPRESS)
+    ap.add_argument("--backend", default="replay", choices=["replay", "local"],
+                    help="local: real worker processes (on a small machine, few), to check the replayed bytes")
     ap.add_argument("--out", default="learner_capacity")
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(one(args.one[0], int(args.one[1]), args.updates)))
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.updates, args.backend)))
         return {}
     t0 = time.time()
     start_load = os.getloadavg()
@@ -166,8 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = []
     for setting in args.settings:
         for w in args.workers:
-            proc = subprocess.run([sys.executable, __file__, "--one", setting, str(w), "--updates", str(args.updates)],
-                                  capture_output=True, text=True, check=True)
+            proc = subprocess.run([sys.executable, __file__, "--one", setting, str(w), "--updates", str(args.updates),
+                                   "--backend", args.backend], capture_output=True, text=True, check=True)
             row = json.loads(proc.stdout.strip().splitlines()[-1])
             row["model"] = model(row, worker_us)
             row["serve_vs_worker"] = row["serve_us_per_step"] / worker_us
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit, "torch_threads": 1,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": start_load,
                        "load_avg_end": os.getloadavg()},
-           "env": ENV, "envs_per_worker": K, "num_steps": T, "worker_us_per_env_step": worker_us, "rows": rows,
+           "backend": args.backend, "env": ENV, "envs_per_worker": K, "num_steps": T, "worker_us_per_env_step": worker_us, "rows": rows,
            "seconds": round(time.time() - t0, 1)}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))
