@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install demo test test-all lint docs bench clean
+.PHONY: install demo test test-all lint docs bench clean headline headline-quick
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,17 @@ test: install
 
 test-all: install
 	$(PY) -m pytest -q
+
+# The README's headline table, every row re-measured on this commit with its reference (a few hours on 2 cores;
+# rows already measured at this commit are kept): benchmarks/headline.py, docs/benchmarks.md#protocol.
+headline: install
+	$(PIP) install -q -e ".[suite,lda-bench]"
+	$(PY) benchmarks/headline.py
+
+# The same rows at tiny budgets, into benchmarks/results/headline/quick/ (not in git): does it run end to end.
+headline-quick: install
+	$(PIP) install -q -e ".[suite,lda-bench]"
+	$(PY) benchmarks/headline.py --quick
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks examples docs

@@ -158,6 +158,7 @@ def sb3_run(env: str, seed: int, steps: int) -> dict[str, Any]:
     from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
     from stable_baselines3.common.vec_env import VecNormalize
 
+    t_start = time.monotonic()  # the same clock as frugal_run's wall_s: from building the envs to the trained model
     spec = ENVS[env]
     hp = dict(spec["zoo"])
     env_spec = to_env_spec(*env_of(env))
@@ -181,6 +182,7 @@ def sb3_run(env: str, seed: int, steps: int) -> dict[str, Any]:
     t0 = time.monotonic()
     model.learn(total_timesteps=steps)
     train_s = time.monotonic() - t0
+    wall_s = time.monotonic() - t_start
     cap = spec["eval_max_steps"]
     vecnorm = venv if normalize else None
     out: dict[str, Any] = {}
@@ -191,7 +193,7 @@ def sb3_run(env: str, seed: int, steps: int) -> dict[str, Any]:
     final, final_std = evaluate_sb3(model, env_spec, seed, True, vecnorm, cap, wrapper)
     stochastic, _ = evaluate_sb3(model, env_spec, seed, False, vecnorm, cap, wrapper)
     return {"seed": seed, "final_eval_return": final, "final_eval_std": final_std, "stochastic_return": stochastic,
-            "env_steps": int(model.num_timesteps), "train_s": train_s, "sb3": stable_baselines3.__version__,
+            "env_steps": int(model.num_timesteps), "train_s": train_s, "wall_s": wall_s, "sb3": stable_baselines3.__version__,
             "eval_wrapper": None if wrapper is None else wrapper.__name__, **out}
 
 
@@ -246,13 +248,20 @@ def frugal_run(env: str, variant: str, seed: int, steps: int, settings: dict[str
                                                      "net")}}
 
 
+def _sample_std(values: list[float]) -> float:
+    """Sample standard deviation (ddof = 1) over seeds; 0 for one seed."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
 def _row(variant: str, rs: list[dict[str, Any]]) -> dict[str, Any]:
     finals = [r["final_eval_return"] for r in rs]
     sampled = [r.get("stochastic_return") for r in rs]
-    row = {"variant": variant, "finals": finals, "mean": float(np.mean(finals)), "std": float(np.std(finals)),
+    row = {"variant": variant, "finals": finals, "mean": float(np.mean(finals)), "std": _sample_std(finals),
            "train_s_mean": float(np.mean([r["train_s"] for r in rs])), "runs": rs}
+    if all("wall_s" in r for r in rs):
+        row["wall_s_mean"] = float(np.mean([r["wall_s"] for r in rs]))
     if all(x is not None for x in sampled):
-        row.update(stochastic=sampled, stochastic_mean=float(np.mean(sampled)), stochastic_std=float(np.std(sampled)))
+        row.update(stochastic=sampled, stochastic_mean=float(np.mean(sampled)), stochastic_std=_sample_std(sampled))
     if all("bytes_total" in r for r in rs):
         row["mb_mean"] = float(np.mean([r["bytes_total"] for r in rs])) / 1e6
     return row

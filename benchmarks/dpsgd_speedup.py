@@ -55,13 +55,13 @@ def first_reach(curve: list[tuple[float, int]], target: float, above: bool) -> f
 
 
 def stats(values: list[float | None], lengths: list[float] | None = None) -> dict[str, Any]:
-    """Mean and std of the times that are not None (``mean``, ``std``), how many reached (``reached``), and
+    """Mean and sample std (ddof = 1) of the times that are not None (``mean``, ``std``), how many reached (``reached``), and
     with ``lengths`` (each run's duration) the mean over *every* run, an unreached one counted at its
     length (``all_mean``; ``all_lower_bound`` says whether any was, so the true mean is at least that)."""
     got = [v for v in values if v is not None]
     out: dict[str, Any] = {
         "mean": float(np.mean(got)) if got else None,
-        "std": float(np.std(got)) if got else None,
+        "std": (float(np.std(got, ddof=1)) if len(got) > 1 else 0.0) if got else None,
         "reached": f"{len(got)}/{len(values)}",
     }
     if lengths is not None:

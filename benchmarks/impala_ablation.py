@@ -103,7 +103,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
             def m(key: str, sel: list[dict[str, Any]] = sel) -> str:
                 vals = [r[key] for r in sel]
-                return f"{np.mean(vals):.1f}" + (f" ± {np.std(vals):.1f}" if len(vals) > 1 else "")
+                return f"{np.mean(vals):.1f}" + (f" ± {np.std(vals, ddof=1):.1f}" if len(vals) > 1 else "")
 
             flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in json.loads(extra).items()) or "—"
             lines.append(f"| {env} ({steps / 1e6:g}M) | {name} | {flags} | {len(sel)} | {m('final_return')} | "

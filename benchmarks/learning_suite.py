@@ -173,7 +173,7 @@ def run_frugal(key: str, variant: str, seed: int) -> dict[str, Any]:
 
 def run_sb3(key: str, seed: int) -> dict[str, Any]:
     """SB3 PPO with the zoo's hyperparameters, in a fresh interpreter (``--sb3-run``)."""
-    cmd = [sys.executable, __file__, "--sb3-run", key, "--seed", str(seed)]
+    cmd = [sys.executable, __file__, "--sb3-run", key, "--seed", str(seed), "--steps", str(ENVS[key]["steps"])]
     t0 = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -364,7 +364,7 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
             reach = [first_reach(r["eval_history"], spec["reference"]) for r in runs]
             rows[variant] = {
                 "seeds": [r["seed"] for r in runs],
-                "final_return_mean": float(np.mean(finals)), "final_return_std": float(np.std(finals)),
+                "final_return_mean": float(np.mean(finals)), "final_return_std": sample_std(finals),
                 "final_return_per_seed": finals,
                 "stochastic_return_mean": float(np.mean([r["stochastic_return"] for r in runs])),
                 "wall_seconds_mean": float(np.mean([r["wall_seconds"] for r in runs])),
@@ -432,6 +432,11 @@ def impala_rows(rows: dict[str, Any]) -> None:
             row["seconds_to_reference_vs_copy"] = float(np.mean(secs) / np.mean(copy_secs))
         if row["bytes_weights_mean"]:
             row["weight_bytes_fewer_than_every_copy"] = every_bytes / row["bytes_weights_mean"]
+
+
+def sample_std(values: list[float]) -> float:
+    """Sample standard deviation (ddof = 1) over seeds; 0 for one seed."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
 def _ratio(ours: float, ref: float) -> float:
@@ -536,7 +541,21 @@ def main() -> int:
     p.add_argument("--report", action="store_true", help="only rebuild the table and plots from the cache")
     p.add_argument("--sb3-run", default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=None, help="env steps of every run (default: each env's budget)")
+    p.add_argument("--impala-steps", type=int, default=None, help="env steps of IMPALA runs (default: --steps or "
+                   "each env's IMPALA budget)")
+    p.add_argument("--out", default="learning_suite", help="name of the table's JSON/MD under benchmarks/results")
+    p.add_argument("--cache", default=None, help="directory of the per-run caches (default: results/learning_suite)")
     args = p.parse_args()
+    global CACHE
+    if args.cache:
+        CACHE = Path(args.cache)
+    for key in args.envs if args.steps or args.impala_steps else []:
+        if args.steps:
+            ENVS[key]["steps"] = args.steps
+            ENVS[key].pop("impala_steps", None)
+        if args.impala_steps:
+            ENVS[key]["impala_steps"] = args.impala_steps
     if args.sb3_run:
         _sb3_main(args.sb3_run, args.seed)
         return 0
@@ -557,15 +576,16 @@ def main() -> int:
                     print(f"[{time.strftime('%H:%M:%S')}] {key} {variant} seed {seed}: final {out['final_return']:.1f}, "
                           f"wall {out['wall_seconds']:.0f} s ({time.monotonic() - t0:.0f} s)", flush=True)
     cached = {p.stem: json.loads(p.read_text()) for p in sorted(CACHE.glob("*.json"))}
-    results = {name: r for name, r in cached.items() if at_budget(r, r["env"])}
+    results = {name: r for name, r in cached.items() if r["env"] in args.envs and at_budget(r, r["env"])}
     table = aggregate(results)
     # The command that makes the cached runs (--report only reads them).
     command = "python benchmarks/learning_suite.py " + " ".join(a for a in sys.argv[1:] if a != "--report")
     out = {"command": command, "machine": {"cpus": 2, "processor": platform.processor() or platform.machine(),
                                            "python": platform.python_version()},
            "envs": ENVS, "zoo": ZOO, "table": table, "runs": results}
-    (RESULTS / "learning_suite.json").write_text(json.dumps(out, indent=1, default=str))
-    (RESULTS / "learning_suite.md").write_text(markdown(table, command))
+    (RESULTS / f"{args.out}.json").parent.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1, default=str))
+    (RESULTS / f"{args.out}.md").write_text(markdown(table, command))
     plot(results)
     print(markdown(table, command))
     return 0

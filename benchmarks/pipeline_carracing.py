@@ -111,7 +111,7 @@ def main() -> None:
         table[variant] = row
     print(f"\n{'variant':12s} {'return':>16s} {'total MB':>10s} {'grad MB':>9s} {'total/dense':>11s} {'grad/dense':>10s}")
     for v, row in table.items():
-        print(f"{v:12s} {row['return_mean']:8.1f} ± {np.std(row['return_per_seed']):5.1f} "
+        print(f"{v:12s} {row['return_mean']:8.1f} ± {np.std(row['return_per_seed'], ddof=1) if len(row['return_per_seed']) > 1 else 0.0:5.1f} "
               f"{row['total_bytes'] / 1e6:10.1f} {row['gradient_bytes'] / 1e6:9.1f} "
               f"{row.get('total_vs_dense', float('nan')):11.3f} {row.get('gradients_vs_dense', float('nan')):10.4f}")
     out = {

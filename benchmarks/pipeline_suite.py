@@ -97,7 +97,7 @@ def table(results: list[dict[str, Any]], study: str) -> dict[str, Any]:
         if not rows:
             continue
         agg = {name: {"seeds": [r["seed"] for r in rs], "final_return_mean": float(np.mean([r["final_return"] for r in rs])),
-                      "final_return_std": float(np.std([r["final_return"] for r in rs])),
+                      "final_return_std": float(np.std([r["final_return"] for r in rs], ddof=1)) if len(rs) > 1 else 0.0,
                       "final_return_per_seed": [r["final_return"] for r in rs],
                       "gradient_bytes_mean": float(np.mean([r["bytes"].get("gradients", 0) for r in rs])),
                       "total_bytes_mean": float(np.mean([r["bytes"].get("total", 0) for r in rs])),
@@ -136,10 +136,19 @@ def main() -> int:
     p.add_argument("--accumulate", choices=ACCUMULATORS, default=None,
                    help="the accumulator of the sparse variants (default: PipelinePPOConfig's)")
     p.add_argument("--report", action="store_true")
+    p.add_argument("--cuts", nargs="+", default=list(CUTS), choices=list(CUTS), help="cut-gradient variants")
+    p.add_argument("--steps", type=int, default=None, help="env steps of every run (default: each env's, STEPS)")
+    p.add_argument("--out", default=None, help="name of the JSON/MD under benchmarks/results (default: the study's)")
+    p.add_argument("--cache", default=None, help="directory of the per-run caches (default: results/pipeline_suite)")
     args = p.parse_args()
+    global CACHE
+    if args.cache:
+        CACHE = Path(args.cache)
+    if args.steps:
+        STEPS.update({env: args.steps for env in STEPS})
     CACHE.mkdir(parents=True, exist_ok=True)
     envs = args.envs or (list(STEPS) if args.study == "cuts" else ["CartPole-v1", "LunarLander-v3"])
-    jobs = ([(env, cut, args.accumulate) for env in envs for cut in CUTS] if args.study == "cuts"
+    jobs = ([(env, cut, args.accumulate) for env in envs for cut in args.cuts] if args.study == "cuts"
             else [(env, "p0.99", acc) for env in envs for acc in ACCUMULATORS])
     if not args.report:
         for seed in args.seeds:
@@ -154,7 +163,8 @@ def main() -> int:
     results = [json.loads(q.read_text()) for q in sorted(CACHE.glob(f"{args.study}-*.json"))]
     tab = table(results, args.study)
     command = "python benchmarks/pipeline_suite.py " + " ".join(sys.argv[1:])
-    stem = "pipeline_suite" if args.study == "cuts" else "pipeline_accumulator"
+    stem = args.out or ("pipeline_suite" if args.study == "cuts" else "pipeline_accumulator")
+    (RESULTS / f"{stem}.json").parent.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps({"command": command, "steps": STEPS, "table": tab,
                                                       "runs": results}, indent=1))
     (RESULTS / f"{stem}.md").write_text(markdown(tab, command, args.study))

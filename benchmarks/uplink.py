@@ -174,7 +174,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                            for k in kinds},
         "eval_returns": rets,
         "eval_return_mean": round(float(np.mean(rets)), 2),
-        "eval_return_std": round(float(np.std(rets)), 2),
+        "eval_return_std": round(float(np.std(rets, ddof=1)) if len(rets) > 1 else 0.0, 2),
         "steps_per_second": round(float(np.mean([r["steps_per_second"] for r in runs])), 1),
         "weight_syncs": [r["weight_syncs"] for r in runs],
     }
