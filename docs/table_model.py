@@ -39,11 +39,11 @@ def combine(op: str, values: Sequence[Any]) -> float | None:
     present = [float(v) for v in values if v is not None]
     if op == "mean":
         return sum(present) / len(present) if present else None
-    if op == "std":  # population standard deviation, as numpy's default
+    if op == "std":  # sample standard deviation (ddof = 1) over seeds: the claims protocol's; 0 for one value
         if not present:
             return None
         m = sum(present) / len(present)
-        return math.sqrt(sum((x - m) ** 2 for x in present) / len(present))
+        return math.sqrt(sum((x - m) ** 2 for x in present) / (len(present) - 1)) if len(present) > 1 else 0.0
     if op == "ratio":
         a, b = values
         return None if a is None or b is None or b == 0 else float(a) / float(b)
@@ -184,7 +184,7 @@ def pm(src: Source, mean: Pointer, std: Pointer, fmt: str = ".1f") -> Cell:
 
 
 def mean_std(src: Source, paths: Sequence[Pointer], fmt: str = ".1f") -> Cell:
-    """Mean ± population std of the numbers at ``paths`` (the mean alone for one path)."""
+    """Mean ± sample std (ddof = 1) of the numbers at ``paths`` (the mean alone for one path)."""
     if len(paths) == 1:
         return [src.num(*paths[0], fmt=fmt)]
     return [src.agg("mean", paths, fmt), " ± ", src.agg("std", paths, fmt)]

@@ -84,7 +84,7 @@ def _expected(op: str, values: list[Any]) -> float | None:
     if op == "mean":
         return mean
     if op == "std":
-        return math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / len(xs))
+        return math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
     if op == "sum":
         return math.fsum(xs)
     if op == "count":
@@ -208,6 +208,36 @@ def test_readme_is_a_landing_page_with_the_headline_table_of_the_json():
     start, end = text.index(gen.HEAD_START) + len(gen.HEAD_START), text.index(gen.HEAD_END)
     assert text[start:end].strip() == gen.readme_headline().strip(), (
         "the README's headline table differs from the JSON: run `python docs/gen_tables.py --update-readme`")
+
+
+def test_headline_rows_come_from_one_commit():
+    """The README's headline table is one `make headline` on one commit: every row's JSON names the same commit,
+    clean code and the full budget (quick runs live in headline/quick/, out of git)."""
+    rows = {p.stem: json.loads(p.read_text()) for p in sorted((RESULTS / "headline").glob("*.json"))
+            if "-raw" not in p.stem}
+    assert {"ppo", "dropin", "hsa2c"} <= set(rows), sorted(rows)
+    commits = {r["commit"] for r in rows.values()}
+    assert len(commits) == 1, {k: r["commit"] for k, r in rows.items()}
+    for key, r in rows.items():
+        assert r["budget"] == "full" and not r["dirty"], key
+        assert "skipped" in r or ("summary" in r and r["commands"]), key
+
+
+def test_headline_quick_runs_a_row_and_caches_it_by_commit():
+    """`benchmarks/headline.py --quick` end to end on its cheapest row: the JSON names the commit, the second call
+    reuses it."""
+    quick = RESULTS / "headline" / "quick" / "compress.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "headline.py"), "--quick", "--rows", "compress", "--force"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = json.loads(quick.read_text())
+    assert first["budget"] == "quick" and first["summary"]["speedup_batch1"] > 0
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    assert first["commit"] == head.stdout.strip()
+    again = subprocess.run(cmd[:-1], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    # uncommitted code is never reused (it may have changed between the calls): only a clean tree's row is cached
+    assert ("cached at" in again.stdout) == (not first["dirty"]), again.stdout[-2000:]
 
 
 def test_readme_example_is_the_getting_started_one():
