@@ -269,7 +269,8 @@ ROWS: dict[str, Row] = {r.key: r for r in (
     Row("compress", "AcceRL compressor chain (prune, distill, int8, ONNX), Nature-CNN on Pong frames",
         compress_commands, compress_summary, does_not_show="time per state of the actor network, not learning"),
     Row("accerl", "AcceRL actors `prune:0.5,distill,int8,onnx` vs learner copies (AAPS on for both)", accerl_commands,
-        accerl_summary, trims="IMPALA's LunarLander budget 2M → 1M steps; MinAtar and ALE left to the suite",
+        accerl_summary, trims="IMPALA at 1M steps on both envs (the suite's budgets: CartPole 100k, LunarLander 2M); "
+        "MinAtar and ALE left to the suite",
         does_not_show="learning at 2M steps, where the suite's target (200) is judged; MinAtar and ALE"),
     Row("pipeline", "Split-model PPO, CartPole-v1: p = 0.99 sparse cut gradients vs dense", pipeline_commands,
         pipeline_summary, trims="the suite's CartPole budget (40,960 steps)",
@@ -278,12 +279,12 @@ ROWS: dict[str, Row] = {r.key: r for r in (
         "gensim's target perplexity", lda_commands, lda_summary,
         does_not_show="a real corpus at this size (synthetic documents from an LDA model)"),
     Row("hsa2c", "HSA2C (B = 10) vs DDRL A3C (B = 1), the same recipe, LunarLander-v3, one machine", hsa2c_commands,
-        hsa2c_summary, trims="1M steps, 120 s per run (hsa2c_vs_sync's 2M and 240 s halved)"),
+        hsa2c_summary, trims="1M steps or 60 s per run (hsa2c_vs_sync's 2M steps and 240 s, at its scales 0.5 × 0.5)"),
     Row("a2c", "HSA2C (B = 10) and A3C (the same recipe) vs Stable-Baselines3 A2C (rl-zoo), LunarLander-v3",
         a2c_commands, a2c_summary, trims="1M steps at 3 seeds (200k, rl-zoo's budget for this entry, at 5)",
         does_not_show="at 1M, rl-zoo's linear schedule is stretched 5× past what it was tuned for"),
     Row("link", "HSA2C vs DDRL A3C, workers across a 50 Mbit/s link", link_commands, hsa2c_summary,
-        trims="1M steps or 180 s per run, 3 seeds (docs/dpsgd.md's run: 3M steps, 5 seeds, 89 min)",
+        trims="1M steps or 90 s per run, 3 seeds (docs/dpsgd.md's run: 3M steps or 720 s, 5 seeds, 89 min)",
         does_not_show="a real network: two network namespaces on one 2-core machine, tbf-shaped",
         needs=_shaped_link),
 )}
@@ -364,11 +365,13 @@ def measure(row: Row, budget: Budget, root: Path, head: str, dirty: bool, force:
 
 
 def report(root: Path) -> None:
-    """Re-read every row's raw JSON into its summary (the measurement's commit and date stay)."""
+    """Re-read every row's raw JSON into its summary, and its descriptions (claim, trims, what it does not show)
+    from ``ROWS``; what was measured, its commit and date stay."""
     for key, row in ROWS.items():
         path = root / f"{key}.json"
         if path.exists() and "skipped" not in (record := json.loads(path.read_text())):
-            record["summary"] = row.summarise(_read_raw(key, root))
+            record.update(claim=row.claim, trims=row.trims, does_not_show=row.does_not_show,
+                          summary=row.summarise(_read_raw(key, root)))
             path.write_text(json.dumps(record, indent=1))
 
 

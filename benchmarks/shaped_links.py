@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
 import statistics
@@ -59,6 +60,55 @@ def uplink_savings(rows: list[dict]) -> list[dict]:
     return out
 
 
+def model_check(rows: list[dict]) -> list[dict]:
+    """frugalrl.scale_model's predictions for every run from the smallest worker count's run of the same link,
+    sync and uplink (its bytes, its rollout time less its transfers, its update time per sample), against what
+    each run measured: bytes per iteration each way and the median seconds per iteration."""
+    from frugalrl.scale_model import RunFigures, predict
+
+    out = []
+    for r in rows:
+        same = [q for q in rows if (q["rate"], q["sync"], q["uplink"]) == (r["rate"], r["sync"], r["uplink"])]
+        base = min(same, key=lambda q: q["workers"])
+        link = None if r["rate"] == "unshaped" else _rate_bps(r["rate"]) / 1e9
+        fig = RunFigures.from_summary(base["summary"], link)
+        scale = r["summary"]["details"]["envs_per_worker"] / base["summary"]["details"]["envs_per_worker"]
+        p = predict(fig, r["workers"], link, worker_cores=os.cpu_count(), env_scale=scale)
+        measured = {"s_per_iter": r["s_per_iter_median"], "up_bytes_per_iter": r["up_bytes_per_iter"],
+                    "down_bytes_per_iter": r["down_bytes_per_iter"]}
+        out.append({"rate": r["rate"], "sync": r["sync"], "uplink": r["uplink"], "workers": r["workers"],
+                    "from_workers": base["workers"], "predicted": p, "measured": measured,
+                    "error": {k: p[k] / v - 1 if v else None for k, v in measured.items()}})
+    return out
+
+
+def plot_model(model: list[dict], path: Path) -> None:
+    """Seconds and MB per iteration against workers, per link and sync rule: measured (points), predicted (lines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for i, key in enumerate(sorted({(m["rate"], m["sync"], m["uplink"]) for m in model})):
+        rows = sorted((m for m in model if (m["rate"], m["sync"], m["uplink"]) == key), key=lambda m: m["workers"])
+        w = [m["workers"] for m in rows]
+        color = f"C{i}"
+        for ax, get in ((axes[0], lambda d: d["s_per_iter"]),
+                        (axes[1], lambda d: (d["up_bytes_per_iter"] + d["down_bytes_per_iter"]) / 1e6)):
+            ax.plot(w, [get(m["predicted"]) for m in rows], "-", color=color, label=f"{key[0]} {key[1]} (model)")
+            ax.plot(w, [get(m["measured"]) for m in rows], "o", color=color, label=f"{key[0]} {key[1]} (measured)")
+    for ax, label in zip(axes, ("seconds per iteration", "MB per iteration (both directions)"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="LunarLander-v3")
@@ -68,7 +118,14 @@ def main() -> None:
                         help="--uplink options to run (e.g. none,auto); 'none' also sends full behaviour parameters "
                              "(raw fp32 experience, as before the uplink codecs)")
     parser.add_argument("--kl-threshold", type=float, default=0.05)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, nargs="+", default=[2],
+                        help="worker counts; with several, each run's bytes and time per iteration are also predicted "
+                             "by frugalrl.scale_model from the smallest count's run of the same link and sync")
+    parser.add_argument("--total-envs", type=int, default=None,
+                        help="the same envs for every worker count, spread over its workers (default: "
+                             "--envs-per-worker each)")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="PPO iterations per run (default: --total-timesteps at the smallest worker count)")
     parser.add_argument("--envs-per-worker", type=int, default=4)
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--total-timesteps", type=int, default=16384)
@@ -84,15 +141,20 @@ def main() -> None:
     rows = []
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="frl-shaped-") as run_dir, netem.TestHosts(n=2) as hosts, \
-            RayCluster(hosts, worker_cpus=args.workers) as cluster:
+            RayCluster(hosts, worker_cpus=max(args.workers)) as cluster:
         for rate in args.rates.split(","):
             hosts.shape(rate=rate)
-            for sync, uplink in [(s, u) for s in args.syncs.split(",") for u in args.uplinks.split(",")]:
-                name = f"{rate}-{sync}-{uplink}"
+            for sync, uplink, workers in [(s, u, w) for s in args.syncs.split(",") for u in args.uplinks.split(",")
+                                          for w in sorted(args.workers)]:
+                name = f"{rate}-{sync}-{uplink}-w{workers}"
+                k = args.total_envs // workers if args.total_envs else args.envs_per_worker
+                batch = workers * k * args.num_steps
+                total = args.iterations * batch if args.iterations else args.total_timesteps
                 argv = [sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--env", args.env,
                         "--backend", "ray", "--ray-address", cluster.address,
-                        "--workers", str(args.workers), "--envs-per-worker", str(args.envs_per_worker),
-                        "--num-steps", str(args.num_steps), "--total-timesteps", str(args.total_timesteps),
+                        "--workers", str(workers), "--envs-per-worker", str(k),
+                        "--num-steps", str(args.num_steps), "--total-timesteps", str(total),
+                        "--eval-every", "1000000",
                         "--sync", sync, "--uplink", uplink,
                         *(["--uplink-behaviour", "params"] if uplink == "none" else []), "--kl-threshold", str(args.kl_threshold), "--seed", str(args.seed),
                         "--eval-episodes", str(args.eval_episodes), "--progress", "false",
@@ -110,7 +172,12 @@ def main() -> None:
                 times = [m["time"] for m in metrics if "losses/policy" in m]
                 steps = [b - a for a, b in zip(times, times[1:], strict=False)]
                 rows.append({
-                    "rate": rate, "sync": sync, "uplink": uplink, "updates": summary["updates"], "env_steps": summary["env_steps"],
+                    "rate": rate, "sync": sync, "uplink": uplink, "workers": workers, "updates": summary["updates"],
+                    "env_steps": summary["env_steps"],
+                    "up_bytes_per_iter": sum(summary["bytes"]["up"].values()) / summary["updates"],
+                    "down_bytes_per_iter": sum(summary["bytes"]["down"].values()) / summary["updates"],
+                    "summary": {k: summary[k] for k in ("algo", "env_steps", "updates", "weight_syncs", "bytes",
+                                                        "details", "resumes")},
                     "s_per_iter": times[-1] / len(times),
                     "s_per_iter_median": statistics.median(steps) if steps else times[-1],
                     "train_wall_s": summary["wall_seconds"], "run_wall_s": time.monotonic() - t0,
@@ -141,7 +208,10 @@ def main() -> None:
         "total_seconds": time.monotonic() - t_start,
         "runs": rows,
         "uplink_savings": uplink_savings(rows),
+        "model": model_check(rows),
     }
+    if len(args.workers) > 1:
+        plot_model(out["model"], Path(args.out).with_suffix(".png"))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"\nwrote {args.out} ({out['total_seconds']:.0f} s)")

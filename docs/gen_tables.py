@@ -28,7 +28,7 @@ from typing import Any
 
 # the docs' own modules, next to this file; imported afresh, as ``docs/hooks.py`` loads this file afresh
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-for _name in ("table_model", "tables_dpsgd", "tables_headline"):
+for _name in ("table_model", "tables_dpsgd", "tables_headline", "tables_scale"):
     sys.modules.pop(_name, None)
 from table_model import (  # noqa: E402
     DASH,
@@ -58,6 +58,7 @@ from tables_dpsgd import (  # noqa: E402
     t_lda_variants,
 )
 from tables_headline import t_headline  # noqa: E402
+from tables_scale import t_scale_model  # noqa: E402
 
 __all__ = ["Cell", "Num", "Source", "Table", "cell_text", "cross", "join", "mean_std", "opt", "pm"]
 
@@ -458,10 +459,11 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "throughput": t_throughput,
     "dropin_speed": t_dropin_speed,
     "family_defaults": t_family_defaults,
+    "scale_model": t_scale_model,  # ARG: shaped_links.py's --out with several --workers
 }
 DEFAULT_ARG = {"headline": "site", "aaps": "aaps_sweep", "pipeline_suite": "pipeline_suite", "dpsgd_speedup": "dpsgd_speedup_lda",
                "hsa2c_vs_sync": "hsa2c_vs_sync_defaults", "hsa2c_link": "hsa2c_link", "a2c_reference": "a2c_reference", "lda": "lda_baselines", "lda_seeds": "synthetic",
-               "lda_variants": "large"}
+               "lda_variants": "large", "scale_model": "shaped_links_scale"}
 
 
 def bench_tables(spec: str) -> list[Table]:

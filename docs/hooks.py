@@ -19,7 +19,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 # a marker is a line of its own (so that a marker quoted inline in the text is left alone)
 MARKER = re.compile(r"^[ \t]*<!--\s*(bench|config):\s*(.+?)\s*-->[ \t]*$", re.MULTILINE)
-SITE_RESULTS = ("*.json", "*.png", "learning_suite/*.png", "hsa2c_sweep/*.json")
+SITE_RESULTS = ("*.json", "*.png", "learning_suite/*.png", "hsa2c_sweep/*.json", "headline/*.json")
 
 
 def _load_gen_tables() -> ModuleType:

@@ -51,8 +51,8 @@ def row_cells(key: str, s: Source) -> tuple[Cell, Cell]:
                  s.num("summary", r, "process_wall_s", fmt=".0f", suffix=" s"), ")"])
     if key == "ppo-bytes":
         f, e = "frugal-aaps-bf16", "frugal-every-fp32"
-        return ([f"The same PPO runs: AAPS + bf16 + deltas vs fp32 weights after every update; the experience "
-                 f"uplink (lossless default)"],
+        return (["The same PPO runs: AAPS + bf16 + deltas vs fp32 weights after every update; the experience "
+                 "uplink (lossless default)"],
                 [_x(s, "weight_bytes_fewer", fmt=".1f"), " fewer weight bytes (",
                  s.num("summary", f, "weight_bytes_per_step", fmt=".2f"), " vs ",
                  s.num("summary", e, "weight_bytes_per_step", fmt=".1f"), " B per env step), return ",
@@ -105,11 +105,14 @@ def row_cells(key: str, s: Source) -> tuple[Cell, Cell]:
                " vs ", s.num("summary", "a3c", "time_every_seed_s", fmt=".1f", prefix="≥ " if a["lower_bound"] else "",
                              suffix=" s"),
                "; final return ", *_ret(s, "hsa2c", "final"), " vs ", *_ret(s, "a3c", "final")]
+        if h.get("mb_to_target") and a.get("mb_to_target"):
+            res += ["; ", s.num("summary", "hsa2c", "mb_to_target", fmt=".0f"), " vs ",
+                    s.num("summary", "a3c", "mb_to_target", fmt=".0f"), " MB to 200 (seeds that reached it)"]
         return ([f"HSA2C (B = 10) vs DDRL A3C (B = 1), the same recipe, LunarLander-v3, {where}, "
                  f"{_steps(h['steps'])} steps or {h['time_limit_s']:.0f} s, {_seeds(s, 'hsa2c', 'final')}"], res)
     if key == "a2c":
         res = []
-        for b in m:
+        for b in sorted(m, key=lambda b: m[b]["steps"]):
             res += [f"{_steps(m[b]['steps'])}, {_seeds(s, b, 'hsa2c', 'return')}: HSA2C ", *_ret(s, b, "hsa2c", "return"), ", A3C ",
                     *_ret(s, b, "a3c", "return"), ", SB3 ", *_ret(s, b, "sb3-zoo", "return"), ", HSA2C's wall time ",
                     _x(s, b, "wall_vs_sb3"), " SB3's; "]

@@ -172,6 +172,21 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from frugalrl.pipeline.bytes import TableOneConfig
 
     add_dataclass_args(pb, TableOneConfig)
+    sm = sub.add_parser("scale-model", help="a PPO run's bytes and seconds per iteration at N workers, and the "
+                        "worker count at which the learner's link or core saturates (docs/multi-node.md#scale-model)")
+    sm.add_argument("run_dir", help="a finished ClusterEnv PPO run directory (not resumed)")
+    sm.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8, 16, 64, 256, 1024],
+                    help="worker counts to predict (default: 2 4 8 16 64 256 1024)")
+    sm.add_argument("--link-gbit", type=float, default=10.0, help="the learner's link in Gbit/s (default: 10)")
+    sm.add_argument("--run-link-gbit", type=float, default=None,
+                    help="the link the measured run had, if shaped (its transfer time is taken out of its rollouts)")
+    sm.add_argument("--worker-cores", type=int, default=None,
+                    help="cores the workers share (default: a core per worker)")
+    sm.add_argument("--step-rate", type=float, default=None,
+                    help="env steps/s per worker for the saturation counts (default: the run's own)")
+    sm.add_argument("--same-total-envs", action="store_true",
+                    help="spread the run's envs over each worker count (default: each worker keeps its envs)")
+    sm.add_argument("--json", action="store_true", help="print JSON instead of tables")
     lda = sub.add_parser("lda", help="LDA topic models by DPSVI (stochastic variational inference on DPSGD)")
     lda_sub = lda.add_subparsers(dest="lda_command", required=True)
     fit = lda_sub.add_parser("fit", help="fit LDA to CORPUS ('synthetic', 'reuters', a UCI docword or .ldac file)")
@@ -224,7 +239,36 @@ def main(argv: list[str] | None = None) -> int:
         return _lda_fit(args)
     if args.command == "plots":
         return _plots(args)
+    if args.command == "scale-model":
+        return _scale_model(args)
     return 2
+
+
+def _scale_model(args: argparse.Namespace) -> int:
+    from frugalrl.scale_model import report
+
+    try:
+        out = report(args.run_dir, args.workers, args.link_gbit, args.run_link_gbit, args.worker_cores, args.step_rate,
+                     args.same_total_envs)
+    except (FileNotFoundError, ValueError) as e:
+        return _error(str(e))
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    f, sat = out["figures"], out["saturation"]
+    print(f"measured at {f['workers']} workers: {f['env_steps_per_worker_iter']:.0f} env steps per worker per "
+          f"iteration, up {f['up_bytes_per_step']:.1f} B/step, down {f['down_bytes_per_step']:.1f} B/step + "
+          f"{f['syncs_per_worker_iter']:.2f} × {f['weight_bytes_per_sync']:,.0f} B of weights per iteration")
+    print(f"\n{'workers':>8s} {'up MB/iter':>11s} {'down MB/iter':>13s} {'link s':>8s} {'rollout s':>10s} "
+          f"{'update s':>9s} {'s/iter':>8s}   (link {args.link_gbit:g} Gbit/s)")
+    for p in out["predictions"]:
+        print(f"{p['workers']:8d} {p['up_bytes_per_iter'] / 1e6:11.3f} {p['down_bytes_per_iter'] / 1e6:13.3f} "
+              f"{p['link_s']:8.3f} {p['rollout_compute_s']:10.3f} {p['update_s']:9.3f} {p['s_per_iter']:8.3f}")
+    links = ", ".join(f"{k}: {v:,.0f}" for k, v in sat["workers_at_link_saturation"].items())
+    core = sat["workers_at_core_saturation"]
+    print(f"\nat {sat['step_rate_per_worker']:,.0f} env steps/s per worker, the learner's link saturates at "
+          f"{links} workers; its core (updates) at {core:,.0f}" if core else "")
+    return 0
 
 
 def _plots(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ checkpoints and summary are :func:`frugalrl.driver.drive`'s). What differs from 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,7 @@ class PPO(Algorithm):
         self.envs = envs
         self.own_envs = envs is None
         self.gym_state: dict[str, Any] = {"seed": cfg.seed}  # a plain vector env's next observation, between rollouts
+        self.rollout_seconds = self.update_seconds = 0.0  # this process's, since its start (a resume starts again)
 
     def tag(self) -> str:
         return self.cfg.sync if self.cfg.vector_env == "cluster" else "gym"
@@ -163,13 +165,18 @@ class PPO(Algorithm):
     def update(self, step: Step) -> Update:
         cfg, agent = self.cfg, self.agent
         lr = self.optimizer.param_groups[0]["lr"] = cfg.lr_at(step.index, step.total)
+        t0 = time.perf_counter()
         if self.cluster is not None:
             batch = self.cluster.rollout(agent, cfg.num_steps)
         else:
             assert self.envs is not None
             batch = collect_rollout(self.envs, agent, cfg.num_steps, self.gym_state)
+        t1 = time.perf_counter()
         stats = ppo_update(agent, self.optimizer, batch, cfg, self.generator, self.scaler,
                            cfg.clip_at(step.index, step.total))
+        # where an iteration's time goes: the cost model (frugalrl.scale_model) scales the two parts apart
+        self.rollout_seconds += t1 - t0
+        self.update_seconds += time.perf_counter() - t1
         if batch.restarted_workers:
             stats["faults/restarted_workers"] = len(batch.restarted_workers)
         return Update(batch.num_steps * batch.num_envs, {**stats, "charts/lr": lr},
@@ -181,7 +188,9 @@ class PPO(Algorithm):
         details = {"norm_obs": self.norm_obs, "norm_reward": self.norm_reward,
                    "vector_env": cfg.vector_env, "backend": cfg.backend if cluster is not None else None,
                    "sync_rule": cluster.sync_rule.describe() if cluster is not None else "none (head-side inference)",
-                   "workers": cfg.workers, "envs_per_worker": cfg.envs_per_worker}
+                   "workers": cfg.workers, "envs_per_worker": cfg.envs_per_worker, "num_steps": cfg.num_steps,
+                   "rollout_seconds": round(self.rollout_seconds, 3),
+                   "learner_update_seconds": round(self.update_seconds, 3)}
         if cluster is not None:
             stats = cluster.stats()
             details["restart_events"], details["recycle_events"] = stats["restart_events"], stats["recycle_events"]

@@ -1,0 +1,24 @@
+"""The scale model's check against real runs on emulated hosts (``benchmarks/shaped_links.py --workers ...``):
+what :mod:`frugalrl.scale_model` predicted from the smallest run, against what each run measured. Registered by
+``docs/gen_tables.py`` as the ``scale_model`` bench."""
+
+from __future__ import annotations
+
+from table_model import Cell, Source, Table
+
+
+def t_scale_model(arg: str) -> list[Table]:
+    """One row per run: seconds and bytes per iteration, predicted and measured, and the prediction's error."""
+    s = Source(arg)
+    rows: list[list[Cell]] = []
+    for i, m in enumerate(s("model")):
+        p, q, e = ("model", i, "predicted"), ("model", i, "measured"), ("model", i, "error")
+        row: list[Cell] = [[m["rate"]], [m["sync"]], [str(m["workers"])], [str(m["from_workers"])]]
+        for key, fmt, scale in (("s_per_iter", ".2f", 1.0), ("up_bytes_per_iter", ".0f", 1e-3),
+                                ("down_bytes_per_iter", ".0f", 1e-3)):
+            row += [[s.num(*p, key, fmt=fmt, scale=scale)], [s.num(*q, key, fmt=fmt, scale=scale)],
+                    [s.num(*e, key, fmt="+.0%")]]
+        rows.append(row)
+    header = ["link", "sync", "workers", "predicted from", "s/iter: model", "measured", "error",
+              "up kB/iter: model", "measured", "error", "down kB/iter: model", "measured", "error"]
+    return [Table(header, rows, sources=[s.name], commands=[s.command()], align="lllrrrrrrrrrr")]

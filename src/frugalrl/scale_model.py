@@ -1,0 +1,144 @@
+"""What a ClusterEnv PPO run would cost at N workers: bytes and seconds per iteration, the learner's link and CPU
+load, and the worker count at which either saturates (``frugalrl scale-model RUN_DIR``).
+
+A first-order model of PPO's synchronous loop, read from one measured run (its ``summary.json``):
+
+- every worker sends ``up`` bytes per env step and receives ``down`` bytes per env step plus, ``q`` times per
+  iteration, a weights message of ``w`` bytes (AAPS makes ``q`` < 1; bf16 and deltas make ``w`` small);
+- an iteration is the weights going down, the workers stepping their ``E`` env steps each (in parallel, unless they
+  share ``worker_cores`` cores), their fragments going up, then the learner's update, whose time grows with the
+  batch (N × E samples). Transfers share the learner's link, one direction at a time:
+
+      s_per_iter(N) = N·q·w·8/L + rollout_compute · c(N)/c(W) + N·E·up·8/L + update_per_sample · N·E
+
+  where ``rollout_compute`` is the measured rollout time less the measured run's own transfer time, and
+  c(n) = max(1, n / worker_cores) (1 when every worker has its own core).
+- Steady-state load at a worker step rate ``r`` (env steps/s per worker): the link carries N·r·up and
+  N·r·(down + q·w/E) bytes/s, and the learner core spends ``update_per_sample`` per env step; each saturates at
+  the N where that reaches the link rate or one core.
+
+It leaves out what a first-order model does: latency (a shaped link here has none), stragglers, uplink codecs whose
+ratio changes with N, AAPS's sync rate changing as the policy converges. docs/multi-node.md#scale-model says how
+to check it against real runs on emulated hosts (``benchmarks/shaped_links.py --workers 2 4 8 16``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+LINKS_GBIT = (1.0, 10.0, 25.0, 100.0)
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """The per-worker figures of one measured run that the model scales."""
+
+    workers: int
+    env_steps_per_worker_iter: float
+    """E: env steps each worker takes per PPO iteration (``num_steps × envs_per_worker``)."""
+    up_bytes_per_step: float
+    """Everything the workers send, per env step (experience, control, checkpoints)."""
+    down_bytes_per_step: float
+    """What the head sends besides weights, per env step (requests, control)."""
+    weight_bytes_per_sync: float
+    syncs_per_worker_iter: float
+    """q: weights messages per worker per iteration (1 for every-update syncs)."""
+    rollout_s_per_iter: float
+    update_s_per_sample: float
+    link_gbit: float | None
+    """The learner link of the measured run (None: unshaped, its transfer time taken as nil)."""
+
+    @classmethod
+    def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None) -> RunFigures:
+        """From a PPO run's ``summary.json`` (a ClusterEnv run, with its rollout and update seconds)."""
+        d, b = summary.get("details", {}), summary.get("bytes", {})
+        missing = [k for k in ("workers", "envs_per_worker", "num_steps", "rollout_seconds", "learner_update_seconds")
+                   if k not in d]
+        if summary.get("algo") != "ppo" or missing or not isinstance(b.get("up"), dict):
+            raise ValueError(f"scale-model needs a ClusterEnv PPO run's summary with its timings (missing: "
+                             f"{', '.join(missing) or 'bytes by direction'}); runs before this version lack them")
+        steps, updates, workers = summary["env_steps"], max(1, summary["updates"]), d["workers"]
+        if summary.get("resumes"):
+            raise ValueError("scale-model needs a run that was not resumed (its timings cover one process)")
+        weights = b["down"].get("weights", 0)
+        syncs = summary["weight_syncs"]["total"]
+        return cls(workers=workers, env_steps_per_worker_iter=steps / updates / workers,
+                   up_bytes_per_step=sum(b["up"].values()) / steps,
+                   down_bytes_per_step=(sum(b["down"].values()) - weights) / steps,
+                   weight_bytes_per_sync=weights / syncs if syncs else 0.0,
+                   syncs_per_worker_iter=syncs / updates / workers,
+                   rollout_s_per_iter=d["rollout_seconds"] / updates,
+                   update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit)
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, link_gbit: float | None = None) -> RunFigures:
+        path = Path(run_dir) / "summary.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no summary.json in {run_dir}: scale-model reads a finished run directory")
+        return cls.from_summary(json.loads(path.read_text()), link_gbit)
+
+    def bytes_per_iter(self, workers: int) -> tuple[float, float]:
+        """(up, down) bytes per iteration at ``workers`` workers."""
+        e = self.env_steps_per_worker_iter
+        return (workers * e * self.up_bytes_per_step,
+                workers * (e * self.down_bytes_per_step + self.syncs_per_worker_iter * self.weight_bytes_per_sync))
+
+    def rollout_compute_s(self) -> float:
+        """The measured rollout time less the measured run's own transfers over its link."""
+        if self.link_gbit is None:
+            return self.rollout_s_per_iter
+        up, down = self.bytes_per_iter(self.workers)
+        return max(0.0, self.rollout_s_per_iter - (up + down) * 8 / (self.link_gbit * 1e9))
+
+
+def contention(workers: int, worker_cores: int | None) -> float:
+    """How much slower each worker steps when ``workers`` share ``worker_cores`` cores (None: a core each)."""
+    return 1.0 if worker_cores is None else max(1.0, workers / worker_cores)
+
+
+def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores: int | None = None,
+            env_scale: float = 1.0) -> dict[str, Any]:
+    """Bytes and seconds per iteration at ``workers`` workers on a learner link of ``link_gbit`` (None: no limit),
+    each worker with ``env_scale`` times the measured run's envs (e.g. ½ for the same total envs on twice the
+    workers): its env steps, experience bytes and compute scale with it; its weights messages do not."""
+    e = fig.env_steps_per_worker_iter * env_scale
+    up = workers * e * fig.up_bytes_per_step
+    down = workers * (e * fig.down_bytes_per_step + fig.syncs_per_worker_iter * fig.weight_bytes_per_sync)
+    link_s = 0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)
+    compute = (fig.rollout_compute_s() * env_scale * contention(workers, worker_cores)
+               / contention(fig.workers, worker_cores))
+    update = fig.update_s_per_sample * workers * e
+    return {"workers": workers, "up_bytes_per_iter": up, "down_bytes_per_iter": down, "link_s": link_s,
+            "rollout_compute_s": compute, "update_s": update, "s_per_iter": link_s + compute + update}
+
+
+def saturation(fig: RunFigures, step_rate: float | None = None,
+               links_gbit: tuple[float, ...] = LINKS_GBIT) -> dict[str, Any]:
+    """Steady-state load per worker at ``step_rate`` env steps/s per worker (default: the measured run's own, its
+    compute alone) and the worker counts at which the learner's link (each direction) and its core saturate."""
+    e = fig.env_steps_per_worker_iter
+    rate = step_rate or e / max(fig.rollout_compute_s(), 1e-9)
+    per_step = {"up": fig.up_bytes_per_step,
+                "down": fig.down_bytes_per_step + fig.syncs_per_worker_iter * fig.weight_bytes_per_sync / e}
+    busiest = max(per_step.values())
+    core = fig.update_s_per_sample * rate
+    return {"step_rate_per_worker": rate, "bytes_per_env_step": per_step,
+            "learner_core_share_per_worker": core,
+            "workers_at_core_saturation": 1.0 / core if core else None,
+            "workers_at_link_saturation": {f"{g:g}gbit": g * 1e9 / 8 / (rate * busiest) for g in links_gbit}}
+
+
+def report(run_dir: str | Path, workers: list[int], link_gbit: float | None, run_link_gbit: float | None = None,
+           worker_cores: int | None = None, step_rate: float | None = None,
+           same_total_envs: bool = False) -> dict[str, Any]:
+    """The model's figures, predictions at ``workers`` and saturation counts, as ``frugalrl scale-model`` prints;
+    ``same_total_envs`` spreads the run's envs over each worker count instead of giving each worker as many."""
+    fig = RunFigures.from_run(run_dir, run_link_gbit)
+    return {"figures": asdict(fig), "link_gbit": link_gbit, "worker_cores": worker_cores,
+            "same_total_envs": same_total_envs,
+            "predictions": [predict(fig, n, link_gbit, worker_cores, fig.workers / n if same_total_envs else 1.0)
+                            for n in workers],
+            "saturation": saturation(fig, step_rate)}

@@ -1,0 +1,109 @@
+"""frugalrl.scale_model: the figures it reads from a run, its predictions, and `frugalrl scale-model`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from frugalrl.cli import main
+from frugalrl.scale_model import RunFigures, contention, predict, saturation
+
+
+def summary(workers: int = 2, syncs: int = 20, updates: int = 10, link_bytes: float = 1.0) -> dict:
+    """A PPO summary as training writes it: 2 workers × 4 envs × 128 steps, 10 iterations."""
+    steps = updates * workers * 4 * 128
+    return {"algo": "ppo", "env_steps": steps, "updates": updates, "resumes": [],
+            "weight_syncs": {"total": syncs},
+            "bytes": {"up": {"observations": 30 * steps, "control": 2 * steps},
+                      "down": {"weights": syncs * 10_000, "control": steps}},
+            "details": {"workers": workers, "envs_per_worker": 4, "num_steps": 128, "rollout_seconds": 2.0,
+                        "learner_update_seconds": 1.0}}
+
+
+def test_figures_are_read_per_worker_and_step():
+    f = RunFigures.from_summary(summary())
+    assert f.env_steps_per_worker_iter == 512
+    assert f.up_bytes_per_step == 32 and f.down_bytes_per_step == 1
+    assert f.weight_bytes_per_sync == 10_000 and f.syncs_per_worker_iter == 1.0
+    assert f.rollout_s_per_iter == pytest.approx(0.2)
+    assert f.update_s_per_sample == pytest.approx(1.0 / 10_240)
+
+
+def test_prediction_adds_transfers_compute_and_update():
+    f = RunFigures.from_summary(summary(syncs=5))  # AAPS: a quarter of every-update's syncs
+    p = predict(f, 8, link_gbit=0.01)
+    up, down = 8 * 512 * 32, 8 * (512 * 1 + 0.25 * 10_000)
+    assert (p["up_bytes_per_iter"], p["down_bytes_per_iter"]) == (up, down)
+    assert p["link_s"] == pytest.approx((up + down) * 8 / 1e7)
+    assert p["update_s"] == pytest.approx(8 * 512 / 10_240)
+    assert p["s_per_iter"] == pytest.approx(p["link_s"] + 0.2 + p["update_s"])
+    # workers sharing 2 cores step 8/2 = 4 times slower than 2 workers on them
+    assert predict(f, 8, None, worker_cores=2)["rollout_compute_s"] == pytest.approx(0.8)
+
+
+def test_the_same_envs_on_more_workers_move_more_weights_only():
+    f = RunFigures.from_summary(summary())
+    two, eight = predict(f, 2, 0.01, worker_cores=2), predict(f, 8, 0.01, worker_cores=2, env_scale=0.25)
+    assert eight["up_bytes_per_iter"] == pytest.approx(two["up_bytes_per_iter"])
+    assert eight["down_bytes_per_iter"] - two["down_bytes_per_iter"] == pytest.approx(6 * 10_000)
+    assert eight["rollout_compute_s"] == pytest.approx(two["rollout_compute_s"])  # the same env steps on 2 cores
+    assert eight["update_s"] == pytest.approx(two["update_s"])
+
+
+def test_a_shaped_runs_own_transfers_leave_its_compute_time():
+    link = 0.01  # 10 Mbit/s: 0.043 s of the 0.2 s rollout are transfers
+    f = RunFigures.from_summary(summary(), link_gbit=link)
+    up, down = f.bytes_per_iter(2)
+    assert f.rollout_compute_s() == pytest.approx(0.2 - (up + down) * 8 / 1e7)
+    assert predict(f, 2, link)["s_per_iter"] == pytest.approx(0.2 + 1024 / 10_240)  # itself, back again
+
+
+def test_saturation_counts():
+    f = RunFigures.from_summary(summary())
+    s = saturation(f, step_rate=1000.0, links_gbit=(10.0,))
+    down = 1 + 10_000 / 512
+    assert s["bytes_per_env_step"] == {"up": 32, "down": pytest.approx(down)}
+    assert s["workers_at_link_saturation"]["10gbit"] == pytest.approx(10e9 / 8 / (1000 * 32))
+    assert s["workers_at_core_saturation"] == pytest.approx(10_240 / 1000)
+    assert contention(1, 2) == 1.0 and contention(8, 2) == 4.0 and contention(8, None) == 1.0
+
+
+@given(st.integers(1, 4096), st.integers(1, 4096), st.integers(0, 40))
+def test_bytes_grow_linearly_and_time_never_falls(n: int, m: int, syncs: int):
+    f = RunFigures.from_summary(summary(syncs=syncs), link_gbit=1.0)
+    a, b = predict(f, n, 1.0, worker_cores=2), predict(f, n + m, 1.0, worker_cores=2)
+    assert b["up_bytes_per_iter"] == pytest.approx(a["up_bytes_per_iter"] * (n + m) / n)
+    assert b["s_per_iter"] >= a["s_per_iter"]
+
+
+def test_runs_it_cannot_model_say_why():
+    with pytest.raises(ValueError, match="PPO run"):
+        RunFigures.from_summary({**summary(), "algo": "impala"})
+    old = summary()
+    del old["details"]["rollout_seconds"]
+    with pytest.raises(ValueError, match="rollout_seconds"):
+        RunFigures.from_summary(old)
+    with pytest.raises(ValueError, match="resumed"):
+        RunFigures.from_summary({**summary(), "resumes": [{"at": 5}]})
+
+
+def test_cli_on_a_real_run(tmp_path, capsys):
+    """A short PPO run through ClusterEnv, then `frugalrl scale-model` on its directory."""
+    assert main(["train", "ppo", "--env", "CartPole-v1", "--backend", "serial", "--workers", "2",
+                 "--envs-per-worker", "2", "--num-steps", "64", "--total-timesteps", "1024", "--eval-episodes", "1",
+                 "--run-dir", str(tmp_path), "--run-name", "r", "--no-progress", "--no-tensorboard",
+                 "--no-plots"]) == 0
+    capsys.readouterr()
+    assert main(["scale-model", str(tmp_path / "r"), "--workers", "2", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    f = out["figures"]
+    assert f["workers"] == 2 and f["env_steps_per_worker_iter"] == 128 and f["syncs_per_worker_iter"] == 1.0
+    two, many = out["predictions"]
+    assert many["up_bytes_per_iter"] == pytest.approx(32 * two["up_bytes_per_iter"])
+    assert main(["scale-model", str(tmp_path / "r"), "--workers", "8"]) == 0
+    assert "saturates" in capsys.readouterr().out
+    assert main(["scale-model", str(tmp_path / "missing")]) == 2
+    assert "no summary.json" in capsys.readouterr().err
