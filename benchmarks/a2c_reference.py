@@ -49,7 +49,7 @@ import gymnasium as gym
 import numpy as np
 from dpsgd_speedup import RESULTS, _fmt, hsa2c_run, save_results, timed_hsa2c
 from hsa2c_vs_sync import ENVS as TIMED_ENVS
-from learning_suite import evaluate_sb3, grid_extractor
+from learning_suite import evaluate_sb3, grid_extractor, sample_std
 
 from frugalrl.envs.spec import to_env_spec
 
@@ -248,20 +248,15 @@ def frugal_run(env: str, variant: str, seed: int, steps: int, settings: dict[str
                                                      "net")}}
 
 
-def _sample_std(values: list[float]) -> float:
-    """Sample standard deviation (ddof = 1) over seeds; 0 for one seed."""
-    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-
-
 def _row(variant: str, rs: list[dict[str, Any]]) -> dict[str, Any]:
     finals = [r["final_eval_return"] for r in rs]
     sampled = [r.get("stochastic_return") for r in rs]
-    row = {"variant": variant, "finals": finals, "mean": float(np.mean(finals)), "std": _sample_std(finals),
+    row = {"variant": variant, "finals": finals, "mean": float(np.mean(finals)), "std": sample_std(finals),
            "train_s_mean": float(np.mean([r["train_s"] for r in rs])), "runs": rs}
     if all("wall_s" in r for r in rs):
         row["wall_s_mean"] = float(np.mean([r["wall_s"] for r in rs]))
     if all(x is not None for x in sampled):
-        row.update(stochastic=sampled, stochastic_mean=float(np.mean(sampled)), stochastic_std=_sample_std(sampled))
+        row.update(stochastic=sampled, stochastic_mean=float(np.mean(sampled)), stochastic_std=sample_std(sampled))
     if all("bytes_total" in r for r in rs):
         row["mb_mean"] = float(np.mean([r["bytes_total"] for r in rs])) / 1e6
     return row

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from learning_suite import sample_std
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -63,13 +64,8 @@ def _seeds(budget: Budget, n: int = 3) -> list[str]:
     return [str(s) for s in (SEEDS[:1] if budget == "quick" else range(101, 101 + n))]
 
 
-def _std(values: list[float]) -> float:
-    """Sample standard deviation (ddof = 1); 0 for one value."""
-    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-
-
 def _pm(values: list[float]) -> dict[str, Any]:
-    return {"mean": float(np.mean(values)), "std": _std(values), "per_seed": [round(float(v), 2) for v in values]}
+    return {"mean": float(np.mean(values)), "std": sample_std(values), "per_seed": [round(float(v), 2) for v in values]}
 
 
 # ---------------------------------------------------------------------------------------------- rows

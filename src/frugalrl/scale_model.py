@@ -80,9 +80,10 @@ class RunFigures:
             raise FileNotFoundError(f"no summary.json in {run_dir}: scale-model reads a finished run directory")
         return cls.from_summary(json.loads(path.read_text()), link_gbit)
 
-    def bytes_per_iter(self, workers: int) -> tuple[float, float]:
-        """(up, down) bytes per iteration at ``workers`` workers."""
-        e = self.env_steps_per_worker_iter
+    def bytes_per_iter(self, workers: int, env_scale: float = 1.0) -> tuple[float, float]:
+        """(up, down) bytes per iteration at ``workers`` workers of ``env_scale`` times the run's envs each: the
+        experience scales with the envs, the weights messages do not."""
+        e = self.env_steps_per_worker_iter * env_scale
         return (workers * e * self.up_bytes_per_step,
                 workers * (e * self.down_bytes_per_step + self.syncs_per_worker_iter * self.weight_bytes_per_sync))
 
@@ -104,13 +105,11 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     """Bytes and seconds per iteration at ``workers`` workers on a learner link of ``link_gbit`` (None: no limit),
     each worker with ``env_scale`` times the measured run's envs (e.g. ½ for the same total envs on twice the
     workers): its env steps, experience bytes and compute scale with it; its weights messages do not."""
-    e = fig.env_steps_per_worker_iter * env_scale
-    up = workers * e * fig.up_bytes_per_step
-    down = workers * (e * fig.down_bytes_per_step + fig.syncs_per_worker_iter * fig.weight_bytes_per_sync)
+    up, down = fig.bytes_per_iter(workers, env_scale)
     link_s = 0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)
     compute = (fig.rollout_compute_s() * env_scale * contention(workers, worker_cores)
                / contention(fig.workers, worker_cores))
-    update = fig.update_s_per_sample * workers * e
+    update = fig.update_s_per_sample * workers * fig.env_steps_per_worker_iter * env_scale
     return {"workers": workers, "up_bytes_per_iter": up, "down_bytes_per_iter": down, "link_s": link_s,
             "rollout_compute_s": compute, "update_s": update, "s_per_iter": link_s + compute + update}
 
