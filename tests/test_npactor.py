@@ -38,7 +38,8 @@ def test_parameters_are_pytorchs(action, options):
         expected = agent.dist_params(torch.from_numpy(obs)).numpy()
     got = actor.params(obs)
     assert got.dtype == np.float32 and got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    # float32 sums in another order: errors scale with the largest terms (logits of ~250 here), not each result
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(expected).max())))
 
 
 def test_other_agents_keep_pytorch():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from frugalrl import AAPS, ClusterEnv, EveryUpdate, Interval, dists, make_agent
+from frugalrl.nets import acting_state
 from frugalrl.sync import SyncContext, make_sync_rule
 from frugalrl.wire.uplink import UplinkOptions
 
@@ -274,7 +275,7 @@ def test_force_sync_and_new_agent_objects(aaps_env):
         env.send_weights(a1, force=True)
         for w in range(W):
             held = env.backend.workers[w].policy.state_dict()
-            assert all(torch.equal(held[k], v) for k, v in a1.state_dict().items()), f"seed {seed}, worker {w}"
+            assert all(torch.equal(held[k], v) for k, v in acting_state(a1).items()), f"seed {seed}, worker {w}"
 
 
 @pytest.mark.parametrize("codec, ratio", [("bf16", 2), ("fp16", 2)])

@@ -14,8 +14,17 @@ from test_cluster_env import fresh_agent
 from frugalrl import AAPS, ClusterEnv, EveryUpdate
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.envs.worker import EnvWorker
+from frugalrl.nets import acting_state
 from frugalrl.sync_state import PolicySync
-from frugalrl.wire.delta import HeldWeights, from_words, full_message, to_words, weights_update
+from frugalrl.wire.delta import (
+    HeldWeights,
+    difference,
+    from_words,
+    full_message,
+    to_words,
+    undo_difference,
+    weights_update,
+)
 from frugalrl.wire.message import Message, decode_message, encode_message, message_sizes
 
 pytestmark = pytest.mark.timeout(180)
@@ -76,6 +85,35 @@ def test_a_few_changed_words_travel_as_a_sparse_list_and_a_rewrite_as_a_full_cop
                  for k, v in old.items()}  # random bits: no XOR compresses
     msg = _check_exact(old, rewritten, "fp32")
     assert "base" not in msg.meta and set(msg.arrays) == {f"w/{k}" for k in old}  # a delta would not be smaller
+
+
+def test_weights_that_moved_a_few_ulps_travel_as_a_difference():
+    """A training step moves most weights by a few ulps: their difference in float order is smaller than their XOR
+    (a carry flips every bit it crosses), and it rebuilds the same words."""
+    rng = np.random.default_rng(2)
+    old = _state(rng, 4000)
+    new = {k: v.copy() for k, v in old.items()}
+    for key in ("w", "b"):
+        step = 5e-4 * rng.choice([-1.0, 1.0], new[key].shape) * rng.uniform(0.2, 1.0, new[key].shape)
+        new[key] = (new[key] + 20 * step).astype(np.float32)  # 20 Adam-like steps since the worker's copy
+    msg = _check_exact(old, new, "bf16")
+    assert "wd/d2" in msg.arrays and "wd/x2" not in msg.arrays
+
+
+def test_the_difference_in_float_order_is_a_bijection_on_any_words():
+    rng = np.random.default_rng(3)
+    for dtype in (np.uint8, np.uint16, np.uint32, np.uint64):
+        top = np.iinfo(dtype).max
+        edges = np.array([0, 1, top, top >> 1, (top >> 1) + 1], dtype=dtype)  # ±0, the largest, the sign bit
+        old = np.concatenate([rng.integers(0, top, 5000, dtype=dtype, endpoint=True), edges, edges])
+        new = np.concatenate([rng.integers(0, top, 5000, dtype=dtype, endpoint=True), edges, edges[::-1]])
+        diff = difference(old, new)
+        assert diff.dtype == old.dtype
+        np.testing.assert_array_equal(undo_difference(old, diff), new)
+    floats = np.array([-np.inf, -3.0, -1e-30, -0.0, 0.0, 1e-30, 2.0, np.inf], dtype=np.float32).view(np.uint32)
+    up = difference(floats[:-1], floats[1:])
+    assert (up % 2 == 0).all() and (up > 0).all()  # each larger than the last: positive (zigzag: even, non-zero)
+    assert up[3] == 2  # -0.0 to 0.0: the next word in float order, +1
 
 
 def test_a_delta_against_another_copy_is_refused():
@@ -209,6 +247,7 @@ def test_a_refused_delta_is_followed_by_a_full_copy_and_the_spec_goes_once(closi
     _train(env, agent, 3)
     weights = [(w, m) for w, m in sent if m.op == "weights"]
     assert [w for w, m in weights if "spec" in m.meta] == [0, 1]  # the first sync of each worker only
+    assert all(not k.startswith("w/critic.") for _, m in weights for k in m.arrays)  # nor a critic's words
     assert all("base" in m.meta for _, m in weights[2:])
     # Worker 1 lost its copy without the head knowing (a worker replaced unseen): it refuses the next delta.
     _workers(env)[1].held.clear()
@@ -221,7 +260,9 @@ def test_a_refused_delta_is_followed_by_a_full_copy_and_the_spec_goes_once(closi
     expected = from_words(to_words({k: t.numpy() for k, t in agent.state_dict().items()}, "bf16"),
                           {k: (tuple(t.shape), t.numpy().dtype) for k, t in agent.state_dict().items()}, "bf16")
     for worker in _workers(env):
-        for key, t in worker.policy.state_dict().items():
+        acting = acting_state(worker.policy)
+        assert acting and not any(k.startswith("critic.") for k in acting)  # workers are sent the actor alone
+        for key, t in acting.items():
             np.testing.assert_array_equal(_bits(t.numpy()), _bits(expected[key]), err_msg=key)
     assert env.stats()["weight_syncs"]["delta"] == 2 * 2 + 1  # worker 1's last sync was a full copy
     # A replaced worker gets a full copy with the spec again.
@@ -247,7 +288,7 @@ def test_resume_sends_full_copies(closing):
     assert [(w, "spec" in m.meta, "base" in m.meta) for w, m in weights] == [
         (0, True, False), (1, True, False), *[(0, False, True), (1, False, True)] * 2]
     for worker in _workers(resumed):
-        for key, t in worker.policy.state_dict().items():
+        for key, t in acting_state(worker.policy).items():
             assert torch.equal(t, agent.state_dict()[key]), key
 
 

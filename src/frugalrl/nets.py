@@ -75,6 +75,9 @@ class ActorCritic(nn.Module):
     """The action distribution :meth:`dist_params` parameterises (see :mod:`frugalrl.dists`)."""
     exact_tensors: tuple[str, ...] = ()
     """State-dict keys that must travel losslessly whatever the weights codec (running statistics)."""
+    value_only: tuple[str, ...] = ()
+    """Prefixes of the state-dict keys that only :meth:`value` reads: workers act without them, so weights
+    messages leave them out (:func:`acting_state`). Empty: every key travels."""
     max_entropy_log_std: torch.Tensor | None = None
     """Gaussian heads whose actions are clipped to a box: the log of half the box's width per action dimension,
     the most log-std an entropy bonus rewards (:func:`frugalrl.dists.entropy_bonus`); None: no cap."""
@@ -86,6 +89,13 @@ class ActorCritic(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State value, shape ``(batch,)``."""
         raise NotImplementedError
+
+
+def acting_state(agent: nn.Module) -> dict[str, torch.Tensor]:
+    """The part of ``agent``'s state dict a worker needs to act: all but the keys under its ``value_only``
+    prefixes (a separate critic is half of an MLP agent's weights, and no worker ever evaluates it)."""
+    drop = tuple(getattr(agent, "value_only", ()))
+    return {k: t for k, t in agent.state_dict().items() if not (drop and k.startswith(drop))}
 
 
 def build_policy(spec: PolicySpec | dict[str, Any]) -> ActorCritic:
@@ -217,7 +227,7 @@ still has a finite log-probability."""
 
 
 class MLPActorCritic(ActorCritic):
-    """Separate actor and critic MLPs (CleanRL's PPO agent) for flat observations.
+    """Separate actor and critic MLPs (CleanRL's PPO agent) for flat observations; workers get the actor alone.
 
     Categorical head for Discrete actions; state-independent log-std Gaussian for Box actions.
     ``activation`` of the hidden layers, ``log_std_init`` (the Gaussian's initial log-std) and ``ortho_init``
@@ -230,6 +240,8 @@ class MLPActorCritic(ActorCritic):
     with it. One step's action is Gaussian with variance ``Σ_i φ_i(s)² σ_ij²``, which :meth:`dist_params` returns
     (``φ`` detached, as SB3's ``learn_features=False``), so losses and KLs are those of any Gaussian head.
     """
+
+    value_only = ("critic.",)
 
     def __init__(
         self,
@@ -329,6 +341,8 @@ class NatureCNNActorCritic(ActorCritic):
     observations (``obs_shape`` is then (H, W, C) too): :func:`grid_cnn` builds the MinAtar paper's network for
     small grids from them. Pruning, distillation, int8 and ONNX export treat every geometry alike.
     """
+
+    value_only = ("critic.",)
 
     def __init__(
         self,

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from frugalrl import dists
-from frugalrl.nets import ActorCritic
+from frugalrl.nets import ActorCritic, acting_state
 from frugalrl.sync import SyncContext, SyncRule
 from frugalrl.wire.delta import Words, from_words, full_message, to_words, weights_update
 from frugalrl.wire.message import Message
@@ -113,7 +113,7 @@ class PolicySync:
         """The learner's version's code words (:func:`frugalrl.wire.delta.to_words`, made once per version)."""
         v = self.learner_version
         if v not in self._words:
-            state = {k: t.detach().cpu().numpy() for k, t in agent.state_dict().items()}
+            state = {k: t.detach().cpu().numpy() for k, t in acting_state(agent).items()}
             self._words[v] = to_words(state, self.weights_codec, getattr(agent, "exact_tensors", ()))
             self._spec = agent.spec.to_json()
         return self._words[v]
@@ -223,11 +223,10 @@ class PolicySync:
         if self.weights_codec == "fp32":
             return agent
         if self._held is None:
-            state = agent.state_dict()
-            like = {k: (tuple(t.shape), t.detach().cpu().numpy().dtype) for k, t in state.items()}
+            like = {k: (tuple(t.shape), t.detach().cpu().numpy().dtype) for k, t in acting_state(agent).items()}
             decoded = from_words(self.words(agent), like, self.weights_codec)
             self._held = copy.deepcopy(agent)
-            self._held.load_state_dict({k: torch.from_numpy(a) for k, a in decoded.items()})
+            self._held.load_state_dict({k: torch.from_numpy(a) for k, a in decoded.items()}, strict=False)
         return self._held
 
     # ------------------------------------------------------------------ reporting, checkpoints

@@ -9,10 +9,14 @@ codec goes through, so every transport (one that encodes, or one that hands the 
 worker the same values.
 
 A receiver keeps the words it holds (:class:`HeldWeights`). Against them, :func:`weights_update` codes the next
-version's words as a delta, per word size: the XOR of the new words with the held ones compressed with the
-lossless ``zstd`` codec (byte planes, then zstd), or, where few words changed, their indices (Golomb-Rice gaps,
-:mod:`frugalrl.wire.rice`) and XOR values; nothing for a word size that did not change. It sends whichever is
-smallest, the full copy included. The delta is on the code words, so it is exact for every codec, lossy ones
+version's words as a delta, per word size: the XOR of the new words with the held ones, or their difference
+(below), compressed with the lossless ``zstd`` codec (byte planes, then zstd), or, where few words changed, their
+indices (Golomb-Rice gaps, :mod:`frugalrl.wire.rice`) and XOR values; nothing for a word size that did not change.
+It sends whichever is smallest, the full copy included.
+
+The difference is taken in the order of the floats the words code (:func:`difference`, a bijection on any words)
+and zigzag-coded: a weight that moved a few ulps gives a small number, where its XOR spreads over every bit a
+carry crosses (docs/clusterenv.md#what-a-sync-sends-delta-coded-weights). The delta is on the code words, so it is exact for every codec, lossy ones
 too: the receiver rebuilds the words the full message would carry, bit for bit, and decodes them the same way.
 
 A delta names its base version and the CRC-32 of the words it leads to; :meth:`HeldWeights.resolve` refuses one
@@ -38,7 +42,7 @@ WORD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 #: A state dict's arrays by key: code words for the coded tensors, the others as they are.
 Words = dict[str, np.ndarray]
 
-_XOR, _INDEX, _VALUES = "wd/x", "wd/i", "wd/v"
+_XOR, _DIFF, _INDEX, _VALUES = "wd/x", "wd/d", "wd/i", "wd/v"
 _SPEC_NBYTES = 24  # about what one more array adds to a message header
 _K = struct.Struct("<B")
 
@@ -102,16 +106,20 @@ def weights_update(new: Words, base: Words | None, meta: dict[str, Any], base_ve
         xor = np.bitwise_xor(old_groups[size], words)
         changed = np.flatnonzero(xor)
         if changed.size:
-            _code_changes(arrays, msg_codecs, size, xor, changed)
+            _code_changes(arrays, msg_codecs, size, xor, changed, difference(old_groups[size], words))
     delta = Message("weights", {**meta, "base": int(base_version), "crc": checksum(new)}, arrays, msg_codecs)
     return delta if sum(message_sizes(delta).values()) < sum(message_sizes(full).values()) else full
 
 
 def _code_changes(arrays: dict[str, np.ndarray], msg_codecs: dict[str, str], size: int, xor: np.ndarray,
-                  changed: np.ndarray) -> None:
-    """Add the cheaper coding of one word size's changes: the whole XOR, or the changed words' indices and XOR
-    (whose indices are only coded where their values alone are smaller than the whole XOR)."""
+                  changed: np.ndarray, diff: np.ndarray) -> None:
+    """Add the cheapest coding of one word size's changes: the whole XOR, the whole difference, or the changed
+    words' indices and XOR (whose indices are only coded where their values alone are smaller than the rest)."""
+    dense_name, dense_words = _XOR, xor
     dense = len(codecs.encode(xor, "zstd"))
+    by_diff = len(codecs.encode(diff, "zstd"))
+    if by_diff < dense:
+        dense_name, dense_words, dense = _DIFF, diff, by_diff
     values = xor[changed]
     sparse = len(codecs.encode(values, "zstd")) + _SPEC_NBYTES
     if sparse < dense:
@@ -122,8 +130,35 @@ def _code_changes(arrays: dict[str, np.ndarray], msg_codecs: dict[str, str], siz
             arrays[f"{_INDEX}{size}"], arrays[f"{_VALUES}{size}"] = index, values
             msg_codecs[f"{_VALUES}{size}"] = "zstd"
             return
-    arrays[f"{_XOR}{size}"] = xor
-    msg_codecs[f"{_XOR}{size}"] = "zstd"
+    arrays[f"{dense_name}{size}"] = dense_words
+    msg_codecs[f"{dense_name}{size}"] = "zstd"
+
+
+def _ordered(words: np.ndarray) -> np.ndarray:
+    """Unsigned words in the order of the floats they code (see the module docstring); a bijection."""
+    sign = words.dtype.type(1 << (8 * words.dtype.itemsize - 1))
+    return np.where(words & sign, ~words, words | sign)
+
+
+def _unordered(ordered: np.ndarray) -> np.ndarray:
+    """:func:`_ordered` undone."""
+    sign = ordered.dtype.type(1 << (8 * ordered.dtype.itemsize - 1))
+    return np.where(ordered & sign, ordered ^ sign, ~ordered)
+
+
+def difference(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """The zigzag-coded, wrapped difference of ``new`` and ``old`` in float order (unsigned words, their dtype):
+    each word is mapped to one whose unsigned order is its float's (negative floats' words have every bit
+    flipped, the others' their sign bit), then subtracted modulo the word size."""
+    bits = 8 * old.dtype.itemsize
+    d = (_ordered(new) - _ordered(old)).view(f"i{old.dtype.itemsize}")  # wraps, as unsigned arithmetic does
+    return ((d << 1) ^ (d >> (bits - 1))).view(old.dtype)
+
+
+def undo_difference(old: np.ndarray, diff: np.ndarray) -> np.ndarray:
+    """The words whose :func:`difference` from ``old`` is ``diff``."""
+    d = (diff >> 1) ^ (np.zeros_like(diff) - (diff & 1))  # zigzag undone, still wrapped
+    return _unordered(_ordered(old) + d)
 
 
 def apply_delta(base: Words, arrays: Mapping[str, np.ndarray]) -> Words:
@@ -131,12 +166,16 @@ def apply_delta(base: Words, arrays: Mapping[str, np.ndarray]) -> Words:
     groups = _groups(base)
     names = {n for n in arrays if n.startswith("wd/")}
     for size, old in groups.items():
-        xor, index, values = (arrays.get(f"{p}{size}") for p in (_XOR, _INDEX, _VALUES))
-        names -= {f"{p}{size}" for p in (_XOR, _INDEX, _VALUES)}
+        xor, diff, index, values = (arrays.get(f"{p}{size}") for p in (_XOR, _DIFF, _INDEX, _VALUES))
+        names -= {f"{p}{size}" for p in (_XOR, _DIFF, _INDEX, _VALUES)}
         if xor is not None:
             if xor.shape != old.shape or xor.dtype != old.dtype:
                 raise DeltaError(f"XOR of {xor.dtype} {xor.shape} for {old.size} words of {size} bytes")
             groups[size] = np.bitwise_xor(old, xor)
+        elif diff is not None:
+            if diff.shape != old.shape or diff.dtype != old.dtype:
+                raise DeltaError(f"difference of {diff.dtype} {diff.shape} for {old.size} words of {size} bytes")
+            groups[size] = undo_difference(old, diff)
         elif index is not None and values is not None:
             if index.dtype != np.uint8 or index.size < 1 or values.dtype != old.dtype or values.ndim != 1:
                 raise DeltaError(f"corrupt changed words of {size} bytes")
