@@ -72,7 +72,8 @@ def main() -> None:
     args = p.parse_args()
 
     settings = dict(env=args.env, total_timesteps=args.total_timesteps, eval_every=10, eval_episodes=10,
-                    target_return=args.target, progress=False, tensorboard=False, plots=False)
+                    target_return=args.target, progress=False, tensorboard=False, plots=False,
+                    sync="every", weights_codec="fp32")  # the defaults these results were measured with
     settings.update(json.loads(args.extra))
     base = IMPALAConfig(**settings)
     cache = RESULTS / "runs_cache" / args.out

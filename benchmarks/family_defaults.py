@@ -1,17 +1,24 @@
-"""PPO's fallback per family of envs, on envs the learning suite does not report, against SB3's PPO with its
-plain defaults: same machine, same steps, same evaluation.
+"""What a run with no flags gets, on envs the learning suite does not report: PPO's defaults (its fallback per
+family of envs, frugal weight syncs on) against the same with every-update fp32 weights and against SB3's PPO with
+its plain defaults; same machine, same steps, same evaluation.
 
-    python benchmarks/family_defaults.py                                  # every env and seed, both sides
+    python benchmarks/family_defaults.py                                  # every env and seed, PPO's sides
     python benchmarks/family_defaults.py --envs Hopper-v5 --seeds 101     # one env, one seed
+    python benchmarks/family_defaults.py --sides impala impala-every --envs CartPole-v1 Acrobot-v1  # IMPALA
     python benchmarks/family_defaults.py --report                         # the table from the cached runs
 
 Sides, each run a fresh interpreter, one after the other (never two at once), torch on one thread on both:
 
-- ``frugal``: ``frugalrl train ppo --env X --total-timesteps N --seed S`` and the output flags only. No preset
-  exists for X, so the fallback of X's family applies (``continuous`` for these envs: ``_families`` in
-  ``frugalrl/presets/ppo.json``);
+- ``frugal``: ``frugalrl train ppo --env X --total-timesteps N --seed S`` and the output flags only: AAPS,
+  bf16 delta-coded weights. Where no preset exists for X (the MuJoCo envs) the fallback of X's family applies
+  (``continuous``: ``_families`` in ``frugalrl/presets/ppo.json``); Acrobot-v1 has rl-zoo's preset;
+- ``frugal-every``: the same with ``--sync every --weights-codec fp32`` (full fp32 weights after every update, the
+  default before AAPS + bf16 became it), which isolates what the frugal default costs in return;
+- ``frugal-nopreset``: ``frugal`` with ``--preset family:F``, F the env's family: on an env that has a preset, what
+  the same command gives an env nobody tuned (the learning suite's envs: ``--envs CartPole-v1 ... --steps N``);
 - ``frugal-discrete``: the same with ``--preset family:discrete``, the fallback every env got before the
   families (CleanRL's discrete settings), for reference (``--sides``);
+- ``impala`` and ``impala-every``: the same two with ``frugalrl train impala`` (``--sides``);
 - ``sb3``: ``PPO("MlpPolicy", make_vec_env(X, n_envs=1, seed=S), seed=S, device="cpu")``: SB3's defaults.
 
 Evaluation: ``EVAL_EPISODES`` deterministic episodes after the last update. frugalrl plays them on a fresh env
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -36,19 +44,29 @@ from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = RESULTS / "family_defaults"
-ENVS = ["InvertedDoublePendulum-v5", "Hopper-v5"]
+ENVS = ["InvertedDoublePendulum-v5", "Hopper-v5", "Acrobot-v1"]
 SEEDS = [101, 102, 103]
 STEPS = 200_000
 EVAL_EPISODES = 10  # frugalrl's RunConfig.eval_episodes default
 EVAL_SEED = 10_000  # frugalrl.evaluation.EVAL_SEED
-SIDES = ["frugal", "sb3"]
-EXTRA = {"frugal": [], "frugal-discrete": ["--preset", "family:discrete"]}
+SIDES = ["frugal", "frugal-every", "sb3"]
+EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
+#: Side → (algorithm, flags over the env, budget and seed).
+EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
+         "frugal-discrete": ("ppo", ["--preset", "family:discrete"]),
+         "frugal-nopreset": ("ppo", ["--preset", "family:{family}"]),
+         "impala": ("impala", []), "impala-every": ("impala", EVERY_FP32)}
 
 
 def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
     """The CLI run of one frugalrl side: only the env, budget and seed change the training."""
-    return [sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--env", env, "--total-timesteps", str(steps),
-            "--seed", str(seed), *EXTRA[side], "--torch-threads", "1", "--run-dir", str(CACHE / "runs"),
+    algo, flags = EXTRA[side]
+    if any("{family}" in f for f in flags):
+        from frugalrl.presets import env_family
+
+        flags = [f.format(family=env_family(env)) for f in flags]
+    return [sys.executable, "-m", "frugalrl.cli", "train", algo, "--env", env, "--total-timesteps", str(steps),
+            "--seed", str(seed), *flags, "--torch-threads", "1", "--run-dir", str(CACHE / "runs"),
             "--run-name", f"{side}-{env}-s{seed}", "--no-progress", "--no-tensorboard", "--no-plots"]
 
 
@@ -100,8 +118,16 @@ def _sb3_main(env: str, seed: int, steps: int) -> None:
                       "sb3": stable_baselines3.__version__, "torch_threads": torch.get_num_threads()}))
 
 
+def _ratio(ours: float, ref: float) -> float:
+    """``ours / ref`` for positive returns; for negative ones ``ref / ours`` (closer to zero is better): above 1
+    means better either way."""
+    if ref > 0:
+        return ours / ref
+    return ref / ours if ours < 0 else math.inf
+
+
 def table(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per env and side: the returns by seed, their mean and median; per env, frugal's ratios to SB3's."""
+    """Per env and side: the returns by seed, their mean and median; per env, the ratios (above 1: better)."""
     out: dict[str, dict[str, Any]] = {}
     for r in runs.values():
         row = out.setdefault(r["env"], {}).setdefault(r["side"], {"seeds": [], "returns": []})
@@ -112,7 +138,14 @@ def table(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             row["mean"] = round(statistics.fmean(row["returns"]), 1)
             row["median"] = round(statistics.median(row["returns"]), 1)
         if "frugal" in sides and "sb3" in sides:
-            sides["ratio"] = {k: round(sides["frugal"][k] / sides["sb3"][k], 2) for k in ("mean", "median")}
+            sides["ratio"] = {k: round(_ratio(sides["frugal"][k], sides["sb3"][k]), 2) for k in ("mean", "median")}
+        if "frugal-nopreset" in sides and "sb3" in sides:
+            sides["ratio_nopreset"] = {k: round(_ratio(sides["frugal-nopreset"][k], sides["sb3"][k]), 2)
+                                       for k in ("mean", "median")}
+        for side in ("frugal", "impala"):
+            if side in sides and f"{side}-every" in sides:
+                sides[f"ratio_every_{side}"] = {k: round(_ratio(sides[side][k], sides[f"{side}-every"][k]), 2)
+                                                for k in ("mean", "median")}
     return out
 
 
@@ -121,11 +154,18 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
     lines = ["| env | side | returns by seed | mean | median |", "|---|---|---|---:|---:|"]
     for env, sides in rows.items():
         for side, row in sides.items():
-            if side != "ratio":
+            if not side.startswith("ratio"):
                 shown = ", ".join(f"{s}: {v}" for s, v in zip(row["seeds"], row["returns"], strict=True))
                 lines.append(f"| {env} | {side} | {shown} | {row['mean']} | {row['median']} |")
         if "ratio" in sides:
             lines.append(f"| {env} | frugal / sb3 | | {sides['ratio']['mean']} | {sides['ratio']['median']} |")
+        if "ratio_nopreset" in sides:
+            r = sides["ratio_nopreset"]
+            lines.append(f"| {env} | frugal-nopreset / sb3 | | {r['mean']} | {r['median']} |")
+        for side in ("frugal", "impala"):
+            if f"ratio_every_{side}" in sides:
+                r = sides[f"ratio_every_{side}"]
+                lines.append(f"| {env} | {side} / {side}-every | | {r['mean']} | {r['median']} |")
     return "\n".join(lines)
 
 

@@ -65,7 +65,8 @@ def run(env: str, name: str, flags: dict[str, Any], steps: int, seed: int, force
     run_name = path.stem
     cmd = [sys.executable, "-m", "frugalrl.cli", "train", "impala", "--env", env, "--total-timesteps", str(steps),
            "--seed", str(seed), "--eval-episodes", "10", "--run-dir", str(CACHE / "runs"), "--run-name", run_name,
-           "--no-progress", "--no-tensorboard", "--no-plots", "--preset", "none"]
+           "--no-progress", "--no-tensorboard", "--no-plots", "--preset", "none",
+           "--sync", "every", "--weights-codec", "fp32"]  # the defaults these rows were measured with
     batch = 2 * int(flags.get("envs_per_worker", 8)) * int(flags.get("num_steps", 32))
     cmd += ["--eval-every", str(max(1, steps // 10 // batch))]
     for k, v in flags.items():

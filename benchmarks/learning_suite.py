@@ -104,10 +104,10 @@ VARIANTS = PPO_VARIANTS + IMPALA_VARIANTS + ("impala-every-copy",)
 FULL = ["--weights-delta", "false"]
 FRUGAL_FLAGS = {"frugal-aaps-bf16": ["--sync", "aaps", "--weights-codec", "bf16"],
                 "frugal-every-fp32": ["--sync", "every", "--weights-codec", "fp32", *FULL],
-                "impala-copy": ["--sync", "aaps", "--compress", "none", *FULL],
-                "impala-int8": ["--sync", "aaps", "--compress", "int8,onnx"],
-                "impala-full": ["--sync", "aaps", "--compress", "prune:0.5,distill,int8,onnx"],
-                "impala-every-copy": ["--sync", "every", "--compress", "none", *FULL]}
+                "impala-copy": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "none", *FULL],
+                "impala-int8": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "int8,onnx"],
+                "impala-full": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "prune:0.5,distill,int8,onnx"],
+                "impala-every-copy": ["--sync", "every", "--weights-codec", "fp32", "--compress", "none", *FULL]}
 
 
 def algo_of(variant: str) -> str:

@@ -1,9 +1,10 @@
-"""PPO over a two-node Ray cluster whose link is rate-shaped: wall time per iteration and bytes by kind.
+"""PPO over a Ray cluster whose learner link is rate-shaped: wall time per iteration and bytes by kind.
 
-Two network namespaces (:class:`frugalrl.netem.TestHosts`): host 0 runs the Ray head with 0 CPUs and
-the PPO driver (``frugalrl train ppo --backend ray``), host 1 a Ray worker node that gets every env
-worker. For each link rate (``tbf`` on both hosts' egress; this kernel has no netem, so no delay) and
-each sync rule (every update, AAPS δ), one short run; wall time per PPO iteration is the ``time``
+Network namespaces (:class:`frugalrl.netem.TestHosts`): host 0 runs the Ray head with 0 CPUs and the PPO driver
+(``frugalrl train ppo --backend ray``), each of ``--hosts`` more hosts (default 1) a Ray worker node; the env
+workers fill them. For each link rate (``tbf`` on every host's egress, so host 0's is the learner's link; this
+kernel has no netem, so no delay) and each sync setting (``every``: fp32 weights after every update; ``aaps``: AAPS
+δ, fp32; ``aaps-bf16``: AAPS, bf16), one short run; wall time per PPO iteration is the ``time``
 column of the run's ``metrics.jsonl`` (last row / number of updates, and the median step between
 rows), bytes by kind come from ``summary.json``. Needs root, ``ip``/``tc`` and ray. Example::
 
@@ -29,6 +30,9 @@ import torch
 from frugalrl import netem
 from frugalrl.ray_hosts import RayCluster
 
+#: Sync setting → its flags (weights delta-coded, the default, in all).
+SYNCS = {"every": ["--sync", "every", "--weights-codec", "fp32"], "aaps": ["--sync", "aaps", "--weights-codec", "fp32"],
+         "aaps-bf16": ["--sync", "aaps", "--weights-codec", "bf16"]}
 KINDS = ("observations", "actions", "rewards", "behaviour", "weights", "info", "control")
 
 
@@ -126,6 +130,9 @@ def main() -> None:
                              "--envs-per-worker each)")
     parser.add_argument("--iterations", type=int, default=None,
                         help="PPO iterations per run (default: --total-timesteps at the smallest worker count)")
+    parser.add_argument("--hosts", type=int, default=1,
+                        help="emulated worker hosts, each a Ray node in its own network namespace behind the "
+                             "learner's shaped link; the workers are spread over them")
     parser.add_argument("--envs-per-worker", type=int, default=4)
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--total-timesteps", type=int, default=16384)
@@ -134,14 +141,20 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per run")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "shaped_links.json"))
     args = parser.parse_args()
+    unknown = set(args.syncs.split(",")) - set(SYNCS)
+    if unknown:
+        sys.exit(f"unknown --syncs {sorted(unknown)}; expected some of {list(SYNCS)}")
     ok, why = netem.netns_available()
     if not ok:
         sys.exit(f"network namespaces unavailable: {why}")
 
     rows = []
     t_start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="frl-shaped-") as run_dir, netem.TestHosts(n=2) as hosts, \
-            RayCluster(hosts, worker_cpus=max(args.workers)) as cluster:
+    if args.hosts < 1 or max(args.workers) < args.hosts:
+        sys.exit(f"--hosts must be in [1, the largest worker count], got {args.hosts}")
+    per_host = -(-max(args.workers) // args.hosts)  # CPUs per worker node: the most workers fill every host
+    with tempfile.TemporaryDirectory(prefix="frl-shaped-") as run_dir, netem.TestHosts(n=args.hosts + 1) as hosts, \
+            RayCluster(hosts, worker_cpus=per_host) as cluster:
         for rate in args.rates.split(","):
             hosts.shape(rate=rate)
             for sync, uplink, workers in [(s, u, w) for s in args.syncs.split(",") for u in args.uplinks.split(",")
@@ -155,7 +168,7 @@ def main() -> None:
                         "--workers", str(workers), "--envs-per-worker", str(k),
                         "--num-steps", str(args.num_steps), "--total-timesteps", str(total),
                         "--eval-every", "1000000",
-                        "--sync", sync, "--uplink", uplink,
+                        *SYNCS[sync], "--uplink", uplink,
                         *(["--uplink-behaviour", "params"] if uplink == "none" else []), "--kl-threshold", str(args.kl_threshold), "--seed", str(args.seed),
                         "--eval-episodes", str(args.eval_episodes), "--progress", "false",
                         # the LunarLander settings of benchmarks/_ppo_runs.py
@@ -172,7 +185,8 @@ def main() -> None:
                 times = [m["time"] for m in metrics if "losses/policy" in m]
                 steps = [b - a for a, b in zip(times, times[1:], strict=False)]
                 rows.append({
-                    "rate": rate, "sync": sync, "uplink": uplink, "workers": workers, "updates": summary["updates"],
+                    "rate": rate, "sync": sync, "uplink": uplink, "workers": workers, "hosts": args.hosts,
+                    "updates": summary["updates"],
                     "env_steps": summary["env_steps"],
                     "up_bytes_per_iter": sum(summary["bytes"]["up"].values()) / summary["updates"],
                     "down_bytes_per_iter": sum(summary["bytes"]["down"].values()) / summary["updates"],
@@ -202,7 +216,8 @@ def main() -> None:
     out: dict = {
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "config": vars(args),
-        "cluster": "Ray head (0 CPUs) + driver in netns host 0, Ray worker node in netns host 1; tbf rate on both egresses",
+        "cluster": f"Ray head (0 CPUs) + driver in netns host 0, a Ray worker node ({per_host} CPUs) in each of "
+                   f"{args.hosts} more netns hosts; tbf rate on every host's egress",
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "ray": ray.__version__},
         "total_seconds": time.monotonic() - t_start,

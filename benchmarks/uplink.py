@@ -44,7 +44,7 @@ RESULTS = Path(__file__).parent / "results"
 DEMO_FLAGS = ["--env", "LunarLander-v3", "--workers", "2", "--envs-per-worker", "8", "--num-steps", "128",
               "--num-minibatches", "32", "--update-epochs", "4", "--learning-rate", "5e-4", "--gamma", "0.999",
               "--gae-lambda", "0.98", "--ent-coef", "0.01", "--sync", "aaps", "--kl-threshold", "0.05",
-              "--eval-every", "20", "--backend", "local"]
+              "--eval-every", "20", "--backend", "local", "--weights-codec", "fp32"]
 
 
 #: Name → (label, extra CLI flags over DEMO_FLAGS).
@@ -182,7 +182,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 ALE_FLAGS = ["--env", "frugalrl.envs.atari:make_atari", "--env-kwargs", '{"env_id": "ALE/Pong-v5"}', "--workers", "2",
              "--envs-per-worker", "4", "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "2",
-             "--sync", "aaps", "--eval-episodes", "0", "--backend", "local"]
+             "--sync", "aaps", "--eval-episodes", "0", "--backend", "local", "--weights-codec", "fp32"]
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -138,8 +138,8 @@ def t_uplink(_: str) -> list[Table]:
     return tables
 
 
-def t_learning_suite_ppo(_: str) -> list[Table]:
-    s = Source("learning_suite")
+def t_learning_suite_ppo(name: str) -> list[Table]:
+    s = Source(name or "learning_suite")
     rows = []
     for env, e in s("table").items():
         for v, r in e["variants"].items():
@@ -157,7 +157,8 @@ def t_learning_suite_ppo(_: str) -> list[Table]:
                          [s.num(*p, "weight_syncs_mean", fmt=".0f")], [s.num(*p, "stuck_fraction_max", fmt=".0%")]])
     return [Table(["env (steps)", "variant", "final return (mean ± std, 3 seeds)", "× SB3", "stochastic",
                    "reached ref.", "s to ref. (mean)", "train s", "× SB3 train s", "wall s", "× SB3 wall", "MB total",
-                   "weight MB", "syncs", "stuck"], rows, [s.name], ["python benchmarks/learning_suite.py"])]
+                   "weight MB", "syncs", "stuck"], rows, [s.name],
+                  [s.command() if name else "python benchmarks/learning_suite.py"])]
 
 
 def t_learning_suite_impala(_: str) -> list[Table]:
@@ -397,18 +398,23 @@ def t_dropin_speed(_: str) -> list[Table]:
 
 
 def t_family_defaults(_: str) -> list[Table]:
-    """PPO's family fallback against SB3's plain defaults, per env: the returns by seed, their mean and median."""
+    """What a run with no flags gets, per env: the defaults (frugal syncs on), the same with every-update fp32
+    weights, SB3's plain defaults; the returns by seed, their mean and median, and their ratios."""
     s = Source("family_defaults")
     rows = []
+    ratios = {"ratio": "frugal / sb3", "ratio_nopreset": "frugal-nopreset / sb3",
+              "ratio_every_frugal": "frugal / frugal-every",
+              "ratio_every_impala": "impala / impala-every"}
     for env, sides in s("table").items():
-        for side in [k for k in sides if k != "ratio"]:
+        for side in [k for k in sides if not k.startswith("ratio")]:
             p = ("table", env, side)
             rows.append([[env], [side], join([s.num(*p, "returns", i) for i in range(len(s(*p, "seeds")))]),
                          [s.num(*p, "mean")], [s.num(*p, "median")]])
-        if "ratio" in sides:
-            rows.append([[env], ["frugal / sb3"], [""], [s.num("table", env, "ratio", "mean", fmt=".2f", suffix="×")],
-                         [s.num("table", env, "ratio", "median", fmt=".2f", suffix="×")]])
-    seeds = ", ".join(map(str, next(iter(s("table").values()))["sb3"]["seeds"]))
+        for key, label in ratios.items():
+            if key in sides:
+                rows.append([[env], [label], [""], [s.num("table", env, key, "mean", fmt=".2f", suffix="×")],
+                             [s.num("table", env, key, "median", fmt=".2f", suffix="×")]])
+    seeds = ", ".join(map(str, next(iter(next(iter(s("table").values())).values()))["seeds"]))
     return [Table(["env", "side", f"return by seed ({seeds})", "mean", "median"], rows, [s.name], [s.command()],
                   align="llrrr")]
 
@@ -435,7 +441,7 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "ppo_lunarlander": t_ppo_lunarlander,
     "aaps": t_aaps,  # ARG: aaps_sweep or aaps_3seeds
     "uplink": t_uplink,
-    "learning_suite_ppo": t_learning_suite_ppo,
+    "learning_suite_ppo": t_learning_suite_ppo,  # ARG: learning_suite.py's --out (default learning_suite)
     "learning_suite_impala": t_learning_suite_impala,
     "compress_table6": t_compress_table6,
     "accerl_actor_time": t_accerl_actor_time,

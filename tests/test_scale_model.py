@@ -100,7 +100,8 @@ def test_cli_on_a_real_run(tmp_path, capsys):
     assert main(["scale-model", str(tmp_path / "r"), "--workers", "2", "64", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     f = out["figures"]
-    assert f["workers"] == 2 and f["env_steps_per_worker_iter"] == 128 and f["syncs_per_worker_iter"] == 1.0
+    assert f["workers"] == 2 and f["env_steps_per_worker_iter"] == 128
+    assert 0.0 < f["syncs_per_worker_iter"] <= 1.0  # AAPS, the default: at most one sync per update
     two, many = out["predictions"]
     assert many["up_bytes_per_iter"] == pytest.approx(32 * two["up_bytes_per_iter"])
     assert main(["scale-model", str(tmp_path / "r"), "--workers", "8"]) == 0

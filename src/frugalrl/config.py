@@ -199,9 +199,11 @@ class ClusterConfig(ConfigPart):
     """Environments stepped by each worker."""
     num_steps: int = 128
     """Steps per env per rollout fragment (an update learns from workers × envs_per_worker × num_steps)."""
-    sync: SyncName = "every"
-    """Weight-sync rule: 'every' (each update), 'interval' (every sync_interval updates) or 'aaps' (when
-    KL(worker policy ‖ learner) on the worker's recent states exceeds kl_threshold)."""
+    sync: SyncName = "aaps"
+    """Weight-sync rule: 'aaps' (when KL(worker policy ‖ learner) on the worker's recent states exceeds
+    kl_threshold, with the max_policy_lag guard), 'every' (each update) or 'interval' (every sync_interval
+    updates). AAPS is the default because it learned as well as 'every' on every env of the learning suite
+    (docs/benchmarks.md#frugal-defaults)."""
     kl_threshold: float = 0.05
     """δ of AAPS."""
     max_policy_lag: int | None = 20
@@ -210,9 +212,10 @@ class ClusterConfig(ConfigPart):
     moved on); None: KL only."""
     sync_interval: int = 1
     """n of the 'interval' rule."""
-    weights_codec: WeightsCodec = "fp32"
-    """How weights travel to the workers: fp32, bf16, fp16 or int8 (a symmetric scale per tensor, on the wire
-    only: the workers act with the decoded float weights)."""
+    weights_codec: WeightsCodec = "bf16"
+    """How weights travel to the workers: bf16 (the default: half of fp32's bytes, and the workers act with the
+    rounded weights, whose log-probabilities the losses correct for), fp32, fp16 or int8 (a symmetric scale per
+    tensor, on the wire only: the workers act with the decoded float weights)."""
     weights_delta: bool = True
     """A worker that holds an older copy of the weights is sent only what changed (the XOR of the codec's words
     with its copy, compressed, or the changed words alone), when that is smaller than a full copy; exact: it

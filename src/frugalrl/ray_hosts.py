@@ -1,6 +1,7 @@
-"""A two-node Ray cluster in two :class:`frugalrl.netem.TestHosts` network namespaces: the Ray head in host 0 (0 CPUs,
-no dashboard), one Ray worker node in host 1. The multinode tests and the link benchmarks (``hsa2c_link.py``,
-``shaped_links.py``) run drivers inside host 0, so every actor lands on host 1 and every call crosses the link.
+"""A Ray cluster in :class:`frugalrl.netem.TestHosts` network namespaces: the Ray head in host 0 (0 CPUs, no
+dashboard), one Ray worker node in each other host (two hosts: one worker node). The multinode tests and the link
+benchmarks (``hsa2c_link.py``, ``shaped_links.py``) run drivers inside host 0, so every actor lands on a worker host
+and every call crosses host 0's link, the learner's.
 
 The cluster uses its own temp dir and a fresh auth token (Ray's token authentication is on by default), and is torn
 down by killing exactly the processes inside its two namespaces: ``ray stop --force`` is not namespace-scoped
@@ -61,7 +62,7 @@ def kill_netns(ns: str, grace: float = 3.0) -> None:
 
 
 class RayCluster:
-    """Ray head in host 0 (0 CPUs, no dashboard), one worker node with ``worker_cpus`` CPUs in host 1."""
+    """Ray head in host 0 (0 CPUs, no dashboard), a worker node with ``worker_cpus`` CPUs in each of hosts 1 … n-1."""
 
     def __init__(self, hosts: netem.TestHosts, worker_cpus: int = 2) -> None:
         self.hosts = hosts
@@ -95,14 +96,16 @@ class RayCluster:
         self._ray_start(0, ["--head", f"--node-ip-address={self.hosts.address(0)}", f"--port={self.port}",
                             "--num-cpus=0", "--include-dashboard=false"])
 
-    def start_worker(self) -> None:
-        self._ray_start(1, [f"--address={self.address}", f"--node-ip-address={self.hosts.address(1)}",
+    def start_worker(self, i: int = 1) -> None:
+        """Start the Ray worker node of host ``i``."""
+        self._ray_start(i, [f"--address={self.address}", f"--node-ip-address={self.hosts.address(i)}",
                             f"--num-cpus={self.worker_cpus}"])
 
     def start(self) -> RayCluster:
         try:
             self.start_head()
-            self.start_worker()
+            for i in range(1, self.hosts.n):
+                self.start_worker(i)
         except BaseException:
             self.stop()
             raise
@@ -112,7 +115,7 @@ class RayCluster:
         kill_netns(self.hosts.namespaces[i])
 
     def stop(self) -> None:
-        for i in (1, 0):
+        for i in reversed(range(self.hosts.n)):
             self.stop_host(i)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
