@@ -55,6 +55,10 @@ EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
 EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "frugal-discrete": ("ppo", ["--preset", "family:discrete"]),
          "frugal-nopreset": ("ppo", ["--preset", "family:{family}"]),
+         # SB3's PPO defaults on top of the discrete fallback: a candidate for it, chosen on Acrobot-v1 (seeds 1-3)
+         "frugal-discrete-sb3": ("ppo", ["--preset", "family:discrete", "--envs-per-worker", "1", "--num-steps", "1024",
+                                         "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
+                                         "--ent-coef", "0.0"]),
          "impala": ("impala", []), "impala-every": ("impala", EVERY_FP32)}
 
 
