@@ -55,7 +55,8 @@ EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
 EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "frugal-discrete": ("ppo", ["--preset", "family:discrete"]),
          "frugal-nopreset": ("ppo", ["--preset", "family:{family}"]),
-         # SB3's PPO defaults on top of the discrete fallback: a candidate for it, chosen on Acrobot-v1 (seeds 1-3)
+         # SB3's PPO defaults on top of the discrete fallback: the candidate chosen on Acrobot-v1 (seeds 1-3) against
+        # the fallback before (CleanRL ppo.py's, cached as frugal-discrete-cleanrl); the fallback itself since bb336f6
          "frugal-discrete-sb3": ("ppo", ["--preset", "family:discrete", "--envs-per-worker", "1", "--num-steps", "1024",
                                          "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
                                          "--ent-coef", "0.0"]),
