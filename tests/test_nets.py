@@ -121,3 +121,17 @@ def test_sde_noise_starts_in_half_widths_of_the_box() -> None:
     start = [-2.0 + math.log(2.0), -2.0, -2.0 + math.log(1e3), -2.0 + math.log(0.25)]
     assert torch.allclose(agent.log_std, torch.tensor(start).expand(8, 4))
     assert torch.isfinite(agent.dist_params(torch.randn(5, 3))).all()
+
+
+def test_the_acting_state_leaves_the_critic_out_and_loads_only_whole():
+    from frugalrl import make_agent
+    from frugalrl.nets import acting_state, load_acting_state
+
+    agent = make_agent(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+    state = acting_state(agent)
+    assert state and not any(k.startswith("critic.") for k in state)
+    other = make_agent(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+    load_acting_state(other, state)  # the critic keeps its own values
+    assert all(torch.equal(t, state[k]) for k, t in acting_state(other).items())
+    with pytest.raises(KeyError, match="missing"):
+        load_acting_state(other, {k: t for k, t in state.items() if k != next(iter(state))})

@@ -217,9 +217,9 @@ class ClusterConfig(ConfigPart):
     rounded weights, whose log-probabilities the losses correct for), fp32, fp16 or int8 (a symmetric scale per
     tensor, on the wire only: the workers act with the decoded float weights)."""
     weights_delta: bool = True
-    """A worker that holds an older copy of the weights is sent only what changed (the XOR of the codec's words
-    with its copy, compressed, or the changed words alone), when that is smaller than a full copy; exact: it
-    ends with the very weights a full copy gives. False: a full copy every sync."""
+    """A worker that holds an older copy of the weights is sent only what changed (the XOR or the difference of
+    the codec's words with its copy, compressed, or the changed words alone), when that is smaller than a full
+    copy; exact: it ends with the very weights a full copy gives. False: a full copy every sync."""
     uplink: Uplink = "auto"
     """How experience is compressed on its way from the workers (lossless: the learner gets the very same
     arrays): 'auto' (byte-plane shuffle + zstd, stacked image frames sent one new frame per step, each stream

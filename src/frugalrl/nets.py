@@ -98,6 +98,16 @@ def acting_state(agent: nn.Module) -> dict[str, torch.Tensor]:
     return {k: t for k, t in agent.state_dict().items() if not (drop and k.startswith(drop))}
 
 
+def load_acting_state(agent: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load what :func:`acting_state` gave into ``agent``; a key of it missing or one too many raises
+    (``value_only`` keys stay as they are: nothing that acts reads them)."""
+    missing, unexpected = agent.load_state_dict(state, strict=False)
+    drop = tuple(getattr(agent, "value_only", ()))
+    missing = [k for k in missing if not (drop and k.startswith(drop))]
+    if missing or unexpected:
+        raise KeyError(f"acting state does not fit the policy: missing {missing}, unexpected {list(unexpected)}")
+
+
 def build_policy(spec: PolicySpec | dict[str, Any]) -> ActorCritic:
     """Build the module a spec describes (``TypeError`` unless it passes :func:`check_agent`)."""
     if isinstance(spec, dict):

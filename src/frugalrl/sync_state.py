@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from frugalrl import dists
-from frugalrl.nets import ActorCritic, acting_state
+from frugalrl.nets import ActorCritic, acting_state, load_acting_state
 from frugalrl.sync import SyncContext, SyncRule
 from frugalrl.wire.delta import Words, from_words, full_message, to_words, weights_update
 from frugalrl.wire.message import Message
@@ -226,7 +226,7 @@ class PolicySync:
             like = {k: (tuple(t.shape), t.detach().cpu().numpy().dtype) for k, t in acting_state(agent).items()}
             decoded = from_words(self.words(agent), like, self.weights_codec)
             self._held = copy.deepcopy(agent)
-            self._held.load_state_dict({k: torch.from_numpy(a) for k, a in decoded.items()}, strict=False)
+            load_acting_state(self._held, {k: torch.from_numpy(a) for k, a in decoded.items()})
         return self._held
 
     # ------------------------------------------------------------------ reporting, checkpoints

@@ -47,7 +47,7 @@ from frugalrl.experience import (
     collect_fragment,
     space_shape,
 )
-from frugalrl.nets import ActorCritic, PolicySpec, acting_state, build_policy
+from frugalrl.nets import ActorCritic, PolicySpec, acting_state, build_policy, load_acting_state
 from frugalrl.npactor import NumpyActor
 from frugalrl.wire.delta import DeltaError, HeldWeights, from_words
 from frugalrl.wire.message import Message, decode_state_dict
@@ -260,7 +260,7 @@ class EnvWorker:
             return Message("refused", {"worker": self.index, "error": str(e)})
         like = {k: (tuple(t.shape), t.numpy().dtype) for k, t in acting_state(self.policy).items()}
         state = from_words(words, like, msg.meta["codec"])
-        self.policy.load_state_dict({k: torch.from_numpy(a) for k, a in state.items()}, strict=False)  # no critic
+        load_acting_state(self.policy, {k: torch.from_numpy(a) for k, a in state.items()})
         self.version = int(msg.meta["version"])
         self.held.keep(self.version, words)
         return Message("ok", {"worker": self.index, "version": self.version})
@@ -327,7 +327,7 @@ class EnvWorker:
             self.policy = build_policy(PolicySpec(**meta["spec"]))
             self.policy.eval()
             self.policy_spec = meta["spec"]
-            self.policy.load_state_dict(decode_state_dict(msg), strict=False)  # what it acts with (acting_state)
+            load_acting_state(self.policy, decode_state_dict(msg))
         self.version = int(meta["version"])
         return Message("restored", {"worker": self.index, "exact": exact}, {"obs": group.obs.copy()})
 
