@@ -14,10 +14,9 @@ version's words as a delta, per word size: the XOR of the new words with the hel
 indices (Golomb-Rice gaps, :mod:`frugalrl.wire.rice`) and XOR values; nothing for a word size that did not change.
 It sends whichever is smallest, the full copy included.
 
-The difference is taken in the order of the floats the words code (:func:`difference`, a bijection on any words)
-and zigzag-coded: a weight that moved a few ulps gives a small number, where its XOR spreads over every bit a
-carry crosses (docs/clusterenv.md#what-a-sync-sends-delta-coded-weights). The delta is on the code words, so it is exact for every codec, lossy ones
-too: the receiver rebuilds the words the full message would carry, bit for bit, and decodes them the same way.
+The difference is in float order, zigzag-coded (:func:`difference`): a few ulps give a small number, where an XOR
+spreads over every bit a carry crosses. The delta is on the code words, so it is exact for every codec, lossy
+ones too: the receiver rebuilds the words the full message would carry, bit for bit, and decodes them alike.
 
 A delta names its base version and the CRC-32 of the words it leads to; :meth:`HeldWeights.resolve` refuses one
 whose base is not what the receiver holds, or whose result does not match (:class:`DeltaError`): the sender then
@@ -106,17 +105,18 @@ def weights_update(new: Words, base: Words | None, meta: dict[str, Any], base_ve
         xor = np.bitwise_xor(old_groups[size], words)
         changed = np.flatnonzero(xor)
         if changed.size:
-            _code_changes(arrays, msg_codecs, size, xor, changed, difference(old_groups[size], words))
+            _code_changes(arrays, msg_codecs, size, old_groups[size], words, xor, changed)
     delta = Message("weights", {**meta, "base": int(base_version), "crc": checksum(new)}, arrays, msg_codecs)
     return delta if sum(message_sizes(delta).values()) < sum(message_sizes(full).values()) else full
 
 
-def _code_changes(arrays: dict[str, np.ndarray], msg_codecs: dict[str, str], size: int, xor: np.ndarray,
-                  changed: np.ndarray, diff: np.ndarray) -> None:
+def _code_changes(arrays: dict[str, np.ndarray], msg_codecs: dict[str, str], size: int, old: np.ndarray,
+                  new: np.ndarray, xor: np.ndarray, changed: np.ndarray) -> None:
     """Add the cheapest coding of one word size's changes: the whole XOR, the whole difference, or the changed
     words' indices and XOR (whose indices are only coded where their values alone are smaller than the rest)."""
     dense_name, dense_words = _XOR, xor
     dense = len(codecs.encode(xor, "zstd"))
+    diff = difference(old, new)
     by_diff = len(codecs.encode(diff, "zstd"))
     if by_diff < dense:
         dense_name, dense_words, dense = _DIFF, diff, by_diff
@@ -135,7 +135,7 @@ def _code_changes(arrays: dict[str, np.ndarray], msg_codecs: dict[str, str], siz
 
 
 def _ordered(words: np.ndarray) -> np.ndarray:
-    """Unsigned words in the order of the floats they code (see the module docstring); a bijection."""
+    """Unsigned words in the order of the floats they code (see :func:`difference`); a bijection."""
     sign = words.dtype.type(1 << (8 * words.dtype.itemsize - 1))
     return np.where(words & sign, ~words, words | sign)
 
