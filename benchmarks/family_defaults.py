@@ -16,8 +16,9 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
   default before AAPS + bf16 became it), which isolates what the frugal default costs in return;
 - ``frugal-nopreset``: ``frugal`` with ``--preset family:F``, F the env's family: on an env that has a preset, what
   the same command gives an env nobody tuned (the learning suite's envs: ``--envs CartPole-v1 ... --steps N``);
-- ``frugal-discrete``: the same with ``--preset family:discrete``, the fallback every env got before the
-  families (CleanRL's discrete settings), for reference (``--sides``);
+- ``frugal-discrete``: the same with ``--preset family:discrete``; ``frugal-discrete-sb3`` with SB3's PPO defaults
+  on top, the candidate chosen on Acrobot-v1 against the discrete fallback of the time (CleanRL ``ppo.py``'s
+  settings, its runs cached as ``frugal-discrete-cleanrl``), and that fallback since (``--sides``);
 - ``impala`` and ``impala-every``: the same two with ``frugalrl train impala`` (``--sides``);
 - ``sb3``: ``PPO("MlpPolicy", make_vec_env(X, n_envs=1, seed=S), seed=S, device="cpu")``: SB3's defaults.
 
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from learning_suite import return_ratio
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = RESULTS / "family_defaults"
@@ -55,12 +57,15 @@ EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
 EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "frugal-discrete": ("ppo", ["--preset", "family:discrete"]),
          "frugal-nopreset": ("ppo", ["--preset", "family:{family}"]),
-         # SB3's PPO defaults on top of the discrete fallback: the candidate chosen on Acrobot-v1 (seeds 1-3) against
-        # the fallback before (CleanRL ppo.py's, cached as frugal-discrete-cleanrl); the fallback itself since bb336f6
          "frugal-discrete-sb3": ("ppo", ["--preset", "family:discrete", "--envs-per-worker", "1", "--num-steps", "1024",
                                          "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
                                          "--ent-coef", "0.0"]),
          "impala": ("impala", []), "impala-every": ("impala", EVERY_FP32)}
+#: Ratio key in the table → (label, our side, the reference side).
+RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
+          "ratio_nopreset": ("frugal-nopreset / sb3", "frugal-nopreset", "sb3"),
+          "ratio_every_frugal": ("frugal / frugal-every", "frugal", "frugal-every"),
+          "ratio_every_impala": ("impala / impala-every", "impala", "impala-every")}
 
 
 def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
@@ -123,16 +128,9 @@ def _sb3_main(env: str, seed: int, steps: int) -> None:
                       "sb3": stable_baselines3.__version__, "torch_threads": torch.get_num_threads()}))
 
 
-def _ratio(ours: float, ref: float) -> float:
-    """``ours / ref`` for positive returns; for negative ones ``ref / ours`` (closer to zero is better): above 1
-    means better either way."""
-    if ref > 0:
-        return ours / ref
-    return ref / ours if ours < 0 else math.inf
-
-
 def table(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per env and side: the returns by seed, their mean and median; per env, the ratios (above 1: better)."""
+    """Per env and side: the returns by seed, their mean and median; per env, the :data:`RATIOS` whose sides ran
+    (:func:`learning_suite.return_ratio`: above 1 is better, negative returns included)."""
     out: dict[str, dict[str, Any]] = {}
     for r in runs.values():
         row = out.setdefault(r["env"], {}).setdefault(r["side"], {"seeds": [], "returns": []})
@@ -142,15 +140,10 @@ def table(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for row in sides.values():
             row["mean"] = round(statistics.fmean(row["returns"]), 1)
             row["median"] = round(statistics.median(row["returns"]), 1)
-        if "frugal" in sides and "sb3" in sides:
-            sides["ratio"] = {k: round(_ratio(sides["frugal"][k], sides["sb3"][k]), 2) for k in ("mean", "median")}
-        if "frugal-nopreset" in sides and "sb3" in sides:
-            sides["ratio_nopreset"] = {k: round(_ratio(sides["frugal-nopreset"][k], sides["sb3"][k]), 2)
-                                       for k in ("mean", "median")}
-        for side in ("frugal", "impala"):
-            if side in sides and f"{side}-every" in sides:
-                sides[f"ratio_every_{side}"] = {k: round(_ratio(sides[side][k], sides[f"{side}-every"][k]), 2)
-                                                for k in ("mean", "median")}
+        present = [(key, spec) for key, spec in RATIOS.items() if spec[1] in sides and spec[2] in sides]
+        for key, (label, ours, ref) in present:
+            sides[key] = {"label": label, **{k: round(return_ratio(sides[ours][k], sides[ref][k]), 2)
+                                             for k in ("mean", "median")}}
     return out
 
 
@@ -162,15 +155,10 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
             if not side.startswith("ratio"):
                 shown = ", ".join(f"{s}: {v}" for s, v in zip(row["seeds"], row["returns"], strict=True))
                 lines.append(f"| {env} | {side} | {shown} | {row['mean']} | {row['median']} |")
-        if "ratio" in sides:
-            lines.append(f"| {env} | frugal / sb3 | | {sides['ratio']['mean']} | {sides['ratio']['median']} |")
-        if "ratio_nopreset" in sides:
-            r = sides["ratio_nopreset"]
-            lines.append(f"| {env} | frugal-nopreset / sb3 | | {r['mean']} | {r['median']} |")
-        for side in ("frugal", "impala"):
-            if f"ratio_every_{side}" in sides:
-                r = sides[f"ratio_every_{side}"]
-                lines.append(f"| {env} | {side} / {side}-every | | {r['mean']} | {r['median']} |")
+        for key in RATIOS:
+            if key in sides:
+                r = sides[key]
+                lines.append(f"| {env} | {r['label']} | | {r['mean']} | {r['median']} |")
     return "\n".join(lines)
 
 

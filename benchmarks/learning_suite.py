@@ -397,7 +397,7 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
         for variant, row in rows.items():
             if sb3 is None or algo_of(variant) != "ppo":
                 continue
-            row["return_vs_sb3"] = _ratio(row["final_return_mean"], sb3["final_return_mean"])
+            row["return_vs_sb3"] = return_ratio(row["final_return_mean"], sb3["final_return_mean"])
             row["wall_vs_sb3"] = row["wall_seconds_mean"] / sb3["wall_seconds_mean"]
             row["train_seconds_vs_sb3"] = row["train_seconds_mean"] / sb3["train_seconds_mean"]
         every, aaps = rows.get("frugal-every-fp32"), rows.get("frugal-aaps-bf16")
@@ -425,8 +425,8 @@ def impala_rows(rows: dict[str, Any]) -> None:
         row = rows.get(variant)
         if row is None:
             continue
-        row["return_vs_copy"] = _ratio(row["final_return_mean"], copy["final_return_mean"])
-        row["late_return_vs_copy"] = _ratio(row["late_return_mean"], copy["late_return_mean"])
+        row["return_vs_copy"] = return_ratio(row["final_return_mean"], copy["final_return_mean"])
+        row["late_return_vs_copy"] = return_ratio(row["late_return_mean"], copy["late_return_mean"])
         secs = [t for t in row["seconds_to_reference"] if t is not None]
         if secs and copy_secs:
             row["seconds_to_reference_vs_copy"] = float(np.mean(secs) / np.mean(copy_secs))
@@ -439,7 +439,7 @@ def sample_std(values: list[float]) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
-def _ratio(ours: float, ref: float) -> float:
+def return_ratio(ours: float, ref: float) -> float:
     """``ours / ref`` for positive returns; for negative ones, ``ref / ours`` (closer to zero is better)."""
     if ref > 0:
         return ours / ref

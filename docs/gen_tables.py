@@ -402,18 +402,15 @@ def t_family_defaults(_: str) -> list[Table]:
     weights, SB3's plain defaults; the returns by seed, their mean and median, and their ratios."""
     s = Source("family_defaults")
     rows = []
-    ratios = {"ratio": "frugal / sb3", "ratio_nopreset": "frugal-nopreset / sb3",
-              "ratio_every_frugal": "frugal / frugal-every",
-              "ratio_every_impala": "impala / impala-every"}
     for env, sides in s("table").items():
         for side in [k for k in sides if not k.startswith("ratio")]:
             p = ("table", env, side)
             rows.append([[env], [side], join([s.num(*p, "returns", i) for i in range(len(s(*p, "seeds")))]),
                          [s.num(*p, "mean")], [s.num(*p, "median")]])
-        for key, label in ratios.items():
-            if key in sides:
-                rows.append([[env], [label], [""], [s.num("table", env, key, "mean", fmt=".2f", suffix="×")],
-                             [s.num("table", env, key, "median", fmt=".2f", suffix="×")]])
+        for key in [k for k in sides if k.startswith("ratio")]:  # each names its sides (family_defaults.RATIOS)
+            rows.append([[env], [sides[key]["label"]], [""],
+                         [s.num("table", env, key, "mean", fmt=".2f", suffix="×")],
+                         [s.num("table", env, key, "median", fmt=".2f", suffix="×")]])
     seeds = ", ".join(map(str, next(iter(next(iter(s("table").values())).values()))["seeds"]))
     return [Table(["env", "side", f"return by seed ({seeds})", "mean", "median"], rows, [s.name], [s.command()],
                   align="llrrr")]
