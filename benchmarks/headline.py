@@ -80,7 +80,7 @@ def ppo_commands(budget: Budget, out: str, cache: Path) -> list[list[str]]:
 
 
 def ppo_summary(raw: dict[str, Any]) -> dict[str, Any]:
-    """Returns, wall time with start-up (each run a fresh process), weight and uplink bytes per env step."""
+    """Returns, wall time with start-up (each run a fresh process), weight, uplink and total bytes per env step."""
     runs = list(raw["runs"].values())
     out: dict[str, Any] = {"steps": raw["envs"]["LunarLander-v3"]["steps"]}
     for variant in ("frugal-aaps-bf16", "frugal-every-fp32", "sb3-zoo"):
@@ -91,6 +91,7 @@ def ppo_summary(raw: dict[str, Any]) -> dict[str, Any]:
                         "weight_bytes_per_step": float(np.mean([r["bytes"].get("weights", 0) / r["env_steps"] for r in rs])),
                         "uplink_bytes_per_step": float(np.mean([sum(r["bytes"].get(k, 0) for k in UPLINK) / r["env_steps"]
                                                                 for r in rs])),
+                        "total_bytes_per_step": float(np.mean([r["bytes"]["total"] / r["env_steps"] for r in rs])),
                         "torch_threads": rs[0].get("torch_threads") if rs else None}
     f, e, s = out["frugal-aaps-bf16"], out["frugal-every-fp32"], out["sb3-zoo"]
     out["wall_vs_sb3"] = f["process_wall_s"] / s["process_wall_s"]

@@ -3,9 +3,11 @@
 Workers are emulated by the ``replay`` backend (:mod:`frugalrl.envs.backends.replay`): one real LunarLander worker
 records a few rollout fragments with the real uplink codecs, then 1 … 256 emulated workers answer with them, so
 that only the head's own work is timed: encoding requests and weights (full copies or deltas), decoding and
-metering replies, AAPS's KL on each worker's states, keeping those states, assembling the batch. Between two
-rollouts the learner runs a real PPO update (LunarLander's preset) on the replayed batch, so weights change as in
-training; its time is reported but is not serving. Each (sync setting, worker count) runs in a fresh interpreter
+metering replies, AAPS's KL on each worker's states, keeping those states, recomputing the behaviour's
+log-probabilities from the words each worker holds (the default), assembling the batch. Between two
+rollouts the learner runs a real PPO update (LunarLander's preset), or IMPALA's (V-trace, then its clipped epochs;
+settings ``impala-*``), on the replayed batch, so weights change as in training; its time is reported but is not
+serving. Each (sync setting, worker count) runs in a fresh interpreter
 (its memory per worker is the growth of its resident memory over one worker's).
 
 For scale, it also times a real worker's rollout per env step (8 LunarLander envs, its numpy policy), and turns
@@ -31,11 +33,13 @@ from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
 ENV, K, T = "LunarLander-v3", 8, 64
-SETTINGS = {  # sync rule, weights codec, delta-coded syncs
-    "every-fp32": ("every", "fp32", False),
-    "aaps-fp32": ("aaps", "fp32", False),
-    "aaps-bf16": ("aaps", "bf16", False),
-    "aaps-bf16-delta": ("aaps", "bf16", True),
+SETTINGS = {  # sync rule, weights codec, delta-coded syncs, the learner's update
+    "every-fp32": ("every", "fp32", False, "ppo"),
+    "aaps-fp32": ("aaps", "fp32", False, "ppo"),
+    "aaps-bf16": ("aaps", "bf16", False, "ppo"),
+    "aaps-bf16-delta": ("aaps", "bf16", True, "ppo"),
+    "impala-every-fp32": ("every", "fp32", False, "impala"),
+    "impala-aaps-bf16-delta": ("aaps", "bf16", True, "impala"),
 }
 LINKS_GBIT = (1, 10, 25, 100)
 
@@ -54,21 +58,32 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay") -> di
 
     import frugalrl.envs.cluster as cluster_module
     from frugalrl import AAPS, ClusterEnv, EveryUpdate, make_agent
+    from frugalrl.algos.impala import impala_update
     from frugalrl.algos.ppo import ppo_update
+    from frugalrl.correct import parse_correctors
     from frugalrl.envs.backends.replay import ReplayBackend
     from frugalrl.presets import make_config
     from frugalrl.sync_state import PolicySync
 
     torch.set_num_threads(1)
-    rule, codec, delta = SETTINGS[setting]
+    rule, codec, delta, algo = SETTINGS[setting]
     base_rss = _rss_mb()
     env = ClusterEnv(ENV, num_workers=workers, envs_per_worker=K, backend=backend, seed=0, weights_codec=codec,
                      weights_delta=delta, sync=AAPS(0.05) if rule == "aaps" else EveryUpdate())
-    cfg = make_config("ppo", ENV, seed=0)
+    cfg = make_config(algo, ENV, seed=0)
     torch.manual_seed(0)
     agent = make_agent(env.single_observation_space, env.single_action_space)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
     generator = torch.Generator().manual_seed(0)
+    if algo == "impala":  # V-trace, then the clipped epochs (IMPALA's own rollout thread is not emulated)
+        correctors = parse_correctors(cfg.correct)
+
+        def learn(batch: Any) -> None:
+            impala_update(agent, optimizer, batch, correctors, cfg, generator)
+    else:
+
+        def learn(batch: Any) -> None:
+            ppo_update(agent, optimizer, batch, cfg, generator)
     spent: dict[str, float] = {}
 
     def timed(owner: Any, name: str, phase: str, only: str | None = None) -> None:
@@ -86,6 +101,7 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay") -> di
         setattr(owner, name, wrapper)
 
     timed(PolicySync, "select", "kl")
+    timed(PolicySync, "behaviour_logp", "recompute")
     timed(PolicySync, "push", "weights")
     timed(ReplayBackend, "request", "rollout_io", only="rollout")
     timed(cluster_module.ClusterEnv, "_remember", "remember")
@@ -97,7 +113,7 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay") -> di
         t0 = time.perf_counter()
         batch = env.rollout(agent, T)
         t1 = time.perf_counter()
-        ppo_update(agent, optimizer, batch, cfg, generator)
+        learn(batch)
         serve += t1 - t0
         update += time.perf_counter() - t1
         steps += batch.num_steps * batch.num_envs

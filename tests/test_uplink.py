@@ -14,6 +14,7 @@ from test_cluster_env import fresh_agent, random_actions
 
 from frugalrl import ClusterEnv
 from frugalrl.algos.ppo import PPOConfig
+from frugalrl.sync import Interval
 from frugalrl.wire.uplink import (
     MIN_COMPRESS_NBYTES,
     UPLINK_OPTIONS,
@@ -50,7 +51,8 @@ def test_learner_receives_the_same_arrays_and_fewer_bytes(backend, closing):
     saving pays for its codec: auto's decisions do not depend on this machine's speed)."""
     extra = {"ray_num_cpus": 0} if backend == "ray" else {}
     envs = {u: closing(ClusterEnv("CartPole-v1", W, K, backend=backend, seed=11,
-                                  uplink=UplinkOptions(compressor=u, link_mbps=1.0), **extra))  # type: ignore[arg-type]
+                                  uplink=UplinkOptions(compressor=u, link_mbps=1.0, behaviour="logprob"),
+                                  **extra))  # type: ignore[arg-type]
             for u in ("none", "auto")}
     agent = fresh_agent(envs["none"], seed=2)
     opt = torch.optim.SGD(agent.parameters(), lr=0.1)
@@ -80,7 +82,7 @@ def test_learner_receives_the_same_arrays_and_fewer_bytes(backend, closing):
     assert stats["none"]["weight_syncs"] == stats["auto"]["weight_syncs"]
     raw, packed = stats["none"]["bytes"], stats["auto"]["bytes"]
     assert (stats["none"]["uplink"]["compressor"], stats["auto"]["uplink"]["compressor"]) == ("none", "auto")
-    assert stats["none"]["uplink"]["codecs"] == {} and stats["auto"]["uplink"]["codecs"]["obs"] == {"zstd": 3 * W}
+    assert stats["none"]["uplink"]["codecs"] == {} and sum(stats["auto"]["uplink"]["codecs"]["obs"].values()) == 3 * W
     assert packed["observations"] < 0.97 * raw["observations"]  # CartPole: 4 busy floats, little to gain
     assert packed["behaviour"] < raw["behaviour"] and packed["rewards"] < 0.8 * raw["rewards"]
     assert packed["weights"] == raw["weights"] and packed["actions"] == raw["actions"]
@@ -116,7 +118,7 @@ def test_uplink_codecs_by_stream():
     assert uplink_codecs("none", big) == {}
     auto = UplinkCodecs(UplinkOptions(link_mbps=1.0)).codecs(big)  # a slow link: every saving pays
     assert set(auto) == {"obs", "actions", "rewards", "terminations", "truncations", "dist_params", "behaviour_logp"}
-    assert set(auto.values()) == {"zstd"}
+    assert set(auto.values()) == {"zstd"}  # all-zero observations: step differences are no smaller
     assert set(uplink_codecs("lz4", big).values()) == {"lz4"}
     small = {"obs": np.zeros((8, 8), np.float32), "terminations": np.zeros(8, bool), "rewards": np.zeros(8)}
     assert uplink_codecs("auto", small) == {"terminations": "bits"}  # per-step replies: only bit-packing
@@ -144,8 +146,51 @@ def test_uplink_option_in_config_cli_and_cluster(tmp_path):
     assert summary["bytes"]["observations"] < 256 * 4 * 4  # CartPole: 16 raw bytes per step
 
 
+@pytest.mark.parametrize("codec", ["fp32", "bf16"])
+def test_recomputed_behaviour_is_what_the_workers_would_send(closing, codec):
+    """uplink_behaviour 'recompute' (the default): the workers send no behaviour, and the head's log μ(a|s) from
+    the words each worker holds (versions older than the learner's; bf16: the words decoded) is the one the workers
+    send under 'logprob', up to float rounding; the same actions, the same syncs, no behaviour bytes."""
+    envs = {b: closing(ClusterEnv("LunarLander-v3", W, K, backend="local", seed=4, sync=Interval(3),
+                                  weights_codec=codec, uplink=UplinkOptions(behaviour=b)))
+            for b in ("recompute", "logprob")}
+    agent = fresh_agent(envs["logprob"], seed=6)
+    opt = torch.optim.SGD(agent.parameters(), lr=0.2)
+    for env in envs.values():
+        env.reset(seed=4)
+    versions = set()
+    for it in range(6):
+        ro = {b: envs[b].rollout(agent, T) for b in envs}
+        versions |= set(ro["recompute"].versions.reshape(-1).tolist())
+        np.testing.assert_allclose(ro["recompute"].behaviour_logp, ro["logprob"].behaviour_logp, rtol=1e-5, atol=1e-5)
+        for name in ("obs", "actions", "rewards", "versions"):
+            _same(getattr(ro["recompute"], name), getattr(ro["logprob"], name), f"rollout {it} {name}")
+        opt.zero_grad()
+        logits = agent.dist_params(torch.from_numpy(ro["logprob"].obs.reshape(-1, 8)))
+        (-logits.log_softmax(-1)[:, it % 4].mean()).backward()  # a policy that moves: AAPS syncs now and then
+        opt.step()
+    assert len(versions) == 2  # versions 1 and 4: the learner's at 1 and 4, older ones at the other rollouts
+    stats = {b: env.stats() for b, env in envs.items()}
+    assert stats["recompute"]["weight_syncs"] == stats["logprob"]["weight_syncs"]
+    assert stats["recompute"]["bytes"]["behaviour"] == 0 < stats["logprob"]["bytes"]["behaviour"]
+
+
+def test_behaviour_is_sent_where_the_head_lacks_the_workers_words(closing):
+    """After a restore, the head holds none of the workers' words: they send their log-probabilities until
+    their next sync."""
+    env = closing(ClusterEnv("CartPole-v1", W, K, backend="serial", seed=2, sync=Interval(100)))
+    agent = fresh_agent(env, seed=1)
+    env.reset(seed=2)
+    env.rollout(agent, T)
+    assert env.stats()["bytes"]["behaviour"] == 0
+    env.policies.load_state_dict(env.policies.state_dict())  # as a resumed run's head: no words held
+    assert not env.policies.can_recompute(0, agent)
+    ro = env.rollout(agent, T)  # no sync before this rollout
+    assert env.stats()["bytes"]["behaviour"] > 0 and ro.behaviour_logp.shape == (T, W * K)
+
+
 def test_behaviour_logprob_is_exactly_what_the_parameters_give(closing):
-    """uplink_behaviour 'logprob' (the default) sends log μ(a|s) of each taken action: bit for bit what the
+    """uplink_behaviour 'logprob' sends log μ(a|s) of each taken action: bit for bit what the
     learner computes from the full parameters, in fewer bytes; the rest of the rollout is unchanged."""
     envs = {b: closing(ClusterEnv("CartPole-v1", W, K, backend="serial", seed=4, uplink=UplinkOptions(behaviour=b)))
             for b in ("logprob", "params")}
@@ -162,6 +207,17 @@ def test_behaviour_logprob_is_exactly_what_the_parameters_give(closing):
     assert lp_bytes < 0.6 * full_bytes  # CartPole: 1 of 2 floats per step (each compressed)
 
 
+def test_auto_sends_observations_as_step_differences_where_they_are_smaller():
+    """A rollout of a moving physical state goes as step differences; a 0/1 grid in floats (MinAtar's, cast) is
+    smaller as it is, and auto measures which (the learner gets the same arrays either way)."""
+    rng = np.random.default_rng(1)
+    moving = np.cumsum(rng.normal(size=(128, 8, 6)) * 0.01, axis=0).astype(np.float32)
+    grid = (rng.random((128, 8, 10, 10, 4)) < 0.02).astype(np.float32)
+    codecs = {name: UplinkCodecs(UplinkOptions(link_mbps=1.0)).codecs({"obs": x})["obs"]
+              for name, x in (("moving", moving), ("grid", grid))}
+    assert codecs == {"moving": "steps+zstd", "grid": "zstd"}
+
+
 def test_auto_weighs_codec_time_against_the_link():
     """auto compresses a stream only while its measured encode time (doubled for decoding) is under the link
     time its saving buys: on on a slow link, off on an absurdly fast one (booleans are still bit-packed)."""
@@ -169,13 +225,14 @@ def test_auto_weighs_codec_time_against_the_link():
     arrays = {"obs": np.round(rng.normal(size=(128, 8, 8)), 1).astype(np.float32),
               "rewards": np.ones((128, 8), np.float32), "terminations": rng.random((128, 8)) < 0.01}
     slow = UplinkCodecs(UplinkOptions(link_mbps=0.01))
-    assert slow.codecs(arrays) == {"obs": "zstd", "rewards": "zstd", "terminations": "zstd"}
+    picked = slow.codecs(arrays)
+    assert picked.pop("obs") in ("zstd", "steps+zstd") and picked == {"rewards": "zstd", "terminations": "zstd"}
     fast = UplinkCodecs(UplinkOptions(link_mbps=1e9))
     assert fast.codecs(arrays) == {"terminations": "bits"}
     report = fast.report()
     assert report["link_mbps"] == 1e9 and not report["probes"]["obs"]["on"] and report["probes"]["obs"]["saved_bytes"] > 0
     noise = {"obs": rng.normal(size=(128, 8, 8)).astype(np.float32) * np.float32(1e-20) ** rng.random((128, 8, 8))}
-    assert UplinkCodecs(UplinkOptions(link_mbps=0.01)).codecs(noise) in ({}, {"obs": "zstd"})  # decided by the saving
+    assert UplinkCodecs(UplinkOptions(link_mbps=0.01)).codecs(noise) in ({}, {"obs": "zstd"}, {"obs": "steps+zstd"})  # decided by the saving
 
 
 def test_atari_frame_stacks_travel_as_new_frames(closing):

@@ -230,8 +230,9 @@ class ClusterConfig(ConfigPart):
     """Float observations on the uplink: 'exact', or lossy 'fp16', 'bf16', 'int8', 'int16' (int: an affine code
     per feature and message, not the weights' int8; error at most half a step of range / (2^bits − 1)). Lossy
     codes change what the learner trains on; the workers still act on exact observations."""
-    uplink_behaviour: Behaviour = "logprob"
-    """What the workers send about their policy per step: 'logprob' (the taken action's log-probability: all
+    uplink_behaviour: Behaviour = "recompute"
+    """What the workers send about their policy per step: nothing ('recompute': the head recomputes the taken
+    action's log-probability from the copy of the weights the worker holds), 'logprob' (that log-probability: all
     the losses and AAPS's KL estimate need) or 'params' (the full distribution parameters)."""
     uplink_link_mbps: float = 100.0
     """The link rate (Mbit/s) uplink 'auto' weighs each codec's CPU time against."""

@@ -2,16 +2,17 @@
 
 :class:`PolicySync` keeps, for a ClusterEnv's workers, the learner's version, the version each worker
 holds, the syncs sent to each, and AAPS's evidence: each worker's recent states with the behaviour
-distribution it acted with there, or (what the workers send by default, ``uplink_behaviour="logprob"``) the
-actions it took there and their log-probabilities. From full parameters the KL is exact,
-``mean_s KL(μ(·|s) ‖ π(·|s))``; from taken actions it is Schulman's unbiased, non-negative estimator
+distribution it acted with there, or (the default) the actions it took there and their log-probabilities. From
+full parameters the KL is exact, ``mean_s KL(μ(·|s) ‖ π(·|s))``; from taken actions it is Schulman's unbiased, non-negative estimator
 ``mean (r − 1 − log r)``, ``r = π(a|s) / μ(a|s)``, ``a ~ μ`` (J. Schulman, "Approximating KL divergence", 2020). It turns an agent into the weights message (encoded once per
 version) and knows the policy the workers run after decoding it (which differs from the learner's
 with a lossy codec), so that AAPS compares the learner with what a worker really holds.
 
 It also keeps the copy each worker acknowledged (its version, the words of :mod:`frugalrl.wire.delta`) and the
 policy spec it holds: a worker that holds an older copy is sent a delta against it when that is smaller (``delta``),
-and the spec only when it does not hold it. It holds no transport: :meth:`PolicySync.push` sends through the
+and the spec only when it does not hold it. From those words it recomputes the log-probabilities of the actions a
+worker took (:meth:`PolicySync.behaviour_logp`, ``uplink_behaviour="recompute"``), which the worker then need not
+send. It holds no transport: :meth:`PolicySync.push` sends through the
 callable :class:`~frugalrl.envs.cluster.ClusterEnv` gives it, to the workers :meth:`PolicySync.select` returns.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import logging
 import weakref
 from collections.abc import Callable
@@ -79,6 +81,9 @@ class PolicySync:
         self._spec: dict[str, Any] | None = None
         self._messages: dict[tuple[str, int | bool], Message] = {}  # the learner's version's, by base or spec
         self._held: ActorCritic | None = None
+        self._older: dict[int, ActorCritic] = {}  # the policies of older versions that workers hold, decoded
+        # What a worker restored from a checkpoint acts with (version, spec, acting state), until its next sync.
+        self._restored: list[tuple[int, str, dict[str, np.ndarray]] | None] = [None] * num_workers
 
     # ------------------------------------------------------------------ versions
     def is_new_agent(self, agent: ActorCritic) -> bool:
@@ -163,9 +168,10 @@ class PolicySync:
         for w in workers:
             self.worker_versions[w] = self.learner_version
             self.sync_counts[w] += 1
-            self._bases[w], self._specs[w] = self.learner_version, self._spec
-        kept = {*self._bases, self.learner_version}
+            self._bases[w], self._specs[w], self._restored[w] = self.learner_version, self._spec, None
+        kept = {*self._bases, self.learner_version, *(r[0] for r in self._restored if r is not None)}
         self._words = {v: words for v, words in self._words.items() if v in kept}
+        self._older = {v: policy for v, policy in self._older.items() if v in kept}
         if any(self.recent[w] is not None for w in workers):
             held = self._held_policy(agent)
             for w in workers:
@@ -182,7 +188,12 @@ class PolicySync:
         no recent states."""
         self.worker_versions[w] = None
         self.recent[w] = None
-        self._bases[w] = self._specs[w] = None
+        self._bases[w] = self._specs[w] = self._restored[w] = None
+
+    def restored(self, w: int, version: int, spec: dict[str, Any] | None, state: dict[str, np.ndarray]) -> None:
+        """Worker ``w`` was restored from a checkpoint, acting with ``state`` (its acting state, as it decoded it) of
+        ``version``: the head recomputes its behaviour from that until its next sync."""
+        self._restored[w] = None if spec is None else (int(version), _canonical(spec), state)
 
     # ------------------------------------------------------------------ AAPS evidence
     def remember(self, w: int, states: torch.Tensor, behaviour: torch.Tensor, actions: torch.Tensor | None = None,
@@ -223,11 +234,55 @@ class PolicySync:
         if self.weights_codec == "fp32":
             return agent
         if self._held is None:
-            like = {k: (tuple(t.shape), t.detach().cpu().numpy().dtype) for k, t in acting_state(agent).items()}
-            decoded = from_words(self.words(agent), like, self.weights_codec)
-            self._held = copy.deepcopy(agent)
-            load_acting_state(self._held, {k: torch.from_numpy(a) for k, a in decoded.items()})
+            self._held = self._decoded(agent, self.words(agent))
         return self._held
+
+    # ------------------------------------------------------------------ the behaviour, recomputed
+    def can_recompute(self, w: int, agent: ActorCritic) -> bool:
+        """Whether the head knows the policy worker ``w`` acts with, of ``agent``'s spec: the words it holds, or
+        the state it was restored with (not so after a resume without the workers' snapshots, or when the spec
+        changed, until its next sync), so that it can recompute what the worker did instead of being sent it."""
+        return self._source(w, agent) is not None
+
+    def _source(self, w: int, agent: ActorCritic) -> tuple[int, Words | dict[str, np.ndarray]] | None:
+        """``(version, words or acting state)`` of the policy worker ``w`` acts with, or None if unknown."""
+        base, restored = self._bases[w], self._restored[w]
+        if base is not None and base in self._words and self._specs[w] == agent.spec.to_json():
+            return base, self._words[base]
+        if restored is not None and restored[1] == _canonical(agent.spec.to_json()):
+            return restored[0], restored[2]
+        return None
+
+    def behaviour_logp(self, w: int, version: int, agent: ActorCritic, states: torch.Tensor,
+                       actions: torch.Tensor) -> np.ndarray:
+        """log μ(a | s) of worker ``w``'s ``actions`` in ``states`` under the copy it acts with (``version``, decoded
+        from its words as the worker decoded them, or restored): what the worker would have sent, up to float
+        rounding (the worker evaluates its policy in numpy or on fewer states at a time)."""
+        source = self._source(w, agent)
+        if source is None or source[0] != version:
+            raise RuntimeError(f"worker {w} acted with version {version}, which the head does not hold "
+                               f"({None if source is None else source[0]}): its behaviour cannot be recomputed")
+        if version == self.learner_version and self._bases[w] == version:
+            policy = self._held_policy(agent)
+        else:
+            if version not in self._older:
+                words = source[1] if self._bases[w] == version else None
+                self._older[version] = self._decoded(agent, words, None if words is not None else source[1])
+            policy = self._older[version]
+        with torch.no_grad():
+            params = policy.dist_params(states).float()
+            return dists.log_prob(policy.dist_kind, params, actions).float().numpy()
+
+    def _decoded(self, agent: ActorCritic, words: Words | None, state: dict[str, np.ndarray] | None = None
+                 ) -> ActorCritic:
+        """A copy of ``agent`` acting with ``words`` (decoded as a worker decodes them), or with ``state``."""
+        if words is not None:
+            like = {k: (tuple(t.shape), t.detach().cpu().numpy().dtype) for k, t in acting_state(agent).items()}
+            state = from_words(words, like, self.weights_codec)
+        assert state is not None
+        held = copy.deepcopy(agent)
+        load_acting_state(held, {k: torch.from_numpy(np.array(a)) for k, a in state.items()})
+        return held
 
     # ------------------------------------------------------------------ reporting, checkpoints
     def stats(self) -> dict[str, Any]:
@@ -263,6 +318,8 @@ class PolicySync:
         self.last_kl = list(state["last_kl"])
         self.recent = [None if r is None else Evidence(*r) for r in state["recent"]]
         self._fingerprint = self._tracked = self._held = self._spec = None
+        self._older = {}
+        self._restored = [None] * len(self.worker_versions)
         n = len(self.worker_versions)
         self._bases, self._specs, self._words, self._messages = [None] * n, [None] * n, {}, {}
 
@@ -309,3 +366,8 @@ class StallWatch:
         self.events.append({"step": int(step), "lag": round(float(np.mean(self.lags[-w:])), 2),
                             "train_return": None if not now else round(float(np.mean(now)), 3), "message": message})
         return message
+
+
+def _canonical(spec: dict[str, Any]) -> str:
+    """A policy spec as one string: the head's own and one that came back through JSON compare equal."""
+    return json.dumps(spec, sort_keys=True)

@@ -116,6 +116,9 @@ class Checkpoints:
         first_event = len(self.restart_events)
         replies = self._request(requests, on_failure=retry)
         self.policies.load_state_dict(state["policies"])
+        for w, snap in enumerate(state["workers"]):  # what each worker acts with: the head recomputes its behaviour
+            acting = {name[2:]: t.numpy() for name, t in snap["arrays"].items() if name.startswith("w/")}
+            self.policies.restored(w, int(snap["meta"]["version"]), snap["meta"].get("spec"), acting)
         self.meter.load_state_dict(state["meter"])
         self.restart_events = list(state["restart_events"]) + self.restart_events[first_event:]
         inexact = [w * k + i for w in range(self.num_workers) for i, ok in enumerate(replies[w].meta["exact"])

@@ -44,6 +44,7 @@ from frugalrl.envs.batching import (
 )
 from frugalrl.envs.calls import EnvCalls
 from frugalrl.envs.checkpoint import Checkpoints
+from frugalrl.envs.evidence import Behaviours
 from frugalrl.envs.pool import AsyncSteps
 from frugalrl.envs.restarts import CrashLoopRule, Replacements
 from frugalrl.envs.spaces import Batches, check_inference, check_worker_spaces, probe
@@ -57,7 +58,7 @@ from frugalrl.sync_state import PolicySync
 from frugalrl.wire.codecs import FLOAT_CODECS
 from frugalrl.wire.message import Message
 from frugalrl.wire.meter import ByteMeter
-from frugalrl.wire.uplink import UPLINK_STREAMS, UplinkOptions
+from frugalrl.wire.uplink import UplinkOptions
 
 log = logging.getLogger("frugalrl")
 
@@ -71,7 +72,8 @@ _EXPERIENCE_REPLIES = ("step", "rollout")
 """Replies that mean a worker did useful work (a reset or a weights message does not)."""
 
 
-class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gym.vector.VectorEnv):  # type: ignore[misc]
+class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Behaviours,  # type: ignore[misc]
+                 gym.vector.VectorEnv):
     """A distributed Gymnasium vector env with worker-side inference and adaptive policy sync.
 
     Args:
@@ -348,6 +350,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
             rollout_bound(self.single_observation_space, self.single_action_space, self.envs_per_worker, num_steps), 0
         )
         msg = Message("rollout", {"num_steps": num_steps})
+        recompute = Message("rollout", {"num_steps": num_steps, "behaviour": "none"})  # the head has the words
 
         def recover(w: int, reason: str) -> Message:
             self._restart(w, reason)
@@ -355,15 +358,14 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
             self._send_weights(agent, [w])
             return msg
 
-        replies = self._request({w: msg for w in range(self.num_workers)}, on_failure=recover)
+        recomputable = self.uplink.behaviour == "recompute"
+        requests = {w: recompute if recomputable and self.policies.can_recompute(w, agent) else msg
+                    for w in range(self.num_workers)}
+        replies = self._request(requests, on_failure=recover)
         # Every worker replaced during this call (in its sync too: its envs were reset) is reported.
         restarted = [e["worker"] for e in self.restart_events[first_event:]]
         for w in range(self.num_workers):
-            arrays = replies[w].arrays
-            if "behaviour_logp" in arrays:  # uplink_behaviour "logprob": the taken actions' log-probabilities
-                self._remember(w, arrays["obs"], arrays["behaviour_logp"], arrays["actions"])
-            else:
-                self._remember(w, arrays["obs"], arrays["dist_params"])
+            self._take_behaviour(w, replies[w], agent)
             self._note_codecs(replies[w])
         batch = assemble_rollout([replies[w] for w in range(self.num_workers)], self._action_dtype(), agent.dist_kind,
                                  restarted, self.learner_version)
@@ -548,30 +550,6 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, gy
         infos = out[4]
         infos["actions"], infos["dist_params"], infos["policy_version"] = actions, params, versions
         return out
-
-    def _action_dtype(self) -> np.dtype:
-        if isinstance(self.single_action_space, gym.spaces.Discrete):
-            return np.dtype(np.int64)
-        return np.dtype(np.float32)
-
-    def _remember(self, w: int, states: np.ndarray, behaviour: np.ndarray, actions: np.ndarray | None = None,
-                  append: bool = False) -> None:
-        """Keep worker ``w``'s recent states and its behaviour there (parameters, or the log-probabilities of
-        ``actions``) for AAPS."""
-        s = torch.as_tensor(np.asarray(states)).reshape(-1, *self.single_observation_space.shape)
-        a = None
-        if actions is not None:
-            a = torch.as_tensor(np.asarray(actions).astype(self._action_dtype(), copy=False))
-            a = a.reshape(s.shape[0], *space_shape(self.single_action_space))
-        self.policies.remember(w, s, torch.as_tensor(np.asarray(behaviour, dtype=np.float32)), a, append)
-
-    def _note_codecs(self, reply: Message) -> None:
-        """Count the codec each experience stream arrived with (the summary's ``uplink.codecs``)."""
-        for name, codec in reply.codecs.items():
-            if codec == "raw" or name not in UPLINK_STREAMS:
-                continue
-            seen = self._codecs_seen.setdefault(name, {})
-            seen[codec] = seen.get(codec, 0) + 1
 
     def __del__(self) -> None:
         try:

@@ -336,20 +336,22 @@ class EnvWorker:
 
         Reply arrays (T steps, k envs): ``obs`` (T,k,...), ``actions`` (T,k,...), ``rewards`` (T,k) f32,
         ``terminations`` / ``truncations`` (T,k) bool, the behaviour: ``behaviour_logp`` (T,k) f32, the
-        log-probability of each taken action (uplink_behaviour ``logprob``), or ``dist_params`` (T,k,P) f32
-        (``params``), ``next_obs`` (k,...), ``final_idx`` (K,2) int32 [step, env] and ``final_obs`` (K,...) for
+        log-probability of each taken action (uplink_behaviour ``logprob``, and ``recompute`` unless the request
+        says ``behaviour: none``: then nothing), or ``dist_params`` (T,k,P) f32 (``params``), ``next_obs`` (k,...), ``final_idx`` (K,2) int32 [step, env] and ``final_obs`` (K,...) for
         every finished episode, and the finished episodes' ``ep_r``, ``ep_l``, ``ep_env``.
         """
         self._check_inference()
         version = self.version
         f = collect_fragment(self.group, self._policy, int(msg.meta["num_steps"]))  # it checks num_steps
         assert f.params is not None and self.policy is not None
-        if self.uplink.options.behaviour == "logprob":  # all the learner and AAPS need: log μ(a_t | s_t)
+        if self.uplink.options.behaviour == "params":
+            behaviour = {"dist_params": f.params}
+        elif msg.meta.get("behaviour") == "none":  # the head recomputes it from the words this worker holds
+            behaviour = {}
+        else:  # all the learner and AAPS need: log μ(a_t | s_t)
             with torch.inference_mode():
                 logp = dists.log_prob(self.policy.dist_kind, torch.from_numpy(f.params), torch.from_numpy(f.actions))
             behaviour = {"behaviour_logp": logp.float().numpy()}
-        else:
-            behaviour = {"dist_params": f.params}
         arrays: dict[str, np.ndarray] = {
             "obs": f.obs,
             "actions": self._wire_actions(f.actions),

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from frugalrl.wire import codecs, rice
+from frugalrl.wire.floats import difference, undo_difference
 from frugalrl.wire.message import Message, message_sizes
 
 #: Bytes of each code word of a weights codec.
@@ -132,33 +133,6 @@ def _code_changes(arrays: dict[str, np.ndarray], msg_codecs: dict[str, str], siz
             return
     arrays[f"{dense_name}{size}"] = dense_words
     msg_codecs[f"{dense_name}{size}"] = "zstd"
-
-
-def _ordered(words: np.ndarray) -> np.ndarray:
-    """Unsigned words in the order of the floats they code (see :func:`difference`); a bijection."""
-    sign = words.dtype.type(1 << (8 * words.dtype.itemsize - 1))
-    return np.where(words & sign, ~words, words | sign)
-
-
-def _unordered(ordered: np.ndarray) -> np.ndarray:
-    """:func:`_ordered` undone."""
-    sign = ordered.dtype.type(1 << (8 * ordered.dtype.itemsize - 1))
-    return np.where(ordered & sign, ordered ^ sign, ~ordered)
-
-
-def difference(old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """The zigzag-coded, wrapped difference of ``new`` and ``old`` in float order (unsigned words, their dtype):
-    each word is mapped to one whose unsigned order is its float's (negative floats' words have every bit
-    flipped, the others' their sign bit), then subtracted modulo the word size."""
-    bits = 8 * old.dtype.itemsize
-    d = (_ordered(new) - _ordered(old)).view(f"i{old.dtype.itemsize}")  # wraps, as unsigned arithmetic does
-    return ((d << 1) ^ (d >> (bits - 1))).view(old.dtype)
-
-
-def undo_difference(old: np.ndarray, diff: np.ndarray) -> np.ndarray:
-    """The words whose :func:`difference` from ``old`` is ``diff``."""
-    d = (diff >> 1) ^ (np.zeros_like(diff) - (diff & 1))  # zigzag undone, still wrapped
-    return _unordered(_ordered(old) + d)
 
 
 def apply_delta(base: Words, arrays: Mapping[str, np.ndarray]) -> Words:

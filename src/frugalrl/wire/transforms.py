@@ -12,6 +12,9 @@ Transforms (docs/clusterenv.md#the-experience-uplink):
   S frames): a step whose stack is the previous one shifted by one frame (``x[t, i, :-1] == x[t − 1, i, 1:]``)
   sends only its newest frame, others (an episode start, an autoreset) the whole stack. Side bytes: those flags,
   8 to a byte; main: the frames sent, env by env. The receiver rebuilds exactly the array that was encoded.
+- ``steps`` (lossless) for a rollout of float observations, shape ``(T, k, ...)``: each step's words as their
+  zigzag-coded difference in float order from the step before (:func:`frugalrl.wire.floats.step_differences`),
+  env by env (main shape ``(k, T, ...)``, no side bytes): a physical state's high bytes become runs of zeros.
 - ``fp16`` / ``bf16`` (lossy): float32 rounded to 16 bits (relative error ≤ 2⁻¹¹ / 2⁻⁸).
 - ``int8`` / ``int16`` (lossy): an affine code per feature (the last axis), ``x ≈ lo + scale · q``, ``lo`` and
   ``scale`` each feature's minimum and range over ``2^b − 1`` in the message (float32 side bytes); the error is at
@@ -28,10 +31,10 @@ import math
 import numpy as np
 
 from frugalrl.wire import lossless
-from frugalrl.wire.floats import bf16_bits_to_fp32, fp32_to_bf16_bits
+from frugalrl.wire.floats import bf16_bits_to_fp32, fp32_to_bf16_bits, step_differences, undo_step_differences
 
 #: Transforms that reproduce the array exactly.
-EXACT_TRANSFORMS: tuple[str, ...] = ("frames",)
+EXACT_TRANSFORMS: tuple[str, ...] = ("frames", "steps")
 #: Transforms that round floats (their error is stated: :func:`quantisation_error`).
 LOSSY_TRANSFORMS: tuple[str, ...] = ("fp16", "bf16", "int8", "int16")
 TRANSFORMS: tuple[str, ...] = (*EXACT_TRANSFORMS, *LOSSY_TRANSFORMS)
@@ -54,6 +57,10 @@ def check_array(x: np.ndarray, transform: str) -> None:
     if transform == "frames":
         if x.ndim < 4 or x.shape[2] < 2:
             raise ValueError(f"the frames transform needs a (T, k, S >= 2, ...) array, got shape {x.shape}")
+        return
+    if transform == "steps":
+        if x.ndim < 2 or x.dtype.kind != "f":
+            raise ValueError(f"the steps transform needs a (T, k, ...) float array, got {x.dtype} {x.shape}")
         return
     if x.dtype != _F32:
         raise ValueError(f"the {transform} transform encodes float32 arrays, got {x.dtype}")
@@ -152,6 +159,8 @@ def _side_nbytes(transform: str, shape: tuple[int, ...]) -> int:
 
 
 def _main_dtype(transform: str, dt: np.dtype) -> np.dtype:
+    if transform == "steps":
+        return np.dtype(f"u{dt.itemsize}")
     return {"frames": dt, "fp16": np.dtype(np.float16), "bf16": np.dtype(np.uint16),
             "int8": np.dtype(np.uint8), "int16": np.dtype(np.uint16)}[transform]
 
@@ -166,6 +175,8 @@ def encode(x: np.ndarray, codec: str) -> bytes:
         flags = _frame_flags(x)
         side = np.packbits(flags.reshape(-1)).tobytes()
         main = _frames_main(x, flags)
+    elif transform == "steps":
+        main = np.ascontiguousarray(np.swapaxes(step_differences(x.view(_main_dtype("steps", x.dtype))), 0, 1))
     elif transform == "fp16":
         main = x.astype(np.float16)
     elif transform == "bf16":
@@ -182,6 +193,9 @@ def _parts(buf: bytes | memoryview, shape: tuple[int, ...], dt: np.dtype, codec:
     if transform == "frames":
         if len(shape) < 4 or shape[2] < 2:
             raise ValueError(f"frames payload for an array of shape {shape}: needs (T, k, S >= 2, ...)")
+    elif transform == "steps":
+        if len(shape) < 2 or dt.kind != "f":
+            raise ValueError(f"steps payload for a {dt} array of shape {shape}: needs a (T, k, ...) float array")
     elif dt != _F32:
         raise ValueError(f"{codec} payload for a {dt} array: the {transform} transform decodes to float32")
     side = _side_nbytes(transform, shape)
@@ -190,6 +204,8 @@ def _parts(buf: bytes | memoryview, shape: tuple[int, ...], dt: np.dtype, codec:
     if transform == "frames":
         flags = np.unpackbits(np.frombuffer(buf[:side], np.uint8), count=math.prod(shape[:2])).astype(bool)
         main_shape: tuple[int, ...] = (_frames_main_count(flags.reshape(shape[:2]), shape),)
+    elif transform == "steps":
+        main_shape = (shape[1], shape[0], *shape[2:])
     else:
         main_shape = shape
     body = lossless.payload_nbytes(memoryview(buf)[side:], main_shape, _main_dtype(transform, dt), compressor)
@@ -216,6 +232,8 @@ def decode(buf: bytes | memoryview, shape: tuple[int, ...], dtype: str | np.dtyp
         if flags[:1].any():
             raise ValueError("frames payload flags a first step as a shifted stack (it has no previous one)")
         return _frames_rebuild(main, flags, shape, dt)
+    if transform == "steps":
+        return undo_step_differences(np.swapaxes(main, 0, 1)).view(dt)
     if transform == "fp16":
         return main.astype(np.float32)
     if transform == "bf16":

@@ -4,8 +4,9 @@
 :class:`UplinkCodecs` picks each reply's stream codecs for one worker. Lossless by default: the learner gets the very
 same arrays (docs/clusterenv.md#the-experience-uplink).
 
-``auto`` measures: on the first message and every :data:`PROBE_EVERY` messages it encodes each
-compressible stream, times it and counts the bytes saved; a stream is compressed while its encode time,
+``auto`` measures: on a stream's first message and every :data:`PROBE_EVERY` messages it encodes each
+compressible stream (a rollout of float observations with and without the ``steps`` transform, keeping the
+smaller), times it and counts the bytes saved; a stream is compressed while its encode time,
 doubled for the learner's decoding, is under the link time its saving buys at ``link_mbps``. So a
 stream that does not compress (noise) goes raw, and a fast link (``--uplink-link-mbps 10000``) turns the
 codecs off where they would cost the actor more than they save; ``lz4`` / ``zstd`` always compress.
@@ -28,8 +29,8 @@ UPLINK_OPTIONS: tuple[str, ...] = get_args(Uplink)
 ObsCodec = Literal["exact", "fp16", "bf16", "int8", "int16"]
 """How float observations travel: exactly, or rounded to a low-bit code (lossy)."""
 OBS_CODECS: tuple[str, ...] = get_args(ObsCodec)
-Behaviour = Literal["logprob", "params"]
-"""What the workers send about the behaviour policy per step."""
+Behaviour = Literal["recompute", "logprob", "params"]
+"""What the workers send about the behaviour policy per step (``recompute``: nothing, where the head can)."""
 BEHAVIOURS: tuple[str, ...] = get_args(Behaviour)
 
 #: The experience streams the uplink applies to (array names of the workers' replies).
@@ -56,15 +57,18 @@ class UplinkOptions:
     """``--uplink``: ``auto``, ``lz4``, ``zstd`` or ``none``. The streams of :data:`UPLINK_STREAMS` of at least
     :data:`MIN_COMPRESS_NBYTES` go through the compressor of :mod:`frugalrl.wire.lossless`, a rollout of stacked
     image frames (uint8, ``(T, k, S, H, W)``) first through the ``frames`` transform of
-    :mod:`frugalrl.wire.transforms` (only each step's new frame); smaller boolean arrays are bit-packed, other
-    small arrays stay raw."""
+    :mod:`frugalrl.wire.transforms` (only each step's new frame); under ``auto`` a rollout of float observations
+    also through its ``steps`` transform (each step as its difference from the one before) where that measures
+    smaller; smaller boolean arrays are bit-packed, other small arrays stay raw."""
     obs: ObsCodec = "exact"
     """``--uplink-obs``: ``exact`` or a lossy low-bit code for float observations (``fp16``, ``bf16``, ``int8``,
     ``int16``: their errors in :mod:`frugalrl.wire.transforms`), followed by the compressor (not ``none``)."""
-    behaviour: Behaviour = "logprob"
-    """``--uplink-behaviour``: ``logprob`` sends the log-probability of each taken action, all that the learner's
-    losses (PPO's ratio, V-trace's ratios) and AAPS's KL estimate use (:class:`frugalrl.sync_state.PolicySync`);
-    ``params`` sends the full distribution parameters."""
+    behaviour: Behaviour = "recompute"
+    """``--uplink-behaviour``: what the learner's losses (PPO's ratio, V-trace's ratios) and AAPS's KL estimate
+    need of the policy a worker acted with (:class:`frugalrl.sync_state.PolicySync`). ``recompute`` sends nothing:
+    the head, which keeps the words each worker holds, recomputes each taken action's log-probability (the same
+    function of the same inputs; the workers send it where the head lacks their words, after a resume);
+    ``logprob`` sends that log-probability; ``params`` the full distribution parameters."""
     link_mbps: float = 100.0
     """The link rate ``auto`` assumes when it weighs a codec's CPU time against the time its saving takes off the
     link."""
@@ -97,11 +101,14 @@ class UplinkOptions:
 
 @dataclass
 class _Probe:
-    """What ``auto`` measured for one stream: encode seconds and bytes saved per message (last probe)."""
+    """What ``auto`` measured for one stream: its smallest codec, encode seconds and bytes saved per message (last
+    probe)."""
 
     seconds: float = 0.0
     saved: int = 0
     on: bool = True
+    codec: str = ""
+    candidates: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -134,19 +141,26 @@ class UplinkCodecs:
             if opt.compressor != "auto" or lossy:
                 out[name] = codec  # asked for: always on (a lossy code is the user's choice, not a speed-up)
                 continue
-            probe = self.probes.setdefault(name, _Probe())
-            if probe_now:  # the faster of two encodings: the first may pay one-time setup (a compressor's state)
-                times = []
-                for _ in range(2):
-                    started = time.perf_counter()
-                    size = len(_codecs.encode(arr, codec))
-                    times.append(time.perf_counter() - started)
-                probe.seconds = min(times)
+            candidates = _candidates(name, arr, codec, compressor)
+            probe = self.probes.get(name)
+            fresh = probe is None or probe.candidates != candidates  # a new stream, or another kind (a reset's obs)
+            if probe is None or fresh:
+                probe = self.probes[name] = _Probe(candidates=candidates)
+            if probe_now or fresh:  # the smallest candidate, timed by the faster of two encodings (the first may pay setup)
+                measured = []
+                for candidate in candidates:
+                    times = []
+                    for _ in range(2):
+                        started = time.perf_counter()
+                        size = len(_codecs.encode(arr, candidate))
+                        times.append(time.perf_counter() - started)
+                    measured.append((size, min(times), candidate))
+                size, probe.seconds, probe.codec = min(measured)
                 probe.saved = arr.nbytes - size
                 link_s = probe.saved * 8 / (opt.link_mbps * 1e6)
                 probe.on = probe.saved > 0 and 2 * probe.seconds < link_s
             if probe.on:
-                out[name] = codec
+                out[name] = probe.codec
             elif arr.dtype.kind == "b":
                 out[name] = "bits"
         return out
@@ -155,7 +169,8 @@ class UplinkCodecs:
         """Options and, under ``auto``, each stream's last measurement."""
         out: dict[str, Any] = self.options.to_json()
         if self.probes:
-            out["probes"] = {name: {"encode_us": round(p.seconds * 1e6, 1), "saved_bytes": p.saved, "on": p.on}
+            out["probes"] = {name: {"codec": p.codec, "encode_us": round(p.seconds * 1e6, 1), "saved_bytes": p.saved,
+                                    "on": p.on}
                              for name, p in self.probes.items()}
         return out
 
@@ -168,3 +183,11 @@ def _stream_codec(name: str, arr: np.ndarray, compressor: str, obs: str) -> str:
     if name == "obs" and arr.dtype == np.uint8 and arr.ndim >= 5 and arr.shape[2] >= 2:
         return f"frames+{compressor}"
     return compressor
+
+
+def _candidates(name: str, arr: np.ndarray, codec: str, compressor: str) -> list[str]:
+    """The codecs ``auto`` weighs for a stream: its codec, and for a rollout of float observations also the
+    ``steps`` transform (smaller on physical states, larger on 0/1 grids: measured, not assumed)."""
+    if codec == compressor and name == "obs" and arr.dtype.kind == "f" and arr.ndim >= 3 and arr.shape[0] >= 2:
+        return [codec, f"steps+{compressor}"]
+    return [codec]
