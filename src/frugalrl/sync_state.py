@@ -269,8 +269,9 @@ class PolicySync:
             policy = self._held_policy(agent)
         else:
             if version not in self._older:
-                words = source[1] if self._bases[w] == version else None
-                self._older[version] = self._decoded(agent, words, None if words is not None else source[1])
+                held_words = self._bases[w] == version  # else the acting state of a restored worker
+                self._older[version] = (self._decoded(agent, source[1]) if held_words
+                                        else self._decoded(agent, None, source[1]))
             policy = self._older[version]
         if version not in self._numpy:  # the workers' own numpy actor where they use one (and 3x faster here)
             self._numpy[version] = NumpyActor.of(policy)
