@@ -9,7 +9,7 @@ import torch
 
 from frugalrl import ClusterEnv, make_agent
 from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic
-from frugalrl.npactor import NumpyActor
+from frugalrl.npactor import NumpyActor, one_blas_thread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,3 +89,19 @@ def test_a_worker_acts_with_the_weights_it_holds():
             np.testing.assert_allclose(infos["dist_params"], expected, rtol=1e-5, atol=1e-5)
     finally:
         env.close()
+
+
+def test_one_blas_thread_holds_inside_and_gives_back_the_limits_after():
+    """The head's recompute runs numpy's BLAS on one thread (a second one would spin on a worker's core); the
+    user's own limits come back afterwards."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> list[int]:
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    before = blas_threads()
+    with one_blas_thread():
+        assert all(n == 1 for n in blas_threads())
+        a = np.ones((512, 64), np.float32)
+        assert float((a @ a.T)[0, 0]) == 64.0
+    assert blas_threads() == before

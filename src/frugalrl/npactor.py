@@ -12,11 +12,27 @@ gSDE, user modules) keep PyTorch (:meth:`NumpyActor.of` returns None for them).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+
+@functools.cache
+def _blas_controller() -> Any:
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
+    """numpy's BLAS on one thread while inside (the previous limits come back after). For the head's batches of
+    states (the recomputed behaviour): a multi-threaded BLAS call there leaves its threads spinning on the cores
+    that the worker processes step their envs on, as worker processes run theirs on one thread."""
+    return _blas_controller().limit(limits=1, user_api="blas")
 
 
 class NumpyActor:

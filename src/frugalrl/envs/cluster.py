@@ -52,6 +52,7 @@ from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import compact_int_dtype
 from frugalrl.experience import space_shape
 from frugalrl.nets import ActorCritic, as_agent
+from frugalrl.npactor import one_blas_thread
 from frugalrl.rollout import Rollout
 from frugalrl.sync import EveryUpdate, SyncRule
 from frugalrl.sync_state import PolicySync
@@ -364,9 +365,10 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         replies = self._request(requests, on_failure=recover)
         # Every worker replaced during this call (in its sync too: its envs were reset) is reported.
         restarted = [e["worker"] for e in self.restart_events[first_event:]]
-        for w in range(self.num_workers):
-            self._take_behaviour(w, replies[w], agent)
-            self._note_codecs(replies[w])
+        with one_blas_thread():  # the recomputed behaviour's matmuls, off the workers' cores
+            for w in range(self.num_workers):
+                self._take_behaviour(w, replies[w], agent)
+                self._note_codecs(replies[w])
         batch = assemble_rollout([replies[w] for w in range(self.num_workers)], self._action_dtype(), agent.dist_kind,
                                  restarted, self.learner_version)
         self._obs = batch.next_obs.copy()
