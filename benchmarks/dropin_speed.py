@@ -10,6 +10,11 @@ env steps per second:
   pool      ``ClusterEnv.send`` / ``recv`` (EnvPool's API, batches of at least half the workers' envs): the
             policy runs on the envs that are back while the other workers step theirs
   rollout   ``ClusterEnv.rollout(agent, T)``: the policy runs on the workers (DETACH)
+  floor     not a library: the least any design with worker processes does here, written for this benchmark
+            (``FloorEnv``): this process steps k envs in a SyncVectorEnv while ``W - 1`` processes step theirs,
+            actions and results as raw bytes on a pipe, every process busy-polling for up to 1 ms before it
+            blocks (blocking at once where processes outnumber cores); no checks, infos, episode statistics,
+            byte counts or failure handling. What ``step`` could reach at best on this machine.
 
 The methods are built once, warmed up, then timed in ``--repeats`` rounds in a rotating order so that all of them
 see the same background load; rates are medians and ratios are against ``sync`` of the same round. With
@@ -72,6 +77,83 @@ class KEnvs(gym.Env):
         return np.stack(obs).astype(np.float32), total, False, False, {}
 
 
+def _wait(conn: Any, spin: bool) -> None:
+    """Until ``conn`` has a message: busy-poll for up to 1 ms (if ``spin``), then block."""
+    if spin:
+        until = time.perf_counter() + 1e-3
+        while time.perf_counter() < until:
+            if conn.poll(0):
+                return
+    conn.poll(None)
+
+
+def _floor_worker(conn: Any, env_id: str, k: int, seed: int, act_dtype: str, act_shape: tuple[int, ...],
+                  spin: bool) -> None:
+    """A FloorEnv process: steps its k envs on each action block it gets, answers with raw bytes."""
+    env = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * k)
+    obs, _ = env.reset(seed=seed)
+    conn.send_bytes(np.asarray(obs, np.float32).tobytes())
+    while True:
+        _wait(conn, spin)
+        data = conn.recv_bytes()
+        if not data:
+            break
+        obs, r, te, tr, _ = env.step(np.frombuffer(data, act_dtype).reshape(k, *act_shape))
+        conn.send_bytes(np.asarray(obs, np.float32).tobytes() + np.asarray(r, np.float64).tobytes()
+                        + np.asarray(te, bool).tobytes() + np.asarray(tr, bool).tobytes())
+    env.close()
+
+
+class FloorEnv:
+    """The ``floor`` method: this process steps the first k envs while ``W - 1`` processes step the others."""
+
+    def __init__(self, env_id: str, workers: int, k: int) -> None:
+        import multiprocessing as mp
+
+        self.k = k
+        self.env = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * k)
+        space = self.env.single_action_space
+        self.act_dtype = np.dtype(np.int64 if isinstance(space, gym.spaces.Discrete) else space.dtype)
+        self.obs_shape = self.env.single_observation_space.shape
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        self.spin = workers <= (os.cpu_count() or 1)  # spinning only pays where every process has a core
+        for w in range(1, workers):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_floor_worker, daemon=True,
+                               args=(theirs, env_id, k, w * k, self.act_dtype.str, space.shape, self.spin))
+            proc.start()
+            self.conns.append(mine)
+            self.procs.append(proc)
+
+    def reset(self, *, seed: int = 0) -> tuple[np.ndarray, dict]:
+        obs, _ = self.env.reset(seed=seed)
+        rest = [np.frombuffer(c.recv_bytes(), np.float32).reshape(self.k, *self.obs_shape) for c in self.conns]
+        return np.concatenate([np.asarray(obs, np.float32), *rest]), {}
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        k, acts = self.k, np.asarray(actions, self.act_dtype)
+        for i, c in enumerate(self.conns, 1):
+            c.send_bytes(acts[i * k : (i + 1) * k].tobytes())
+        obs, r, te, tr, _ = self.env.step(acts[:k])
+        parts = [(np.asarray(obs, np.float32), r, te, tr)]
+        n_obs = k * int(np.prod(self.obs_shape)) * 4
+        for c in self.conns:
+            _wait(c, self.spin)
+            data = c.recv_bytes()
+            parts.append((np.frombuffer(data, np.float32, n_obs // 4).reshape(k, *self.obs_shape),
+                          np.frombuffer(data, np.float64, k, n_obs), np.frombuffer(data, bool, k, n_obs + 8 * k),
+                          np.frombuffer(data, bool, k, n_obs + 9 * k)))
+        return tuple(np.concatenate(p) for p in zip(*parts, strict=True)) + ({},)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.send_bytes(b"")
+        for p in self.procs:
+            p.join(timeout=5)
+        self.env.close()
+
+
 def _policy(agent: torch.nn.Module, obs: np.ndarray) -> np.ndarray:
     with torch.inference_mode():
         params = agent.dist_params(torch.as_tensor(obs, dtype=torch.float32))
@@ -95,6 +177,8 @@ class Method:
             self.env = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * self.n)
         elif self.name == "async":
             self.env = gym.vector.AsyncVectorEnv([lambda: KEnvs(env_id, k)] * self.W, shared_memory=True)
+        elif self.name == "floor":
+            self.env = FloorEnv(env_id, self.W, k)
         else:
             self.env = ClusterEnv(env_id, num_workers=self.W, envs_per_worker=k, backend="local", seed=0)
         if self.name == "pool":
@@ -195,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3", "HalfCheetah-v5"])
     ap.add_argument("--workers", nargs="+", type=int, default=[2, 4])
     ap.add_argument("--num-envs", type=int, default=16)
-    ap.add_argument("--methods", nargs="+", default=["sync", "async", "step", "pool", "rollout"])
+    ap.add_argument("--methods", nargs="+", default=["sync", "async", "step", "pool", "rollout", "floor"])
     ap.add_argument("--steps", type=int, default=1500, help="vector steps per timed round")
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)

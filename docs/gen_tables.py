@@ -387,14 +387,17 @@ def t_throughput(_: str) -> list[Table]:
 
 def t_dropin_speed(_: str) -> list[Table]:
     s = Source("dropin_speed")
-    names = ("async", "step", "pool", "rollout")
+    names = ("async", "step", "pool", "rollout", "floor")
+    headers = ["AsyncVectorEnv (k per process)", "ClusterEnv step()", "send / recv", "rollout()",
+               "floor (bare processes)"]
+    kept = [i for i, m in enumerate(names) if any(m in row["vs_sync"] for row in s("rows"))]  # older runs: no floor
     rows = []
     for i, row in enumerate(s("rows")):
         rows.append([[f"{row['env']}, {row['workers']} workers × {row['envs_per_worker']} envs"],
                      [s.num("rows", i, "steps_per_s", "sync", fmt=",.0f")],
-                     *[[s.num("rows", i, "vs_sync", m, fmt=".2f", suffix="×")] for m in names]])
-    return [Table(["env, layout", "SyncVectorEnv steps/s", "AsyncVectorEnv (k per process)", "ClusterEnv step()",
-                   "send / recv", "rollout()"], rows, [s.name], [s("command")], align="lrrrrr")]
+                     *[[s.num("rows", i, "vs_sync", names[j], fmt=".2f", suffix="×")] for j in kept]])
+    return [Table(["env, layout", "SyncVectorEnv steps/s", *[headers[j] for j in kept]], rows, [s.name],
+                  [s("command")], align="lr" + "r" * len(kept))]
 
 
 def t_family_defaults(_: str) -> list[Table]:
