@@ -29,9 +29,10 @@ def _blas_controller() -> Any:
 
 
 def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
-    """numpy's BLAS on one thread while inside (the previous limits come back after). For the head's batches of
-    states (the recomputed behaviour): a multi-threaded BLAS call there leaves its threads spinning on the cores
-    that the worker processes step their envs on, as worker processes run theirs on one thread."""
+    """numpy's BLAS on one thread while inside (the previous limits come back after; the BLAS libraries are those
+    loaded at the first call, numpy's among them). For the head's batches of states (the recomputed behaviour): a
+    multi-threaded BLAS call there leaves its threads spinning on the cores that the worker processes step their
+    envs on, as worker processes run theirs on one thread."""
     return _blas_controller().limit(limits=1, user_api="blas")
 
 
