@@ -20,6 +20,7 @@ re-collected from the fresh worker so that no partial fragment is ever mixed in)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import weakref
 from collections.abc import Callable
@@ -365,7 +366,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         replies = self._request(requests, on_failure=recover)
         # Every worker replaced during this call (in its sync too: its envs were reset) is reported.
         restarted = [e["worker"] for e in self.restart_events[first_event:]]
-        with one_blas_thread():  # the recomputed behaviour's matmuls, off the workers' cores
+        # The recomputed behaviour's matmuls, off the workers' cores (the limit costs tens of µs: only when used).
+        with one_blas_thread() if recomputable else contextlib.nullcontext():
             for w in range(self.num_workers):
                 self._take_behaviour(w, replies[w], agent)
                 self._note_codecs(replies[w])
