@@ -12,10 +12,17 @@ serving. Each (sync setting, worker count) runs in a fresh interpreter
 
 For scale, it also times a real worker's rollout per env step (8 LunarLander envs, its numpy policy), and turns
 the measured bytes and times into a first-order model: the learner's link and CPU load at N workers, and the
-worker count at which each saturates for links of 1, 10, 25 and 100 Gbit/s. Example::
+worker count at which each saturates for links of 1, 10, 25 and 100 Gbit/s.
+
+``--pace`` checks :mod:`frugalrl.scale_model` against the head at many workers: the emulated workers then step at
+a real worker's rate (``--pace worker``, the rate measured here) or a given one (env steps/s each, on cores of
+their own), each setting is first measured unpaced at two worker counts (``--calibrate``), and the model's seconds per
+iteration (rollout + update) from those runs are set against those measured at every worker count (see
+:func:`model_check`). Example::
 
     python benchmarks/learner_capacity.py                      # → benchmarks/results/learner_capacity.json
     python benchmarks/learner_capacity.py --workers 1 8 64 --settings every-fp32 aaps-bf16
+    python benchmarks/learner_capacity.py --pace worker --workers 4 16 64 256 --out learner_capacity_paced
 """
 
 from __future__ import annotations
@@ -51,9 +58,11 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def one(setting: str, workers: int, updates: int, backend: str = "replay") -> dict[str, Any]:
+def one(setting: str, workers: int, updates: int, backend: str = "replay",
+        steps_per_second: float | None = None) -> dict[str, Any]:
     """The head's time by phase over ``updates`` rollouts + PPO updates with ``workers`` emulated workers (or real
-    ones: ``backend="local"``, to check the replayed bytes against a real run's)."""
+    ones: ``backend="local"``, to check the replayed bytes against a real run's), stepping ``steps_per_second``
+    env steps per second each (None: answering at once)."""
     import torch
 
     import frugalrl.envs.cluster as cluster_module
@@ -107,6 +116,8 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay") -> di
     timed(cluster_module.ClusterEnv, "_remember", "remember")
     timed(cluster_module, "assemble_rollout", "assemble")
     env.rollout(agent, T)  # the recordings, the first sync
+    if steps_per_second is not None:
+        env.backend.pace(steps_per_second)
     spent.clear()
     steps, serve, update = 0, 0.0, 0.0
     for _ in range(updates):
@@ -121,6 +132,7 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay") -> di
     stats = env.stats()
     out = {
         "setting": setting, "workers": workers, "env_steps": steps,
+        "steps_per_second": steps_per_second, "s_per_iter": (serve + update) / updates,
         "serve_us_per_step": serve / steps * 1e6, "update_us_per_step": update / steps * 1e6,
         "phases_us_per_step": {k: v / steps * 1e6 for k, v in sorted(spent.items())},
         "bytes": {"up": bytes_["up"], "down": bytes_["down"], "total": bytes_["total"]},
@@ -165,6 +177,41 @@ def model(row: dict[str, Any], worker_us: float) -> dict[str, Any]:
     }
 
 
+def _figures(row: dict[str, Any], rate: float, serve: bool) -> Any:
+    """The figures a real run at ``row``'s worker count would give (its rollout: the workers' stepping at
+    ``rate``, then the head's serving), the serving term in the model or left out."""
+    from frugalrl.scale_model import RunFigures
+
+    e, samples, down = K * T, row["env_steps"], row["bytes"]["down"]
+    serve_s = row["serve_us_per_step"] * 1e-6
+    return RunFigures(workers=row["workers"], env_steps_per_worker_iter=e,
+                      up_bytes_per_step=sum(row["bytes"]["up"].values()) / samples,
+                      down_bytes_per_step=(sum(down.values()) - down.get("weights", 0)) / samples,
+                      weight_bytes_per_sync=0.0, syncs_per_worker_iter=0.0,
+                      rollout_s_per_iter=e / rate + serve_s * row["workers"] * e,
+                      update_s_per_sample=row["update_us_per_step"] * 1e-6, link_gbit=None,
+                      serve_s_per_sample=serve_s if serve else 0.0)
+
+
+def model_check(calibration: list[dict[str, Any]], paced: dict[str, Any], rate: float) -> dict[str, Any]:
+    """:func:`frugalrl.scale_model.predict` from two unpaced rows (``--calibrate``), against a paced row's seconds
+    per iteration: the model with its serving term and the update fitted on both rows; with the
+    update linear in the batch (one run, as ``frugalrl scale-model`` without ``--update-fit-run``); and as it was
+    before either (no serving term, linear update)."""
+    from frugalrl.scale_model import predict
+
+    first, second = calibration
+    out: dict[str, Any] = {"calibration_workers": [first["workers"], second["workers"]],
+                           "measured_s_per_iter": paced["s_per_iter"]}
+    for key, fig in (("model", _figures(first, rate, True).with_update_fit(_figures(second, rate, True))),
+                     ("model_linear_update", _figures(first, rate, True)),
+                     ("model_before", _figures(first, rate, False))):
+        p = predict(fig, paced["workers"], None)
+        out[key] = {"s_per_iter": p["s_per_iter"], "update_s": p["update_s"], "serve_s": p["serve_s"],
+                    "error": p["s_per_iter"] / paced["s_per_iter"] - 1}
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
@@ -173,35 +220,59 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--one", nargs=2, metavar=("SETTING", "WORKERS"), help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="replay", choices=["replay", "local"],
                     help="local: real worker processes (on a small machine, few), to check the replayed bytes")
+    ap.add_argument("--pace", default=None, metavar="RATE|worker",
+                    help="emulated workers step at this many env steps/s each ('worker': a real worker's rate), and "
+                         "the scale model is checked against them (default: unpaced, they answer at once)")
+    ap.add_argument("--calibrate", nargs=2, type=int, default=[4, 16], metavar=("W1", "W2"),
+                    help="with --pace: the two unpaced worker counts the model is fitted on (default: 4 16)")
     ap.add_argument("--out", default="learner_capacity")
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(one(args.one[0], int(args.one[1]), args.updates, args.backend)))
+        rate = None if args.pace is None else float(args.pace)
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.updates, args.backend, rate)))
         return {}
+    if args.pace is not None and args.backend != "replay":
+        ap.error("--pace needs the replay backend")
     t0 = time.time()
     start_load = os.getloadavg()
     worker_us = worker_cost()
     print(f"a real worker: {worker_us:.1f} µs per env step ({K} {ENV} envs, numpy policy)", flush=True)
-    rows = []
+    pace = None if args.pace is None else 1e6 / worker_us if args.pace == "worker" else float(args.pace)
+
+    def run(setting: str, w: int, rate: float | None) -> dict[str, Any]:
+        cmd = [sys.executable, __file__, "--one", setting, str(w), "--updates", str(args.updates),
+               "--backend", args.backend, *([] if rate is None else ["--pace", repr(rate)])]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    rows, calibrations = [], {}
     for setting in args.settings:
+        calibration = None if pace is None else [run(setting, w, None) for w in args.calibrate]
+        if calibration is not None:
+            calibrations[setting] = calibration
         for w in args.workers:
-            proc = subprocess.run([sys.executable, __file__, "--one", setting, str(w), "--updates", str(args.updates),
-                                   "--backend", args.backend], capture_output=True, text=True, check=True)
-            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            row = run(setting, w, pace)
             row["model"] = model(row, worker_us)
             row["serve_vs_worker"] = row["serve_us_per_step"] / worker_us
+            if calibration is not None:
+                row["model_check"] = model_check(calibration, row, pace)
             rows.append(row)
+            check = "" if calibration is None else (
+                f" s/iter {row['s_per_iter']:.3f} model {row['model_check']['model']['error']:+.1%} "
+                f"(linear update {row['model_check']['model_linear_update']['error']:+.1%}, "
+                f"before {row['model_check']['model_before']['error']:+.1%})")
             print(f"{setting:16s} W={w:4d} serve {row['serve_us_per_step']:6.2f} µs/step "
                   f"({row['serve_vs_worker']:.3f} of a worker's) update {row['update_us_per_step']:6.1f} µs/step "
                   f"syncs {row['weight_syncs']:5d} down {row['model']['bytes_per_env_step']['down']:7.1f} B/step "
-                  f"rss {row['rss_mb']:6.1f} MB", flush=True)
+                  f"rss {row['rss_mb']:6.1f} MB{check}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
     out = {"command": "python benchmarks/learner_capacity.py " + " ".join(argv or sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit, "torch_threads": 1,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": start_load,
                        "load_avg_end": os.getloadavg()},
-           "backend": args.backend, "env": ENV, "envs_per_worker": K, "num_steps": T, "worker_us_per_env_step": worker_us, "rows": rows,
+           "backend": args.backend, "pace_steps_per_second": pace, "env": ENV, "envs_per_worker": K, "num_steps": T, "worker_us_per_env_step": worker_us, "rows": rows,
+           **({"calibration": calibrations} if calibrations else {}),
            "seconds": round(time.time() - t0, 1)}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))

@@ -58,7 +58,7 @@ from tables_dpsgd import (  # noqa: E402
     t_lda_variants,
 )
 from tables_headline import t_headline  # noqa: E402
-from tables_scale import t_scale_model  # noqa: E402
+from tables_scale import t_scale_model, t_scale_model_paced  # noqa: E402
 
 __all__ = ["Cell", "Num", "Source", "Table", "cell_text", "cross", "join", "mean_std", "opt", "pm"]
 
@@ -408,14 +408,15 @@ def t_family_defaults(_: str) -> list[Table]:
     for env, sides in s("table").items():
         for side in [k for k in sides if not k.startswith("ratio")]:
             p = ("table", env, side)
-            rows.append([[env], [side], join([s.num(*p, "returns", i) for i in range(len(s(*p, "seeds")))]),
-                         [s.num(*p, "mean")], [s.num(*p, "median")]])
+            by_seed: list = []  # "101: 9323.5, 102: ..." (validation sides ran on other seeds than the report)
+            for i, seed in enumerate(s(*p, "seeds")):
+                by_seed += [", " if i else "", f"{seed}: ", s.num(*p, "returns", i)]
+            rows.append([[env], [side], by_seed, [s.num(*p, "mean")], [s.num(*p, "median")]])
         for key in [k for k in sides if k.startswith("ratio")]:  # each names its sides (family_defaults.RATIOS)
             rows.append([[env], [sides[key]["label"]], [""],
                          [s.num("table", env, key, "mean", fmt=".2f", suffix="×")],
                          [s.num("table", env, key, "median", fmt=".2f", suffix="×")]])
-    seeds = ", ".join(map(str, next(iter(next(iter(s("table").values())).values()))["seeds"]))
-    return [Table(["env", "side", f"return by seed ({seeds})", "mean", "median"], rows, [s.name], [s.command()],
+    return [Table(["env", "side", "return by seed", "mean", "median"], rows, [s.name], [s.command()],
                   align="llrrr")]
 
 
@@ -466,10 +467,12 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "dropin_speed": t_dropin_speed,
     "family_defaults": t_family_defaults,
     "scale_model": t_scale_model,  # ARG: shaped_links.py's --out with several --workers
+    "scale_model_paced": t_scale_model_paced,  # ARG: learner_capacity.py --pace's --out
 }
 DEFAULT_ARG = {"headline": "site", "aaps": "aaps_sweep", "pipeline_suite": "pipeline_suite", "dpsgd_speedup": "dpsgd_speedup_lda",
                "hsa2c_vs_sync": "hsa2c_vs_sync_defaults", "hsa2c_link": "hsa2c_link", "a2c_reference": "a2c_reference", "lda": "lda_baselines", "lda_seeds": "synthetic",
-               "lda_variants": "large", "scale_model": "shaped_links_scale"}
+               "lda_variants": "large", "scale_model": "shaped_links_scale",
+               "scale_model_paced": "learner_capacity_paced"}
 
 
 def bench_tables(spec: str) -> list[Table]:

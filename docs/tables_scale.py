@@ -22,3 +22,19 @@ def t_scale_model(arg: str) -> list[Table]:
     header = ["link", "sync", "workers", "predicted from", "s/iter: model", "measured", "error",
               "up kB/iter: model", "measured", "error", "down kB/iter: model", "measured", "error"]
     return [Table(header, rows, sources=[s.name], commands=[s.command()], align="lllrrrrrrrrrr")]
+
+
+def t_scale_model_paced(arg: str) -> list[Table]:
+    """The scale model against the head at many paced emulated workers (``learner_capacity.py --pace``): seconds
+    per iteration measured, and the model's prediction from two unpaced runs (``--calibrate``), in its three forms."""
+    s = Source(arg)
+    rows: list[list[Cell]] = []
+    for i, r in enumerate(s("rows")):
+        c = ("rows", i, "model_check")
+        row: list[Cell] = [[r["setting"]], [str(r["workers"])], [s.num("rows", i, "s_per_iter", fmt=".3f")]]
+        for key in ("model", "model_linear_update", "model_before"):
+            row += [[s.num(*c, key, "s_per_iter", fmt=".3f")], [s.num(*c, key, "error", fmt="+.0%")]]
+        rows.append(row)
+    header = ["setting", "workers", "measured s/iter", "model", "error", "linear update", "error",
+              "before (no serving, linear)", "error"]
+    return [Table(header, rows, sources=[s.name], commands=[s.command()], align="llrrrrrrr")]

@@ -61,6 +61,35 @@ def test_a_shaped_runs_own_transfers_leave_its_compute_time():
     assert predict(f, 2, link)["s_per_iter"] == pytest.approx(0.2 + 1024 / 10_240)  # itself, back again
 
 
+def test_serving_moves_from_the_rollout_to_a_per_sample_term():
+    """Serving measured elsewhere leaves the measured rollout, then grows with the samples; the core saturates
+    on serving and update together."""
+    f = RunFigures.from_summary(summary(), serve_s_per_sample=1e-5)  # 10 µs: 1024 samples, 0.01 s of the 0.2 s
+    assert f.rollout_compute_s() == pytest.approx(0.2 - 1024 * 1e-5)
+    assert predict(f, 2, None)["s_per_iter"] == pytest.approx(0.2 + 1024 / 10_240)  # the measured run, back
+    p = predict(f, 64, None)
+    assert p["serve_s"] == pytest.approx(64 * 512 * 1e-5)
+    assert p["s_per_iter"] == pytest.approx(p["rollout_compute_s"] + p["serve_s"] + p["update_s"])
+    s = saturation(f, step_rate=1000.0)
+    assert s["workers_at_core_saturation"] == pytest.approx(1 / ((1 / 10_240 + 1e-5) * 1000))
+
+
+def test_an_update_fitted_on_two_batch_sizes_splits_fixed_and_per_sample():
+    small = RunFigures.from_summary(summary(workers=2))  # 1024 samples per iteration, 0.1 s of update
+    big = RunFigures.from_summary({**summary(workers=8), "details": {**summary()["details"], "workers": 8,
+                                                                       "learner_update_seconds": 1.6}})
+    fit = small.with_update_fit(big)  # 0.16 s per iteration on 4096 samples: 0.08 s fixed + 0.08 s per 4096
+    assert fit.update_s_per_iter == pytest.approx(0.08) and fit.update_s_per_sample == pytest.approx(0.02 / 1024)
+    assert predict(fit, 2, None)["update_s"] == pytest.approx(0.1)  # both runs, back again
+    assert predict(fit, 8, None)["update_s"] == pytest.approx(0.16)
+    assert predict(fit, 64, None)["update_s"] < predict(small, 64, None)["update_s"]  # linear: an upper bound
+    s = saturation(fit, step_rate=512 / 0.2)  # 0.2 s per iteration's rollout: the fixed part takes 40 % of it
+    assert s["learner_core_share_fixed"] == pytest.approx(0.4)
+    assert s["workers_at_core_saturation"] == pytest.approx(0.6 / (0.02 / 1024 * 512 / 0.2))
+    with pytest.raises(ValueError, match="different batch sizes"):
+        small.with_update_fit(small)
+
+
 def test_saturation_counts():
     f = RunFigures.from_summary(summary())
     s = saturation(f, step_rate=1000.0, links_gbit=(10.0,))
@@ -104,7 +133,15 @@ def test_cli_on_a_real_run(tmp_path, capsys):
     assert 0.0 < f["syncs_per_worker_iter"] <= 1.0  # AAPS, the default: at most one sync per update
     two, many = out["predictions"]
     assert many["up_bytes_per_iter"] == pytest.approx(32 * two["up_bytes_per_iter"])
-    assert main(["scale-model", str(tmp_path / "r"), "--workers", "8"]) == 0
+    assert main(["scale-model", str(tmp_path / "r"), "--workers", "8", "--serve-us-per-step", "1.5"]) == 0
     assert "saturates" in capsys.readouterr().out
+    assert main(["train", "ppo", "--env", "CartPole-v1", "--backend", "serial", "--workers", "4",
+                 "--envs-per-worker", "2", "--num-steps", "64", "--total-timesteps", "2048", "--eval-episodes", "1",
+                 "--run-dir", str(tmp_path), "--run-name", "r4", "--no-progress", "--no-tensorboard",
+                 "--no-plots"]) == 0
+    capsys.readouterr()
+    assert main(["scale-model", str(tmp_path / "r"), "--update-fit-run", str(tmp_path / "r4"), "--json"]) == 0
+    fitted = json.loads(capsys.readouterr().out)["figures"]
+    assert fitted["update_s_per_iter"] >= 0.0 and fitted["update_s_per_sample"] >= 0.0
     assert main(["scale-model", str(tmp_path / "missing")]) == 2
     assert "no summary.json" in capsys.readouterr().err

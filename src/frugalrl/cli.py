@@ -184,6 +184,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     help="cores the workers share (default: a core per worker)")
     sm.add_argument("--step-rate", type=float, default=None,
                     help="env steps/s per worker for the saturation counts (default: the run's own)")
+    sm.add_argument("--serve-us-per-step", type=float, default=0.0,
+                    help="the head's own work per ingested env step besides the update, in µs "
+                         "(benchmarks/learner_capacity.py measures it; default: 0, left out)")
+    sm.add_argument("--update-fit-run", default=None, metavar="RUN_DIR",
+                    help="a run of the same update at another batch size: splits the update's time into a fixed and "
+                         "a per-sample part (default: none, the update taken as linear in the batch, an upper bound)")
     sm.add_argument("--same-total-envs", action="store_true",
                     help="spread the run's envs over each worker count (default: each worker keeps its envs)")
     sm.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -249,7 +255,7 @@ def _scale_model(args: argparse.Namespace) -> int:
 
     try:
         out = report(args.run_dir, args.workers, args.link_gbit, args.run_link_gbit, args.worker_cores, args.step_rate,
-                     args.same_total_envs)
+                     args.same_total_envs, args.serve_us_per_step, args.update_fit_run)
     except (FileNotFoundError, ValueError) as e:
         return _error(str(e))
     if args.json:
@@ -260,14 +266,15 @@ def _scale_model(args: argparse.Namespace) -> int:
           f"iteration, up {f['up_bytes_per_step']:.1f} B/step, down {f['down_bytes_per_step']:.1f} B/step + "
           f"{f['syncs_per_worker_iter']:.2f} × {f['weight_bytes_per_sync']:,.0f} B of weights per iteration")
     print(f"\n{'workers':>8s} {'up MB/iter':>11s} {'down MB/iter':>13s} {'link s':>8s} {'rollout s':>10s} "
-          f"{'update s':>9s} {'s/iter':>8s}   (link {args.link_gbit:g} Gbit/s)")
+          f"{'serve s':>8s} {'update s':>9s} {'s/iter':>8s}   (link {args.link_gbit:g} Gbit/s)")
     for p in out["predictions"]:
         print(f"{p['workers']:8d} {p['up_bytes_per_iter'] / 1e6:11.3f} {p['down_bytes_per_iter'] / 1e6:13.3f} "
-              f"{p['link_s']:8.3f} {p['rollout_compute_s']:10.3f} {p['update_s']:9.3f} {p['s_per_iter']:8.3f}")
+              f"{p['link_s']:8.3f} {p['rollout_compute_s']:10.3f} {p['serve_s']:8.3f} {p['update_s']:9.3f} "
+              f"{p['s_per_iter']:8.3f}")
     links = ", ".join(f"{k}: {v:,.0f}" for k, v in sat["workers_at_link_saturation"].items())
     core = sat["workers_at_core_saturation"]
     print(f"\nat {sat['step_rate_per_worker']:,.0f} env steps/s per worker, the learner's link saturates at "
-          f"{links} workers; its core (updates) at {core:,.0f}" if core else "")
+          f"{links} workers; its core (serving and updates) at {core:,.0f}" if core else "")
     return 0
 
 

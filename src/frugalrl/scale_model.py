@@ -6,26 +6,27 @@ A first-order model of PPO's synchronous loop, read from one measured run (its `
 - every worker sends ``up`` bytes per env step and receives ``down`` bytes per env step plus, ``q`` times per
   iteration, a weights message of ``w`` bytes (AAPS makes ``q`` < 1; bf16 and deltas make ``w`` small);
 - an iteration is the weights going down, the workers stepping their ``E`` env steps each (in parallel, unless they
-  share ``worker_cores`` cores), their fragments going up, then the learner's update, whose time grows with the
-  batch (N × E samples). Transfers share the learner's link, one direction at a time:
+  share ``worker_cores`` cores), their fragments going up, the head's serving and the learner's update:
 
-      s_per_iter(N) = N·q·w·8/L + rollout_compute · c(N)/c(W) + N·E·up·8/L + update_per_sample · N·E
+      s_per_iter(N) = N·q·w·8/L + rollout_compute · c(N)/c(W) + N·E·up·8/L + update_fixed
+                      + (serve + update)_per_sample · N·E
 
-  where ``rollout_compute`` is the measured rollout time less the measured run's own transfer time, and
-  c(n) = max(1, n / worker_cores) (1 when every worker has its own core).
+  with c(n) = max(1, n / worker_cores). One run cannot tell serving (decode, KL, recompute, assembly) from waiting,
+  nor the update's fixed part (PPO takes as many gradient steps on a bigger batch) from its per-sample part: both
+  are given (``benchmarks/learner_capacity.py`` measures serving; :meth:`RunFigures.with_update_fit` fits the
+  update on a second run), else 0 (no serving term; the update linear in the batch, an upper bound).
 - Steady-state load at a worker step rate ``r`` (env steps/s per worker): the link carries N·r·up and
-  N·r·(down + q·w/E) bytes/s, and the learner core spends ``update_per_sample`` per env step; each saturates at
-  the N where that reaches the link rate or one core.
+  N·r·(down + q·w/E) bytes/s, and the learner core spends ``(serve + update)_per_sample`` per env step; each
+  saturates at the N where that reaches the link rate or one core.
 
-It leaves out what a first-order model does: latency (a shaped link here has none), stragglers, uplink codecs whose
-ratio changes with N, AAPS's sync rate changing as the policy converges. docs/multi-node.md#scale-model says how
-to check it against real runs on emulated hosts (``benchmarks/shaped_links.py --workers 2 4 8 16``).
+It leaves out latency (a shaped link here has none), stragglers, uplink codecs whose ratio changes with N, AAPS's
+sync rate changing as the policy converges. docs/multi-node.md#scale-model: its checks against runs.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,14 @@ class RunFigures:
     update_s_per_sample: float
     link_gbit: float | None
     """The learner link of the measured run (None: unshaped, its transfer time taken as nil)."""
+    serve_s_per_sample: float = 0.0
+    """The head's own work per env step it takes in, besides the update (0: left out; see the module)."""
+    update_s_per_iter: float = 0.0
+    """The update's time per iteration that does not grow with the batch (0: none, the update linear in it)."""
 
     @classmethod
-    def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None) -> RunFigures:
+    def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None,
+                     serve_s_per_sample: float = 0.0) -> RunFigures:
         """From a PPO run's ``summary.json`` (a ClusterEnv run, with its rollout and update seconds)."""
         d, b = summary.get("details", {}), summary.get("bytes", {})
         missing = [k for k in ("workers", "envs_per_worker", "num_steps", "rollout_seconds", "learner_update_seconds")
@@ -71,14 +77,27 @@ class RunFigures:
                    weight_bytes_per_sync=weights / syncs if syncs else 0.0,
                    syncs_per_worker_iter=syncs / updates / workers,
                    rollout_s_per_iter=d["rollout_seconds"] / updates,
-                   update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit)
+                   update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit,
+                   serve_s_per_sample=serve_s_per_sample)
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, link_gbit: float | None = None) -> RunFigures:
+    def from_run(cls, run_dir: str | Path, link_gbit: float | None = None,
+                 serve_s_per_sample: float = 0.0) -> RunFigures:
         path = Path(run_dir) / "summary.json"
         if not path.is_file():
             raise FileNotFoundError(f"no summary.json in {run_dir}: scale-model reads a finished run directory")
-        return cls.from_summary(json.loads(path.read_text()), link_gbit)
+        return cls.from_summary(json.loads(path.read_text()), link_gbit, serve_s_per_sample)
+
+    def with_update_fit(self, other: RunFigures) -> RunFigures:
+        """These figures with the update split into a fixed and a per-sample part, fitted through this run's and
+        ``other``'s update time per iteration (a run of the same update at another batch size)."""
+        a, b = (f.workers * f.env_steps_per_worker_iter for f in (self, other))
+        ua, ub = (f.update_s_per_iter + f.update_s_per_sample * n for f, n in ((self, a), (other, b)))
+        if a == b:
+            raise ValueError("fitting the update needs two runs with different batch sizes (workers × env steps)")
+        per_sample = max(0.0, (ub - ua) / (b - a))
+        fixed = max(0.0, ua - per_sample * a)
+        return replace(self, update_s_per_sample=(ua - fixed) / a, update_s_per_iter=fixed)
 
     def bytes_per_iter(self, workers: int, env_scale: float = 1.0) -> tuple[float, float]:
         """(up, down) bytes per iteration at ``workers`` workers of ``env_scale`` times the run's envs each: the
@@ -88,11 +107,12 @@ class RunFigures:
                 workers * (e * self.down_bytes_per_step + self.syncs_per_worker_iter * self.weight_bytes_per_sync))
 
     def rollout_compute_s(self) -> float:
-        """The measured rollout time less the measured run's own transfers over its link."""
+        """The measured rollout time less the measured run's own transfers over its link and its serving."""
+        serve = self.serve_s_per_sample * self.workers * self.env_steps_per_worker_iter
         if self.link_gbit is None:
-            return self.rollout_s_per_iter
+            return max(0.0, self.rollout_s_per_iter - serve)
         up, down = self.bytes_per_iter(self.workers)
-        return max(0.0, self.rollout_s_per_iter - (up + down) * 8 / (self.link_gbit * 1e9))
+        return max(0.0, self.rollout_s_per_iter - serve - (up + down) * 8 / (self.link_gbit * 1e9))
 
 
 def contention(workers: int, worker_cores: int | None) -> float:
@@ -109,9 +129,12 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     link_s = 0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)
     compute = (fig.rollout_compute_s() * env_scale * contention(workers, worker_cores)
                / contention(fig.workers, worker_cores))
-    update = fig.update_s_per_sample * workers * fig.env_steps_per_worker_iter * env_scale
+    samples = workers * fig.env_steps_per_worker_iter * env_scale
+    update = fig.update_s_per_iter + fig.update_s_per_sample * samples
+    serve = fig.serve_s_per_sample * samples
     return {"workers": workers, "up_bytes_per_iter": up, "down_bytes_per_iter": down, "link_s": link_s,
-            "rollout_compute_s": compute, "update_s": update, "s_per_iter": link_s + compute + update}
+            "rollout_compute_s": compute, "serve_s": serve, "update_s": update,
+            "s_per_iter": link_s + compute + serve + update}
 
 
 def saturation(fig: RunFigures, step_rate: float | None = None,
@@ -123,19 +146,24 @@ def saturation(fig: RunFigures, step_rate: float | None = None,
     per_step = {"up": fig.up_bytes_per_step,
                 "down": fig.down_bytes_per_step + fig.syncs_per_worker_iter * fig.weight_bytes_per_sync / e}
     busiest = max(per_step.values())
-    core = fig.update_s_per_sample * rate
+    core = (fig.update_s_per_sample + fig.serve_s_per_sample) * rate
+    headroom = max(0.0, 1.0 - fig.update_s_per_iter * rate / e)  # what the fixed part of each update leaves
     return {"step_rate_per_worker": rate, "bytes_per_env_step": per_step,
-            "learner_core_share_per_worker": core,
-            "workers_at_core_saturation": 1.0 / core if core else None,
+            "learner_core_share_per_worker": core, "learner_core_share_fixed": 1.0 - headroom,
+            "workers_at_core_saturation": headroom / core if core else None,
             "workers_at_link_saturation": {f"{g:g}gbit": g * 1e9 / 8 / (rate * busiest) for g in links_gbit}}
 
 
 def report(run_dir: str | Path, workers: list[int], link_gbit: float | None, run_link_gbit: float | None = None,
            worker_cores: int | None = None, step_rate: float | None = None,
-           same_total_envs: bool = False) -> dict[str, Any]:
+           same_total_envs: bool = False, serve_us_per_step: float = 0.0,
+           update_fit_run: str | Path | None = None) -> dict[str, Any]:
     """The model's figures, predictions at ``workers`` and saturation counts, as ``frugalrl scale-model`` prints;
-    ``same_total_envs`` spreads the run's envs over each worker count instead of giving each worker as many."""
-    fig = RunFigures.from_run(run_dir, run_link_gbit)
+    ``same_total_envs`` spreads the run's envs over each worker count instead of giving each worker as many;
+    ``update_fit_run``, a run of the same update at another batch size, splits off the update's fixed part."""
+    fig = RunFigures.from_run(run_dir, run_link_gbit, serve_us_per_step * 1e-6)
+    if update_fit_run is not None:
+        fig = fig.with_update_fit(RunFigures.from_run(update_fit_run))
     return {"figures": asdict(fig), "link_gbit": link_gbit, "worker_cores": worker_cores,
             "same_total_envs": same_total_envs,
             "predictions": [predict(fig, n, link_gbit, worker_cores, fig.workers / n if same_total_envs else 1.0)

@@ -12,9 +12,16 @@ source's version and index (a few bytes off the emulated worker's own), set righ
 The data is real but stale: fragments recorded with the first policy, so a learner that moves on sees growing
 importance ratios and KLs (AAPS syncs at least as often as with real workers). ``reset`` is answered with a
 recorded reset; other requests (``step``, checkpoints, calls) get an error naming the backend.
+
+:meth:`ReplayBackend.pace` sets how fast the emulated workers step (env steps per second each, as real workers on
+cores of their own): a rollout reply is then due that long after its request went out, and the head takes the
+replies in the order they fall due, waiting where it is ahead, as it would for real workers. Unpaced, every reply
+is there at once, and the head's time is its serving cost alone.
 """
 
 from __future__ import annotations
+
+import time
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, build_worker
 from frugalrl.wire.cache import WireCache
@@ -38,6 +45,13 @@ class ReplayBackend(Backend):
         self._fragments: dict[int, list[bytes]] = {}  # num_steps -> encoded rollout replies
         self._served = [0] * len(configs)
         self._held = [-1] * len(configs)  # the version each emulated worker holds
+        self._steps_per_second: float | None = None
+
+    def pace(self, steps_per_second: float | None) -> None:
+        """Emulated workers step ``steps_per_second`` env steps per second each (None: they answer at once)."""
+        if steps_per_second is not None and not steps_per_second > 0:
+            raise ValueError(f"steps_per_second must be positive or None, got {steps_per_second!r}")
+        self._steps_per_second = steps_per_second
 
     def start(self) -> dict[int, str]:
         """Nothing to start: the source worker was built with the backend."""
@@ -45,16 +59,29 @@ class ReplayBackend(Backend):
 
     def request(self, requests: dict[int, Message]) -> dict[int, Message | WorkerFailure]:
         """Encode and meter each request, answer it from the recordings, decode and meter the reply."""
-        replies: dict[int, Message | WorkerFailure] = {}
+        due: list[tuple[float, int, bytes]] = []
         for w, msg in requests.items():
             _, sizes = self._wire.encode(msg)
             self.meter.add_message(sizes, w, DOWN)
-            reply, up = self._wire.decode(self._answer(w, msg))
+            posted = time.perf_counter()
+            due.append((posted + self._busy_seconds(w, msg), w, self._answer(w, msg)))
+        replies: dict[int, Message | WorkerFailure] = {}
+        for at, w, data in sorted(due):  # in the order the replies fall due, waiting for one not yet due
+            ahead = at - time.perf_counter()
+            if ahead > 0:
+                time.sleep(ahead)
+            reply, up = self._wire.decode(data)
             self.meter.add_message(up, w, UP)
             if reply.op == "rollout":  # the recording's header named the source's version and index
                 reply.meta.update(version=self._held[w], worker=w)
             replies[w] = reply
-        return replies
+        return {w: replies[w] for w in requests}
+
+    def _busy_seconds(self, w: int, msg: Message) -> float:
+        """How long emulated worker ``w`` steps to answer ``msg`` at the set pace (0: unpaced, or not a rollout)."""
+        if self._steps_per_second is None or msg.op != "rollout":
+            return 0.0
+        return int(msg.meta["num_steps"]) * self.configs[w].num_envs / self._steps_per_second
 
     def _answer(self, w: int, msg: Message) -> bytes:
         """The encoded reply of emulated worker ``w`` to ``msg``."""
