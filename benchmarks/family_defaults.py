@@ -19,6 +19,11 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
 - ``frugal-discrete``: the same with ``--preset family:discrete``; ``frugal-discrete-sb3`` with SB3's PPO defaults
   on top, the candidate chosen on Acrobot-v1 against the discrete fallback of the time (CleanRL ``ppo.py``'s
   settings, its runs cached as ``frugal-discrete-cleanrl``), and that fallback since (``--sides``);
+- ``continuous`` and ``continuous-*``: the validation of the ``continuous`` fallback (``--preset family:continuous``)
+  against variants of it: ``-constant-lr`` (no annealing), ``-raw-reward`` (no reward normalisation),
+  ``-reward-only`` (constant rate, no observation normalisation), ``-sb3`` (all three: SB3's plain defaults), on
+  envs the suite does not report, tuning seeds (``--sides``); ``frugal-nopreset-constant-lr``, cached, is the
+  constant rate tried on LunarLanderContinuous-v3 with no preset;
 - ``impala`` and ``impala-every``: the same two with ``frugalrl train impala`` (``--sides``);
 - ``sb3``: ``PPO("MlpPolicy", make_vec_env(X, n_envs=1, seed=S), seed=S, device="cpu")``: SB3's defaults.
 
@@ -60,6 +65,12 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "frugal-discrete-sb3": ("ppo", ["--preset", "family:discrete", "--envs-per-worker", "1", "--num-steps", "1024",
                                          "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
                                          "--ent-coef", "0.0"]),
+         "continuous": ("ppo", ["--preset", "family:continuous"]),
+         "continuous-constant-lr": ("ppo", ["--preset", "family:continuous", "--no-anneal-lr"]),
+         "continuous-raw-reward": ("ppo", ["--preset", "family:continuous", "--no-norm-reward"]),
+         "continuous-sb3": ("ppo", ["--preset", "family:continuous", "--no-anneal-lr", "--no-norm-reward",
+                                    "--no-norm-obs"]),
+         "continuous-reward-only": ("ppo", ["--preset", "family:continuous", "--no-anneal-lr", "--no-norm-obs"]),
          "impala": ("impala", []), "impala-every": ("impala", EVERY_FP32)}
 #: Ratio key in the table → (label, our side, the reference side).
 RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
