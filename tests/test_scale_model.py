@@ -143,5 +143,8 @@ def test_cli_on_a_real_run(tmp_path, capsys):
     assert main(["scale-model", str(tmp_path / "r"), "--update-fit-run", str(tmp_path / "r4"), "--json"]) == 0
     fitted = json.loads(capsys.readouterr().out)["figures"]
     assert fitted["update_s_per_iter"] >= 0.0 and fitted["update_s_per_sample"] >= 0.0
+    assert main(["scale-model", str(tmp_path / "r"), "--update-fit-run", str(tmp_path / "r4"),
+                 "--step-rate", "1e9"]) == 0  # a rollout far shorter than any update: the core is the limit
+    assert "learner's link saturates" in (printed := capsys.readouterr().out) and "its core" in printed
     assert main(["scale-model", str(tmp_path / "missing")]) == 2
     assert "no summary.json" in capsys.readouterr().err

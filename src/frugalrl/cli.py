@@ -273,8 +273,14 @@ def _scale_model(args: argparse.Namespace) -> int:
               f"{p['s_per_iter']:8.3f}")
     links = ", ".join(f"{k}: {v:,.0f}" for k, v in sat["workers_at_link_saturation"].items())
     core = sat["workers_at_core_saturation"]
+    if core is None:
+        core_text = "its core: no update time measured"
+    elif sat["learner_core_share_fixed"] >= 1.0:
+        core_text = "its core is saturated at any worker count (each update's fixed part outlasts a rollout)"
+    else:
+        core_text = f"its core (serving and updates) at {core:,.0f}"
     print(f"\nat {sat['step_rate_per_worker']:,.0f} env steps/s per worker, the learner's link saturates at "
-          f"{links} workers; its core (serving and updates) at {core:,.0f}" if core else "")
+          f"{links} workers; {core_text}")
     return 0
 
 
