@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -64,7 +65,7 @@ def test_a_shaped_runs_own_transfers_leave_its_compute_time():
 def test_serving_moves_from_the_rollout_to_a_per_sample_term():
     """Serving measured elsewhere leaves the measured rollout, then grows with the samples; the core saturates
     on serving and update together."""
-    f = RunFigures.from_summary(summary(), serve_s_per_sample=1e-5)  # 10 µs: 1024 samples, 0.01 s of the 0.2 s
+    f = replace(RunFigures.from_summary(summary()), serve_s_per_sample=1e-5)  # 10 µs: 0.01 s of the 0.2 s
     assert f.rollout_compute_s() == pytest.approx(0.2 - 1024 * 1e-5)
     assert predict(f, 2, None)["s_per_iter"] == pytest.approx(0.2 + 1024 / 10_240)  # the measured run, back
     p = predict(f, 64, None)

@@ -57,8 +57,7 @@ class RunFigures:
     """The update's time per iteration that does not grow with the batch (0: none, the update linear in it)."""
 
     @classmethod
-    def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None,
-                     serve_s_per_sample: float = 0.0) -> RunFigures:
+    def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None) -> RunFigures:
         """From a PPO run's ``summary.json`` (a ClusterEnv run, with its rollout and update seconds)."""
         d, b = summary.get("details", {}), summary.get("bytes", {})
         missing = [k for k in ("workers", "envs_per_worker", "num_steps", "rollout_seconds", "learner_update_seconds")
@@ -77,16 +76,14 @@ class RunFigures:
                    weight_bytes_per_sync=weights / syncs if syncs else 0.0,
                    syncs_per_worker_iter=syncs / updates / workers,
                    rollout_s_per_iter=d["rollout_seconds"] / updates,
-                   update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit,
-                   serve_s_per_sample=serve_s_per_sample)
+                   update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit)
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, link_gbit: float | None = None,
-                 serve_s_per_sample: float = 0.0) -> RunFigures:
+    def from_run(cls, run_dir: str | Path, link_gbit: float | None = None) -> RunFigures:
         path = Path(run_dir) / "summary.json"
         if not path.is_file():
             raise FileNotFoundError(f"no summary.json in {run_dir}: scale-model reads a finished run directory")
-        return cls.from_summary(json.loads(path.read_text()), link_gbit, serve_s_per_sample)
+        return cls.from_summary(json.loads(path.read_text()), link_gbit)
 
     def with_update_fit(self, other: RunFigures) -> RunFigures:
         """These figures with the update split into a fixed and a per-sample part, fitted through this run's and
@@ -161,7 +158,7 @@ def report(run_dir: str | Path, workers: list[int], link_gbit: float | None, run
     """The model's figures, predictions at ``workers`` and saturation counts, as ``frugalrl scale-model`` prints;
     ``same_total_envs`` spreads the run's envs over each worker count instead of giving each worker as many;
     ``update_fit_run``, a run of the same update at another batch size, splits off the update's fixed part."""
-    fig = RunFigures.from_run(run_dir, run_link_gbit, serve_us_per_step * 1e-6)
+    fig = replace(RunFigures.from_run(run_dir, run_link_gbit), serve_s_per_sample=serve_us_per_step * 1e-6)
     if update_fit_run is not None:
         fig = fig.with_update_fit(RunFigures.from_run(update_fit_run))
     return {"figures": asdict(fig), "link_gbit": link_gbit, "worker_cores": worker_cores,
