@@ -175,6 +175,19 @@ def test_recomputed_behaviour_is_what_the_workers_would_send(closing, codec):
     assert stats["recompute"]["bytes"]["behaviour"] == 0 < stats["logprob"]["bytes"]["behaviour"]
 
 
+def test_the_head_recomputes_only_for_the_spec_the_workers_hold(closing):
+    """The head's check that a worker acts with the agent's spec sees a spec changed in place, not only a new one."""
+    env = closing(ClusterEnv("CartPole-v1", W, K, backend="serial", seed=2, sync=Interval(100)))
+    agent = fresh_agent(env, seed=1)
+    env.reset(seed=2)
+    env.rollout(agent, T)
+    assert env.policies.can_recompute(0, agent) and env.policies.can_recompute(1, agent)
+    agent.spec.kwargs["changed"] = True  # frozen dataclass, mutable kwargs: the workers hold the spec before it
+    assert not env.policies.can_recompute(0, agent)
+    del agent.spec.kwargs["changed"]
+    assert env.policies.can_recompute(0, agent)
+
+
 def test_behaviour_is_sent_where_the_head_lacks_the_workers_words(closing):
     """After a restore, the head holds none of the workers' words: they send their log-probabilities until
     their next sync."""

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from frugalrl import dists
-from frugalrl.nets import ActorCritic, acting_state, load_acting_state
+from frugalrl.nets import ActorCritic, PolicySpec, acting_state, load_acting_state
 from frugalrl.npactor import NumpyActor
 from frugalrl.sync import SyncContext, SyncRule
 from frugalrl.wire.delta import Words, from_words, full_message, to_words, weights_update
@@ -86,6 +86,7 @@ class PolicySync:
         self._numpy: dict[int, NumpyActor | None] = {}  # by version: the actor workers run in numpy, if any
         # What a worker restored from a checkpoint acts with (version, spec, acting state), until its next sync.
         self._restored: list[tuple[int, str, dict[str, np.ndarray]] | None] = [None] * num_workers
+        self._spec_memo: tuple[PolicySpec, dict[str, Any], str] | None = None  # see _spec_forms
 
     # ------------------------------------------------------------------ versions
     def is_new_agent(self, agent: ActorCritic) -> bool:
@@ -250,11 +251,24 @@ class PolicySync:
     def _source(self, w: int, agent: ActorCritic) -> tuple[int, Words | dict[str, np.ndarray]] | None:
         """``(version, words or acting state)`` of the policy worker ``w`` acts with, or None if unknown."""
         base, restored = self._bases[w], self._restored[w]
-        if base is not None and base in self._words and self._specs[w] == agent.spec.to_json():
+        if base is None and restored is None:
+            return None
+        spec_json, spec_text = self._spec_forms(agent.spec)
+        if base is not None and base in self._words and self._specs[w] == spec_json:
             return base, self._words[base]
-        if restored is not None and restored[1] == _canonical(agent.spec.to_json()):
+        if restored is not None and restored[1] == spec_text:
             return restored[0], restored[2]
         return None
+
+    def _spec_forms(self, spec: PolicySpec) -> tuple[dict[str, Any], str]:
+        """``spec``'s JSON form and canonical text, kept while it equals the last one asked for: every worker asks
+        at every rollout, and comparing two specs costs a fraction of building the form again."""
+        memo = self._spec_memo
+        if memo is None or memo[0] != spec:
+            form = spec.to_json()
+            # A copy, so that kwargs changed in place later do not change the memo's key with them.
+            memo = self._spec_memo = (copy.deepcopy(spec), form, _canonical(form))
+        return memo[1], memo[2]
 
     def behaviour_logp(self, w: int, version: int, agent: ActorCritic, states: torch.Tensor,
                        actions: torch.Tensor) -> np.ndarray:
