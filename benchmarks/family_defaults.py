@@ -16,6 +16,8 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
   default before AAPS + bf16 became it), which isolates what the frugal default costs in return;
 - ``frugal-nopreset``: ``frugal`` with ``--preset family:F``, F the env's family: on an env that has a preset, what
   the same command gives an env nobody tuned (the learning suite's envs: ``--envs CartPole-v1 ... --steps N``);
+- ``frugal-nopreset-image``: MinAtar's grids with the ``image`` fallback, what they got before the ``grid``
+  family (chosen on MinAtar Space Invaders with the ``frugal-discrete`` side, whose settings it has);
 - ``frugal-discrete``: the same with ``--preset family:discrete``; ``frugal-discrete-sb3`` with SB3's PPO defaults
   on top, the candidate chosen on Acrobot-v1 against the discrete fallback of the time (CleanRL ``ppo.py``'s
   settings, its runs cached as ``frugal-discrete-cleanrl``), and that fallback since (``--sides``);
@@ -26,6 +28,7 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
   constant rate tried on LunarLanderContinuous-v3 with no preset;
 - ``impala`` and ``impala-every``: the same two with ``frugalrl train impala`` (``--sides``);
 - ``sb3``: ``PPO("MlpPolicy", make_vec_env(X, n_envs=1, seed=S), seed=S, device="cpu")``: SB3's defaults.
+  ``MinAtar-Breakout`` (the learning suite's key) is built by its factory on both sides (:data:`FACTORIES`).
 
 Evaluation: ``EVAL_EPISODES`` deterministic episodes after the last update. frugalrl plays them on a fresh env
 seeded ``10000 + S + i`` (its run evaluation); SB3's ``evaluate_policy(deterministic=True)`` on a fresh
@@ -57,11 +60,17 @@ STEPS = 200_000
 EVAL_EPISODES = 10  # frugalrl's RunConfig.eval_episodes default
 EVAL_SEED = 10_000  # frugalrl.evaluation.EVAL_SEED
 SIDES = ["frugal", "frugal-every", "sb3"]
+#: Envs built by a factory rather than a Gymnasium id: name → (factory path, its kwargs). SB3's plain default for
+#: MinAtar's 10×10 grids is its MlpPolicy: its CnnPolicy (NatureCNN) needs frames of at least 36×36.
+FACTORIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "MinAtar-Breakout": ("frugalrl.envs.minatar:make_minatar", {"game": "breakout"}),
+    "MinAtar-SpaceInvaders": ("frugalrl.envs.minatar:make_minatar", {"game": "space_invaders"})}
 EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
 #: Side → (algorithm, flags over the env, budget and seed).
 EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "frugal-discrete": ("ppo", ["--preset", "family:discrete"]),
          "frugal-nopreset": ("ppo", ["--preset", "family:{family}"]),
+         "frugal-nopreset-image": ("ppo", ["--preset", "family:image"]),
          "frugal-discrete-sb3": ("ppo", ["--preset", "family:discrete", "--envs-per-worker", "1", "--num-steps", "1024",
                                          "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
                                          "--ent-coef", "0.0"]),
@@ -82,11 +91,14 @@ RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
 def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
     """The CLI run of one frugalrl side: only the env, budget and seed change the training."""
     algo, flags = EXTRA[side]
+    env_arg, kwargs = FACTORIES.get(env, (env, None))
     if any("{family}" in f for f in flags):
         from frugalrl.presets import env_family
 
-        flags = [f.format(family=env_family(env)) for f in flags]
-    return [sys.executable, "-m", "frugalrl.cli", "train", algo, "--env", env, "--total-timesteps", str(steps),
+        flags = [f.format(family=env_family(env_arg, kwargs)) for f in flags]
+    if kwargs:
+        flags = ["--env-kwargs", json.dumps(kwargs), *flags]
+    return [sys.executable, "-m", "frugalrl.cli", "train", algo, "--env", env_arg, "--total-timesteps", str(steps),
             "--seed", str(seed), *flags, "--torch-threads", "1", "--run-dir", str(CACHE / "runs"),
             "--run-name", f"{side}-{env}-s{seed}", "--no-progress", "--no-tensorboard", "--no-plots"]
 
@@ -128,11 +140,18 @@ def _sb3_main(env: str, seed: int, steps: int) -> None:
     from stable_baselines3.common.evaluation import evaluate_policy
 
     torch.set_num_threads(1)
-    model = PPO("MlpPolicy", make_vec_env(env, n_envs=1, seed=seed), seed=seed, device="cpu")
+    if env in FACTORIES:
+        from frugalrl.envs.spec import to_env_spec
+
+        factory, kwargs = FACTORIES[env]
+        env_id: Any = to_env_spec(factory, kwargs).make  # the env frugalrl's workers build
+    else:
+        env_id = env
+    model = PPO("MlpPolicy", make_vec_env(env_id, n_envs=1, seed=seed), seed=seed, device="cpu")
     t0 = time.monotonic()
     model.learn(total_timesteps=steps)
     train_seconds = time.monotonic() - t0
-    eval_env = make_vec_env(env, n_envs=1, seed=EVAL_SEED + seed)
+    eval_env = make_vec_env(env_id, n_envs=1, seed=EVAL_SEED + seed)
     mean, std = evaluate_policy(model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
     print(json.dumps({"return": float(mean), "return_std": float(std), "eval_episodes": EVAL_EPISODES,
                       "env_steps": int(model.num_timesteps), "train_seconds": train_seconds,

@@ -84,14 +84,16 @@ def test_the_family_is_picked_from_the_spaces():
     from gymnasium import spaces
 
     vector, frames = spaces.Box(-1, 1, (3,)), spaces.Box(0, 255, (4, 84, 84), dtype="uint8")
+    grid = spaces.Box(0, 1, (10, 10, 4), dtype=bool)  # MinAtar's
     assert presets.family_of(vector, spaces.Box(-1, 1, (2,))) == "continuous"
     assert presets.family_of(vector, spaces.Discrete(3)) == "discrete"
     assert presets.family_of(vector, spaces.MultiDiscrete([2, 3])) == "discrete"
     assert presets.family_of(frames, spaces.Discrete(6)) == "image"
     assert presets.family_of(frames, spaces.Box(-1, 1, (3,))) == "image"  # the observations decide first
+    assert presets.family_of(grid, spaces.Discrete(6)) == "grid"
     assert presets.resolve("ppo", "MountainCarContinuous-v0")[1] == "family:continuous"
     assert presets.resolve("ppo", "FrozenLake-v1")[1] == "family:discrete"  # one-hot observations: a vector
-    assert set(presets.families("ppo")) == {"continuous", "discrete", "image"}
+    assert set(presets.families("ppo")) == {"continuous", "discrete", "image", "grid"}
     values, name = presets.resolve("ppo", "CartPole-v1", "family:image")  # asked for by name
     assert name == "family:image" and values["clip_coef"] == 0.1
     for family in presets.families("ppo"):

@@ -4,8 +4,8 @@ per family of envs for the envs that have none.
 Each file maps an env (a Gymnasium id, or a ``module:function`` factory) to field values of the algorithm's
 config, with ``_source`` saying where they come from. ``frugalrl train ALGO --env X`` starts from X's preset
 when there is one; when there is none and the file has ``_families`` (PPO's), from the entry of X's family,
-chosen by its spaces (:func:`family_of`: ``continuous``, ``discrete`` or ``image``), so that a continuous-control
-task does not inherit Atari's settings. Flags given on the command line override either.
+chosen by its spaces (:func:`family_of`: ``continuous``, ``discrete``, ``image`` or ``grid``), so that a
+continuous-control task does not inherit Atari's settings. Flags given on the command line override either.
 ``--preset NAME`` takes the preset of another env id, ``--preset family:continuous`` a family's, ``--preset
 FILE.json`` a file of your own (one set of fields, or a mapping env -> fields as here), ``--preset none`` the
 config's defaults. In Python: ``frugalrl.presets.make_config("ppo", "LunarLander-v3", seed=2)``. The config
@@ -27,8 +27,8 @@ AUTO = "auto"
 NONE = "none"
 FAMILY = "family:"
 """Prefix of a family's preset name (``family:continuous``)."""
-Family = Literal["continuous", "discrete", "image"]
-"""Families of envs that get their own fallback: Box actions, other actions, image observations."""
+Family = Literal["continuous", "discrete", "image", "grid"]
+"""Families of envs that get their own fallback: Box actions, other actions, image frames, small grids."""
 
 
 def _file(algo: str) -> dict[str, Any]:
@@ -48,14 +48,16 @@ def families(algo: str) -> dict[str, dict[str, Any]]:
 
 
 def family_of(observation_space: gym.Space, action_space: gym.Space) -> Family:
-    """The family of an env with these (single-env) spaces: ``image`` for observations that ``--net auto`` gives a
-    CNN (uint8 frames, small grids), else ``continuous`` for Box actions, else ``discrete``."""
+    """The family of an env with these (single-env) spaces: ``image`` for uint8 frames and ``grid`` for small
+    (H, W, C) grids (what ``--net auto`` gives a CNN, :func:`frugalrl.nets.image_layout`), else ``continuous`` for
+    Box actions, else ``discrete``."""
     import gymnasium as gym
 
     from frugalrl.nets import image_layout
 
-    if image_layout(observation_space) is not None:
-        return "image"
+    layout = image_layout(observation_space)
+    if layout is not None:
+        return "image" if layout == "frames" else "grid"
     return "continuous" if isinstance(action_space, gym.spaces.Box) else "discrete"
 
 
@@ -121,8 +123,8 @@ def overview(algo: str) -> str:
         return ""
     text = f"Defaults come from the env's preset if it has one ({', '.join(table)})"
     if fallbacks:
-        text += (f", else from its family's ({', '.join(fallbacks)}, by its spaces: image observations, else Box "
-                 "actions, else discrete)")
+        text += (f", else from its family's ({', '.join(fallbacks)}, by its spaces: image frames, small grids, "
+                 "else Box actions, else discrete)")
     return text + ", else from the dataclass; flags override them, --preset none skips them."
 
 
