@@ -60,3 +60,18 @@ def test_aaps_guard_prevents_a_stale_policy_and_the_run_reports_one(tmp_path):
     assert min(guarded["weight_syncs"]["per_worker"]) >= 2
     assert not guarded["sync_stalls"]
     assert guarded["train_return_mean_last100"] > stale["train_return_mean_last100"] + 50
+
+
+@pytest.mark.timeout(120)
+def test_a_short_run_whose_workers_keep_their_first_policy_says_so(tmp_path):
+    """Six updates too small for AAPS's KL to reach δ, and no lag guard: the stall watch's window never fills, so
+    the end of the run reports that the workers still act with their first policy (BipedalWalker's preset at 5
+    updates did this, docs/benchmarks.md#learning-suite-frugalrl-ppo-against-sb3)."""
+    base = dict(env="CartPole-v1", sync="aaps", max_policy_lag=None, learning_rate=1e-9, anneal_lr=False,
+                total_timesteps=6 * 2 * 4 * 128, num_steps=128, envs_per_worker=4, eval_episodes=1,
+                run_dir=str(tmp_path), **QUIET)
+    s = train(PPOConfig(**base, run_name="stale"))
+    assert s["updates"] == 6 and s["weight_syncs"]["per_worker"] == [1, 1]
+    assert len(s["sync_stalls"]) == 1 and "ended this 6-update run" in s["sync_stalls"][0]["message"]
+    every = train(PPOConfig(**{**base, "sync": "every"}, run_name="every"))
+    assert not every["sync_stalls"]

@@ -366,9 +366,11 @@ class StallWatch:
         self.returns: list[float | None] = []
         self.stalled = False
         self.events: list[dict[str, Any]] = []
+        self.rule = ""  # the sync rule, as the last update named it
 
     def observe(self, step: int, lag: float, train_return: float | None, rule: str) -> str | None:
         """Record one update; return a message the first time a stall shows (None otherwise)."""
+        self.rule = rule
         self.lags.append(float(lag))
         self.returns.append(train_return)
         w = self.window
@@ -389,6 +391,21 @@ class StallWatch:
                    "(set a max policy lag, a smaller KL threshold, or sync every update)")
         self.events.append({"step": int(step), "lag": round(float(np.mean(self.lags[-w:])), 2),
                             "train_return": None if not now else round(float(np.mean(now)), 3), "message": message})
+        return message
+
+    def at_end(self, step: int) -> str | None:
+        """At the end of a run that reported no stall: a message if its last batch came from policies at least half
+        the run (and 3 updates) old. A run of a few large updates is too short for the window above, and there
+        AAPS's KL can stay under δ to the end with its lag guard out of reach: the workers keep their first policy
+        while the learner moves on."""
+        n = len(self.lags)
+        if n < 3 or self.events or self.lags[-1] < max(3.0, n / 2):
+            return None
+        message = (f"the workers ended this {n}-update run acting with a policy {self.lags[-1]:.0f} updates old: the "
+                   f"sync rule {self.rule} sent few weights for a run this short (sync every update, or set a max "
+                   f"policy lag below {n})")
+        self.events.append({"step": int(step), "lag": round(self.lags[-1], 2), "train_return": None,
+                            "message": message})
         return message
 
 

@@ -495,6 +495,9 @@ class RunRecorder:
             if best.exists():
                 regression["message"] += f"; the policy of that evaluation is {best} (frugalrl eval {self.directory.dir} --checkpoint best)"
             log.warning("frugalrl: %s", regression["message"])
+        stale = self.stall_watch.at_end(self.env_steps)
+        if stale is not None:
+            log.warning("frugalrl: %s", stale)
         summary = RunSummary(
             algo=self.algo,
             env_id=str(cfg.env_kwargs.get("env_id", cfg.env)),
