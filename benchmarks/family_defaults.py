@@ -51,7 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from learning_suite import return_ratio
+from learning_suite import ENVS as SUITE_ENVS
+from learning_suite import MINATAR, return_ratio
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = RESULTS / "family_defaults"
@@ -64,8 +65,8 @@ SIDES = ["frugal", "frugal-every", "sb3"]
 #: Envs built by a factory rather than a Gymnasium id: name → (factory path, its kwargs). SB3's plain default for
 #: MinAtar's 10×10 grids is its MlpPolicy: its CnnPolicy (NatureCNN) needs frames of at least 36×36.
 FACTORIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "MinAtar-Breakout": ("frugalrl.envs.minatar:make_minatar", {"game": "breakout"}),
-    "MinAtar-SpaceInvaders": ("frugalrl.envs.minatar:make_minatar", {"game": "space_invaders"})}
+    "MinAtar-Breakout": (MINATAR, SUITE_ENVS["MinAtar-Breakout"]["env_kwargs"]),
+    "MinAtar-SpaceInvaders": (MINATAR, {"game": "space_invaders"})}
 EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
 #: Side → (algorithm, flags over the env, budget and seed).
 EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),

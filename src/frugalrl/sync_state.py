@@ -123,7 +123,7 @@ class PolicySync:
         if v not in self._words:
             state = {k: t.detach().cpu().numpy() for k, t in acting_state(agent).items()}
             self._words[v] = to_words(state, self.weights_codec, getattr(agent, "exact_tensors", ()))
-            self._spec = agent.spec.to_json()
+            self._spec = self._spec_forms(agent.spec)[0]
         return self._words[v]
 
     def message(self, agent: ActorCritic, w: int | None = None) -> Message:

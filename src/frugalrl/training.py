@@ -495,7 +495,8 @@ class RunRecorder:
             if best.exists():
                 regression["message"] += f"; the policy of that evaluation is {best} (frugalrl eval {self.directory.dir} --checkpoint best)"
             log.warning("frugalrl: %s", regression["message"])
-        stale = self.stall_watch.at_end(self.env_steps)
+        # A run stopped by a signal has not ended: its resumption is judged when it does.
+        stale = self.stall_watch.at_end(self.env_steps) if evaluate else None
         if stale is not None:
             log.warning("frugalrl: %s", stale)
         summary = RunSummary(
