@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from frugalrl import AAPS, ClusterEnv, EveryUpdate, Interval, dists, make_agent
+from frugalrl.algos.ppo import PPOConfig
 from frugalrl.nets import acting_state
-from frugalrl.sync import SyncContext, make_sync_rule
+from frugalrl.sync import SyncContext, lag_guard, make_sync_rule
 from frugalrl.wire.uplink import UplinkOptions
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,6 +60,18 @@ def test_adaptive_kl_max_lag():
     c = ctx(10, [9, 7, 6, 10], {0: 0.0, 1: 0.0, 2: 0.0})
     assert rule.select(c) == [1, 2]
     assert c.asked == [0]  # lagging workers are synced without computing their KL
+
+
+def test_lag_guard_shrinks_with_a_short_run():
+    """A tenth of the run's updates, at least 1 and at most max_lag; None without max_lag or without a share."""
+    assert [lag_guard(20, 0.1, n) for n in (1, 5, 19, 61, 195, 200, 4000)] == [1, 1, 1, 6, 19, 20, 20]
+    assert lag_guard(None, 0.1, 5) is None and lag_guard(20, None, 5) == 20
+    cfg = PPOConfig(env="BipedalWalker-v3", workers=2, envs_per_worker=16, num_steps=2048, total_timesteps=327_680)
+    assert cfg.num_updates == 5 and cfg.sync_rule() == AAPS(0.05, max_lag=1)
+    assert PPOConfig(env="CartPole-v1", total_timesteps=327_680).sync_rule() == AAPS(0.05, max_lag=20)
+    assert PPOConfig(env="CartPole-v1", max_policy_lag=None).sync_rule() == AAPS(0.05, max_lag=None)
+    with pytest.raises(ValueError, match="max_policy_lag_fraction"):
+        PPOConfig(env="CartPole-v1", max_policy_lag_fraction=0.0).validate()
 
 
 def test_make_sync_rule():

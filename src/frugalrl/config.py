@@ -29,7 +29,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from frugalrl.sync import SyncRule, make_sync_rule
+from frugalrl.sync import SyncRule, lag_guard, make_sync_rule
 from frugalrl.wire.uplink import Behaviour, ObsCodec, Uplink, UplinkOptions
 
 Backend = Literal["serial", "local", "ray"]
@@ -210,6 +210,10 @@ class ClusterConfig(ConfigPart):
     """AAPS's guard: a worker whose policy is this many learner updates old gets the weights whatever the KL
     (its KL is measured on states its own stale policy visits, and can stay under δ while the learner has
     moved on); None: KL only."""
+    max_policy_lag_fraction: float | None = 0.1
+    """The guard is also at most this share of the run's updates (rounded down, at least 1 update), so that a run
+    of a few large updates still refreshes its workers: in a 5-update run no worker acts with a policy more than
+    one update old. None: max_policy_lag alone."""
     sync_interval: int = 1
     """n of the 'interval' rule."""
     weights_codec: WeightsCodec = "bf16"
@@ -262,6 +266,7 @@ class ClusterConfig(ConfigPart):
                      positive=("kl_threshold", "worker_memory_mb"))
         if self.max_policy_lag is not None:
             check_fields(self, positive_ints=("max_policy_lag",))
+        check_fields(self, positive=("max_policy_lag_fraction",), unit=("max_policy_lag_fraction",))
         self.sync_rule()
         self.uplink_options()
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
@@ -284,7 +289,8 @@ class ClusterConfig(ConfigPart):
 
     def sync_rule(self) -> SyncRule:
         """The weight-sync rule these fields describe."""
-        return make_sync_rule(self.sync, self.kl_threshold, self.sync_interval, self.max_policy_lag)
+        guard = lag_guard(self.max_policy_lag, self.max_policy_lag_fraction, self.num_updates)
+        return make_sync_rule(self.sync, self.kl_threshold, self.sync_interval, guard)
 
 
 @dataclass(kw_only=True)

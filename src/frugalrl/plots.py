@@ -82,6 +82,19 @@ def aaps_delta(config: dict[str, Any], summary: dict[str, Any] | None = None) ->
     return None
 
 
+def aaps_lag_guard(config: dict[str, Any], summary: dict[str, Any] | None = None) -> int | None:
+    """The lag guard an AAPS run applied: from the rule the summary names (``aaps(0.05, lag<=8)``; the guard
+    can be a share of the run's updates), else ``max_policy_lag`` from ``config.json``."""
+    rule = str(((summary or {}).get("details") or {}).get("sync_rule", ""))
+    if rule.startswith("aaps(") and "lag<=" in rule:
+        try:
+            return int(rule.split("lag<=")[1].rstrip(")"))
+        except ValueError:
+            pass
+    lag = config.get("max_policy_lag")
+    return int(lag) if isinstance(lag, int) and not isinstance(lag, bool) else None
+
+
 def _byte_kinds(rows: list[dict[str, Any]]) -> list[str]:
     """The ``bytes/<kind>`` columns (``total`` excluded) that count anything."""
     kinds: set[str] = set()
@@ -175,7 +188,7 @@ def make_plots(run_dir: str | Path, out_dir: str | Path | None = None) -> list[P
         written.append(path)
     delta = aaps_delta(config, summary)
     if delta is not None:
-        path = _kl_vs_delta(rows, delta, config.get("max_policy_lag"), out / "kl_vs_delta.png", title)
+        path = _kl_vs_delta(rows, delta, aaps_lag_guard(config, summary), out / "kl_vs_delta.png", title)
         if path is not None:
             written.append(path)
     return written

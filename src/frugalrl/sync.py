@@ -139,6 +139,17 @@ class AAPS(SyncRule):
         return f"aaps({self.delta:g})" if self.max_lag is None else f"aaps({self.delta:g}, lag<={self.max_lag})"
 
 
+def lag_guard(max_lag: int | None, fraction: float | None, num_updates: int) -> int | None:
+    """AAPS's guard for a run of ``num_updates`` updates: ``max_lag``, lowered to ``fraction`` of the run
+    (rounded down, at least 1) where that is smaller; None without ``max_lag`` (KL only).
+
+    A fixed guard of 20 is out of reach in a run of 5 large updates, where AAPS's KL can stay under δ to the end
+    and the workers keep their first policy (docs/benchmarks.md#aaps-lag-guard)."""
+    if max_lag is None or fraction is None:
+        return max_lag
+    return max(1, min(max_lag, int(fraction * num_updates + 1e-9)))
+
+
 def make_sync_rule(name: str, kl_threshold: float = 0.05, interval: int = 1, max_lag: int | None = 20) -> SyncRule:
     """Build a rule from its CLI name: ``every``, ``interval`` or ``aaps`` (with ``max_lag``, its guard)."""
     name = name.lower()
