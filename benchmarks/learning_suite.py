@@ -14,11 +14,13 @@ seeds 10000 + seed + i, every tenth of the run and at the end; evaluation time i
 - ``frugal-every-fp32``: the same with full fp32 copies of the weights sent to every worker after every update
   (``--weights-delta false``): what the weight bytes are judged against;
 - ``frugal-aaps-lag4`` (a candidate, ``--variants``): ``frugal-aaps-bf16`` with AAPS's lag guard at 4 updates
-  instead of 20;
+  instead of 20; ``frugal-every-bf16`` and ``frugal-aaps-fp32`` (diagnostics): bf16 weights alone, AAPS alone;
+  ``frugal-aaps-fp16``: fp16 weights (as many bytes as bf16's, three more bits of mantissa);
 - ``sb3-zoo``: SB3's PPO with rl-baselines3-zoo's hyperparameters for the env (``ZOO`` below, read from
   ``hyperparams/ppo.yml`` of rl-baselines3-zoo at commit 22e3ff2; VecNormalize where the zoo normalises).
-  MinAtar has no zoo entry: SB3 gets frugalrl's preset there, and frugalrl's network (the MinAtar paper's CNN,
-  :func:`grid_extractor`; both sides had an MLP until 2026-11-25).
+  MinAtar has no zoo entry and no frugalrl preset: SB3 gets the settings frugalrl runs there (the ``grid``
+  family's; rl-zoo's Atari setting until 2026-11-29, when it was frugalrl's preset) and frugalrl's network (the
+  MinAtar paper's CNN, :func:`grid_extractor`; both sides had an MLP until 2026-11-25).
 - ``impala-copy``, ``impala-int8``, ``impala-full``: ``frugalrl train impala`` with its defaults (and the env's
   impala preset, if any), AAPS on (δ = 0.05, max lag 20), actors running an exact learner copy, ``int8,onnx``,
   or ``prune:0.5,distill,int8,onnx``, with the default Monitor (the compression guard). Their budget is the
@@ -97,20 +99,25 @@ ZOO: dict[str, dict[str, Any]] = {
     "Walker2d-v5": dict(normalize=True, n_envs=1, batch_size=32, n_steps=512, gamma=0.99, learning_rate=5.05041e-05,
                         ent_coef=0.000585045, clip_range=0.1, n_epochs=20, gae_lambda=0.95, max_grad_norm=1,
                         vf_coef=0.871923),
-    # no zoo entry: frugalrl's MinAtar preset in SB3's terms
-    "MinAtar-Breakout": dict(n_envs=16, n_steps=128, batch_size=256, gae_lambda=0.95, gamma=0.99, n_epochs=4,
-                             ent_coef=0.01, learning_rate="lin_2.5e-4", clip_range="lin_0.1"),
+    # no zoo entry: what frugalrl runs on MinAtar (the grid family, SB3's PPO defaults with an annealed rate and
+    # frugalrl's value weight, ½(R − V)² × 0.5) in SB3's terms; until 2026-11-29 a preset, rl-zoo's Atari setting:
+    # n_envs=16, n_steps=128, batch_size=256, n_epochs=4, ent_coef=0.01, lin_2.5e-4, lin_0.1
+    "MinAtar-Breakout": dict(n_envs=2, n_steps=1024, batch_size=64, gae_lambda=0.95, gamma=0.99, n_epochs=10,
+                             ent_coef=0.0, learning_rate="lin_3e-4", clip_range=0.2, vf_coef=0.25),
 }
 
 PPO_VARIANTS = ("frugal-aaps-bf16", "frugal-every-fp32", "sb3-zoo")
 IMPALA_VARIANTS = ("impala-copy", "impala-int8", "impala-full")
 #: Candidates tried on tuning seeds (``--seeds 11 12 13 --cache ...``), not reported as suite rows.
-CANDIDATES = ("frugal-aaps-lag4",)
+CANDIDATES = ("frugal-aaps-lag4", "frugal-every-bf16", "frugal-aaps-fp32", "frugal-aaps-fp16")
 VARIANTS = PPO_VARIANTS + IMPALA_VARIANTS + ("impala-every-copy",) + CANDIDATES
 FULL = ["--weights-delta", "false"]
 FRUGAL_FLAGS = {"frugal-aaps-bf16": ["--sync", "aaps", "--weights-codec", "bf16"],
                 "frugal-every-fp32": ["--sync", "every", "--weights-codec", "fp32", *FULL],
                 "frugal-aaps-lag4": ["--sync", "aaps", "--weights-codec", "bf16", "--max-policy-lag", "4"],
+                "frugal-every-bf16": ["--sync", "every", "--weights-codec", "bf16"],
+                "frugal-aaps-fp32": ["--sync", "aaps", "--weights-codec", "fp32"],
+                "frugal-aaps-fp16": ["--sync", "aaps", "--weights-codec", "fp16"],
                 "impala-copy": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "none", *FULL],
                 "impala-int8": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "int8,onnx"],
                 "impala-full": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "prune:0.5,distill,int8,onnx"],
@@ -141,7 +148,7 @@ def run_frugal(key: str, variant: str, seed: int) -> dict[str, Any]:
     from frugalrl.algos import algorithm
 
     spec, algo, steps = ENVS[key], algo_of(variant), budget(key, variant)
-    values, name = presets.resolve(algo, spec["env"])
+    values, name = presets.resolve(algo, spec["env"], env_kwargs=spec.get("env_kwargs"))
     defaults = algorithm(algo).load()[1]()
     batch = (values.get("workers", defaults.workers) * values.get("envs_per_worker", defaults.envs_per_worker)
              * values.get("num_steps", defaults.num_steps))

@@ -52,7 +52,7 @@ def test_train_eval_plots(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "weight syncs" in done.stdout
     summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
-    assert summary["details"]["sync_rule"] == "aaps(0.05, lag<=20)"
+    assert summary["details"]["sync_rule"] == "aaps(0.05, lag<=4)"  # the guard: a quarter of 16 updates
     assert summary["env_steps"] == 2048
     config = json.loads((tmp_path / "tiny" / "config.json").read_text())
     assert config["workers"] == 2 and config["sync"] == "aaps"

@@ -7,11 +7,15 @@ that AAPS cannot leave its workers on a stale policy.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from frugalrl import presets
 from frugalrl.algos import load_policy
 from frugalrl.algos.ppo import PPOConfig, train
+from frugalrl.driver import Callback
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import EVAL_SEED, evaluate
 
@@ -75,3 +79,24 @@ def test_a_short_run_whose_workers_keep_their_first_policy_says_so(tmp_path):
     assert len(s["sync_stalls"]) == 1 and "ended this 6-update run" in s["sync_stalls"][0]["message"]
     every = train(PPOConfig(**{**base, "sync": "every"}, run_name="every"))
     assert not every["sync_stalls"]
+    # The default guard (a quarter of a 6-update run: 1 update) syncs every update: nothing to say.
+    guarded = train(PPOConfig(**{k: v for k, v in base.items() if k != "max_policy_lag"}, run_name="guarded"))
+    assert guarded["details"]["sync_rule"] == "aaps(0.05, lag<=1)" and not guarded["sync_stalls"]
+    # A run stopped by a signal has not ended: it will be resumed, so its lag is no verdict on the run.
+    inherited = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        cut = train(PPOConfig(**base, run_name="cut"), callbacks=[_SignalAt(5)])
+    finally:
+        signal.signal(signal.SIGTERM, inherited)
+    assert cut["stop_reason"] == "preempted" and cut["updates"] == 5 and not cut["sync_stalls"]
+
+
+class _SignalAt(Callback):
+    """Sends this process SIGTERM after update ``at``, as a scheduler would."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_update(self, run, update, row):
+        if run.updates == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -17,6 +17,7 @@ from frugalrl.plots import (
     SYNCS,
     _sync_events,
     aaps_delta,
+    aaps_lag_guard,
     differing_keys,
     make_overlay,
     make_plots,
@@ -140,6 +141,13 @@ def test_delta_from_config_or_summary():
     assert aaps_delta({}, {"details": {"sync_rule": "aaps(0.1, lag<=20)"}}) == 0.1
     assert aaps_delta({}, {"details": {"sync_rule": "aaps(0.03)"}}) == 0.03
     assert aaps_delta({}, {}) is None
+
+
+def test_lag_guard_is_the_one_the_run_applied():
+    """The summary's rule names the guard a run used (a share of a short run's updates), config.json the field."""
+    assert aaps_lag_guard({"max_policy_lag": 20}, {"details": {"sync_rule": "aaps(0.05, lag<=1)"}}) == 1
+    assert aaps_lag_guard({"max_policy_lag": 20}, {}) == 20
+    assert aaps_lag_guard({"max_policy_lag": None}, {"details": {"sync_rule": "aaps(0.05)"}}) is None
 
 
 def test_cli_one_run_or_an_overlay(runs, tmp_path, monkeypatch, capsys):

@@ -63,9 +63,9 @@ def test_adaptive_kl_max_lag():
 
 
 def test_lag_guard_shrinks_with_a_short_run():
-    """A tenth of the run's updates, at least 1 and at most max_lag; None without max_lag or without a share."""
-    assert [lag_guard(20, 0.1, n) for n in (1, 5, 19, 61, 195, 200, 4000)] == [1, 1, 1, 6, 19, 20, 20]
-    assert lag_guard(None, 0.1, 5) is None and lag_guard(20, None, 5) == 20
+    """A quarter of the run's updates, at least 1 and at most max_lag; None without max_lag or without a share."""
+    assert [lag_guard(20, 0.25, n) for n in (1, 5, 8, 61, 80, 4000)] == [1, 1, 2, 15, 20, 20]
+    assert lag_guard(None, 0.25, 5) is None and lag_guard(20, None, 5) == 20
     cfg = PPOConfig(env="BipedalWalker-v3", workers=2, envs_per_worker=16, num_steps=2048, total_timesteps=327_680)
     assert cfg.num_updates == 5 and cfg.sync_rule() == AAPS(0.05, max_lag=1)
     assert PPOConfig(env="CartPole-v1", total_timesteps=327_680).sync_rule() == AAPS(0.05, max_lag=20)

@@ -210,10 +210,10 @@ class ClusterConfig(ConfigPart):
     """AAPS's guard: a worker whose policy is this many learner updates old gets the weights whatever the KL
     (its KL is measured on states its own stale policy visits, and can stay under δ while the learner has
     moved on); None: KL only."""
-    max_policy_lag_fraction: float | None = 0.1
+    max_policy_lag_fraction: float | None = 0.25
     """The guard is also at most this share of the run's updates (rounded down, at least 1 update), so that a run
     of a few large updates still refreshes its workers: in a 5-update run no worker acts with a policy more than
-    one update old. None: max_policy_lag alone."""
+    one update old; from 80 updates on, max_policy_lag alone applies. None: max_policy_lag alone."""
     sync_interval: int = 1
     """n of the 'interval' rule."""
     weights_codec: WeightsCodec = "bf16"

@@ -140,7 +140,7 @@ class AAPS(SyncRule):
 
 
 def lag_guard(max_lag: int | None, fraction: float | None, num_updates: int) -> int | None:
-    """AAPS's guard for a run of ``num_updates`` updates: ``max_lag``, lowered to ``fraction`` of the run
+    """AAPS's guard for a run of ``num_updates`` updates: ``max_lag``, lowered to a ``fraction`` of the run
     (rounded down, at least 1) where that is smaller; None without ``max_lag`` (KL only).
 
     A fixed guard of 20 is out of reach in a run of 5 large updates, where AAPS's KL can stay under δ to the end
