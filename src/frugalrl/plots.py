@@ -65,6 +65,11 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _sync_rule(summary: dict[str, Any] | None) -> str:
+    """The rule a run's summary names (``aaps(0.05, lag<=20)``, ``every``), or ''."""
+    return str(((summary or {}).get("details") or {}).get("sync_rule", ""))
+
+
 def aaps_delta(config: dict[str, Any], summary: dict[str, Any] | None = None) -> float | None:
     """δ of a run whose sync rule is AAPS (None for other rules): from ``config.json``, else from the rule
     the summary names (``aaps(0.05, lag<=20)``)."""
@@ -73,7 +78,7 @@ def aaps_delta(config: dict[str, Any], summary: dict[str, Any] | None = None) ->
         if sync.lower() in AAPS_NAMES and _number(config.get("kl_threshold")):
             return float(config["kl_threshold"])
         return None
-    rule = str(((summary or {}).get("details") or {}).get("sync_rule", ""))
+    rule = _sync_rule(summary)
     if rule.startswith("aaps("):
         try:
             return float(rule[5:].split(",")[0].rstrip(")"))
@@ -85,7 +90,7 @@ def aaps_delta(config: dict[str, Any], summary: dict[str, Any] | None = None) ->
 def aaps_lag_guard(config: dict[str, Any], summary: dict[str, Any] | None = None) -> int | None:
     """The lag guard an AAPS run applied: from the rule the summary names (``aaps(0.05, lag<=8)``; the guard
     can be a share of the run's updates), else ``max_policy_lag`` from ``config.json``."""
-    rule = str(((summary or {}).get("details") or {}).get("sync_rule", ""))
+    rule = _sync_rule(summary)
     if rule.startswith("aaps(") and "lag<=" in rule:
         try:
             return int(rule.split("lag<=")[1].rstrip(")"))
