@@ -15,7 +15,8 @@ seeds 10000 + seed + i, every tenth of the run and at the end; evaluation time i
   (``--weights-delta false``): what the weight bytes are judged against;
 - ``frugal-aaps-lag4`` (a candidate, ``--variants``): ``frugal-aaps-bf16`` with AAPS's lag guard at 4 updates
   instead of 20; ``frugal-every-bf16`` and ``frugal-aaps-fp32`` (diagnostics): bf16 weights alone, AAPS alone;
-  ``frugal-aaps-fp16``: fp16 weights (as many bytes as bf16's, three more bits of mantissa);
+  ``frugal-aaps-fp16``: fp16 weights (as many bytes as bf16's, three more bits of mantissa); ``frugal-aaps-d02``:
+  AAPS with δ = 0.02 instead of 0.05 (workers that lag less);
 - ``sb3-zoo``: SB3's PPO with rl-baselines3-zoo's hyperparameters for the env (``ZOO`` below, read from
   ``hyperparams/ppo.yml`` of rl-baselines3-zoo at commit 22e3ff2; VecNormalize where the zoo normalises).
   MinAtar has no zoo entry and no frugalrl preset: SB3 gets the settings frugalrl runs there (the ``grid``
@@ -109,7 +110,7 @@ ZOO: dict[str, dict[str, Any]] = {
 PPO_VARIANTS = ("frugal-aaps-bf16", "frugal-every-fp32", "sb3-zoo")
 IMPALA_VARIANTS = ("impala-copy", "impala-int8", "impala-full")
 #: Candidates tried on tuning seeds (``--seeds 11 12 13 --cache ...``), not reported as suite rows.
-CANDIDATES = ("frugal-aaps-lag4", "frugal-every-bf16", "frugal-aaps-fp32", "frugal-aaps-fp16")
+CANDIDATES = ("frugal-aaps-lag4", "frugal-every-bf16", "frugal-aaps-fp32", "frugal-aaps-fp16", "frugal-aaps-d02")
 VARIANTS = PPO_VARIANTS + IMPALA_VARIANTS + ("impala-every-copy",) + CANDIDATES
 FULL = ["--weights-delta", "false"]
 FRUGAL_FLAGS = {"frugal-aaps-bf16": ["--sync", "aaps", "--weights-codec", "bf16"],
@@ -118,6 +119,7 @@ FRUGAL_FLAGS = {"frugal-aaps-bf16": ["--sync", "aaps", "--weights-codec", "bf16"
                 "frugal-every-bf16": ["--sync", "every", "--weights-codec", "bf16"],
                 "frugal-aaps-fp32": ["--sync", "aaps", "--weights-codec", "fp32"],
                 "frugal-aaps-fp16": ["--sync", "aaps", "--weights-codec", "fp16"],
+                "frugal-aaps-d02": ["--sync", "aaps", "--weights-codec", "bf16", "--kl-threshold", "0.02"],
                 "impala-copy": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "none", *FULL],
                 "impala-int8": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "int8,onnx"],
                 "impala-full": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "prune:0.5,distill,int8,onnx"],
@@ -400,10 +402,11 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
             if variant == "impala-copy":
                 rows[variant]["every_update_weight_bytes_mean"] = float(np.mean(
                     [r["bytes"]["weights"] / r["weight_syncs"] * (r["updates"] + 1) * r["workers"] for r in runs]))
+            # the last three evaluations (the last 30 % of the run): less noisy than the final one alone
+            lates = [float(np.mean([e["mean"] for e in r["eval_history"][-3:]])) for r in runs]
+            rows[variant]["late_return_per_seed"] = lates
+            rows[variant]["late_return_mean"] = float(np.mean(lates))
             if algo_of(variant) == "impala":
-                # the last three evaluations (the last 30 % of the run): less noisy than the final one alone
-                rows[variant]["late_return_mean"] = float(np.mean([np.mean([e["mean"] for e in r["eval_history"][-3:]])
-                                                                   for r in runs]))
                 rows[variant]["learner_share"] = float(np.mean([r["learner_update_seconds"] / r["train_seconds"]
                                                                 for r in runs]))
         impala_rows(rows)
@@ -412,9 +415,18 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
             if sb3 is None or algo_of(variant) != "ppo":
                 continue
             row["return_vs_sb3"] = return_ratio(row["final_return_mean"], sb3["final_return_mean"])
+            row["return_vs_sb3_ci90"] = ratio_interval(row["final_return_per_seed"], sb3["final_return_per_seed"])
+            row["late_return_vs_sb3"] = return_ratio(row["late_return_mean"], sb3["late_return_mean"])
+            row["late_return_vs_sb3_ci90"] = ratio_interval(row["late_return_per_seed"], sb3["late_return_per_seed"])
             row["wall_vs_sb3"] = row["wall_seconds_mean"] / sb3["wall_seconds_mean"]
             row["train_seconds_vs_sb3"] = row["train_seconds_mean"] / sb3["train_seconds_mean"]
-        every, aaps = rows.get("frugal-every-fp32"), rows.get("frugal-aaps-bf16")
+        every = rows.get("frugal-every-fp32")
+        for variant, row in rows.items():  # what the frugal settings cost against full copies after every update
+            if every is not None and variant != "frugal-every-fp32" and variant.startswith("frugal-"):
+                row["return_vs_every_fp32"] = return_ratio(row["final_return_mean"], every["final_return_mean"])
+                row["return_vs_every_fp32_ci90"] = ratio_interval(row["final_return_per_seed"],
+                                                                  every["final_return_per_seed"])
+        aaps = rows.get("frugal-aaps-bf16")
         if every and aaps and aaps["bytes_weights_mean"]:
             aaps["weight_bytes_fewer_than_every_fp32"] = every["bytes_weights_mean"] / aaps["bytes_weights_mean"]
         table[key] = {"steps": spec["steps"], "impala_steps": budget(key, "impala-copy"), "reference": spec["reference"],
@@ -453,6 +465,21 @@ def sample_std(values: list[float]) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
+def ratio_interval(ours: list[float], ref: list[float], level: float = 0.9, draws: int = 10_000) -> list[float] | None:
+    """A percentile bootstrap interval of :func:`return_ratio` of the two means: each side's seeds resampled with
+    replacement, apart (fixed generator, so a report is reproducible). None with fewer than 3 seeds a side. It says
+    how far seed-to-seed spread alone moves the ratio: a target outside it is a real shortfall, one inside it is
+    not resolved at this many seeds."""
+    if min(len(ours), len(ref)) < 3:
+        return None
+    rng = np.random.default_rng(0)
+    a = rng.choice(np.asarray(ours, float), (draws, len(ours))).mean(axis=1)
+    b = rng.choice(np.asarray(ref, float), (draws, len(ref))).mean(axis=1)
+    ratios = [return_ratio(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+    lo, hi = np.percentile(np.asarray(ratios), [50 * (1 - level), 50 * (1 + level)], method="nearest")
+    return [float(lo), float(hi)]
+
+
 def return_ratio(ours: float, ref: float) -> float:
     """``ours / ref`` for positive returns; for negative ones, ``ref / ours`` (closer to zero is better)."""
     if ref > 0:
@@ -464,12 +491,16 @@ def _x(ratio: float | None) -> str:
     return "—" if ratio is None else f"{ratio:.2f}"
 
 
+def _interval(bounds: list[float] | None) -> str:
+    return "—" if bounds is None else f"{bounds[0]:.2f}–{bounds[1]:.2f}"
+
+
 def markdown(table: dict[str, Any], command: str) -> str:
     """The suite's table."""
     lines = [f"`{command}`", "",
-             "| env (steps) | variant | final return (mean ± std, 3 seeds) | × SB3 | stochastic | reached ref. "
-             "| s to ref. (mean) | train s | × SB3 train s | wall s | × SB3 wall | MB total | weight MB | syncs | stuck |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| env (steps) | variant | final return (mean ± std over seeds) | × SB3 | × SB3, 90 % interval | last 3 evals "
+             "| × SB3 | stochastic | reached ref. | s to ref. (mean) | train s | × SB3 train s | wall s | × SB3 wall | MB total | weight MB | syncs | stuck |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, entry in table.items():
         for variant, r in entry["variants"].items():
             if algo_of(variant) == "impala":
@@ -477,8 +508,8 @@ def markdown(table: dict[str, Any], command: str) -> str:
             secs = [t for t in r["seconds_to_reference"] if t is not None]
             lines.append(
                 f"| {key} ({entry['steps'] / 1e3:.0f}k) | {variant} | {r['final_return_mean']:.1f} ± "
-                f"{r['final_return_std']:.1f} | {_x(r.get('return_vs_sb3'))} | "
-                f"{r['stochastic_return_mean']:.1f} | {r['reached_reference']}/{len(r['seeds'])} (≥ {entry['reference']}) | "
+                f"{r['final_return_std']:.1f} | {_x(r.get('return_vs_sb3'))} | {_interval(r.get('return_vs_sb3_ci90'))} | "
+                f"{r['late_return_mean']:.1f} | {_x(r.get('late_return_vs_sb3'))} | {r['stochastic_return_mean']:.1f} | {r['reached_reference']}/{len(r['seeds'])} (≥ {entry['reference']}) | "
                 f"{f'{np.mean(secs):.0f}' if secs else '—'} | {r['train_seconds_mean']:.0f} | "
                 f"{_x(r.get('train_seconds_vs_sb3'))} | {r['wall_seconds_mean']:.0f} | {_x(r.get('wall_vs_sb3'))} | "
                 f"{r['bytes_total_mean'] / 1e6:.1f} | {r['bytes_weights_mean'] / 1e6:.2f} | {r['weight_syncs_mean']:.0f} | "
@@ -519,7 +550,9 @@ def plot(results: dict[str, Any]) -> None:
 
     colors = {"frugal-aaps-bf16": "tab:blue", "frugal-every-fp32": "tab:orange", "sb3-zoo": "k",
               "impala-copy": "tab:green", "impala-int8": "tab:red", "impala-full": "tab:purple",
-              "impala-every-copy": "tab:olive", "frugal-aaps-lag4": "tab:cyan"}
+              "impala-every-copy": "tab:olive", "frugal-aaps-lag4": "tab:cyan", "frugal-every-bf16": "tab:brown",
+              "frugal-aaps-fp32": "tab:pink", "frugal-aaps-fp16": "tab:gray",
+              "frugal-aaps-d02": "goldenrod"}
     for key in ENVS:
         runs = [r for r in results.values() if r["env"] == key]
         if not runs:

@@ -161,6 +161,33 @@ def t_learning_suite_ppo(name: str) -> list[Table]:
                   [s.command() if name else "python benchmarks/learning_suite.py"])]
 
 
+def t_learning_suite_seeds(name: str) -> list[Table]:
+    """The suite's PPO rows with the spread over seeds: ratios to SB3 with their bootstrap intervals, of the final
+    evaluation and of the mean of the last three."""
+    s = Source(name)
+    rows = []
+
+    def interval(path: tuple) -> Cell:
+        if s.get(*path) is None:
+            return [DASH]
+        return [s.num(*path, 0, fmt=".2f"), "–", s.num(*path, 1, fmt=".2f")]
+
+    for env, e in s("table").items():
+        for v, r in e["variants"].items():
+            if not v.startswith(("frugal-", "sb3-")):
+                continue
+            p = ("table", env, "variants", v)
+            rows.append([[f"{env} ({e['steps'] / 1e3:.0f}k)"], [v], [str(len(r["seeds"]))],
+                         pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
+                         [opt(s, (*p, "return_vs_sb3"), ".2f")], interval((*p, "return_vs_sb3_ci90")),
+                         [s.num(*p, "late_return_mean")], [opt(s, (*p, "late_return_vs_sb3"), ".2f")],
+                         interval((*p, "late_return_vs_sb3_ci90")), [opt(s, (*p, "return_vs_every_fp32"), ".2f")],
+                         interval((*p, "return_vs_every_fp32_ci90"))])
+    return [Table(["env (steps)", "variant", "seeds", "final return (mean ± std)", "× SB3", "90 % interval",
+                   "last 3 evals", "× SB3", "90 % interval", "× every-update fp32", "90 % interval"], rows, [s.name],
+                  [s.command()])]
+
+
 def t_learning_suite_impala(_: str) -> list[Table]:
     s = Source("learning_suite")
     rows = []
@@ -444,6 +471,7 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "uplink": t_uplink,
     "learning_suite_ppo": t_learning_suite_ppo,  # ARG: learning_suite.py's --out (default learning_suite)
     "learning_suite_impala": t_learning_suite_impala,
+    "learning_suite_seeds": t_learning_suite_seeds,  # ARG: learning_suite.py's --out
     "compress_table6": t_compress_table6,
     "accerl_actor_time": t_accerl_actor_time,
     "impala_ablation": t_impala_ablation,
