@@ -7,7 +7,9 @@ metering replies, AAPS's KL on each worker's states, keeping those states, recom
 log-probabilities from the words each worker holds (the default), assembling the batch. Between two
 rollouts the learner runs a real PPO update (LunarLander's preset), or IMPALA's (V-trace, then its clipped epochs;
 settings ``impala-*``), on the replayed batch, so weights change as in training; its time is reported but is not
-serving. Each (sync setting, worker count) runs in a fresh interpreter
+serving. ``impala-overlap-*`` runs IMPALA's loop as training does: the next rollout, on a thread, while the learner
+updates (the actors a copy of the learner, refreshed between rollouts); the first iteration of every setting is
+not counted. Each (sync setting, worker count) runs in a fresh interpreter
 (its memory per worker is the growth of its resident memory over one worker's).
 
 For scale, it also times a real worker's rollout per env step (8 LunarLander envs, its numpy policy), and turns
@@ -28,6 +30,8 @@ iteration (rollout + update) from those runs are set against those measured at e
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import copy
 import json
 import os
 import platform
@@ -40,14 +44,17 @@ from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
 ENV, K, T = "LunarLander-v3", 8, 64
-SETTINGS = {  # sync rule, weights codec, delta-coded syncs, the learner's update
-    "every-fp32": ("every", "fp32", False, "ppo"),
-    "aaps-fp32": ("aaps", "fp32", False, "ppo"),
-    "aaps-bf16": ("aaps", "bf16", False, "ppo"),
-    "aaps-bf16-delta": ("aaps", "bf16", True, "ppo"),
-    "impala-every-fp32": ("every", "fp32", False, "impala"),
-    "impala-aaps-bf16-delta": ("aaps", "bf16", True, "impala"),
+SETTINGS = {  # sync rule, weights codec, delta-coded syncs, the learner's update, the next rollout during it
+    "every-fp32": ("every", "fp32", False, "ppo", False),
+    "aaps-fp32": ("aaps", "fp32", False, "ppo", False),
+    "aaps-bf16": ("aaps", "bf16", False, "ppo", False),
+    "aaps-bf16-delta": ("aaps", "bf16", True, "ppo", False),
+    "impala-every-fp32": ("every", "fp32", False, "impala", False),
+    "impala-aaps-bf16-delta": ("aaps", "bf16", True, "impala", False),
+    "impala-overlap-aaps-bf16-delta": ("aaps", "bf16", True, "impala", True),
 }
+#: An overlapped setting's model is fitted on its sequential twin (whose phases do not share the learner's core).
+SEQUENTIAL = {"impala-overlap-aaps-bf16-delta": "impala-aaps-bf16-delta"}
 LINKS_GBIT = (1, 10, 25, 100)
 
 
@@ -75,7 +82,7 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
     from frugalrl.sync_state import PolicySync
 
     torch.set_num_threads(1)
-    rule, codec, delta, algo = SETTINGS[setting]
+    rule, codec, delta, algo, overlap = SETTINGS[setting]
     base_rss = _rss_mb()
     env = ClusterEnv(ENV, num_workers=workers, envs_per_worker=K, backend=backend, seed=0, weights_codec=codec,
                      weights_delta=delta, sync=AAPS(0.05) if rule == "aaps" else EveryUpdate())
@@ -84,7 +91,7 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
     agent = make_agent(env.single_observation_space, env.single_action_space)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
     generator = torch.Generator().manual_seed(0)
-    if algo == "impala":  # V-trace, then the clipped epochs (IMPALA's own rollout thread is not emulated)
+    if algo == "impala":  # V-trace, then the clipped epochs
         correctors = parse_correctors(cfg.correct)
 
         def learn(batch: Any) -> None:
@@ -115,25 +122,51 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
     timed(ReplayBackend, "request", "rollout_io", only="rollout")
     timed(cluster_module.ClusterEnv, "_remember", "remember")
     timed(cluster_module, "assemble_rollout", "assemble")
-    env.rollout(agent, T)  # the recordings, the first sync
+    # Overlapped, the workers act with a copy that follows the learner between rollouts, as IMPALA's actors do.
+    actor = copy.deepcopy(agent) if overlap else agent
+    env.rollout(actor, T)  # the recordings, the first sync
     if steps_per_second is not None:
         env.backend.pace(steps_per_second)
     spent.clear()
-    steps, serve, update = 0, 0.0, 0.0
-    for _ in range(updates):
+    steps, serve, update, wait = 0, 0.0, 0.0, 0.0
+
+    def rollout() -> tuple[Any, float]:
         t0 = time.perf_counter()
-        batch = env.rollout(agent, T)
+        return env.rollout(actor, T), time.perf_counter() - t0
+
+    pool = concurrent.futures.ThreadPoolExecutor(1) if overlap else None
+    pending = pool.submit(rollout) if pool is not None else None
+    start = time.perf_counter()
+    for i in range(updates + 1):  # the first iteration is not counted: overlapped, nothing hid its rollout
+        if i == 1:
+            start = time.perf_counter()
+            spent.clear()
+            steps, serve, update, wait = 0, 0.0, 0.0, 0.0
+        t0 = time.perf_counter()
+        batch, seconds = pending.result() if pending is not None else rollout()
+        wait += time.perf_counter() - t0
+        if pool is not None:  # IMPALA's loop: the actors take the learner's weights, the next rollout starts
+            actor.load_state_dict(agent.state_dict())
+            pending = pool.submit(rollout)
         t1 = time.perf_counter()
         learn(batch)
-        serve += t1 - t0
+        serve += seconds
         update += time.perf_counter() - t1
         steps += batch.num_steps * batch.num_envs
+    elapsed = time.perf_counter() - start
+    if pool is not None:
+        assert pending is not None
+        pending.result()  # the rollout still in flight is not counted
+        pool.shutdown()
     bytes_ = env.meter.summary()
     stats = env.stats()
     out = {
-        "setting": setting, "workers": workers, "env_steps": steps,
-        "steps_per_second": steps_per_second, "s_per_iter": (serve + update) / updates,
+        "setting": setting, "workers": workers, "env_steps": steps, "overlap": overlap,
+        "steps_per_second": steps_per_second, "s_per_iter": elapsed / updates,
+        # a rollout's wall time per env step (its serving, and with paced workers their stepping); overlapped, the
+        # learner waited for rollouts only ``wait_us_per_step`` of it
         "serve_us_per_step": serve / steps * 1e6, "update_us_per_step": update / steps * 1e6,
+        "wait_us_per_step": wait / steps * 1e6,
         "phases_us_per_step": {k: v / steps * 1e6 for k, v in sorted(spent.items())},
         "bytes": {"up": bytes_["up"], "down": bytes_["down"], "total": bytes_["total"]},
         "weight_syncs": stats["weight_syncs"]["total"], "rss_mb": _rss_mb() - base_rss,
@@ -193,7 +226,8 @@ def _figures(row: dict[str, Any], rate: float, serve: bool) -> Any:
                       serve_s_per_sample=serve_s if serve else 0.0)
 
 
-def model_check(calibration: list[dict[str, Any]], paced: dict[str, Any], rate: float) -> dict[str, Any]:
+def model_check(calibration: list[dict[str, Any]], paced: dict[str, Any], rate: float,
+                overlap: bool = False) -> dict[str, Any]:
     """:func:`frugalrl.scale_model.predict` from two unpaced rows (``--calibrate``), against a paced row's seconds
     per iteration: the model with its serving term and the update fitted on both rows; with the
     update linear in the batch (one run, as ``frugalrl scale-model`` without ``--update-fit-run``); and as it was
@@ -206,7 +240,7 @@ def model_check(calibration: list[dict[str, Any]], paced: dict[str, Any], rate: 
     for key, fig in (("model", _figures(first, rate, True).with_update_fit(_figures(second, rate, True))),
                      ("model_linear_update", _figures(first, rate, True)),
                      ("model_before", _figures(first, rate, False))):
-        p = predict(fig, paced["workers"], None)
+        p = predict(fig, paced["workers"], None, overlap=overlap)
         out[key] = {"s_per_iter": p["s_per_iter"], "update_s": p["update_s"], "serve_s": p["serve_s"],
                     "error": p["s_per_iter"] / paced["s_per_iter"] - 1}
     return out
@@ -247,7 +281,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     rows, calibrations = [], {}
     for setting in args.settings:
-        calibration = None if pace is None else [run(setting, w, None) for w in args.calibrate]
+        calibration = None if pace is None else [run(SEQUENTIAL.get(setting, setting), w, None)
+                                                 for w in args.calibrate]
         if calibration is not None:
             calibrations[setting] = calibration
         for w in args.workers:
@@ -255,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row["model"] = model(row, worker_us)
             row["serve_vs_worker"] = row["serve_us_per_step"] / worker_us
             if calibration is not None:
-                row["model_check"] = model_check(calibration, row, pace)
+                row["model_check"] = model_check(calibration, row, pace, SETTINGS[setting][4])
             rows.append(row)
             check = "" if calibration is None else (
                 f" s/iter {row['s_per_iter']:.3f} model {row['model_check']['model']['error']:+.1%} "

@@ -75,6 +75,20 @@ def test_serving_moves_from_the_rollout_to_a_per_sample_term():
     assert s["workers_at_core_saturation"] == pytest.approx(1 / ((1 / 10_240 + 1e-5) * 1000))
 
 
+def test_an_overlapped_rollout_hides_behind_the_update_or_the_update_behind_it():
+    """IMPALA's rollout thread: an iteration is the longer of the rollout and the learner core's serving + update."""
+    f = replace(RunFigures.from_summary(summary()), serve_s_per_sample=1e-5)
+    for n in (2, 64):
+        seq, ovl = predict(f, n, None), predict(f, n, None, overlap=True)
+        rollout = ovl["link_s"] + ovl["rollout_compute_s"] + ovl["serve_s"]
+        assert ovl["s_per_iter"] == pytest.approx(max(rollout, ovl["serve_s"] + ovl["update_s"]))
+        assert ovl["s_per_iter"] < seq["s_per_iter"]
+    # at 2 workers the rollout (0.2 s) is longer than the learner's 0.1 s; at 64, the update is the longer
+    assert predict(f, 2, None, overlap=True)["s_per_iter"] == pytest.approx(0.2)
+    p = predict(f, 64, None, overlap=True)
+    assert p["s_per_iter"] == pytest.approx(p["serve_s"] + p["update_s"])
+
+
 def test_an_update_fitted_on_two_batch_sizes_splits_fixed_and_per_sample():
     small = RunFigures.from_summary(summary(workers=2))  # 1024 samples per iteration, 0.1 s of update
     big = RunFigures.from_summary({**summary(workers=8), "details": {**summary()["details"], "workers": 8,

@@ -1,7 +1,8 @@
 """What a ClusterEnv PPO run would cost at N workers: bytes and seconds per iteration, the learner's link and CPU
 load, and the worker count at which either saturates (``frugalrl scale-model RUN_DIR``).
 
-A first-order model of PPO's synchronous loop, read from one measured run (its ``summary.json``):
+A first-order model of PPO's synchronous loop (and, with ``overlap``, of IMPALA's, whose next rollout runs during
+the update), read from one measured run (its ``summary.json``):
 
 - every worker sends ``up`` bytes per env step and receives ``down`` bytes per env step plus, ``q`` times per
   iteration, a weights message of ``w`` bytes (AAPS makes ``q`` < 1; bf16 and deltas make ``w`` small);
@@ -118,10 +119,14 @@ def contention(workers: int, worker_cores: int | None) -> float:
 
 
 def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores: int | None = None,
-            env_scale: float = 1.0) -> dict[str, Any]:
+            env_scale: float = 1.0, overlap: bool = False) -> dict[str, Any]:
     """Bytes and seconds per iteration at ``workers`` workers on a learner link of ``link_gbit`` (None: no limit),
     each worker with ``env_scale`` times the measured run's envs (e.g. ½ for the same total envs on twice the
-    workers): its env steps, experience bytes and compute scale with it; its weights messages do not."""
+    workers): its env steps, experience bytes and compute scale with it; its weights messages do not.
+
+    ``overlap``: the next rollout runs while the learner updates (IMPALA's rollout thread), so an iteration takes
+    the longer of the rollout (transfers, the workers' stepping, its serving) and the learner core's work (serving
+    and update share that core)."""
     up, down = fig.bytes_per_iter(workers, env_scale)
     link_s = 0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)
     compute = (fig.rollout_compute_s() * env_scale * contention(workers, worker_cores)
@@ -129,9 +134,9 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     samples = workers * fig.env_steps_per_worker_iter * env_scale
     update = fig.update_s_per_iter + fig.update_s_per_sample * samples
     serve = fig.serve_s_per_sample * samples
+    s_per_iter = max(link_s + compute + serve, serve + update) if overlap else link_s + compute + serve + update
     return {"workers": workers, "up_bytes_per_iter": up, "down_bytes_per_iter": down, "link_s": link_s,
-            "rollout_compute_s": compute, "serve_s": serve, "update_s": update,
-            "s_per_iter": link_s + compute + serve + update}
+            "rollout_compute_s": compute, "serve_s": serve, "update_s": update, "s_per_iter": s_per_iter}
 
 
 def saturation(fig: RunFigures, step_rate: float | None = None,
