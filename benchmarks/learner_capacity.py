@@ -53,8 +53,6 @@ SETTINGS = {  # sync rule, weights codec, delta-coded syncs, the learner's updat
     "impala-aaps-bf16-delta": ("aaps", "bf16", True, "impala", False),
     "impala-overlap-aaps-bf16-delta": ("aaps", "bf16", True, "impala", True),
 }
-#: An overlapped setting's model is fitted on its sequential twin (whose phases do not share the learner's core).
-SEQUENTIAL = {"impala-overlap-aaps-bf16-delta": "impala-aaps-bf16-delta"}
 LINKS_GBIT = (1, 10, 25, 100)
 
 
@@ -226,6 +224,15 @@ def _figures(row: dict[str, Any], rate: float, serve: bool) -> Any:
                       serve_s_per_sample=serve_s if serve else 0.0)
 
 
+def sequential_twin(setting: str) -> str:
+    """The setting that differs from ``setting`` only in running its rollouts after the update: what an overlapped
+    setting's model is fitted on (its phases do not share the learner's core)."""
+    *same, overlap = SETTINGS[setting]
+    if not overlap:
+        return setting
+    return next(name for name, values in SETTINGS.items() if list(values) == [*same, False])
+
+
 def model_check(calibration: list[dict[str, Any]], paced: dict[str, Any], rate: float,
                 overlap: bool = False) -> dict[str, Any]:
     """:func:`frugalrl.scale_model.predict` from two unpaced rows (``--calibrate``), against a paced row's seconds
@@ -281,8 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     rows, calibrations = [], {}
     for setting in args.settings:
-        calibration = None if pace is None else [run(SEQUENTIAL.get(setting, setting), w, None)
-                                                 for w in args.calibrate]
+        calibration = None if pace is None else [run(sequential_twin(setting), w, None) for w in args.calibrate]
         if calibration is not None:
             calibrations[setting] = calibration
         for w in args.workers:
@@ -290,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row["model"] = model(row, worker_us)
             row["serve_vs_worker"] = row["serve_us_per_step"] / worker_us
             if calibration is not None:
-                row["model_check"] = model_check(calibration, row, pace, SETTINGS[setting][4])
+                row["model_check"] = model_check(calibration, row, pace, row["overlap"])
             rows.append(row)
             check = "" if calibration is None else (
                 f" s/iter {row['s_per_iter']:.3f} model {row['model_check']['model']['error']:+.1%} "

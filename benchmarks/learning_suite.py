@@ -421,11 +421,11 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
             row["wall_vs_sb3"] = row["wall_seconds_mean"] / sb3["wall_seconds_mean"]
             row["train_seconds_vs_sb3"] = row["train_seconds_mean"] / sb3["train_seconds_mean"]
         every = rows.get("frugal-every-fp32")
-        for variant, row in rows.items():  # what the frugal settings cost against full copies after every update
-            if every is not None and variant != "frugal-every-fp32" and variant.startswith("frugal-"):
-                row["return_vs_every_fp32"] = return_ratio(row["final_return_mean"], every["final_return_mean"])
-                row["return_vs_every_fp32_ci90"] = ratio_interval(row["final_return_per_seed"],
-                                                                  every["final_return_per_seed"])
+        frugal = [row for v, row in rows.items() if v.startswith("frugal-") and v != "frugal-every-fp32"]
+        for row in frugal if every is not None else []:  # what the savings cost against every-update fp32
+            row["return_vs_every_fp32"] = return_ratio(row["final_return_mean"], every["final_return_mean"])
+            row["return_vs_every_fp32_ci90"] = ratio_interval(row["final_return_per_seed"],
+                                                              every["final_return_per_seed"])
         aaps = rows.get("frugal-aaps-bf16")
         if every and aaps and aaps["bytes_weights_mean"]:
             aaps["weight_bytes_fewer_than_every_fp32"] = every["bytes_weights_mean"] / aaps["bytes_weights_mean"]
