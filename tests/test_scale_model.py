@@ -124,8 +124,8 @@ def test_bytes_grow_linearly_and_time_never_falls(n: int, m: int, syncs: int):
 
 
 def test_runs_it_cannot_model_say_why():
-    with pytest.raises(ValueError, match="PPO run"):
-        RunFigures.from_summary({**summary(), "algo": "impala"})
+    with pytest.raises(ValueError, match="PPO or IMPALA run"):
+        RunFigures.from_summary({**summary(), "algo": "hsa2c"})
     old = summary()
     del old["details"]["rollout_seconds"]
     with pytest.raises(ValueError, match="rollout_seconds"):
@@ -163,3 +163,25 @@ def test_cli_on_a_real_run(tmp_path, capsys):
     assert "learner's link saturates" in (printed := capsys.readouterr().out) and "its core" in printed
     assert main(["scale-model", str(tmp_path / "missing")]) == 2
     assert "no summary.json" in capsys.readouterr().err
+
+
+def test_an_impala_run_is_modelled_with_its_overlapped_loop(tmp_path, capsys):
+    """IMPALA's summary carries its rollouts and its loop: the model takes the longer of rollout and update unless
+    told otherwise."""
+    assert main(["train", "impala", "--env", "CartPole-v1", "--backend", "serial", "--workers", "2",
+                 "--envs-per-worker", "2", "--num-steps", "32", "--total-timesteps", "512", "--eval-episodes", "1",
+                 "--run-dir", str(tmp_path), "--run-name", "i", "--no-progress", "--no-tensorboard",
+                 "--no-plots"]) == 0
+    details = json.loads((tmp_path / "i" / "summary.json").read_text())["details"]
+    assert details["overlap"] is True and details["rollouts"] == 512 // 128 and details["rollout_seconds"] > 0
+    capsys.readouterr()
+    assert main(["scale-model", str(tmp_path / "i"), "--workers", "2", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    fig = RunFigures(**out["figures"])
+    assert fig.overlap and fig.env_steps_per_worker_iter == 64
+    for p in out["predictions"]:
+        rollout = p["link_s"] + p["rollout_compute_s"] + p["serve_s"]
+        assert p["s_per_iter"] == pytest.approx(max(rollout, p["serve_s"] + p["update_s"]))
+        assert predict(fig, p["workers"], 10.0, overlap=False)["s_per_iter"] >= p["s_per_iter"]
+    assert main(["scale-model", str(tmp_path / "i"), "--workers", "8"]) == 0
+    assert "rollout thread" in capsys.readouterr().out

@@ -172,9 +172,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from frugalrl.pipeline.bytes import TableOneConfig
 
     add_dataclass_args(pb, TableOneConfig)
-    sm = sub.add_parser("scale-model", help="a PPO run's bytes and seconds per iteration at N workers, and the "
-                        "worker count at which the learner's link or core saturates (docs/multi-node.md#scale-model)")
-    sm.add_argument("run_dir", help="a finished ClusterEnv PPO run directory (not resumed)")
+    sm = sub.add_parser("scale-model", help="a PPO or IMPALA run's bytes and seconds per iteration at N workers, and "
+                        "the worker count at which the learner's link or core saturates "
+                        "(docs/multi-node.md#scale-model)")
+    sm.add_argument("run_dir", help="a finished ClusterEnv PPO or IMPALA run directory (not resumed)")
     sm.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8, 16, 64, 256, 1024],
                     help="worker counts to predict (default: 2 4 8 16 64 256 1024)")
     sm.add_argument("--link-gbit", type=float, default=10.0, help="the learner's link in Gbit/s (default: 10)")
@@ -265,6 +266,8 @@ def _scale_model(args: argparse.Namespace) -> int:
     print(f"measured at {f['workers']} workers: {f['env_steps_per_worker_iter']:.0f} env steps per worker per "
           f"iteration, up {f['up_bytes_per_step']:.1f} B/step, down {f['down_bytes_per_step']:.1f} B/step + "
           f"{f['syncs_per_worker_iter']:.2f} × {f['weight_bytes_per_sync']:,.0f} B of weights per iteration")
+    if f["overlap"]:
+        print("the next rollout runs during the update (IMPALA's rollout thread): an iteration is the longer of the two")
     print(f"\n{'workers':>8s} {'up MB/iter':>11s} {'down MB/iter':>13s} {'link s':>8s} {'rollout s':>10s} "
           f"{'serve s':>8s} {'update s':>9s} {'s/iter':>8s}   (link {args.link_gbit:g} Gbit/s)")
     for p in out["predictions"]:

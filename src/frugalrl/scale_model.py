@@ -1,8 +1,8 @@
-"""What a ClusterEnv PPO run would cost at N workers: bytes and seconds per iteration, the learner's link and CPU
-load, and the worker count at which either saturates (``frugalrl scale-model RUN_DIR``).
+"""What a ClusterEnv PPO or IMPALA run would cost at N workers: bytes and seconds per iteration, the learner's link
+and CPU load, and the worker count at which either saturates (``frugalrl scale-model RUN_DIR``).
 
-A first-order model of PPO's synchronous loop (and, with ``overlap``, of IMPALA's, whose next rollout runs during
-the update), read from one measured run (its ``summary.json``):
+A first-order model of PPO's synchronous loop (and of IMPALA's, whose next rollout runs during the update: an
+iteration is then the longer of the two, see :func:`predict`), read from one measured run (its ``summary.json``):
 
 - every worker sends ``up`` bytes per env step and receives ``down`` bytes per env step plus, ``q`` times per
   iteration, a weights message of ``w`` bytes (AAPS makes ``q`` < 1; bf16 and deltas make ``w`` small);
@@ -56,17 +56,20 @@ class RunFigures:
     """The head's own work per env step it takes in, besides the update (0: left out; see the module)."""
     update_s_per_iter: float = 0.0
     """The update's time per iteration that does not grow with the batch (0: none, the update linear in it)."""
+    overlap: bool = False
+    """The next rollout runs while the learner updates (IMPALA's rollout thread); False: PPO's sequential loop."""
 
     @classmethod
     def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None) -> RunFigures:
-        """From a PPO run's ``summary.json`` (a ClusterEnv run, with its rollout and update seconds)."""
+        """From a PPO or IMPALA run's ``summary.json`` (a ClusterEnv run, with its rollout and update seconds)."""
         d, b = summary.get("details", {}), summary.get("bytes", {})
         missing = [k for k in ("workers", "envs_per_worker", "num_steps", "rollout_seconds", "learner_update_seconds")
                    if k not in d]
-        if summary.get("algo") != "ppo" or missing or not isinstance(b.get("up"), dict):
-            raise ValueError(f"scale-model needs a ClusterEnv PPO run's summary with its timings (missing: "
+        if summary.get("algo") not in ("ppo", "impala") or missing or not isinstance(b.get("up"), dict):
+            raise ValueError(f"scale-model needs a ClusterEnv PPO or IMPALA run's summary with its timings (missing: "
                              f"{', '.join(missing) or 'bytes by direction'}); runs before this version lack them")
         steps, updates, workers = summary["env_steps"], max(1, summary["updates"]), d["workers"]
+        rollouts = max(1, d.get("rollouts", updates))  # IMPALA's overlap may prefetch one it never uses
         if summary.get("resumes"):
             raise ValueError("scale-model needs a run that was not resumed (its timings cover one process)")
         weights = b["down"].get("weights", 0)
@@ -76,8 +79,9 @@ class RunFigures:
                    down_bytes_per_step=(sum(b["down"].values()) - weights) / steps,
                    weight_bytes_per_sync=weights / syncs if syncs else 0.0,
                    syncs_per_worker_iter=syncs / updates / workers,
-                   rollout_s_per_iter=d["rollout_seconds"] / updates,
-                   update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit)
+                   rollout_s_per_iter=d["rollout_seconds"] / rollouts,
+                   update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit,
+                   overlap=bool(d.get("overlap", False)))
 
     @classmethod
     def from_run(cls, run_dir: str | Path, link_gbit: float | None = None) -> RunFigures:
@@ -119,14 +123,15 @@ def contention(workers: int, worker_cores: int | None) -> float:
 
 
 def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores: int | None = None,
-            env_scale: float = 1.0, overlap: bool = False) -> dict[str, Any]:
+            env_scale: float = 1.0, overlap: bool | None = None) -> dict[str, Any]:
     """Bytes and seconds per iteration at ``workers`` workers on a learner link of ``link_gbit`` (None: no limit),
     each worker with ``env_scale`` times the measured run's envs (e.g. ½ for the same total envs on twice the
     workers): its env steps, experience bytes and compute scale with it; its weights messages do not.
 
-    ``overlap``: the next rollout runs while the learner updates (IMPALA's rollout thread), so an iteration takes
-    the longer of the rollout (transfers, the workers' stepping, its serving) and the learner core's work (serving
-    and update share that core)."""
+    ``overlap`` (default: the measured run's loop): the next rollout runs while the learner updates (IMPALA's
+    rollout thread), so an iteration takes the longer of the rollout (transfers, the workers' stepping, its
+    serving) and the learner core's work (serving and update share that core)."""
+    overlap = fig.overlap if overlap is None else overlap
     up, down = fig.bytes_per_iter(workers, env_scale)
     link_s = 0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)
     compute = (fig.rollout_compute_s() * env_scale * contention(workers, worker_cores)

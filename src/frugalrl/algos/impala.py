@@ -341,9 +341,10 @@ class IMPALA(Algorithm):
         self.actor: ActorCritic = copy.deepcopy(self.agent).eval()
         if not builder.compressing and not cfg.overlap:
             self.actor = self.agent  # nothing runs while the learner trains: the actors can use it directly
+        self.rollouts, self.rollout_seconds = 0, 0.0  # on the rollout thread where it overlaps the update
         if cfg.overlap:
             self.pool = concurrent.futures.ThreadPoolExecutor(1)
-            self.pending = self.pool.submit(envs.rollout, self.actor, cfg.num_steps)
+            self.pending = self.pool.submit(self._rollout, self.actor)
         self.returns_since_check: list[float] = []
         self.evals_seen = len(self.run.eval_history)
         self.actor_swaps = 0
@@ -356,7 +357,7 @@ class IMPALA(Algorithm):
         update = step.index
         lr = self.optimizer.param_groups[0]["lr"] = cfg.lr_at(update, step.total)
         t_wait = time.perf_counter()
-        batch = self.pending.result() if self.pending is not None else envs.rollout(self.actor, cfg.num_steps)
+        batch = self.pending.result() if self.pending is not None else self._rollout(self.actor)
         self.wait_seconds += time.perf_counter() - t_wait
         # A finished compression replaces the actor between rollouts (never during one).
         new_actor = builder.poll()
@@ -367,7 +368,7 @@ class IMPALA(Algorithm):
             self.actor.load_state_dict(agent.state_dict())  # the baseline's actors follow the learner
         self.pending = None
         if self.pool is not None and not step.checkpoint_after:  # a checkpoint holds the envs at rest
-            self.pending = self.pool.submit(envs.rollout, self.actor, cfg.num_steps)
+            self.pending = self.pool.submit(self._rollout, self.actor)
 
         self.returns_since_check += list(batch.episode_returns)
         self.recent_obs = _keep_recent(self.recent_obs, batch, cfg.calib_size, update)
@@ -382,6 +383,15 @@ class IMPALA(Algorithm):
             row["faults/restarted_workers"] = len(batch.restarted_workers)
         return Update(batch.num_steps * batch.num_envs, row, episode_returns=batch.episode_returns,
                       episode_lengths=batch.episode_lengths, policy_lag=batch.policy_lag())
+
+    def _rollout(self, actor: ActorCritic) -> Rollout:
+        """One rollout by ``actor``, timed (``frugalrl scale-model`` reads the time per iteration)."""
+        assert self.envs is not None
+        t0 = time.perf_counter()
+        batch = self.envs.rollout(actor, self.cfg.num_steps)
+        self.rollout_seconds += time.perf_counter() - t0
+        self.rollouts += 1  # with overlap, one may be prefetched that no update uses (a checkpoint's comes after)
+        return batch
 
     def _refresh_actors(self, update: int, batch: Rollout, row: dict[str, Any]) -> None:
         """Request a rebuild of the compressed actors once the learner drifted (or on the Monitor's cadence,
@@ -436,6 +446,10 @@ class IMPALA(Algorithm):
             "backend": cfg.backend,
             "workers": cfg.workers,
             "envs_per_worker": cfg.envs_per_worker,
+            "num_steps": cfg.num_steps,
+            "overlap": cfg.overlap,
+            "rollouts": self.rollouts,
+            "rollout_seconds": round(self.rollout_seconds, 3),
             "learner_wait_seconds": round(self.wait_seconds, 3),
             "learner_update_seconds": round(self.learn_seconds, 3),
             "compress_builds": builder.builds,
