@@ -22,7 +22,7 @@ import json
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,23 +138,27 @@ def t_uplink(_: str) -> list[Table]:
     return tables
 
 
+def _suite_ppo_rows(s: Source) -> Iterator[tuple[str, dict, str, dict, tuple]]:
+    """The learning suite's PPO rows (frugalrl's and SB3's): env, its table entry, variant, row, path of the row."""
+    for env, e in s("table").items():
+        for v, r in e["variants"].items():
+            if v.startswith(("frugal-", "sb3-")):
+                yield env, e, v, r, ("table", env, "variants", v)
+
+
 def t_learning_suite_ppo(name: str) -> list[Table]:
     s = Source(name or "learning_suite")
     rows = []
-    for env, e in s("table").items():
-        for v, r in e["variants"].items():
-            if not v.startswith(("frugal-", "sb3-")):
-                continue
-            p = ("table", env, "variants", v)
-            secs = [(*p, "seconds_to_reference", i) for i in range(len(r["seconds_to_reference"]))]
-            rows.append([[f"{env} ({e['steps'] / 1e3:.0f}k)"], [v], pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
-                         [opt(s, (*p, "return_vs_sb3"), ".2f")], [s.num(*p, "stochastic_return_mean")],
-                         [s.num(*p, "reached_reference", fmt="d"), f"/{len(r['seeds'])} (≥ {e['reference']})"],
-                         [s.agg("mean", secs, ".0f")], [s.num(*p, "train_seconds_mean", fmt=".0f")],
-                         [opt(s, (*p, "train_seconds_vs_sb3"), ".2f")], [s.num(*p, "wall_seconds_mean", fmt=".0f")],
-                         [opt(s, (*p, "wall_vs_sb3"), ".2f")], [s.num(*p, "bytes_total_mean", fmt=".1f", scale=1e-6)],
-                         [s.num(*p, "bytes_weights_mean", fmt=".2f", scale=1e-6)],
-                         [s.num(*p, "weight_syncs_mean", fmt=".0f")], [s.num(*p, "stuck_fraction_max", fmt=".0%")]])
+    for env, e, v, r, p in _suite_ppo_rows(s):
+        secs = [(*p, "seconds_to_reference", i) for i in range(len(r["seconds_to_reference"]))]
+        rows.append([[f"{env} ({e['steps'] / 1e3:.0f}k)"], [v], pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
+                     [opt(s, (*p, "return_vs_sb3"), ".2f")], [s.num(*p, "stochastic_return_mean")],
+                     [s.num(*p, "reached_reference", fmt="d"), f"/{len(r['seeds'])} (≥ {e['reference']})"],
+                     [s.agg("mean", secs, ".0f")], [s.num(*p, "train_seconds_mean", fmt=".0f")],
+                     [opt(s, (*p, "train_seconds_vs_sb3"), ".2f")], [s.num(*p, "wall_seconds_mean", fmt=".0f")],
+                     [opt(s, (*p, "wall_vs_sb3"), ".2f")], [s.num(*p, "bytes_total_mean", fmt=".1f", scale=1e-6)],
+                     [s.num(*p, "bytes_weights_mean", fmt=".2f", scale=1e-6)],
+                     [s.num(*p, "weight_syncs_mean", fmt=".0f")], [s.num(*p, "stuck_fraction_max", fmt=".0%")]])
     return [Table(["env (steps)", "variant", "final return (mean ± std, 3 seeds)", "× SB3", "stochastic",
                    "reached ref.", "s to ref. (mean)", "train s", "× SB3 train s", "wall s", "× SB3 wall", "MB total",
                    "weight MB", "syncs", "stuck"], rows, [s.name],
@@ -172,17 +176,13 @@ def t_learning_suite_seeds(name: str) -> list[Table]:
             return [DASH]
         return [s.num(*path, 0, fmt=".2f"), "–", s.num(*path, 1, fmt=".2f")]
 
-    for env, e in s("table").items():
-        for v, r in e["variants"].items():
-            if not v.startswith(("frugal-", "sb3-")):
-                continue
-            p = ("table", env, "variants", v)
-            rows.append([[f"{env} ({e['steps'] / 1e3:.0f}k)"], [v], [str(len(r["seeds"]))],
-                         pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
-                         [opt(s, (*p, "return_vs_sb3"), ".2f")], interval((*p, "return_vs_sb3_ci90")),
-                         [s.num(*p, "late_return_mean")], [opt(s, (*p, "late_return_vs_sb3"), ".2f")],
-                         interval((*p, "late_return_vs_sb3_ci90")), [opt(s, (*p, "return_vs_every_fp32"), ".2f")],
-                         interval((*p, "return_vs_every_fp32_ci90"))])
+    for env, e, v, r, p in _suite_ppo_rows(s):
+        rows.append([[f"{env} ({e['steps'] / 1e3:.0f}k)"], [v], [str(len(r["seeds"]))],
+                     pm(s, (*p, "final_return_mean"), (*p, "final_return_std")),
+                     [opt(s, (*p, "return_vs_sb3"), ".2f")], interval((*p, "return_vs_sb3_ci90")),
+                     [s.num(*p, "late_return_mean")], [opt(s, (*p, "late_return_vs_sb3"), ".2f")],
+                     interval((*p, "late_return_vs_sb3_ci90")), [opt(s, (*p, "return_vs_every_fp32"), ".2f")],
+                     interval((*p, "return_vs_every_fp32_ci90"))])
     return [Table(["env (steps)", "variant", "seeds", "final return (mean ± std)", "× SB3", "90 % interval",
                    "last 3 evals", "× SB3", "90 % interval", "× every-update fp32", "90 % interval"], rows, [s.name],
                   [s.command()])]
