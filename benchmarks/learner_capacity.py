@@ -9,7 +9,7 @@ rollouts the learner runs a real PPO update (LunarLander's preset), or IMPALA's 
 settings ``impala-*``), on the replayed batch, so weights change as in training; its time is reported but is not
 serving. ``impala-overlap-*`` runs IMPALA's loop as training does: the next rollout, on a thread, while the learner
 updates (the actors a copy of the learner, refreshed between rollouts); the first iteration of every setting is
-not counted. Each (sync setting, worker count) runs in a fresh interpreter
+not counted, nor are its bytes. Each (sync setting, worker count) runs in a fresh interpreter
 (its memory per worker is the growth of its resident memory over one worker's).
 
 For scale, it also times a real worker's rollout per env step (8 LunarLander envs, its numpy policy), and turns
@@ -128,20 +128,30 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
     spent.clear()
     steps, serve, update, wait = 0, 0.0, 0.0, 0.0
 
-    def rollout() -> tuple[Any, float]:
+    def rollout() -> tuple[Any, float, dict[str, dict[str, int]]]:
+        """A rollout, its wall time and the bytes it moved by direction and kind (its weights sync included)."""
+        before = env.meter.summary()
         t0 = time.perf_counter()
-        return env.rollout(actor, T), time.perf_counter() - t0
+        batch = env.rollout(actor, T)
+        seconds = time.perf_counter() - t0
+        after = env.meter.summary()
+        return batch, seconds, {d: {k: n - before[d].get(k, 0) for k, n in after[d].items()} for d in ("up", "down")}
 
     pool = concurrent.futures.ThreadPoolExecutor(1) if overlap else None
     pending = pool.submit(rollout) if pool is not None else None
     start = time.perf_counter()
+    moved: dict[str, dict[str, int]] = {"up": {}, "down": {}}  # by the counted rollouts
     for i in range(updates + 1):  # the first iteration is not counted: overlapped, nothing hid its rollout
         if i == 1:
             start = time.perf_counter()
             spent.clear()
             steps, serve, update, wait = 0, 0.0, 0.0, 0.0
         t0 = time.perf_counter()
-        batch, seconds = pending.result() if pending is not None else rollout()
+        batch, seconds, traffic = pending.result() if pending is not None else rollout()
+        if i >= 1:
+            for d, kinds in traffic.items():
+                for k, n in kinds.items():
+                    moved[d][k] = moved[d].get(k, 0) + n
         wait += time.perf_counter() - t0
         if pool is not None:  # IMPALA's loop: the actors take the learner's weights, the next rollout starts
             actor.load_state_dict(agent.state_dict())
@@ -156,7 +166,6 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
         assert pending is not None
         pending.result()  # the rollout still in flight is not counted
         pool.shutdown()
-    bytes_ = env.meter.summary()
     stats = env.stats()
     out = {
         "setting": setting, "workers": workers, "env_steps": steps, "overlap": overlap,
@@ -166,7 +175,7 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
         "serve_us_per_step": serve / steps * 1e6, "update_us_per_step": update / steps * 1e6,
         "wait_us_per_step": wait / steps * 1e6,
         "phases_us_per_step": {k: v / steps * 1e6 for k, v in sorted(spent.items())},
-        "bytes": {"up": bytes_["up"], "down": bytes_["down"], "total": bytes_["total"]},
+        "bytes": {**moved, "total": sum(n for kinds in moved.values() for n in kinds.values())},
         "weight_syncs": stats["weight_syncs"]["total"], "rss_mb": _rss_mb() - base_rss,
     }
     env.close()
@@ -256,7 +265,9 @@ def model_check(calibration: list[dict[str, Any]], paced: dict[str, Any], rate: 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
-    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--settings", nargs="+", default=None, choices=list(SETTINGS),
+                    help="default: all, but unpaced only the sequential ones (an overlapped rollout's wall time "
+                         "includes the update that holds the interpreter meanwhile: it is not serving)")
     ap.add_argument("--updates", type=int, default=4, help="measured rollouts + updates per run")
     ap.add_argument("--one", nargs=2, metavar=("SETTING", "WORKERS"), help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="replay", choices=["replay", "local"],
@@ -274,6 +285,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     if args.pace is not None and args.backend != "replay":
         ap.error("--pace needs the replay backend")
+    if args.settings is None:
+        args.settings = [name for name, values in SETTINGS.items() if args.pace is not None or not values[-1]]
     t0 = time.time()
     start_load = os.getloadavg()
     worker_us = worker_cost()

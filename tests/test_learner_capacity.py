@@ -1,0 +1,33 @@
+"""The learner-capacity benchmark's own accounting (benchmarks/learner_capacity.py): what one row counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "learner_capacity.py"
+
+
+def _row(setting: str, workers: int, updates: int) -> dict:
+    """One row, in a fresh interpreter as the benchmark runs it (it times the head by wrapping its methods)."""
+    done = subprocess.run([sys.executable, str(_PATH), "--one", setting, str(workers), "--updates", str(updates)],
+                          capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_row_counts_the_bytes_of_its_counted_rollouts_only():
+    """Replayed workers cycle through the same few fragments, so bytes per counted env step hardly depend on how many
+    rollouts are counted; counting the recording rollout's and the uncounted first iteration's would double them
+    at one counted rollout."""
+    rows = [_row("every-fp32", 2, updates) for updates in (1, 3)]
+    for row, updates in zip(rows, (1, 3), strict=True):
+        assert row["env_steps"] == updates * 2 * 8 * 64  # workers × envs × steps per rollout
+        assert sum(row["bytes"]["up"].values()) + sum(row["bytes"]["down"].values()) == row["bytes"]["total"]
+    one, three = ({d: sum(r["bytes"][d].values()) / r["env_steps"] for d in ("up", "down")} for r in rows)
+    assert one == pytest.approx(three, rel=0.02)
+    # every-update syncs: one full weights message per worker per counted rollout
+    assert rows[1]["bytes"]["down"]["weights"] == 3 * rows[0]["bytes"]["down"]["weights"]
