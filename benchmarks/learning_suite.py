@@ -16,7 +16,8 @@ seeds 10000 + seed + i, every tenth of the run and at the end; evaluation time i
 - ``frugal-aaps-lag4`` (a candidate, ``--variants``): ``frugal-aaps-bf16`` with AAPS's lag guard at 4 updates
   instead of 20; ``frugal-every-bf16`` and ``frugal-aaps-fp32`` (diagnostics): bf16 weights alone, AAPS alone;
   ``frugal-aaps-fp16``: fp16 weights (as many bytes as bf16's, three more bits of mantissa); ``frugal-aaps-d02``:
-  AAPS with δ = 0.02 instead of 0.05 (workers that lag less);
+  AAPS with δ = 0.02 instead of 0.05 (workers that lag less); ``frugal-aaps-is2``: the importance weights
+  π_old/μ of stale samples truncated at 2 instead of 1;
 - ``sb3-zoo``: SB3's PPO with rl-baselines3-zoo's hyperparameters for the env (``ZOO`` below, read from
   ``hyperparams/ppo.yml`` of rl-baselines3-zoo at commit 22e3ff2; VecNormalize where the zoo normalises).
   MinAtar has no zoo entry and no frugalrl preset: SB3 gets the settings frugalrl runs there (the ``grid``
@@ -110,7 +111,8 @@ ZOO: dict[str, dict[str, Any]] = {
 PPO_VARIANTS = ("frugal-aaps-bf16", "frugal-every-fp32", "sb3-zoo")
 IMPALA_VARIANTS = ("impala-copy", "impala-int8", "impala-full")
 #: Candidates tried on tuning seeds (``--seeds 11 12 13 --cache ...``), not reported as suite rows.
-CANDIDATES = ("frugal-aaps-lag4", "frugal-every-bf16", "frugal-aaps-fp32", "frugal-aaps-fp16", "frugal-aaps-d02")
+CANDIDATES = ("frugal-aaps-lag4", "frugal-every-bf16", "frugal-aaps-fp32", "frugal-aaps-fp16", "frugal-aaps-d02",
+              "frugal-aaps-is2")
 VARIANTS = PPO_VARIANTS + IMPALA_VARIANTS + ("impala-every-copy",) + CANDIDATES
 FULL = ["--weights-delta", "false"]
 FRUGAL_FLAGS = {"frugal-aaps-bf16": ["--sync", "aaps", "--weights-codec", "bf16"],
@@ -120,6 +122,7 @@ FRUGAL_FLAGS = {"frugal-aaps-bf16": ["--sync", "aaps", "--weights-codec", "bf16"
                 "frugal-aaps-fp32": ["--sync", "aaps", "--weights-codec", "fp32"],
                 "frugal-aaps-fp16": ["--sync", "aaps", "--weights-codec", "fp16"],
                 "frugal-aaps-d02": ["--sync", "aaps", "--weights-codec", "bf16", "--kl-threshold", "0.02"],
+                "frugal-aaps-is2": ["--sync", "aaps", "--weights-codec", "bf16", "--is-clip", "2"],
                 "impala-copy": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "none", *FULL],
                 "impala-int8": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "int8,onnx"],
                 "impala-full": ["--sync", "aaps", "--weights-codec", "fp32", "--compress", "prune:0.5,distill,int8,onnx"],
@@ -552,7 +555,7 @@ def plot(results: dict[str, Any]) -> None:
               "impala-copy": "tab:green", "impala-int8": "tab:red", "impala-full": "tab:purple",
               "impala-every-copy": "tab:olive", "frugal-aaps-lag4": "tab:cyan", "frugal-every-bf16": "tab:brown",
               "frugal-aaps-fp32": "tab:pink", "frugal-aaps-fp16": "tab:gray",
-              "frugal-aaps-d02": "goldenrod"}
+              "frugal-aaps-d02": "goldenrod", "frugal-aaps-is2": "teal"}
     for key in ENVS:
         runs = [r for r in results.values() if r["env"] == key]
         if not runs:
