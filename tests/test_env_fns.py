@@ -80,3 +80,27 @@ def test_module_colon_env_id_is_gymnasiums_convention():
         assert truncated.all()  # the registered horizon of 7
     finally:
         env.close()
+
+
+def test_an_ale_id_imports_the_package_that_registers_it():
+    """Gymnasium 1.x no longer imports ale-py for ``ALE/...`` ids: frugalrl reads ``ALE/Pong-v5`` as
+    ``ale_py:ALE/Pong-v5`` (ale-py is a dependency), so a worker process imports it too."""
+    from frugalrl.envs.spec import to_env_spec
+
+    assert to_env_spec("ALE/Pong-v5").id == "ale_py:ALE/Pong-v5"
+    with pytest.raises(ValueError, match="doesn't exist in namespace ALE"):
+        to_env_spec("ALE/NoSuchGame-v5")
+    env = ClusterEnv("ALE/Pong-v5", 1, 1, backend="local", inline_workers=0)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (1, 210, 160, 3) and obs.dtype == np.uint8
+    finally:
+        env.close()
+
+
+def test_frames_an_mlp_would_flatten_are_named():
+    """(H, W, C) uint8 frames are not what the CNN takes: the MLP they get says so instead of learning slowly."""
+    from frugalrl import make_agent
+
+    with pytest.warns(UserWarning, match=r"look like \(H, W, C\) frames"):
+        make_agent(gym.spaces.Box(0, 255, (96, 96, 3), np.uint8), gym.spaces.Box(-1, 1, (3,)))

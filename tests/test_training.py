@@ -74,7 +74,8 @@ def test_each_evaluation_records_both_modes_and_the_training_return(tmp_path):
         return Evaluation(-100.0, 20.0, 10, False)
 
     history = []
-    algo = Scripted(cfg, [(_nothing, 10, [-90.0, -110.0]), (lambda run: history.extend(run.eval_history), 10, [-100.0])],
+    algo = Scripted(cfg, [(_nothing, 10, [-90.0, -110.0, -95.0, -105.0, -100.0]),
+                          (lambda run: history.extend(run.eval_history), 10, [-100.0] * 5)],
                     evaluate=det, evaluate_stochastic=sto)
     summary = drive(algo)
     first = history[0]
@@ -83,6 +84,24 @@ def test_each_evaluation_records_both_modes_and_the_training_return(tmp_path):
     assert calls == {"det": 2, "sto": 2}  # the final evaluation is the last cadence's, both modes
     assert summary["stochastic_return_mean"] == -100.0
     assert summary["eval_disagreement"]["earlier_evaluations"] == [10]
+
+
+def test_the_check_reads_the_late_training_episodes_only(tmp_path):
+    """A short run, or one of long episodes: the last 100 episodes reach back to the first policy. The check takes
+    those of the run's last fifth, and needs five of them."""
+    from frugalrl.config import RunConfig
+
+    def run(updates: list[tuple[Callable[[Any], None], int, list[float]]]) -> dict:
+        cfg = RunConfig(run_dir=str(tmp_path), progress=False, tensorboard=False, plots=False)
+        return drive(Scripted(cfg, updates, evaluate=lambda: Evaluation(30.0, 1.0, 10),
+                              evaluate_stochastic=lambda: Evaluation(31.0, 1.0, 10, False)))
+
+    learned = run([(_nothing, 10, [0.0] * 20)] * 8 + [(_nothing, 10, [30.0] * 5)] * 2)  # the last fifth at 30
+    assert learned["eval_disagreement"] is None
+    few = run([(_nothing, 10, [0.0] * 20)] * 8 + [(_nothing, 10, []), (_nothing, 10, [5.0] * 4)])  # 4: too few
+    assert few["eval_disagreement"] is None
+    stale = run([(_nothing, 10, [0.0] * 20)] * 8 + [(_nothing, 10, [-300.0] * 5)] * 2)  # late episodes contradict
+    assert "stale or lossy actors" in stale["eval_disagreement"]["message"]
 
 
 def test_noise_around_zero_is_not_a_disagreement():

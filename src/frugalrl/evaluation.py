@@ -52,8 +52,8 @@ def evaluation_disagreement(deterministic: Evaluation | None, stochastic: Evalua
                             train_return: float | None, tolerance: float = 0.5) -> dict[str, Any] | None:
     """What is wrong when the final evaluations contradict the training return, else None.
 
-    The training return is the mean of the last 100 training episodes, played by the workers' (sampling,
-    possibly stale or compressed) policy. The learner's stochastic evaluation plays the same kind of policy,
+    The training return is the mean of the recent training episodes (the run passes those of its last fifth),
+    played by the workers' (sampling, possibly stale or compressed) policy. The learner's stochastic evaluation plays the same kind of policy,
     so it should land near it; the deterministic one (the mode) may differ, but a mode far below both says the
     policy only works while sampling. A gap counts when it exceeds ``tolerance`` × the largest of the three
     magnitudes and twice the evaluations' standard deviations (at least 1).

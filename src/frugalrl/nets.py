@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar, cast, get_args
 
@@ -454,7 +455,13 @@ def make_agent(
         return NatureCNNActorCritic(observation_space.shape, action_desc(action_space))
     if layout == "grid":
         return grid_cnn(observation_space.shape, action_desc(action_space))
-    return MLPActorCritic(int(np.prod(observation_space.shape)), action_desc(action_space), hidden, **mlp_options)
+    shape = observation_space.shape
+    hwc_frames = len(shape) == 3 and shape[-1] <= 4 and min(shape[:2]) >= 36
+    if net == "auto" and observation_space.dtype == np.uint8 and hwc_frames:
+        warnings.warn(f"observations of shape {shape} (uint8) look like (H, W, C) frames: an MLP sees their "
+                      f"{int(np.prod(shape)):,} values; the CNN takes (C, H, W) frames (for Atari, the factory "
+                      "frugalrl.envs.atari:make_atari preprocesses them so)", stacklevel=2)
+    return MLPActorCritic(int(np.prod(shape)), action_desc(action_space), hidden, **mlp_options)
 
 
 # ------------------------------------------------------------------ the split model (pipeline PPO)

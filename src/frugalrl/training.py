@@ -42,6 +42,8 @@ from frugalrl.sync_state import StallWatch
 log = logging.getLogger("frugalrl")
 
 CHECKPOINT_FORMAT = 1
+MIN_LATE_EPISODES = 5
+"""Training episodes of the run's last fifth that the final evaluations are checked against, at least."""
 _NOT_COMPARED = {"progress", "tensorboard", "plots", "run_dir", "run_name", "total_timesteps", "_meta", "algo", "sources"}
 
 
@@ -141,6 +143,7 @@ class RunRecorder:
         self.eval_history: list[dict[str, Any]] = []
         self.resumes: list[dict[str, Any]] = []
         self._recent: deque[float] = deque(maxlen=100)
+        self._recent_steps: deque[int] = deque(maxlen=100)  # env steps at the update that reported each episode
         self._lag_sum = 0.0
         self._lag_n = 0
         self._parts: dict[str, Stateful | None] = {}
@@ -241,6 +244,7 @@ class RunRecorder:
         c = ckpt["counters"]
         self.env_steps, self.updates, self.episodes = int(c["env_steps"]), int(c["updates"]), int(c["episodes"])
         self._recent.extend(c["recent_returns"])
+        self._recent_steps.extend(c.get("recent_steps", [self.env_steps] * len(c["recent_returns"])))
         self._lag_sum, self._lag_n = float(c["lag_sum"]), int(c["lag_n"])
         self._past_seconds, self._eval_seconds = float(c["seconds"]), float(c["eval_seconds"])
         self.eval_history = list(c["eval_history"])
@@ -268,6 +272,14 @@ class RunRecorder:
         """Training seconds so far (evaluation excluded, earlier segments included)."""
         return self._past_seconds + (time.monotonic() - self._t0) - self._eval_seconds
 
+    def _late_train_return(self) -> float | None:
+        """The mean return of the recent training episodes reported in the last fifth of the run so far, what the
+        evaluations are checked against (:func:`~frugalrl.evaluation.evaluation_disagreement`); None under
+        :data:`MIN_LATE_EPISODES` of them. In a short run, or one of long episodes, the last 100 episodes reach back
+        to a policy far from the learner's; they would make a policy that learned look contradicted."""
+        late = [r for r, s in zip(self._recent, self._recent_steps, strict=True) if s > 0.8 * self.env_steps]
+        return float(np.mean(late)) if len(late) >= MIN_LATE_EPISODES else None
+
     def record_update(self, steps: int, row: dict[str, Any], *, updates: int = 1, episode_returns: Iterable[float] = (),
                       episode_lengths: Iterable[int] = (), policy_lag: np.ndarray | None = None,
                       cluster: Any = None) -> dict[str, Any]:
@@ -280,6 +292,7 @@ class RunRecorder:
         lengths = list(episode_lengths)
         self.episodes += len(returns)
         self._recent.extend(returns)
+        self._recent_steps.extend([self.env_steps] * len(returns))
         row = dict(row)
         row["charts/sps"] = self.env_steps / max(self.seconds(), 1e-9)
         if returns:
@@ -378,7 +391,7 @@ class RunRecorder:
         train = float(np.mean(self._recent)) if self._recent else None
         if train is not None:
             entry["train_return"] = train
-            disagreement = evaluation_disagreement(result, stochastic, train)
+            disagreement = evaluation_disagreement(result, stochastic, self._late_train_return())
             if disagreement is not None:
                 entry["disagreement"] = disagreement["message"]
         self.new_best = all(result.mean > e["mean"] for e in self.eval_history)
@@ -401,7 +414,8 @@ class RunRecorder:
             "rng": rng_state(),
             "counters": {
                 "env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
-                "recent_returns": list(self._recent), "lag_sum": self._lag_sum, "lag_n": self._lag_n,
+                "recent_returns": list(self._recent), "recent_steps": list(self._recent_steps),
+                "lag_sum": self._lag_sum, "lag_n": self._lag_n,
                 "seconds": self._past_seconds + (time.monotonic() - self._t0), "eval_seconds": self._eval_seconds,
                 "eval_history": self.eval_history, "time_to_target": self.time_to_target, "resumes": self.resumes,
                 "sync_stalls": self.stall_watch.events,
@@ -482,7 +496,7 @@ class RunRecorder:
         wall = seconds + self._eval_seconds
         traffic = traffic or {}
         train_mean = float(np.mean(self._recent)) if self._recent else None
-        disagreement = evaluation_disagreement(last, stochastic, train_mean)
+        disagreement = evaluation_disagreement(last, stochastic, self._late_train_return())
         earlier = [e["step"] for e in self.eval_history[:-1] if e.get("disagreement")]
         if disagreement is not None:
             disagreement["earlier_evaluations"] = earlier  # the steps of cadence evaluations that disagreed too

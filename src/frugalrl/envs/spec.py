@@ -76,11 +76,17 @@ def flat_observations(env: gym.Env) -> gym.Env:
     return gym.wrappers.DtypeObservation(flat, np.uint8 if small else np.float32)
 
 
+NAMESPACE_MODULES = {"ALE": "ale_py", "MiniGrid": "minigrid", "BabyAI": "minigrid"}
+"""Gymnasium id namespaces whose envs a package registers when imported (Gymnasium 1.x no longer imports it):
+``ALE/Pong-v5`` is read as ``ale_py:ALE/Pong-v5`` when ale-py is installed."""
+
+
 def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
     """Normalise what a user passed as ``env`` and check it names something that exists.
 
     A string with a ``:`` is Gymnasium's ``"module:EnvId"`` when importing the module registers that id, else an
-    import path to a factory; any other string is a Gymnasium id.
+    import path to a factory; any other string is a Gymnasium id (one of :data:`NAMESPACE_MODULES`' namespaces
+    imports its package first).
     Raises ``ValueError`` for an unknown id or a factory that cannot be imported.
     """
     kwargs = dict(env_kwargs or {})
@@ -92,6 +98,9 @@ def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[st
         if ":" in env and not _is_registered(env):
             import_string(env)  # raises a clear ValueError if it does not import
             return EnvSpec(factory=env, kwargs=kwargs)
+        module = NAMESPACE_MODULES.get(env.partition("/")[0]) if "/" in env else None
+        if module is not None and _registers(f"{module}:{env}"):  # e.g. ALE/Pong-v5, in worker processes too
+            return EnvSpec(id=f"{module}:{env}", kwargs=kwargs)
         if not _is_registered(env):
             raise ValueError(f"unknown Gymnasium environment id {env!r}: {_registry_hint(env)}")
         return EnvSpec(id=env, kwargs=kwargs)
