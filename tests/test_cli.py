@@ -168,3 +168,17 @@ def test_help_shows_the_defaults_the_env_preset_takes_effect_with(capsys):
         main(["train", "ppo", "--env", "NoPreset-v0", "--preset", "none", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "Adam step size. (default: 0.00025)" in out and "preset" not in out.split("--learning-rate")[2][:80]
+
+
+def test_an_atari_id_trains_on_preprocessed_frames(capsys):
+    """`frugalrl train ppo --env ALE/Pong-v5` gets rl-zoo's treatment of Atari ids: the standard preprocessing, hence
+    the Nature-CNN and the image family; `--env-kwargs` (even `{}`) keeps the raw env."""
+    from frugalrl.algos.ppo import PPOConfig
+    from frugalrl.cli import ATARI_FACTORY, _with_preset
+
+    cfg = _with_preset("ppo", PPOConfig, {"env": "ALE/Pong-v5"})
+    assert (cfg.env, cfg.env_kwargs) == (ATARI_FACTORY, {"env_id": "ALE/Pong-v5"})
+    assert "standard Atari preprocessing" in capsys.readouterr().err
+    raw = _with_preset("ppo", PPOConfig, {"env": "ALE/Pong-v5", "env_kwargs": {}})
+    assert (raw.env, raw.env_kwargs) == ("ALE/Pong-v5", {})
+    assert _with_preset("ppo", PPOConfig, {"env": "CartPole-v1"}).env == "CartPole-v1"

@@ -225,7 +225,8 @@ def _help_preset(algo: str, cls: type, argv: list[str] | None) -> tuple[dict[str
     pre.add_argument("--preset", default=presets.AUTO)
     try:
         known, _ = pre.parse_known_args(argv[2:])
-        return presets.resolve(algo, known.env, known.preset, known.env_kwargs)
+        env, env_kwargs = atari_frames(known.env, known.env_kwargs is not None) or (known.env, known.env_kwargs)
+        return presets.resolve(algo, env, known.preset, env_kwargs)
     except Exception:  # an env that cannot be built here, a bad preset: the help shows the dataclass's defaults
         return {}, None
 
@@ -347,6 +348,17 @@ def _train(args: argparse.Namespace) -> int:
     return EXIT_PREEMPTED if summary["stop_reason"] == "preempted" else 0
 
 
+ATARI_FACTORY = "frugalrl.envs.atari:make_atari"
+
+
+def atari_frames(env: Any, env_kwargs_given: bool) -> tuple[str, dict[str, Any]] | None:
+    """What ``frugalrl train`` runs for an ``ALE/...`` id given without ``--env-kwargs``: the preprocessed frames
+    the Nature-CNN and the image family take (rl-zoo's way with Atari ids); None for any other env."""
+    if not isinstance(env, str) or env_kwargs_given or not env.removeprefix("ale_py:").startswith("ALE/"):
+        return None
+    return ATARI_FACTORY, {"env_id": env.removeprefix("ale_py:")}
+
+
 def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
     """The config from the preset ``--preset`` names (the env's own by default, else its family's), then the
     flags given; prints where each value that is not the dataclass's default came from."""
@@ -354,6 +366,12 @@ def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
 
     choice = changes.pop("preset", presets.AUTO)
     env = changes.get("env", next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
+    atari = atari_frames(env, "env_kwargs" in changes)
+    if atari is not None:
+        print(f"frugalrl: note: {env} with the standard Atari preprocessing ({ATARI_FACTORY}: 4 stacked 84×84 "
+              f"grayscale frames, frame skip 4); --env-kwargs '{{}}' keeps the raw frames", file=sys.stderr)
+        env, changes["env_kwargs"] = atari
+        changes["env"] = env
     try:
         values, name = presets.resolve(algo, env, choice, changes.get("env_kwargs"))
     except Exception as e:  # auto only: the run itself reports an env it cannot build
