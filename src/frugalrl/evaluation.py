@@ -53,9 +53,9 @@ def evaluation_disagreement(deterministic: Evaluation | None, stochastic: Evalua
     """What is wrong when the final evaluations contradict the training return, else None.
 
     The training return is the mean of the recent training episodes (the run passes those of its last fifth),
-    played by the workers' (sampling, possibly stale or compressed) policy. The learner's stochastic evaluation plays the same kind of policy,
-    so it should land near it; the deterministic one (the mode) may differ, but a mode far below both says the
-    policy only works while sampling. A gap counts when it exceeds ``tolerance`` × the largest of the three
+    played by the workers' (sampling, possibly stale or compressed) policy. The learner's stochastic evaluation
+    plays the same kind of policy, so it should land near it; the deterministic one (the mode) may differ, but a
+    mode far below both says the policy only works while sampling. A gap counts when it exceeds ``tolerance`` × the largest of the three
     magnitudes and twice the evaluations' standard deviations (at least 1).
     """
     if train_return is None or deterministic is None:
