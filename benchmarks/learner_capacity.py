@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -130,17 +131,17 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
 
     def rollout() -> tuple[Any, float, dict[str, dict[str, int]]]:
         """A rollout, its wall time and the bytes it moved by direction and kind (its weights sync included)."""
-        before = env.meter.summary()
+        before = env.meter.by_direction()
         t0 = time.perf_counter()
         batch = env.rollout(actor, T)
         seconds = time.perf_counter() - t0
-        after = env.meter.summary()
-        return batch, seconds, {d: {k: n - before[d].get(k, 0) for k, n in after[d].items()} for d in ("up", "down")}
+        after = env.meter.by_direction()
+        return batch, seconds, {d: {k: n - before[d].get(k, 0) for k, n in kinds.items()} for d, kinds in after.items()}
 
     pool = concurrent.futures.ThreadPoolExecutor(1) if overlap else None
     pending = pool.submit(rollout) if pool is not None else None
     start = time.perf_counter()
-    moved: dict[str, dict[str, int]] = {"up": {}, "down": {}}  # by the counted rollouts
+    moved: dict[str, Counter[str]] = {"up": Counter(), "down": Counter()}  # by the counted rollouts
     for i in range(updates + 1):  # the first iteration is not counted: overlapped, nothing hid its rollout
         if i == 1:
             start = time.perf_counter()
@@ -150,8 +151,7 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
         batch, seconds, traffic = pending.result() if pending is not None else rollout()
         if i >= 1:
             for d, kinds in traffic.items():
-                for k, n in kinds.items():
-                    moved[d][k] = moved[d].get(k, 0) + n
+                moved[d].update(kinds)
         wait += time.perf_counter() - t0
         if pool is not None:  # IMPALA's loop: the actors take the learner's weights, the next rollout starts
             actor.load_state_dict(agent.state_dict())
@@ -175,7 +175,8 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
         "serve_us_per_step": serve / steps * 1e6, "update_us_per_step": update / steps * 1e6,
         "wait_us_per_step": wait / steps * 1e6,
         "phases_us_per_step": {k: v / steps * 1e6 for k, v in sorted(spent.items())},
-        "bytes": {**moved, "total": sum(n for kinds in moved.values() for n in kinds.values())},
+        "bytes": {"up": dict(moved["up"]), "down": dict(moved["down"]),
+                  "total": moved["up"].total() + moved["down"].total()},
         "weight_syncs": stats["weight_syncs"]["total"], "rss_mb": _rss_mb() - base_rss,
     }
     env.close()

@@ -484,3 +484,15 @@ def test_byte_meter_is_thread_safe():
     assert s["messages"] == 8000
     assert s["total"] == 8000 * 8
     assert all(m.worker_bytes(w) == 2000 * 8 for w in range(4))
+
+
+def test_bytes_by_direction_are_the_summarys():
+    """``by_direction`` is the summary's up/down split, without the per-worker table."""
+    meter = ByteMeter()
+    meter.add_message({"observations": 40, "control": 3}, 0, "up")
+    meter.add_message({"weights": 100}, 1, "down")
+    meter.add("control", 5, None, "down")
+    split = meter.by_direction()
+    assert split == {"up": {"observations": 40, "control": 3}, "down": {"weights": 100, "control": 5}}
+    summary = meter.summary()
+    assert (summary["up"], summary["down"]) == (split["up"], split["down"])

@@ -91,12 +91,17 @@ class ByteMeter:
                 return self._by_worker.get((worker, kind), 0)
             return sum(v for (w, _), v in self._by_worker.items() if w == worker)
 
+    def by_direction(self) -> dict[str, dict[str, int]]:
+        """Bytes per kind in each direction: ``{"up": {kind: n, ...}, "down": {...}}`` (kinds seen so far)."""
+        with self._lock:
+            return {d: {k: v for (d_, k), v in self._by_dir.items() if d_ == d} for d in (UP, DOWN)}
+
     def summary(self) -> dict[str, Any]:
         """JSON-ready summary: ``{kind: bytes, ..., "total": n, "up": {...}, "down": {...}, "per_worker": {...}}``."""
         by_kind = self.by_kind()
+        directions = self.by_direction()
+        up, down = directions[UP], directions[DOWN]
         with self._lock:
-            up = {k: v for (d, k), v in self._by_dir.items() if d == UP}
-            down = {k: v for (d, k), v in self._by_dir.items() if d == DOWN}
             per_worker: dict[str, dict[str, int]] = defaultdict(dict)
             for (w, k), v in sorted(self._by_worker.items()):
                 per_worker[str(w)][k] = v
