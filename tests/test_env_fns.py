@@ -96,11 +96,3 @@ def test_an_ale_id_imports_the_package_that_registers_it():
         assert obs.shape == (1, 210, 160, 3) and obs.dtype == np.uint8
     finally:
         env.close()
-
-
-def test_frames_an_mlp_would_flatten_are_named():
-    """(H, W, C) uint8 frames are not what the CNN takes: the MLP they get says so instead of learning slowly."""
-    from frugalrl import make_agent
-
-    with pytest.warns(UserWarning, match=r"look like \(H, W, C\) frames"):
-        make_agent(gym.spaces.Box(0, 255, (96, 96, 3), np.uint8), gym.spaces.Box(-1, 1, (3,)))

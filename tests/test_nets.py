@@ -58,9 +58,41 @@ def test_auto_picks_the_network_by_observation() -> None:
         make_agent(cartpole.observation_space, cartpole.action_space, net="cnn")
     with pytest.raises(ValueError, match="net must be"):
         make_agent(cartpole.observation_space, cartpole.action_space, net="transformer")  # type: ignore[arg-type]
-    # an (H, W, C) image too large to be a grid is not taken for one
-    big = gym.spaces.Box(0, 255, (96, 96, 3), np.uint8)
+    # an (H, W, C) image too large to be a grid is not taken for one; as uint8 it is a frame, channels last
+    big = gym.spaces.Box(0, 255, (96, 96, 3), np.float32)
     assert image_layout(big) is None
+    assert image_layout(gym.spaces.Box(0, 255, (96, 96, 3), np.uint8)) == "frames_last"
+
+
+def test_frames_with_box_actions_get_the_cnn_and_a_gaussian_head() -> None:
+    """CarRacing-v3 as Gymnasium makes it ((96, 96, 3) uint8 frames, steering and pedals): the Nature-CNN reads
+    the frames channels last, a Gaussian acts, and the agent rebuilds from its spec, prunes and exports."""
+    from frugalrl.compress.prune import prune_agent
+    from frugalrl.presets import family_of
+
+    env = gym.make("CarRacing-v3")
+    assert family_of(env.observation_space, env.action_space) == "image"
+    frames = torch.as_tensor(random_states(env, 8, seed=1))
+    env.close()
+    assert frames.shape == (8, 96, 96, 3) and frames.dtype == torch.uint8
+    torch.manual_seed(0)
+    agent = make_agent(env.observation_space, env.action_space)
+    assert isinstance(agent, NatureCNNActorCritic) and agent.channels_last and agent.dist_kind == "gaussian"
+    with torch.no_grad():
+        params, value = agent.dist_params_and_value(frames)
+        assert params.shape == (8, 6) and value.shape == (8,)
+        assert torch.equal(params[:, 3:], agent.log_std.expand(8, 3))  # log-std 0: one half-box of noise
+        torch.testing.assert_close(agent.max_entropy_log_std, torch.log(torch.tensor([1.0, 0.5, 0.5])))
+        rebuilt = build_policy(agent.spec.to_json())
+        rebuilt.load_state_dict(agent.state_dict())
+        assert torch.equal(rebuilt.dist_params(frames), params)
+        agent.log_std.fill_(-0.5)
+        pruned = prune_agent(agent, 0.5)
+        assert pruned.dist_kind == "gaussian" and torch.equal(pruned.log_std, agent.log_std)
+        assert pruned.dist_params(frames).shape == (8, 6)
+    graph = export_onnx(agent, frames)
+    onnx = OnnxPolicy.from_bytes(graph, "gaussian")
+    torch.testing.assert_close(onnx.dist_params(frames), agent.dist_params(frames).detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_grid_cnn_rebuilds_exports_and_quantizes(breakout: tuple[gym.Env, torch.Tensor]) -> None:
@@ -135,3 +167,26 @@ def test_the_acting_state_leaves_the_critic_out_and_loads_only_whole():
     assert all(torch.equal(t, state[k]) for k, t in acting_state(other).items())
     with pytest.raises(KeyError, match="missing"):
         load_acting_state(other, {k: t for k, t in state.items() if k != next(iter(state))})
+
+
+def test_a_worker_acts_on_frames_with_the_gaussian_cnn() -> None:
+    """The library's own CarRacing factory ((4, 96, 96) stacked frames, Box actions): a worker process rebuilds
+    the CNN from its spec and weights and samples the actions that the head's copy describes."""
+    from frugalrl import ClusterEnv
+    from frugalrl.dists import log_prob
+
+    envs = ClusterEnv("frugalrl.envs.carracing:make_car_racing", num_workers=1, envs_per_worker=2, seed=3,
+                      inline_workers=0)
+    try:
+        torch.manual_seed(0)
+        agent = make_agent(envs.single_observation_space, envs.single_action_space)
+        assert isinstance(agent, NatureCNNActorCritic) and not agent.channels_last
+        batch = envs.rollout(agent, 4)
+    finally:
+        envs.close()
+    assert batch.obs.shape == (4, 2, 4, 96, 96) and batch.actions.shape == (4, 2, 3)
+    assert batch.behaviour_logp is not None  # the uplink's default sends log μ(a|s), not the Gaussian's parameters
+    with torch.no_grad():
+        params = agent.dist_params(torch.as_tensor(batch.obs.reshape(8, 4, 96, 96)))
+        logp = log_prob("gaussian", params, torch.as_tensor(batch.actions.reshape(8, 3)))
+    torch.testing.assert_close(torch.as_tensor(batch.behaviour_logp.reshape(8)), logp, rtol=1e-4, atol=1e-4)

@@ -338,7 +338,8 @@ class NetConfig(ConfigPart):
     """The actor-critic network: an MLP for flat observations, a CNN for images (``net``)."""
 
     net: Net = "auto"
-    """'auto': the Nature-CNN for uint8 (C, H, W) frames (Atari), the MinAtar paper's CNN for small (H, W, C)
+    """'auto': the Nature-CNN for uint8 frames ((C, H, W) as Atari's preprocessing stacks them, or (H, W, C) as
+    CarRacing renders them; Discrete or Box actions), the MinAtar paper's CNN for small (H, W, C)
     grids (MinAtar), an MLP otherwise; 'mlp': an MLP on the flattened observation; 'cnn': a CNN (an error for
     observations that are not images)."""
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar, cast, get_args
 
@@ -342,7 +341,10 @@ class MLPActorCritic(ActorCritic):
 
 
 class NatureCNNActorCritic(ActorCritic):
-    """Nature-CNN trunk (Mnih et al. 2015) with a categorical actor head and a value head.
+    """Nature-CNN trunk (Mnih et al. 2015) with an actor head and a value head.
+
+    The actor is categorical for Discrete actions and, for Box actions (e.g. CarRacing's steering and pedals), a
+    Gaussian with a state-independent log-std (``log_std_init``), as :class:`MLPActorCritic`'s.
 
     ``channels`` are the output channels of the first ``len(channels)`` convolutions (8x8 s4, 4x4 s2,
     3x3 s1, each followed by ReLU); ``hidden`` is the width of the fully connected layer. The default is
@@ -364,6 +366,7 @@ class NatureCNNActorCritic(ActorCritic):
         convs: list[list[int]] | tuple[tuple[int, int], ...] | None = None,
         channels_last: bool = False,
         scale: float = 1.0 / 255.0,
+        log_std_init: float = 0.0,
     ):
         super().__init__()
         self.obs_shape = [int(x) for x in obs_shape]
@@ -377,28 +380,42 @@ class NatureCNNActorCritic(ActorCritic):
             raise ValueError(f"NatureCNNActorCritic needs (C, H, W) observations, got shape {self.obs_shape}")
         if not 1 <= len(self.channels) <= len(self.convs):
             raise ValueError(f"channels must list 1 to {len(self.convs)} convolution widths, got {self.channels}")
-        if action.get("type") != "discrete":
-            raise ValueError(f"NatureCNNActorCritic supports Discrete actions only, got {action!r}")
         kwargs: dict[str, Any] = {"obs_shape": self.obs_shape, "action": self.action, "channels": self.channels,
                                   "hidden": self.hidden}
         if convs is not None or channels_last or self.scale != 1.0 / 255.0:  # the Nature-CNN's spec stays as it was
             kwargs.update(convs=self.convs, channels_last=self.channels_last, scale=self.scale)
+        if action.get("type") == "discrete":
+            self.dist_kind = "categorical"
+            out = int(action["n"])
+        elif action.get("type") == "box":
+            self.dist_kind = "gaussian"
+            out = int(np.prod(action["shape"]))
+            self.max_entropy_log_std = box_log_half_width(action)
+            if log_std_init != 0.0:
+                kwargs["log_std_init"] = float(log_std_init)
+        else:
+            raise ValueError(f"unsupported action description {action!r}")
         self.spec = PolicySpec("frugalrl.nets:NatureCNNActorCritic", kwargs)
-        self.dist_kind = "categorical"
         chw = self.obs_shape[2:] + self.obs_shape[:2] if self.channels_last else self.obs_shape
         conv, n_features = conv_layers(chw, self.channels, self.convs)
         self.trunk = nn.Sequential(*conv, layer_init(nn.Linear(n_features, self.hidden)), nn.ReLU())
-        self.actor = layer_init(nn.Linear(self.hidden, int(action["n"])), std=0.01)
+        self.actor = layer_init(nn.Linear(self.hidden, out), std=0.01)
         self.critic = layer_init(nn.Linear(self.hidden, 1), std=1.0)
+        if self.dist_kind == "gaussian":
+            self.log_std = nn.Parameter(torch.full((out,), float(log_std_init)))
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """Trunk output, shape ``(batch, hidden)``."""
         x = obs.float() * self.scale
         return self.trunk(x.permute(0, 3, 1, 2) if self.channels_last else x)
 
+    def _actor_params(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.actor(x)
+        return out if self.dist_kind == "categorical" else torch.cat([out, self.log_std.expand_as(out)], dim=-1)
+
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
-        """Action logits."""
-        return self.actor(self.features(obs))
+        """Action logits, or mean and log-std concatenated."""
+        return self._actor_params(self.features(obs))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State value, shape ``(batch,)``."""
@@ -407,7 +424,7 @@ class NatureCNNActorCritic(ActorCritic):
     def dist_params_and_value(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Both heads from one trunk pass."""
         x = self.features(obs)
-        return self.actor(x), self.critic(x).squeeze(-1)
+        return self._actor_params(x), self.critic(x).squeeze(-1)
 
 
 def grid_cnn(obs_shape: list[int] | tuple[int, ...], action: dict[str, Any]) -> NatureCNNActorCritic:
@@ -417,15 +434,22 @@ def grid_cnn(obs_shape: list[int] | tuple[int, ...], action: dict[str, Any]) -> 
                                 scale=1.0)
 
 
-def image_layout(space: gym.Space) -> Literal["frames", "grid"] | None:
-    """How a 3-D Box observation is an image: ``"frames"`` (uint8 (C, H, W), e.g. stacked Atari frames, for the
-    Nature-CNN), ``"grid"`` (an (H, W, C) grid of at most :data:`GRID_MAX` cells a side, e.g. MinAtar's, for :func:`grid_cnn`), None (not an image)."""
+ImageLayout = Literal["frames", "frames_last", "grid"]
+
+
+def image_layout(space: gym.Space) -> ImageLayout | None:
+    """How a 3-D Box observation is an image, for the Nature-CNN: ``"frames"`` (uint8 (C, H, W), e.g. stacked Atari
+    frames) or ``"frames_last"`` (uint8 (H, W, C), e.g. CarRacing's or a raw Atari screen, as Gymnasium renders
+    them); for :func:`grid_cnn`, ``"grid"`` (an (H, W, C) grid of at most :data:`GRID_MAX` cells a side, e.g.
+    MinAtar's); None (not an image). A frame is at least 36 pixels a side, the least the Nature-CNN takes."""
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 3:
         return None
-    c, h, w = space.shape
-    if space.dtype == np.uint8 and c < min(h, w) and min(h, w) >= 36:
+    a, b, c = space.shape
+    if space.dtype == np.uint8 and a < min(b, c) and min(b, c) >= 36:
         return "frames"
-    if w < min(c, h) and GRID_CONVS[0][0] <= min(c, h) and max(c, h) <= GRID_MAX:
+    if space.dtype == np.uint8 and c < min(a, b) and min(a, b) >= 36:
+        return "frames_last"
+    if c < min(a, b) and GRID_CONVS[0][0] <= min(a, b) and max(a, b) <= GRID_MAX:
         return "grid"
     return None
 
@@ -436,7 +460,8 @@ def make_agent(
 ) -> ActorCritic:
     """A default actor-critic for the given single-env spaces.
 
-    ``net="auto"``: the Nature-CNN for uint8 (C, H, W) frames, the MinAtar paper's CNN (:func:`grid_cnn`) for small
+    ``net="auto"``: the Nature-CNN for uint8 frames ((C, H, W), or (H, W, C) as Gymnasium renders them), the MinAtar
+    paper's CNN (:func:`grid_cnn`) for small
     (H, W, C) grids, an MLP otherwise; ``"cnn"`` insists on a CNN (an error for a non-image space), ``"mlp"`` on an
     MLP (on the flattened observation). ``mlp_options``: :class:`MLPActorCritic`'s ``activation``,
     ``log_std_init``, ``ortho_init``, ``obs_norm``.
@@ -449,19 +474,14 @@ def make_agent(
         raise ValueError(f"net must be 'auto', 'mlp' or 'cnn', got {net!r}")
     layout = image_layout(observation_space) if net != "mlp" else None
     if net == "cnn" and layout is None:
-        raise ValueError(f"net='cnn' needs uint8 (C, H, W) frames or a small (H, W, C) grid, got shape "
+        raise ValueError(f"net='cnn' needs uint8 frames of at least 36x36 or a small (H, W, C) grid, got shape "
                          f"{observation_space.shape} dtype {observation_space.dtype}")
-    if layout == "frames":
-        return NatureCNNActorCritic(observation_space.shape, action_desc(action_space))
+    if layout in ("frames", "frames_last"):
+        return NatureCNNActorCritic(observation_space.shape, action_desc(action_space),
+                                    channels_last=layout == "frames_last")
     if layout == "grid":
         return grid_cnn(observation_space.shape, action_desc(action_space))
-    shape = observation_space.shape
-    hwc_frames = len(shape) == 3 and shape[-1] <= 4 and min(shape[:2]) >= 36
-    if net == "auto" and observation_space.dtype == np.uint8 and hwc_frames:
-        warnings.warn(f"observations of shape {shape} (uint8) look like (H, W, C) frames: an MLP sees their "
-                      f"{int(np.prod(shape)):,} values; the CNN takes (C, H, W) frames (for Atari, the factory "
-                      "frugalrl.envs.atari:make_atari preprocesses them so)", stacklevel=2)
-    return MLPActorCritic(int(np.prod(shape)), action_desc(action_space), hidden, **mlp_options)
+    return MLPActorCritic(int(np.prod(observation_space.shape)), action_desc(action_space), hidden, **mlp_options)
 
 
 # ------------------------------------------------------------------ the split model (pipeline PPO)

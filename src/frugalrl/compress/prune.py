@@ -163,6 +163,9 @@ def _prune_cnn(agent: NatureCNNActorCritic, s: float, kept: dict[str, torch.Tens
             cols = rows
     _copy(pruned.actor, agent.actor, None, cols)
     _copy(pruned.critic, agent.critic, None, cols)
+    if agent.dist_kind == "gaussian":
+        with torch.no_grad():
+            pruned.log_std.copy_(agent.log_std)
     return pruned
 
 

@@ -48,7 +48,7 @@ def families(algo: str) -> dict[str, dict[str, Any]]:
 
 
 def family_of(observation_space: gym.Space, action_space: gym.Space) -> Family:
-    """The family of an env with these (single-env) spaces: ``image`` for uint8 frames and ``grid`` for small
+    """The family of an env with these (single-env) spaces: ``image`` for uint8 frames (either channel order) and ``grid`` for small
     (H, W, C) grids (what ``--net auto`` gives a CNN, :func:`frugalrl.nets.image_layout`), else ``continuous`` for
     Box actions, else ``discrete``."""
     import gymnasium as gym
@@ -57,7 +57,7 @@ def family_of(observation_space: gym.Space, action_space: gym.Space) -> Family:
 
     layout = image_layout(observation_space)
     if layout is not None:
-        return "image" if layout == "frames" else "grid"
+        return "grid" if layout == "grid" else "image"
     return "continuous" if isinstance(action_space, gym.spaces.Box) else "discrete"
 
 
