@@ -46,6 +46,11 @@ def test_encoder_and_heads_match_the_paper():
     enc = make_encoder(gym.spaces.Box(0, 255, (4, 96, 96), np.uint8), [64])
     assert enc.feature_dim == 4096
     assert enc(torch.zeros(2, 4, 96, 96, dtype=torch.uint8)).shape == (2, 4096)
+    # CarRacing-v3's own (96, 96, 3) screens: the same convolutions, reading the frames channels last
+    hwc = make_encoder(gym.spaces.Box(0, 255, (96, 96, 3), np.uint8), [64])
+    frames = torch.randint(0, 256, (2, 96, 96, 3), dtype=torch.uint8)
+    assert hwc.feature_dim == 4096 and hwc(frames).shape == (2, 4096)
+    torch.testing.assert_close(hwc(frames), hwc.net(frames.permute(0, 3, 1, 2).float() / 255))
     space = gym.spaces.Box(np.array([-1, 0, 0], np.float32), np.array([1, 1, 1], np.float32))
     heads = Heads(4096, action_desc(space), hidden=512)
     assert [m.weight.shape for m in heads.actor if hasattr(m, "weight")] == [(512, 4096), (3, 512)]

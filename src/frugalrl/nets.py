@@ -487,16 +487,21 @@ def make_agent(
 # ------------------------------------------------------------------ the split model (pipeline PPO)
 class PixelEncoder(nn.Module):
     """Stage 0's CNN of the split model: uint8 frames (C, H, W) → flat features (4096 on 4×96×96): the three
-    Nature-CNN convolutions without the fully connected layer, as the pipeline paper cuts the network."""
+    Nature-CNN convolutions without the fully connected layer, as the pipeline paper cuts the network.
+    ``channels_last``: the frames (and ``obs_shape``) are (H, W, C), as Gymnasium renders them."""
 
-    def __init__(self, obs_shape: list[int] | tuple[int, ...], channels: list[int] | tuple[int, ...] = (32, 64, 64)) -> None:
+    def __init__(self, obs_shape: list[int] | tuple[int, ...], channels: list[int] | tuple[int, ...] = (32, 64, 64),
+                 channels_last: bool = False) -> None:
         super().__init__()
-        layers, self.feature_dim = conv_layers(obs_shape, channels)
+        self.channels_last = channels_last
+        chw = list(obs_shape[2:]) + list(obs_shape[:2]) if channels_last else list(obs_shape)
+        layers, self.feature_dim = conv_layers(chw, channels)
         self.net = nn.Sequential(*layers)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Features of a batch of frames."""
-        return self.net(obs.float() * (1.0 / 255.0))
+        x = obs.float() * (1.0 / 255.0)
+        return self.net(x.permute(0, 3, 1, 2) if self.channels_last else x)
 
 
 class VectorEncoder(nn.Module):
@@ -515,16 +520,18 @@ class VectorEncoder(nn.Module):
 
 def make_encoder(obs_space: gym.Space, hidden: list[int] | tuple[int, ...],
                  obs_norm: bool = False) -> PixelEncoder | VectorEncoder:
-    """The encoder for ``obs_space``: the CNN for uint8 (C, H, W) frames, an MLP for flat Box vectors (with an
-    :class:`~frugalrl.normalize.ObsNormalizer` in front if ``obs_norm``; frames are scaled, not normalised)."""
+    """The encoder for ``obs_space``: the CNN for uint8 frames ((C, H, W) or (H, W, C): :func:`image_layout`), an MLP
+    for flat Box vectors (with an :class:`~frugalrl.normalize.ObsNormalizer` in front if ``obs_norm``; frames are
+    scaled, not normalised)."""
     if not isinstance(obs_space, gym.spaces.Box):
         raise ValueError(f"the split model needs a Box observation space, got {obs_space}")
-    if len(obs_space.shape) == 3 and obs_space.dtype == np.uint8:
-        return PixelEncoder(tuple(obs_space.shape))
+    layout = image_layout(obs_space)
+    if layout in ("frames", "frames_last"):
+        return PixelEncoder(tuple(obs_space.shape), channels_last=layout == "frames_last")
     if len(obs_space.shape) == 1:
         return VectorEncoder(int(obs_space.shape[0]), list(hidden), obs_norm)
-    raise ValueError(f"the split model needs uint8 (C, H, W) frames or flat vectors, got shape {obs_space.shape} "
-                     f"dtype {obs_space.dtype} (stack frames channel-first, e.g. FrameStackObservation)")
+    raise ValueError(f"the split model needs uint8 frames of at least 36x36 or flat vectors, got shape "
+                     f"{obs_space.shape} dtype {obs_space.dtype}")
 
 
 class Heads(nn.Module):
