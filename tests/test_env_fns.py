@@ -96,3 +96,19 @@ def test_an_ale_id_imports_the_package_that_registers_it():
         assert obs.shape == (1, 210, 160, 3) and obs.dtype == np.uint8
     finally:
         env.close()
+
+
+def test_a_minatar_id_registers_minatars_own_envs_in_every_worker():
+    """MinAtar's package defines ``MinAtar/<Game>-v1`` ids but registers them only when asked: frugalrl reads the id
+    as ``frugalrl.envs.minatar:MinAtar/...``, whose import registers them, in a worker process too."""
+    from frugalrl.envs.spec import to_env_spec
+
+    assert to_env_spec("MinAtar/Freeway-v1").id == "frugalrl.envs.minatar:MinAtar/Freeway-v1"
+    env = ClusterEnv("MinAtar/Freeway-v1", 1, 2, backend="local", inline_workers=0)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (2, 10, 10, 7) and obs.dtype == bool
+        assert env.single_action_space.n == 3  # v1: the minimal action set
+        env.step(np.array([1, 2]))
+    finally:
+        env.close()

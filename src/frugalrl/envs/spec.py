@@ -76,7 +76,7 @@ def flat_observations(env: gym.Env) -> gym.Env:
     return gym.wrappers.DtypeObservation(flat, np.uint8 if small else np.float32)
 
 
-NAMESPACE_MODULES = {"ALE": "ale_py", "MiniGrid": "minigrid", "BabyAI": "minigrid"}
+NAMESPACE_MODULES = {"ALE": "ale_py", "MiniGrid": "minigrid", "BabyAI": "minigrid", "MinAtar": "frugalrl.envs.minatar"}
 """Gymnasium id namespaces whose envs a package registers when imported (Gymnasium 1.x no longer imports it):
 ``ALE/Pong-v5`` is read as ``ale_py:ALE/Pong-v5`` when ale-py is installed."""
 
