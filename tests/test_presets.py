@@ -100,6 +100,24 @@ def test_the_family_is_picked_from_the_spaces():
         presets.make_config("ppo", "X-v0", f"family:{family}").validate()
 
 
+def test_an_algorithm_with_one_family_keeps_its_defaults_for_the_others():
+    """IMPALA has a fallback for Box actions only: continuous control gets it, other envs IMPALAConfig's defaults,
+    an env with a preset its preset."""
+    from frugalrl.algos.impala import IMPALAConfig
+
+    assert set(presets.families("impala")) == {"continuous"}
+    cfg = presets.make_config("impala", "Pendulum-v1")
+    assert isinstance(cfg, IMPALAConfig) and cfg.preset == "family:continuous"
+    assert (cfg.envs_per_worker, cfg.num_steps, cfg.update_epochs, cfg.ent_coef) == (1, 1024, 10, 0.0)
+    assert cfg.sources["num_steps"] == "family continuous"
+    cfg.validate()
+    assert presets.resolve("impala", "CartPole-v1") == ({}, None)
+    assert presets.make_config("impala", "CartPole-v1").num_steps == IMPALAConfig().num_steps
+    assert presets.resolve("impala", "LunarLanderContinuous-v3")[1] == "LunarLanderContinuous-v3"
+    with pytest.raises(ValueError, match="unknown impala preset 'family:discrete'"):
+        presets.resolve("impala", "CartPole-v1", "family:discrete")
+
+
 def test_a_preset_and_given_values_win_over_the_family_and_are_recorded():
     cfg = presets.make_config("ppo", "MountainCarContinuous-v0", learning_rate=1e-3)
     assert cfg.preset == "family:continuous" and cfg.update_epochs == 10 and cfg.learning_rate == 1e-3

@@ -76,7 +76,7 @@ def resolve(algo: str, env: str, preset: str | None = AUTO,
             env_kwargs: dict[str, Any] | None = None) -> tuple[dict[str, Any], str | None]:
     """The field values ``preset`` gives ``algo`` on ``env``, and its name (None: no preset applies).
 
-    ``preset``: ``"auto"`` (``env``'s own if any, else its family's, named ``family:NAME``: ``env`` is built once
+    ``preset``: ``"auto"`` (``env``'s own if any, else its family's if the algorithm has one, named ``family:NAME``: ``env`` is built once
     with ``env_kwargs`` to read its spaces), ``"none"``, an env id of the algorithm's file, ``family:NAME``, or a
     ``.json`` file (its fields, or the entry for ``env`` in a mapping env -> fields). ``ValueError`` names an
     unknown preset.
@@ -87,9 +87,10 @@ def resolve(algo: str, env: str, preset: str | None = AUTO,
     if preset == AUTO:
         if env in table:
             return _fields(table[env]), env
-        if not fallbacks:
+        family = env_family(env, env_kwargs) if fallbacks else None
+        if family not in fallbacks:  # an algorithm may have fallbacks for some families only
             return {}, None
-        preset = FAMILY + env_family(env, env_kwargs)
+        preset = FAMILY + family
     if preset in table:
         return _fields(table[preset]), preset
     if preset.startswith(FAMILY) and preset.removeprefix(FAMILY) in fallbacks:
