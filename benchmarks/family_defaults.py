@@ -69,6 +69,9 @@ FACTORIES: dict[str, tuple[str, dict[str, Any]]] = {
     "MinAtar-Breakout": (MINATAR, SUITE_ENVS["MinAtar-Breakout"]["env_kwargs"]),
     "MinAtar-SpaceInvaders": (MINATAR, {"game": "space_invaders"})}
 EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
+#: PPO's continuous batch and update under IMPALA's loop (a candidate for IMPALA's continuous family).
+IMPALA_CONT_PPO = ["--preset", "none", "--envs-per-worker", "1", "--num-steps", "1024", "--num-minibatches", "32",
+                   "--update-epochs", "10", "--learning-rate", "3e-4", "--ent-coef", "0"]
 #: Side → (algorithm, flags over the env, budget and seed).
 EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "frugal-discrete": ("ppo", ["--preset", "family:discrete"]),
@@ -87,9 +90,8 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          # IMPALAConfig's own defaults, and two candidates for a continuous family (tuning seeds 1-3)
          "impala-base": ("impala", ["--preset", "none"]),
          "impala-ent0": ("impala", ["--preset", "none", "--ent-coef", "0"]),
-         "impala-cont-ppo": ("impala", ["--preset", "none", "--envs-per-worker", "1", "--num-steps", "1024",
-                                        "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
-                                        "--ent-coef", "0"])}
+         "impala-cont-ppo": ("impala", IMPALA_CONT_PPO),
+         "impala-no-overlap": ("impala", [*IMPALA_CONT_PPO, "--no-overlap"])}  # the continuous family since it ran
 #: Ratio key in the table → (label, our side, the reference side).
 RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
           "ratio_nopreset": ("frugal-nopreset / sb3", "frugal-nopreset", "sb3"),

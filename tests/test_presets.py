@@ -108,7 +108,8 @@ def test_an_algorithm_with_one_family_keeps_its_defaults_for_the_others():
     assert set(presets.families("impala")) == {"continuous"}
     cfg = presets.make_config("impala", "Pendulum-v1")
     assert isinstance(cfg, IMPALAConfig) and cfg.preset == "family:continuous"
-    assert (cfg.envs_per_worker, cfg.num_steps, cfg.update_epochs, cfg.ent_coef) == (1, 1024, 10, 0.0)
+    assert (cfg.envs_per_worker, cfg.num_steps, cfg.update_epochs, cfg.ent_coef, cfg.overlap) == (1, 1024, 10, 0.0,
+                                                                                                   False)
     assert cfg.sources["num_steps"] == "family continuous"
     cfg.validate()
     assert presets.resolve("impala", "CartPole-v1") == ({}, None)
