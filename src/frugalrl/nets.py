@@ -156,6 +156,16 @@ def box_log_half_width(action: dict[str, Any]) -> torch.Tensor:
     return torch.as_tensor(np.log(half), dtype=torch.float32)
 
 
+def action_head(action: dict[str, Any]) -> tuple[DistKind, int]:
+    """The distribution an actor head parameterises for an :func:`action_desc` and its width (logits, or the
+    Gaussian's means: its log-stds are a parameter of their own); ``ValueError`` for any other description."""
+    if action.get("type") == "discrete":
+        return "categorical", int(action["n"])
+    if action.get("type") == "box":
+        return "gaussian", int(np.prod(action["shape"]))
+    raise ValueError(f"unsupported action description {action!r}")
+
+
 _Layer = TypeVar("_Layer", nn.Linear, nn.Conv2d)
 
 
@@ -281,15 +291,9 @@ class MLPActorCritic(ActorCritic):
         self.obs_norm = ObsNormalizer((self.obs_dim,)) if obs_norm else None
         if self.obs_norm is not None:
             self.exact_tensors = ("obs_norm.mean", "obs_norm.var", "obs_norm.count")
-        if action["type"] == "discrete":
-            self.dist_kind = "categorical"
-            out = int(action["n"])
-        elif action["type"] == "box":
-            self.dist_kind = "gaussian"
-            out = int(np.prod(action["shape"]))
+        self.dist_kind, out = action_head(action)
+        if self.dist_kind == "gaussian":
             self.max_entropy_log_std = log_half = box_log_half_width(action)
-        else:
-            raise ValueError(f"unsupported action description {action!r}")
         if sde and self.dist_kind != "gaussian":
             raise ValueError("sde (state-dependent exploration) needs Box actions")
         self.sde = bool(sde)
@@ -384,17 +388,11 @@ class NatureCNNActorCritic(ActorCritic):
                                   "hidden": self.hidden}
         if convs is not None or channels_last or self.scale != 1.0 / 255.0:  # the Nature-CNN's spec stays as it was
             kwargs.update(convs=self.convs, channels_last=self.channels_last, scale=self.scale)
-        if action.get("type") == "discrete":
-            self.dist_kind = "categorical"
-            out = int(action["n"])
-        elif action.get("type") == "box":
-            self.dist_kind = "gaussian"
-            out = int(np.prod(action["shape"]))
+        self.dist_kind, out = action_head(action)
+        if self.dist_kind == "gaussian":
             self.max_entropy_log_std = box_log_half_width(action)
             if log_std_init != 0.0:
                 kwargs["log_std_init"] = float(log_std_init)
-        else:
-            raise ValueError(f"unsupported action description {action!r}")
         self.spec = PolicySpec("frugalrl.nets:NatureCNNActorCritic", kwargs)
         chw = self.obs_shape[2:] + self.obs_shape[:2] if self.channels_last else self.obs_shape
         conv, n_features = conv_layers(chw, self.channels, self.convs)
