@@ -19,6 +19,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,6 +114,25 @@ def plot_model(model: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def remodel(path: Path) -> None:
+    """Replace a results file's ``model`` with this commit's predictions from the same measured runs (the runs stay
+    as measured; ``model_from`` records the recomputation)."""
+    out = json.loads(path.read_text())
+    out["model"] = model_check(out["runs"])
+    out["model_from"] = {"command": " ".join(shlex.quote(a) for a in sys.argv), "commit": _commit(),
+                         "date": time.strftime("%Y-%m-%d")}
+    if len({r["workers"] for r in out["runs"]}) > 1:
+        plot_model(out["model"], path.with_suffix(".png"))
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"rewrote the model of {path}")
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent)
+    return done.stdout.strip() or "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="LunarLander-v3")
@@ -140,7 +160,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per run")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "shaped_links.json"))
+    parser.add_argument("--remodel", metavar="JSON",
+                        help="run nothing: recompute the model's predictions (and plot) of a results file from the "
+                             "runs it stored, with this commit's frugalrl.scale_model")
     args = parser.parse_args()
+    if args.remodel:
+        remodel(Path(args.remodel))
+        return
     unknown = set(args.syncs.split(",")) - set(SYNCS)
     if unknown:
         sys.exit(f"unknown --syncs {sorted(unknown)}; expected some of {list(SYNCS)}")

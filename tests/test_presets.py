@@ -4,13 +4,12 @@ the config records where each value came from."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from frugalrl import presets
 from frugalrl.algos.ppo import PPOConfig
+from frugalrl.cli import main as cli_main
 
 
 def test_every_preset_builds_a_valid_config():
@@ -38,34 +37,36 @@ def test_resolve_auto_none_name_and_file(tmp_path):
         presets.resolve("ppo", "X-v0", "nope")
 
 
-def test_cli_applies_the_envs_preset_and_flags_win(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--env", "CartPole-v1",
-                           "--total-timesteps", "512", "--gamma", "0.9", "--eval-episodes", "1", "--no-progress",
-                           "--run-dir", str(tmp_path), "--run-name", "p", "--backend", "serial"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "preset CartPole-v1" in done.stderr
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    """``frugalrl ARGS`` in this process (a subprocess would spend most of the test importing torch)."""
+    capsys.readouterr()
+    code = cli_main(list(args))
+    return code, capsys.readouterr().err
+
+
+def test_cli_applies_the_envs_preset_and_flags_win(tmp_path, capsys):
+    common = ("--eval-episodes", "1", "--no-progress", "--no-tensorboard", "--no-plots", "--run-dir", str(tmp_path),
+              "--backend", "serial")
+    code, err = _cli(capsys, "train", "ppo", "--env", "CartPole-v1", "--total-timesteps", "512", "--gamma", "0.9",
+                     "--run-name", "p", *common)
+    assert code == 0, err
+    assert "preset CartPole-v1" in err
     config = json.loads((tmp_path / "p" / "config.json").read_text())
     assert config["preset"] == "CartPole-v1" and config["num_steps"] == 32 and config["gamma"] == 0.9
-    none = subprocess.run([sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--env", "Acrobot-v1",
-                           "--preset", "none", "--total-timesteps", "256", "--num-steps", "32", "--eval-episodes", "1",
-                           "--no-progress", "--run-dir", str(tmp_path), "--run-name", "n", "--backend", "serial"],
-                          capture_output=True, text=True, timeout=120)
-    assert none.returncode == 0, none.stderr
+    code, err = _cli(capsys, "train", "ppo", "--env", "Acrobot-v1", "--preset", "none", "--total-timesteps", "256",
+                     "--num-steps", "32", "--run-name", "n", *common)
+    assert code == 0, err
     assert json.loads((tmp_path / "n" / "config.json").read_text())["preset"] is None
-    missing = subprocess.run([sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--env", "MountainCarContinuous-v0",
-                              "--total-timesteps", "64", "--num-steps", "16", "--workers", "1", "--envs-per-worker", "2",
-                              "--num-minibatches", "1", "--eval-episodes", "1", "--no-progress", "--run-dir",
-                              str(tmp_path), "--run-name", "m", "--backend", "serial"],
-                             capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 0, missing.stderr
-    assert "no ppo preset for MountainCarContinuous-v0; using the family continuous fallback" in missing.stderr
-    assert "  command line: " in missing.stderr and "  family continuous: " in missing.stderr
+    code, err = _cli(capsys, "train", "ppo", "--env", "MountainCarContinuous-v0", "--total-timesteps", "64",
+                     "--num-steps", "16", "--workers", "1", "--envs-per-worker", "2", "--num-minibatches", "1",
+                     "--run-name", "m", *common)
+    assert code == 0, err
+    assert "no ppo preset for MountainCarContinuous-v0; using the family continuous fallback" in err
+    assert "  command line: " in err and "  family continuous: " in err
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["preset"] == "family:continuous" and config["update_epochs"] == 10 and config["num_steps"] == 16
     assert config["sources"]["update_epochs"] == "family continuous"
     assert config["sources"]["num_steps"] == "command line"
-
 
 
 def test_pipeline_ppo_presets_build_and_vector_envs_need_none():

@@ -27,7 +27,8 @@ def summary(workers: int = 2, syncs: int = 20, updates: int = 10, link_bytes: fl
 def test_figures_are_read_per_worker_and_step():
     f = RunFigures.from_summary(summary())
     assert f.env_steps_per_worker_iter == 512
-    assert f.up_bytes_per_step == 32 and f.down_bytes_per_step == 1
+    assert f.up_bytes_per_step == 30 and f.down_bytes_per_step == 0  # headers (control) are per message
+    assert f.up_bytes_per_worker_iter == 2 * 512 and f.down_bytes_per_worker_iter == 512
     assert f.weight_bytes_per_sync == 10_000 and f.syncs_per_worker_iter == 1.0
     assert f.rollout_s_per_iter == pytest.approx(0.2)
     assert f.update_s_per_sample == pytest.approx(1.0 / 10_240)
@@ -45,11 +46,12 @@ def test_prediction_adds_transfers_compute_and_update():
     assert predict(f, 8, None, worker_cores=2)["rollout_compute_s"] == pytest.approx(0.8)
 
 
-def test_the_same_envs_on_more_workers_move_more_weights_only():
+def test_the_same_envs_on_more_workers_move_more_weights_and_headers_only():
+    """Experience scales with the envs; each worker's weights messages and message headers do not."""
     f = RunFigures.from_summary(summary())
     two, eight = predict(f, 2, 0.01, worker_cores=2), predict(f, 8, 0.01, worker_cores=2, env_scale=0.25)
-    assert eight["up_bytes_per_iter"] == pytest.approx(two["up_bytes_per_iter"])
-    assert eight["down_bytes_per_iter"] - two["down_bytes_per_iter"] == pytest.approx(6 * 10_000)
+    assert eight["up_bytes_per_iter"] - two["up_bytes_per_iter"] == pytest.approx(6 * 2 * 512)
+    assert eight["down_bytes_per_iter"] - two["down_bytes_per_iter"] == pytest.approx(6 * (10_000 + 512))
     assert eight["rollout_compute_s"] == pytest.approx(two["rollout_compute_s"])  # the same env steps on 2 cores
     assert eight["update_s"] == pytest.approx(two["update_s"])
 

@@ -265,7 +265,8 @@ def _scale_model(args: argparse.Namespace) -> int:
         return 0
     f, sat = out["figures"], out["saturation"]
     print(f"measured at {f['workers']} workers: {f['env_steps_per_worker_iter']:.0f} env steps per worker per "
-          f"iteration, up {f['up_bytes_per_step']:.1f} B/step, down {f['down_bytes_per_step']:.1f} B/step + "
+          f"iteration, up {f['up_bytes_per_step']:.1f} B/step + {f['up_bytes_per_worker_iter']:,.0f} B of headers, "
+          f"down {f['down_bytes_per_step']:.1f} B/step + {f['down_bytes_per_worker_iter']:,.0f} B of headers + "
           f"{f['syncs_per_worker_iter']:.2f} × {f['weight_bytes_per_sync']:,.0f} B of weights per iteration")
     if f["overlap"]:
         print("the next rollout runs during the update (IMPALA's rollout thread): an iteration is the longer of the two")

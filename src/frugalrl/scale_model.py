@@ -5,7 +5,8 @@ A first-order model of PPO's synchronous loop (and of IMPALA's, whose next rollo
 iteration is then the longer of the two, see :func:`predict`), read from one measured run (its ``summary.json``):
 
 - every worker sends ``up`` bytes per env step and receives ``down`` bytes per env step plus, ``q`` times per
-  iteration, a weights message of ``w`` bytes (AAPS makes ``q`` < 1; bf16 and deltas make ``w`` small);
+  iteration, a weights message of ``w`` bytes (AAPS makes ``q`` < 1; bf16 and deltas make ``w`` small); the
+  messages' headers (the ``control`` kind) are paid per message, so per worker per iteration, not per env step;
 - an iteration is the weights going down, the workers stepping their ``E`` env steps each (in parallel, unless they
   share ``worker_cores`` cores), their fragments going up, the head's serving and the learner's update:
 
@@ -42,9 +43,9 @@ class RunFigures:
     env_steps_per_worker_iter: float
     """E: env steps each worker takes per PPO iteration (``num_steps × envs_per_worker``)."""
     up_bytes_per_step: float
-    """Everything the workers send, per env step (experience, control, checkpoints)."""
+    """What the workers send per env step besides message headers (experience, checkpoints)."""
     down_bytes_per_step: float
-    """What the head sends besides weights, per env step (requests, control)."""
+    """What the head sends per env step besides weights and message headers."""
     weight_bytes_per_sync: float
     syncs_per_worker_iter: float
     """q: weights messages per worker per iteration (1 for every-update syncs)."""
@@ -58,6 +59,11 @@ class RunFigures:
     """The update's time per iteration that does not grow with the batch (0: none, the update linear in it)."""
     overlap: bool = False
     """The next rollout runs while the learner updates (IMPALA's rollout thread); False: PPO's sequential loop."""
+    up_bytes_per_worker_iter: float = 0.0
+    """Message headers each worker sends per iteration (the ``control`` kind): one set per message, however many
+    env steps the message carries, so they do not shrink with a worker's envs."""
+    down_bytes_per_worker_iter: float = 0.0
+    """Message headers the head sends each worker per iteration (requests, the weights messages' headers)."""
 
     @classmethod
     def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None) -> RunFigures:
@@ -74,9 +80,12 @@ class RunFigures:
             raise ValueError("scale-model needs a run that was not resumed (its timings cover one process)")
         weights = b["down"].get("weights", 0)
         syncs = summary["weight_syncs"]["total"]
+        up_headers, down_headers = b["up"].get("control", 0), b["down"].get("control", 0)
         return cls(workers=workers, env_steps_per_worker_iter=steps / updates / workers,
-                   up_bytes_per_step=sum(b["up"].values()) / steps,
-                   down_bytes_per_step=(sum(b["down"].values()) - weights) / steps,
+                   up_bytes_per_step=(sum(b["up"].values()) - up_headers) / steps,
+                   down_bytes_per_step=(sum(b["down"].values()) - weights - down_headers) / steps,
+                   up_bytes_per_worker_iter=up_headers / updates / workers,
+                   down_bytes_per_worker_iter=down_headers / updates / workers,
                    weight_bytes_per_sync=weights / syncs if syncs else 0.0,
                    syncs_per_worker_iter=syncs / updates / workers,
                    rollout_s_per_iter=d["rollout_seconds"] / rollouts,
@@ -103,10 +112,11 @@ class RunFigures:
 
     def bytes_per_iter(self, workers: int, env_scale: float = 1.0) -> tuple[float, float]:
         """(up, down) bytes per iteration at ``workers`` workers of ``env_scale`` times the run's envs each: the
-        experience scales with the envs, the weights messages do not."""
+        experience scales with the envs, the weights messages and the headers do not."""
         e = self.env_steps_per_worker_iter * env_scale
-        return (workers * e * self.up_bytes_per_step,
-                workers * (e * self.down_bytes_per_step + self.syncs_per_worker_iter * self.weight_bytes_per_sync))
+        return (workers * (e * self.up_bytes_per_step + self.up_bytes_per_worker_iter),
+                workers * (e * self.down_bytes_per_step + self.down_bytes_per_worker_iter
+                           + self.syncs_per_worker_iter * self.weight_bytes_per_sync))
 
     def rollout_compute_s(self) -> float:
         """The measured rollout time less the measured run's own transfers over its link and its serving."""
@@ -150,8 +160,9 @@ def saturation(fig: RunFigures, step_rate: float | None = None,
     compute alone) and the worker counts at which the learner's link (each direction) and its core saturate."""
     e = fig.env_steps_per_worker_iter
     rate = step_rate or e / max(fig.rollout_compute_s(), 1e-9)
-    per_step = {"up": fig.up_bytes_per_step,
-                "down": fig.down_bytes_per_step + fig.syncs_per_worker_iter * fig.weight_bytes_per_sync / e}
+    per_step = {"up": fig.up_bytes_per_step + fig.up_bytes_per_worker_iter / e,
+                "down": fig.down_bytes_per_step + (fig.down_bytes_per_worker_iter
+                                                   + fig.syncs_per_worker_iter * fig.weight_bytes_per_sync) / e}
     busiest = max(per_step.values())
     core = (fig.update_s_per_sample + fig.serve_s_per_sample) * rate
     headroom = max(0.0, 1.0 - fig.update_s_per_iter * rate / e)  # what the fixed part of each update leaves
