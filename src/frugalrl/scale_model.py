@@ -6,11 +6,12 @@ iteration is then the longer of the two, see :func:`predict`), read from one mea
 
 - every worker sends ``up`` bytes per env step and receives ``down`` bytes per env step plus, ``q`` times per
   iteration, a weights message of ``w`` bytes (AAPS makes ``q`` < 1; bf16 and deltas make ``w`` small); the
-  messages' headers (the ``control`` kind) are paid per message, so per worker per iteration, not per env step;
+  messages' headers (the ``control`` kind, ``h`` up) are paid per message: per worker per iteration, not per
+  env step;
 - an iteration is the weights going down, the workers stepping their ``E`` env steps each (in parallel, unless they
   share ``worker_cores`` cores), their fragments going up, the head's serving and the learner's update:
 
-      s_per_iter(N) = N·q·w·8/L + rollout_compute · c(N)/c(W) + N·E·up·8/L + update_fixed
+      s_per_iter(N) = N·q·w·8/L + rollout_compute · c(N)/c(W) + N·(E·up + h)·8/L + update_fixed
                       + (serve + update)_per_sample · N·E
 
   with c(n) = max(1, n / worker_cores). One run cannot tell serving (decode, KL, recompute, assembly) from waiting,
