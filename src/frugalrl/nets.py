@@ -202,6 +202,16 @@ def mlp_layers(in_dim: int, hidden: list[int] | tuple[int, ...], activation: typ
     return layers, width
 
 
+def chw_shape(obs_shape: list[int] | tuple[int, ...], channels_last: bool) -> list[int]:
+    """A frame's shape as the convolutions read it, (C, H, W), from ``obs_shape`` ((H, W, C) if ``channels_last``)."""
+    return [*obs_shape[2:], *obs_shape[:2]] if channels_last else list(obs_shape)
+
+
+def as_chw(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """A batch of frames as (N, C, H, W) for the convolutions (a view; (N, H, W, C) if ``channels_last``)."""
+    return x.permute(0, 3, 1, 2) if channels_last else x
+
+
 def conv_layers(obs_shape: list[int] | tuple[int, ...], channels: list[int] | tuple[int, ...],
                 convs: list[list[int]] | tuple[tuple[int, int], ...] = NATURE_CONVS) -> tuple[list[nn.Module], int]:
     """Convolutions of ``channels`` output channels with the ``(kernel, stride)`` of ``convs`` (the Nature-CNN's
@@ -394,8 +404,7 @@ class NatureCNNActorCritic(ActorCritic):
             if log_std_init != 0.0:
                 kwargs["log_std_init"] = float(log_std_init)
         self.spec = PolicySpec("frugalrl.nets:NatureCNNActorCritic", kwargs)
-        chw = self.obs_shape[2:] + self.obs_shape[:2] if self.channels_last else self.obs_shape
-        conv, n_features = conv_layers(chw, self.channels, self.convs)
+        conv, n_features = conv_layers(chw_shape(self.obs_shape, self.channels_last), self.channels, self.convs)
         self.trunk = nn.Sequential(*conv, layer_init(nn.Linear(n_features, self.hidden)), nn.ReLU())
         self.actor = layer_init(nn.Linear(self.hidden, out), std=0.01)
         self.critic = layer_init(nn.Linear(self.hidden, 1), std=1.0)
@@ -405,7 +414,7 @@ class NatureCNNActorCritic(ActorCritic):
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """Trunk output, shape ``(batch, hidden)``."""
         x = obs.float() * self.scale
-        return self.trunk(x.permute(0, 3, 1, 2) if self.channels_last else x)
+        return self.trunk(as_chw(x, self.channels_last))
 
     def _actor_params(self, x: torch.Tensor) -> torch.Tensor:
         out = self.actor(x)
@@ -492,14 +501,13 @@ class PixelEncoder(nn.Module):
                  channels_last: bool = False) -> None:
         super().__init__()
         self.channels_last = channels_last
-        chw = list(obs_shape[2:]) + list(obs_shape[:2]) if channels_last else list(obs_shape)
-        layers, self.feature_dim = conv_layers(chw, channels)
+        layers, self.feature_dim = conv_layers(chw_shape(obs_shape, channels_last), channels)
         self.net = nn.Sequential(*layers)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Features of a batch of frames."""
         x = obs.float() * (1.0 / 255.0)
-        return self.net(x.permute(0, 3, 1, 2) if self.channels_last else x)
+        return self.net(as_chw(x, self.channels_last))
 
 
 class VectorEncoder(nn.Module):

@@ -136,9 +136,6 @@ def _prune_mlp(agent: MLPActorCritic, s: float, kept: dict[str, torch.Tensor]) -
             rows = kept[f"{part}.{name}"] if j < len(src_layers) - 1 else None
             _copy(dst, src, rows, cols)
             cols = rows
-    if agent.dist_kind == "gaussian":
-        with torch.no_grad():
-            pruned.log_std.copy_(agent.log_std)
     copy_obs_norm(agent, pruned)
     return pruned
 
@@ -163,9 +160,6 @@ def _prune_cnn(agent: NatureCNNActorCritic, s: float, kept: dict[str, torch.Tens
             cols = rows
     _copy(pruned.actor, agent.actor, None, cols)
     _copy(pruned.critic, agent.critic, None, cols)
-    if agent.dist_kind == "gaussian":
-        with torch.no_grad():
-            pruned.log_std.copy_(agent.log_std)
     return pruned
 
 
@@ -192,6 +186,9 @@ def prune_agent(agent: ActorCritic, sparsity: float) -> ActorCritic:
         pruned = _prune_cnn(src, s, kept)
     else:  # pragma: no cover - _check_supported rejected every other class
         raise TypeError(f"cannot prune a {type(src).__name__}")
+    if src.dist_kind == "gaussian":  # the state-independent log-std is no layer's: kept as it is
+        with torch.no_grad():
+            pruned.log_std.copy_(src.log_std)
     try:
         device = next(agent.parameters()).device
     except StopIteration:  # pragma: no cover - both supported classes have parameters
