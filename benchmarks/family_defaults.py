@@ -91,7 +91,9 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "impala-base": ("impala", ["--preset", "none"]),
          "impala-ent0": ("impala", ["--preset", "none", "--ent-coef", "0"]),
          "impala-cont-ppo": ("impala", IMPALA_CONT_PPO),
-         "impala-no-overlap": ("impala", [*IMPALA_CONT_PPO, "--no-overlap"])}  # the continuous family since it ran
+         "impala-no-overlap": ("impala", [*IMPALA_CONT_PPO, "--no-overlap"]),  # the continuous family since it ran
+         # the continuous family with V-trace's traces cut by λ = 0.95 (GAE's λ in PPO's fallback)
+         "impala-lam95": ("impala", ["--correct", "vtrace:1:1:0.95"])}
 #: Ratio key in the table → (label, our side, the reference side).
 RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
           "ratio_nopreset": ("frugal-nopreset / sb3", "frugal-nopreset", "sb3"),
