@@ -244,3 +244,22 @@ def test_a_collapse_that_fresh_episodes_confirm_is_reported(tmp_path, caplog):
     assert reg is not None and reg["recheck"]["confirmed"] and reg["recheck"]["episodes"] == 10
     assert reg["recheck"]["best"] == 500.0 and reg["recheck"]["final"] < 100
     assert "fresh episodes" in reg["message"] and "got worse" in caplog.text
+
+
+def test_evaluation_episodes_that_never_end_are_cut_and_the_run_says_so(tmp_path, caplog):
+    """An env without a time limit of its own (a counter truncated only after 10⁹ steps): each evaluation episode
+    stops at ``eval_max_steps`` with its return so far, the history counts the cut episodes (deterministic and
+    sampling), and the run warns once; episodes that end before the cap are not counted."""
+    from frugalrl.algos.ppo import PPOConfig, train
+
+    base = dict(env="envs_for_tests:CounterEnv", preset="none", workers=1, envs_per_worker=2, num_steps=16,
+                num_minibatches=1, total_timesteps=64, eval_episodes=2, eval_max_steps=30, backend="serial",
+                run_dir=str(tmp_path), progress=False, tensorboard=False, plots=False)
+    with caplog.at_level("WARNING"):
+        s = train(PPOConfig(**base, env_kwargs={"horizon": 10**9}, run_name="endless"))
+    assert s["eval_return_mean"] == 30.0 and s["stochastic_return_mean"] == 30.0  # reward 1 per step
+    assert s["eval_history"][-1]["cut_episodes"] == 4
+    warnings = [r.getMessage() for r in caplog.records if "eval_max_steps=30" in r.getMessage()]
+    assert len(warnings) == 1 and "4 of 4 evaluation episodes" in warnings[0]
+    ended = train(PPOConfig(**base, env_kwargs={"horizon": 20}, run_name="ended"))
+    assert ended["eval_return_mean"] == 20.0 and "cut_episodes" not in ended["eval_history"][-1]

@@ -157,6 +157,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=20_000,  # evaluation.FRESH_SEED (the CLI does not import torch)
                     help="env seed of the first episode (default: 20000, episodes no run evaluation plays)")
     ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    ev.add_argument("--max-steps", type=int, default=None,
+                    help="cut an episode that has not ended after this many steps, its return so far counted "
+                         "(default: the run's eval_max_steps)")
     pl = sub.add_parser("plots", help="(re)draw a run's PNG plots, or overlay several runs in one figure")
     pl.add_argument("run_dirs", nargs="+", metavar="RUN", help="a run directory; several: one overlay figure")
     pl.add_argument("--out", default=None, help="one run: the folder for its PNGs (default: RUN/plots); several: "
@@ -390,9 +393,11 @@ def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from frugalrl.algos import load_policy
     from frugalrl.envs.spec import to_env_spec
-    from frugalrl.evaluation import evaluate
+    from frugalrl.evaluation import MAX_STEPS, play
     from frugalrl.runs import read_config
 
     try:
@@ -400,11 +405,15 @@ def _eval(args: argparse.Namespace) -> int:
         agent, counters = load_policy(args.run_dir, args.checkpoint)
     except (FileNotFoundError, ValueError) as e:
         return _error(str(e))
+    if args.max_steps is not None and args.max_steps < 1:
+        return _error(f"--max-steps must be a positive integer, got {args.max_steps}")
     spec = to_env_spec(config["env"], config.get("env_kwargs") or {})
-    mean, std, returns = evaluate(agent, spec, args.episodes, seed=args.seed, deterministic=not args.stochastic)
+    max_steps = args.max_steps or int(config.get("eval_max_steps") or MAX_STEPS)
+    returns, cut = play(agent, spec, args.episodes, args.seed, not args.stochastic, max_steps)
     result = {"run_dir": str(Path(args.run_dir)), "algo": config.get("algo"), "env_id": config["env"],
               "checkpoint": args.checkpoint, "checkpoint_step": counters.get("env_steps"), "episodes": args.episodes,
-              "deterministic": not args.stochastic, "return_mean": mean, "return_std": std, "returns": returns}
+              "deterministic": not args.stochastic, "return_mean": float(np.mean(returns)),
+              "return_std": float(np.std(returns)), "returns": returns, "max_steps": max_steps, "cut_episodes": cut}
     print(json.dumps(result, indent=2))
     return 0
 
@@ -513,6 +522,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
         deltas = f", {syncs['delta']} as deltas" if syncs.get("delta") else ""
         lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}{deltas}")
     lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")
+    history = summary.get("eval_history") or []
+    if history and history[-1].get("cut_episodes"):
+        lines.append(f"  WARNING: {history[-1]['cut_episodes']} evaluation episodes were cut at --eval-max-steps "
+                     "before they ended: their returns are partial")
     for key in ("eval_disagreement", "eval_regression"):
         if summary.get(key):
             lines.append(f"  WARNING: {summary[key]['message']}")

@@ -137,6 +137,10 @@ class RunConfig(ConfigPart):
     """Episodes of each evaluation (deterministic actions, fresh envs in the training process)."""
     eval_every: int = 0
     """Evaluate every this many updates (0: only at the end)."""
+    eval_max_steps: int = 10_000
+    """Steps after which an evaluation episode that has not ended is cut and its return so far counted (the run
+    says so): an env without a time limit of its own would otherwise play a policy that never reaches an end
+    forever. Gymnasium's time limits (500 steps on CartPole, 1,000 on MuJoCo) end episodes before it."""
     eval_stochastic: bool = True
     """Each evaluation also plays eval_episodes episodes sampling actions (as the workers act), so that every
     entry of the evaluation history has a deterministic and a stochastic return beside the training return."""
@@ -163,7 +167,7 @@ class RunConfig(ConfigPart):
     def validate(self) -> None:
         """Check the run fields."""
         super().validate()
-        check_fields(self, positive_ints=("total_timesteps", "torch_threads"),
+        check_fields(self, positive_ints=("total_timesteps", "torch_threads", "eval_max_steps"),
                      nonneg=("eval_episodes", "eval_every", "checkpoint_every"))
         if not isinstance(self.env_kwargs, dict):
             raise ValueError(f"env_kwargs must be a dict, got {type(self.env_kwargs).__name__}")

@@ -28,6 +28,10 @@ EVAL_SEED = 10_000
 """Evaluation episodes of a run with seed s use env seeds ``EVAL_SEED + s, ...`` (never a training seed)."""
 FRESH_SEED = 20_000
 """``frugalrl eval``'s first env seed by default: episodes that no run's evaluations play."""
+MAX_STEPS = 10_000
+"""An evaluation episode that has not ended after this many steps is cut and its return so far counted (the
+default of ``RunConfig.eval_max_steps``): an env without a time limit of its own can otherwise play one episode of
+a policy that never reaches an end for as long as the machine lasts."""
 RECHECK_SEED = 30_000
 """A run with seed s that seems to end below its best evaluation scores both policies again on env seeds
 ``RECHECK_SEED + s, ...``: episodes that none of its evaluations played (nor ``frugalrl eval``'s, ``FRESH_SEED``)."""
@@ -43,6 +47,8 @@ class Evaluation:
     deterministic: bool = True
     returns: list[float] | None = None
     """Each episode's return, in the order of the episodes' env seeds (when the evaluator kept them)."""
+    cut: int = 0
+    """Episodes cut at the evaluator's step cap before they ended: their returns are partial."""
 
 
 Evaluator = Callable[[], Evaluation]
@@ -140,9 +146,16 @@ def evaluate(
     episodes: int = 10,
     seed: int = 10_000,
     deterministic: bool = True,
-    max_steps: int = 100_000,
+    max_steps: int = MAX_STEPS,
 ) -> tuple[float, float, list[float]]:
-    """Mean and standard deviation of the undiscounted return over ``episodes`` full episodes.
+    """Mean and standard deviation of the undiscounted return over ``episodes`` episodes (see :func:`play`)."""
+    returns, _ = play(agent, env_spec, episodes, seed, deterministic, max_steps)
+    return float(np.mean(returns)), float(np.std(returns)), returns
+
+
+def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, deterministic: bool = True,
+         max_steps: int = MAX_STEPS) -> tuple[list[float], int]:
+    """The undiscounted return of each of ``episodes`` episodes, and how many were cut at ``max_steps`` steps.
 
     Episodes run on one environment seeded ``seed, seed + 1, ...``; ``deterministic`` picks the
     distribution's mode, else actions are sampled.
@@ -151,6 +164,7 @@ def evaluate(
     action_space = env.action_space
     generator = torch.Generator().manual_seed(seed)
     returns: list[float] = []
+    cut = 0
     try:
         for ep in range(episodes):
             obs, _ = env.reset(seed=seed + ep)
@@ -173,9 +187,10 @@ def evaluate(
                 done = term or trunc
                 steps += 1
             returns.append(total)
+            cut += not done
     finally:
         env.close()
-    return float(np.mean(returns)), float(np.std(returns)), returns
+    return returns, cut
 
 
 def random_states(env: gym.Env, n: int, seed: int, close: bool = True) -> np.ndarray:
@@ -206,12 +221,13 @@ class PolicyEvaluator:
     episodes: int
     seed: int
     deterministic: bool = True
-    max_steps: int = 100_000
+    max_steps: int = MAX_STEPS
 
     def __call__(self, seed: int | None = None) -> Evaluation:
-        mean, std, returns = evaluate(self.agent, self.env_spec, self.episodes, seed=self.seed if seed is None else seed,
-                                      deterministic=self.deterministic, max_steps=self.max_steps)
-        return Evaluation(mean, std, self.episodes, self.deterministic, returns)
+        returns, cut = play(self.agent, self.env_spec, self.episodes, self.seed if seed is None else seed,
+                            self.deterministic, self.max_steps)
+        return Evaluation(float(np.mean(returns)), float(np.std(returns)), self.episodes, self.deterministic, returns,
+                          cut)
 
     def compare(self, other: dict[str, Any], seed: int) -> tuple[Evaluation, Evaluation]:
         """The agent with the weights ``other`` (a state dict) and as it is, on the same episodes from env seed
@@ -226,8 +242,9 @@ class PolicyEvaluator:
         return theirs, mine
 
 
-def policy_evaluator(agent: ActorCritic, env_spec: Any, cfg: RunConfig, deterministic: bool = True,
-                     max_steps: int = 100_000) -> PolicyEvaluator:
+def policy_evaluator(agent: ActorCritic, env_spec: Any, cfg: RunConfig, deterministic: bool = True
+                     ) -> PolicyEvaluator:
     """The run's :class:`PolicyEvaluator`: ``cfg.eval_episodes`` episodes of ``agent`` from env seed
-    ``EVAL_SEED + cfg.seed``."""
-    return PolicyEvaluator(agent, env_spec, cfg.eval_episodes, EVAL_SEED + cfg.seed, deterministic, max_steps)
+    ``EVAL_SEED + cfg.seed``, each cut at ``cfg.eval_max_steps`` steps."""
+    return PolicyEvaluator(agent, env_spec, cfg.eval_episodes, EVAL_SEED + cfg.seed, deterministic,
+                           cfg.eval_max_steps)

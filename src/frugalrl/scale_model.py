@@ -4,10 +4,8 @@ and CPU load, and the worker count at which either saturates (``frugalrl scale-m
 A first-order model of PPO's synchronous loop (and of IMPALA's, whose next rollout runs during the update: an
 iteration is then the longer of the two, see :func:`predict`), read from one measured run (its ``summary.json``):
 
-- every worker sends ``up`` bytes per env step and receives ``down`` bytes per env step plus, ``q`` times per
-  iteration, a weights message of ``w`` bytes (AAPS makes ``q`` < 1; bf16 and deltas make ``w`` small); the
-  messages' headers (the ``control`` kind, ``h`` up) are paid per message: per worker per iteration, not per
-  env step;
+- every worker sends ``up`` bytes per env step and ``h`` of message headers per iteration (paid per message), and
+  receives ``down`` per env step plus, ``q`` times per iteration, ``w`` bytes of weights (AAPS: ``q`` < 1);
 - an iteration is the weights going down, the workers stepping their ``E`` env steps each (in parallel, unless they
   share ``worker_cores`` cores), their fragments going up, the head's serving and the learner's update:
 
@@ -15,9 +13,8 @@ iteration is then the longer of the two, see :func:`predict`), read from one mea
                       + (serve + update)_per_sample · N·E
 
   with c(n) = max(1, n / worker_cores). One run cannot tell serving (decode, KL, recompute, assembly) from waiting,
-  nor the update's fixed part (PPO takes as many gradient steps on a bigger batch) from its per-sample part: both
-  are given (``benchmarks/learner_capacity.py`` measures serving; :meth:`RunFigures.with_update_fit` fits the
-  update on a second run), else 0 (no serving term; the update linear in the batch, an upper bound).
+  nor the update's fixed part from its per-sample part: both are given (``benchmarks/learner_capacity.py``
+  measures serving; :meth:`RunFigures.with_update_fit` fits the update on a second run), else 0.
 - Steady-state load at a worker step rate ``r`` (env steps/s per worker): the link carries N·r·up and
   N·r·(down + q·w/E) bytes/s, and the learner core spends ``(serve + update)_per_sample`` per env step; each
   saturates at the N where that reaches the link rate or one core.

@@ -152,6 +152,7 @@ class RunRecorder:
         self._last_eval: Evaluation | None = None
         self._last_stochastic: Evaluation | None = None
         self._eval_seconds = 0.0
+        self._cut_warned = False  # evaluation episodes reached eval_max_steps: said once
         self._past_seconds = 0.0
         self._t0 = time.monotonic()
         self._saved_at = 0.0  # training seconds at the last checkpoint
@@ -388,6 +389,10 @@ class RunRecorder:
                                  "episodes": result.episodes}
         if stochastic is not None:
             entry.update(stochastic_mean=stochastic.mean, stochastic_std=stochastic.std)
+        cut = result.cut + (stochastic.cut if stochastic is not None else 0)
+        if cut:
+            entry["cut_episodes"] = cut
+            self._warn_cut(cut, result.episodes + (stochastic.episodes if stochastic is not None else 0))
         train = float(np.mean(self._recent)) if self._recent else None
         if train is not None:
             entry["train_return"] = train
@@ -402,6 +407,15 @@ class RunRecorder:
         if target is not None and result.mean >= target and self.time_to_target is None:
             self.time_to_target = {"step": int(step), "seconds": round(seconds, 3), **extra}
             self.stop("target_return")
+
+    def _warn_cut(self, cut: int, episodes: int) -> None:
+        """Say once per run that evaluation episodes reach the step cap: their returns are partial."""
+        if self._cut_warned:
+            return
+        self._cut_warned = True
+        log.warning("frugalrl: %d of %d evaluation episodes at step %d were cut at eval_max_steps=%d before they "
+                    "ended (the env has no time limit of its own?): their returns are partial; --eval-max-steps "
+                    "sets the cap", cut, episodes, self.env_steps, self.cfg.eval_max_steps)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
@@ -489,6 +503,8 @@ class RunRecorder:
         if evaluate and stochastic is None and self._evaluate_stochastic is not None and cfg.eval_episodes > 0:
             t0 = time.monotonic()
             stochastic = self._evaluate_stochastic()  # in the summary (the metrics keep one row per step)
+            if stochastic.cut:
+                self._warn_cut(stochastic.cut, stochastic.episodes)
             self._eval_seconds += time.monotonic() - t0
         if checkpoint:
             self.save()

@@ -305,8 +305,8 @@ class HSA2C(Algorithm):
         agent = self.problem.agent
         return Setup(
             {"agent": agent}, total_updates=cfg.budget_updates, steps_per_update=cfg.env_steps_per_update,
-            evaluate=policy_evaluator(agent, env_spec, cfg, max_steps=cfg.eval_max_steps),
-            evaluate_stochastic=policy_evaluator(agent, env_spec, cfg, False, cfg.eval_max_steps),
+            evaluate=policy_evaluator(agent, env_spec, cfg),
+            evaluate_stochastic=policy_evaluator(agent, env_spec, cfg, False),
             final_evaluation="always",
         )
 

@@ -88,7 +88,8 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     """Greedy episodes of each periodic evaluation (the server-side loss). One that reaches ``target_return``
     is confirmed on ``eval_episodes`` episodes (those of the final evaluation) before the run stops."""
     eval_max_steps: int = 1000
-    """Step cap of an evaluation episode."""
+    """Steps after which an evaluation episode that has not ended is cut (its return so far counted): lower than
+    the other algorithms' cap, since the server plays a periodic evaluation every few updates."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field.

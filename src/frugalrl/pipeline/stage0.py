@@ -283,7 +283,8 @@ def _evaluate(cfg: PipelinePPOConfig, encoder: PixelEncoder | VectorEncoder, cha
     """``eval_episodes`` episodes through the pipeline, stage 1 taking the mode of its heads' distribution.
 
     The episodes run side by side: one message of the running episodes' features per step, one of their actions
-    back, and a message of no rows once every episode has ended (a round trip per step, not per episode step).
+    back, and a message of no rows once every episode has ended or was cut at ``cfg.eval_max_steps`` steps (a round
+    trip per step, not per episode step).
     """
     spec = to_env_spec(cfg.env, cfg.env_kwargs)
     envs = [spec.make() for _ in range(cfg.eval_episodes)]
@@ -292,7 +293,9 @@ def _evaluate(cfg: PipelinePPOConfig, encoder: PixelEncoder | VectorEncoder, cha
         returns = [0.0] * len(envs)
         discrete = isinstance(envs[0].action_space, gym.spaces.Discrete) if envs else False
         running = list(range(len(envs)))
-        while running:
+        steps = 0
+        while running and steps < cfg.eval_max_steps:
+            steps += 1
             with torch.no_grad():
                 features = encoder(torch.as_tensor(np.stack([obs[i] for i in running])))
             chan.send(encode_features(cfg, features), "activations")
@@ -308,4 +311,5 @@ def _evaluate(cfg: PipelinePPOConfig, encoder: PixelEncoder | VectorEncoder, cha
     finally:
         for env in envs:
             env.close()
-    return Evaluation(float(np.mean(returns)), float(np.std(returns)), cfg.eval_episodes, deterministic=True)
+    return Evaluation(float(np.mean(returns)), float(np.std(returns)), cfg.eval_episodes, deterministic=True,
+                      returns=returns, cut=len(running))
