@@ -263,3 +263,22 @@ def test_evaluation_episodes_that_never_end_are_cut_and_the_run_says_so(tmp_path
     assert len(warnings) == 1 and "4 of 4 evaluation episodes" in warnings[0]
     ended = train(PPOConfig(**base, env_kwargs={"horizon": 20}, run_name="ended"))
     assert ended["eval_return_mean"] == 20.0 and "cut_episodes" not in ended["eval_history"][-1]
+
+
+def test_a_budget_that_is_not_whole_iterations_is_said_and_kept_exact(tmp_path, caplog):
+    """PPO takes whole iterations (workers × envs × steps): a budget below one runs one, another is rounded down,
+    and the run says how many env steps it takes; a whole budget says nothing."""
+    from frugalrl.algos.ppo import PPOConfig, train
+
+    base = dict(env="CartPole-v1", preset="none", workers=1, envs_per_worker=2, num_steps=16, num_minibatches=1,
+                eval_episodes=0, backend="serial", run_dir=str(tmp_path), progress=False, tensorboard=False,
+                plots=False)
+    for total, taken in ((10, 32), (100, 96), (64, 64)):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            s = train(PPOConfig(**base, total_timesteps=total, run_name=f"t{total}"))
+        notes = [r.getMessage() for r in caplog.records if "not a whole number" in r.getMessage()]
+        assert s["env_steps"] == taken
+        assert notes == ([] if total == taken else [f"frugalrl: note: total_timesteps={total} is not a whole number "
+                                                    f"of 32-step iterations: the run takes {taken} env steps "
+                                                    f"({taken // 32} iteration{'' if taken == 32 else 's'})"])

@@ -51,6 +51,9 @@ class Setup:
     asynchronous server with a time limit), through :attr:`Update.stop_reason`."""
     steps_per_update: int
     """Env steps one update consumes (the progress bar's scale)."""
+    exact_steps: bool = True
+    """The run takes exactly ``total_updates × steps_per_update`` env steps, and says so when that differs from
+    ``total_timesteps`` (False: an asynchronous server's workers may take more)."""
     evaluate: Evaluator | None = None
     """The deterministic evaluation of the schedule and the end (None: the run is never evaluated)."""
     evaluate_stochastic: Evaluator | None = None
@@ -193,8 +196,13 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         run.finish({"workers_failed": {"worker": e.worker, "errors": e.errors}}, evaluate=False, checkpoint=False)
         raise
     run.attach(**setup.parts)
-    run.begin(setup.evaluate, (setup.total_updates or 0) * setup.steps_per_update,
-              evaluate_stochastic=setup.evaluate_stochastic)
+    planned = (setup.total_updates or 0) * setup.steps_per_update
+    if setup.exact_steps and setup.total_updates and planned != run.cfg.total_timesteps and not run.updates:
+        n = setup.total_updates
+        log.warning("frugalrl: note: total_timesteps=%d is not a whole number of %d-step iterations: the run takes "
+                    "%d env steps (%d iteration%s)", run.cfg.total_timesteps, setup.steps_per_update, planned, n,
+                    "" if n == 1 else "s")
+    run.begin(setup.evaluate, planned, evaluate_stochastic=setup.evaluate_stochastic)
     algo.start()
     total, saved = setup.total_updates, run.updates
     failure: WorkersFailed | None = None

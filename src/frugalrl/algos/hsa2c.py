@@ -305,6 +305,7 @@ class HSA2C(Algorithm):
         agent = self.problem.agent
         return Setup(
             {"agent": agent}, total_updates=cfg.budget_updates, steps_per_update=cfg.env_steps_per_update,
+            exact_steps=False,
             evaluate=policy_evaluator(agent, env_spec, cfg),
             evaluate_stochastic=policy_evaluator(agent, env_spec, cfg, False),
             final_evaluation="always",
