@@ -175,6 +175,7 @@ def test_an_atari_id_trains_on_preprocessed_frames(capsys):
     the Nature-CNN and the image family; `--env-kwargs` (even `{}`) keeps the raw env."""
     from frugalrl.algos.ppo import PPOConfig
     from frugalrl.cli import ATARI_FACTORY, _with_preset
+    from frugalrl.envs.spec import to_env_spec
 
     cfg = _with_preset("ppo", PPOConfig, {"env": "ALE/Pong-v5"})
     assert (cfg.env, cfg.env_kwargs) == (ATARI_FACTORY, {"env_id": "ALE/Pong-v5"})
@@ -182,3 +183,12 @@ def test_an_atari_id_trains_on_preprocessed_frames(capsys):
     raw = _with_preset("ppo", PPOConfig, {"env": "ALE/Pong-v5", "env_kwargs": {}})
     assert (raw.env, raw.env_kwargs) == ("ALE/Pong-v5", {})
     assert _with_preset("ppo", PPOConfig, {"env": "CartPole-v1"}).env == "CartPole-v1"
+    # SB3's, rl-zoo's and CleanRL's Atari ids: no frame skip of their own, no sticky actions (v4's)
+    legacy = _with_preset("ppo", PPOConfig, {"env": "BreakoutNoFrameskip-v4"})
+    assert (legacy.env, legacy.env_kwargs) == (ATARI_FACTORY, {"env_id": "BreakoutNoFrameskip-v4"})
+    env = to_env_spec(legacy.env, legacy.env_kwargs).make()
+    try:
+        assert env.observation_space.shape == (4, 84, 84)
+        assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
+    finally:
+        env.close()

@@ -88,6 +88,7 @@ def test_an_ale_id_imports_the_package_that_registers_it():
     from frugalrl.envs.spec import to_env_spec
 
     assert to_env_spec("ALE/Pong-v5").id == "ale_py:ALE/Pong-v5"
+    assert to_env_spec("PongNoFrameskip-v4").id == "ale_py:PongNoFrameskip-v4"  # registered by the same import
     with pytest.raises(ValueError, match="doesn't exist in namespace ALE"):
         to_env_spec("ALE/NoSuchGame-v5")
     env = ClusterEnv("ALE/Pong-v5", 1, 1, backend="local", inline_workers=0)

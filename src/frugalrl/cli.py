@@ -356,11 +356,15 @@ ATARI_FACTORY = "frugalrl.envs.atari:make_atari"
 
 
 def atari_frames(env: Any, env_kwargs_given: bool) -> tuple[str, dict[str, Any]] | None:
-    """What ``frugalrl train`` runs for an ``ALE/...`` id given without ``--env-kwargs``: the preprocessed frames
-    the Nature-CNN and the image family take (rl-zoo's way with Atari ids); None for any other env."""
-    if not isinstance(env, str) or env_kwargs_given or not env.removeprefix("ale_py:").startswith("ALE/"):
+    """What ``frugalrl train`` runs for an ``ALE/...`` or ``<Game>NoFrameskip-v4`` id given without ``--env-kwargs``:
+    the preprocessed frames the Nature-CNN and the image family take (rl-zoo's way with Atari ids); None for any
+    other env."""
+    if not isinstance(env, str) or env_kwargs_given:
         return None
-    return ATARI_FACTORY, {"env_id": env.removeprefix("ale_py:")}
+    game = env.removeprefix("ale_py:")
+    if not (game.startswith("ALE/") or game.endswith("NoFrameskip-v4")):  # the ids without a frame skip of their own
+        return None
+    return ATARI_FACTORY, {"env_id": game}
 
 
 def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:

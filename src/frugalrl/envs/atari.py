@@ -1,8 +1,9 @@
 """Atari environments with the standard DQN/IMPALA preprocessing, as a ClusterEnv factory.
 
-``frugalrl.envs.atari:make_atari`` builds ``ALE/<Game>-v5`` (ROMs ship with ale-py) with no frame skip in
-the emulator, then Gymnasium's ``AtariPreprocessing`` (no-op starts, frame skip 4 with max-pooling,
-84x84 grayscale) and a stack of the last 4 frames: observations are ``(4, 84, 84)`` uint8.
+``frugalrl.envs.atari:make_atari`` builds ``ALE/<Game>-v5`` (ROMs ship with ale-py; or ``<Game>NoFrameskip-v4``)
+with no frame skip in the emulator, then Gymnasium's ``AtariPreprocessing`` (no-op starts, frame skip 4 with
+max-pooling, 84x84 grayscale) and a stack of the last 4 frames: observations are ``(4, 84, 84)`` uint8. Sticky
+actions are the id's own: 0.25 for v5, none for v4.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def make_atari(
         raise ImportError("Atari environments need ale-py: pip install ale-py") from e
     gym.register_envs(ale_py)
     try:
-        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.25, max_episode_steps=max_episode_steps)
+        env = gym.make(env_id, frameskip=1, max_episode_steps=max_episode_steps)
     except gym.error.Error as e:
         raise ValueError(f"unknown Atari game {env_id!r}: {e}") from e
     env = gym.wrappers.AtariPreprocessing(

@@ -79,6 +79,9 @@ def flat_observations(env: gym.Env) -> gym.Env:
 NAMESPACE_MODULES = {"ALE": "ale_py", "MiniGrid": "minigrid", "BabyAI": "minigrid", "MinAtar": "frugalrl.envs.minatar"}
 """Gymnasium id namespaces whose envs a package registers when imported (Gymnasium 1.x no longer imports it):
 ``ALE/Pong-v5`` is read as ``ale_py:ALE/Pong-v5`` when ale-py is installed."""
+PLAIN_ID_MODULES = ("ale_py",)
+"""Packages that also register ids outside a namespace when imported, tried in turn for an unknown id: ale-py's
+``PongNoFrameskip-v4`` and ``Breakout-v4``, the ids of SB3's, rl-zoo's and CleanRL's Atari scripts."""
 
 
 def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
@@ -102,8 +105,13 @@ def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[st
         if module is not None and _registers(f"{module}:{env}"):  # e.g. ALE/Pong-v5, in worker processes too
             return EnvSpec(id=f"{module}:{env}", kwargs=kwargs)
         if not _is_registered(env):
-            raise ValueError(f"unknown Gymnasium environment id {env!r}: {_registry_hint(env)}")
-        return EnvSpec(id=env, kwargs=kwargs)
+            plain = next((m for m in PLAIN_ID_MODULES if "/" not in env and _registers(f"{m}:{env}")), None)
+            if plain is None:
+                raise ValueError(f"unknown Gymnasium environment id {env!r}: {_registry_hint(env)}")
+        else:
+            plain = _plain_id_module(env)
+        # e.g. PongNoFrameskip-v4 as ale_py:PongNoFrameskip-v4: a worker process imports ale-py too
+        return EnvSpec(id=env if plain is None else f"{plain}:{env}", kwargs=kwargs)
     if callable(env):
         return EnvSpec(factory=env, kwargs=kwargs)
     if isinstance(env, list | tuple) and env and all(callable(fn) for fn in env):
@@ -125,6 +133,13 @@ def _registers(env: str) -> bool:
     except ImportError:
         return False
     return _is_registered(env_id)
+
+
+def _plain_id_module(env_id: str) -> str | None:
+    """The :data:`PLAIN_ID_MODULES` package whose import registered ``env_id`` (a registered id), else None."""
+    entry = gym.spec(env_id).entry_point
+    package = entry.partition(":")[0].partition(".")[0] if isinstance(entry, str) else None
+    return package if package in PLAIN_ID_MODULES else None
 
 
 def _is_registered(env_id: str) -> bool:
