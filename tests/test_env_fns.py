@@ -113,3 +113,21 @@ def test_a_minatar_id_registers_minatars_own_envs_in_every_worker():
         env.step(np.array([1, 2]))
     finally:
         env.close()
+
+
+def test_an_env_function_may_make_an_id_its_script_registered():
+    """CleanRL's Atari thunks call ``gym.make("BreakoutNoFrameskip-v4")`` in a script that imported ale-py. A
+    ClusterEnv worker process is spawned, not forked (as AsyncVectorEnv's are), so ale-py is not imported there:
+    the worker imports the packages that register ids and builds the env."""
+
+    def make_env():
+        def thunk():
+            return gym.wrappers.RecordEpisodeStatistics(gym.make("PongNoFrameskip-v4"))
+        return thunk
+
+    env = ClusterEnv([make_env(), make_env()], 1, backend="local", inline_workers=0)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (2, 210, 160, 3)
+    finally:
+        env.close()

@@ -32,7 +32,13 @@ class EnvSpec:
         if self.id is not None:
             return flat_observations(gym.make(self.id, **self.kwargs))
         if self.fns is not None:  # AsyncVectorEnv's way: the env as the function builds it, its spaces untouched
-            env = self.fns[index % len(self.fns)]()
+            fn = self.fns[index % len(self.fns)]
+            try:
+                env = fn()
+            except gym.error.UnregisteredEnv:
+                if not import_env_packages():
+                    raise
+                env = fn()
             if not isinstance(env, gym.Env):
                 raise TypeError(f"env_fns[{index % len(self.fns)}] returned {type(env).__name__}, not a gymnasium.Env")
             return env
@@ -82,6 +88,26 @@ NAMESPACE_MODULES = {"ALE": "ale_py", "MiniGrid": "minigrid", "BabyAI": "minigri
 PLAIN_ID_MODULES = ("ale_py",)
 """Packages that also register ids outside a namespace when imported, tried in turn for an unknown id: ale-py's
 ``PongNoFrameskip-v4`` and ``Breakout-v4``, the ids of SB3's, rl-zoo's and CleanRL's Atari scripts."""
+
+
+def import_env_packages() -> bool:
+    """Import the installed packages of :data:`NAMESPACE_MODULES` and :data:`PLAIN_ID_MODULES` that are not yet
+    imported; whether any was. A worker process is spawned, not forked: an env function that calls
+    ``gym.make("BreakoutNoFrameskip-v4")`` finds ale-py's ids unregistered there even where the user's script
+    imported ale-py (what ``AsyncVectorEnv``'s forked workers inherit)."""
+    import importlib
+    import sys
+
+    imported = False
+    for module in dict.fromkeys([*PLAIN_ID_MODULES, *NAMESPACE_MODULES.values()]):
+        if module in sys.modules:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        imported = True
+    return imported
 
 
 def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
