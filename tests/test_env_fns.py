@@ -6,6 +6,7 @@ CleanRL's ``make_env`` thunks with their wrappers run unchanged; the steps match
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 
 import gymnasium as gym
@@ -89,6 +90,9 @@ def test_an_ale_id_imports_the_package_that_registers_it():
 
     assert to_env_spec("ALE/Pong-v5").id == "ale_py:ALE/Pong-v5"
     assert to_env_spec("PongNoFrameskip-v4").id == "ale_py:PongNoFrameskip-v4"  # registered by the same import
+    if importlib.util.find_spec("minigrid") is None:  # not a dependency: the error names the package
+        with pytest.raises(ValueError, match="pip install minigrid"):
+            to_env_spec("MiniGrid-Empty-5x5-v0")
     with pytest.raises(ValueError, match="doesn't exist in namespace ALE"):
         to_env_spec("ALE/NoSuchGame-v5")
     env = ClusterEnv("ALE/Pong-v5", 1, 1, backend="local", inline_workers=0)

@@ -82,12 +82,17 @@ def flat_observations(env: gym.Env) -> gym.Env:
     return gym.wrappers.DtypeObservation(flat, np.uint8 if small else np.float32)
 
 
-NAMESPACE_MODULES = {"ALE": "ale_py", "MiniGrid": "minigrid", "BabyAI": "minigrid", "MinAtar": "frugalrl.envs.minatar"}
+NAMESPACE_MODULES = {"ALE": "ale_py", "MinAtar": "frugalrl.envs.minatar"}
 """Gymnasium id namespaces whose envs a package registers when imported (Gymnasium 1.x no longer imports it):
 ``ALE/Pong-v5`` is read as ``ale_py:ALE/Pong-v5`` when ale-py is installed."""
-PLAIN_ID_MODULES = ("ale_py",)
-"""Packages that also register ids outside a namespace when imported, tried in turn for an unknown id: ale-py's
-``PongNoFrameskip-v4`` and ``Breakout-v4``, the ids of SB3's, rl-zoo's and CleanRL's Atari scripts."""
+PLAIN_ID_MODULES = ("ale_py", "minigrid")
+"""Packages that register ids outside a namespace when imported, tried in turn for an unknown id: ale-py's
+``PongNoFrameskip-v4`` (the ids of SB3's, rl-zoo's and CleanRL's Atari scripts), minigrid's
+``MiniGrid-Empty-5x5-v0`` and ``BabyAI-GoToLocal-v0``."""
+
+
+PACKAGE_HINTS = {"MiniGrid-": "minigrid", "BabyAI-": "minigrid"}
+"""Id prefixes of env packages that frugalrl does not install, named in the error for such an id."""
 
 
 def import_env_packages() -> bool:
@@ -133,7 +138,9 @@ def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[st
         if not _is_registered(env):
             plain = next((m for m in PLAIN_ID_MODULES if "/" not in env and _registers(f"{m}:{env}")), None)
             if plain is None:
-                raise ValueError(f"unknown Gymnasium environment id {env!r}: {_registry_hint(env)}")
+                package = next((p for prefix, p in PACKAGE_HINTS.items() if env.startswith(prefix)), None)
+                hint = f" (its envs come with a package: pip install {package})" if package else ""
+                raise ValueError(f"unknown Gymnasium environment id {env!r}: {_registry_hint(env)}{hint}")
         else:
             plain = _plain_id_module(env)
         # e.g. PongNoFrameskip-v4 as ale_py:PongNoFrameskip-v4: a worker process imports ale-py too
