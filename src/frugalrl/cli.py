@@ -397,11 +397,9 @@ def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from frugalrl.algos import load_policy
     from frugalrl.envs.spec import to_env_spec
-    from frugalrl.evaluation import MAX_STEPS, play
+    from frugalrl.evaluation import MAX_STEPS, PolicyEvaluator
     from frugalrl.runs import read_config
 
     try:
@@ -413,11 +411,11 @@ def _eval(args: argparse.Namespace) -> int:
         return _error(f"--max-steps must be a positive integer, got {args.max_steps}")
     spec = to_env_spec(config["env"], config.get("env_kwargs") or {})
     max_steps = args.max_steps or int(config.get("eval_max_steps") or MAX_STEPS)
-    returns, cut = play(agent, spec, args.episodes, args.seed, not args.stochastic, max_steps)
+    played = PolicyEvaluator(agent, spec, args.episodes, args.seed, not args.stochastic, max_steps)()
     result = {"run_dir": str(Path(args.run_dir)), "algo": config.get("algo"), "env_id": config["env"],
               "checkpoint": args.checkpoint, "checkpoint_step": counters.get("env_steps"), "episodes": args.episodes,
-              "deterministic": not args.stochastic, "return_mean": float(np.mean(returns)),
-              "return_std": float(np.std(returns)), "returns": returns, "max_steps": max_steps, "cut_episodes": cut}
+              "deterministic": not args.stochastic, "return_mean": played.mean, "return_std": played.std,
+              "returns": played.returns, "max_steps": max_steps, "cut_episodes": played.cut}
     print(json.dumps(result, indent=2))
     return 0
 

@@ -15,8 +15,8 @@ iteration is then the longer of the two, see :func:`predict`), read from one mea
   with c(n) = max(1, n / worker_cores). One run cannot tell serving (decode, KL, recompute, assembly) from waiting,
   nor the update's fixed part from its per-sample part: both are given (``benchmarks/learner_capacity.py``
   measures serving; :meth:`RunFigures.with_update_fit` fits the update on a second run), else 0.
-- Steady-state load at a worker step rate ``r`` (env steps/s per worker): the link carries N·r·up and
-  N·r·(down + q·w/E) bytes/s, and the learner core spends ``(serve + update)_per_sample`` per env step; each
+- Steady-state load at a worker step rate ``r`` (env steps/s per worker): the link carries N·r·(up + h/E) and
+  N·r·(down + q·w/E) bytes/s (headers down included), and the learner core spends ``(serve + update)_per_sample`` per env step; each
   saturates at the N where that reaches the link rate or one core.
 
 It leaves out latency (a shaped link here has none), stragglers, uplink codecs whose ratio changes with N, AAPS's
@@ -158,9 +158,8 @@ def saturation(fig: RunFigures, step_rate: float | None = None,
     compute alone) and the worker counts at which the learner's link (each direction) and its core saturate."""
     e = fig.env_steps_per_worker_iter
     rate = step_rate or e / max(fig.rollout_compute_s(), 1e-9)
-    per_step = {"up": fig.up_bytes_per_step + fig.up_bytes_per_worker_iter / e,
-                "down": fig.down_bytes_per_step + (fig.down_bytes_per_worker_iter
-                                                   + fig.syncs_per_worker_iter * fig.weight_bytes_per_sync) / e}
+    up, down = fig.bytes_per_iter(1)
+    per_step = {"up": up / e, "down": down / e}
     busiest = max(per_step.values())
     core = (fig.update_s_per_sample + fig.serve_s_per_sample) * rate
     headroom = max(0.0, 1.0 - fig.update_s_per_iter * rate / e)  # what the fixed part of each update leaves

@@ -136,7 +136,7 @@ def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[st
         if module is not None and _registers(f"{module}:{env}"):  # e.g. ALE/Pong-v5, in worker processes too
             return EnvSpec(id=f"{module}:{env}", kwargs=kwargs)
         if not _is_registered(env):
-            plain = next((m for m in PLAIN_ID_MODULES if "/" not in env and _registers(f"{m}:{env}")), None)
+            plain = None if "/" in env else next((m for m in PLAIN_ID_MODULES if _registers(f"{m}:{env}")), None)
             if plain is None:
                 package = next((p for prefix, p in PACKAGE_HINTS.items() if env.startswith(prefix)), None)
                 hint = f" (its envs come with a package: pip install {package})" if package else ""
