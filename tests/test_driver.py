@@ -226,6 +226,32 @@ def test_a_signal_stops_the_run_with_a_checkpoint_and_a_resume_finishes_it_exact
     assert torch.equal(_weights(resumed), _weights(whole))
 
 
+class SignalledLate(HillClimb):
+    """A signal that comes while the algorithm is told whether the run goes on (as it may while a remote half is
+    told, e.g. pipeline PPO's stage 1)."""
+
+    def start(self) -> None:
+        self.told: list[bool] = []
+
+    def after_update(self, stopping: bool, saved: bool) -> None:
+        self.told.append(stopping)
+        if self.run.updates == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_the_run_ends_only_after_telling_the_algorithm_it_stops(tmp_path):
+    """A signal after the stop check of an update's turn is the next update's: the loop never ends on a signal
+    the algorithm was not told of (a remote half would wait for an update that never comes)."""
+    inherited = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        algo = SignalledLate(_config(tmp_path))
+        summary = drive(algo)
+    finally:
+        signal.signal(signal.SIGTERM, inherited)
+    assert summary["stop_reason"] == "preempted" and summary["updates"] == 5
+    assert algo.told == [False] * 4 + [True]
+
+
 def test_a_second_signal_exits_at_once(tmp_path):
     inherited = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     before = signal.getsignal(signal.SIGTERM)

@@ -8,8 +8,9 @@ resume, progress, user callbacks (:class:`Callback`) and the summary. Adding an 
 
 The order is what makes a resumed run exact, so the driver keeps it for everyone: seed, build the parts (which
 consumes the RNG as it did in the first run), restore the checkpoint, then :meth:`Algorithm.start`. SIGTERM (a
-scheduler's preemption) and SIGINT stop a run after the update in progress, with its checkpoint and summary
-(``stop_reason`` "preempted" / "interrupted"); a second one exits at once.
+scheduler's preemption) and SIGINT stop a run after the update in progress (after the first update when they
+come before it), with its checkpoint and summary (``stop_reason`` "preempted" / "interrupted"); a second one exits
+at once.
 """
 
 from __future__ import annotations
@@ -206,7 +207,9 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
     algo.start()
     total, saved = setup.total_updates, run.updates
     failure: WorkersFailed | None = None
-    while not signals.stop(run) and (total is None or run.updates < total):
+    # The stop is decided once per turn, before the algorithm is told of it (after_update): a signal that comes
+    # later is the next turn's, so a remote half never waits for an update that does not come.
+    while total is None or run.updates < total:
         index = run.updates + 1
         # decided before the update, so that an algorithm that overlaps collection with learning leaves nothing in
         # flight; a scheduled evaluation may become the best, which is checkpointed too
@@ -236,6 +239,8 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
             saved = run.updates
         run.show_progress(update.steps, row, update.postfix)
         algo.after_update(run.stopped, checkpoint)
+        if run.stopped:
+            break
     last = algo.end() if failure is None else None
     if last is not None:
         _account(run, last, None)
