@@ -11,7 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from frugalrl.wire import codecs as _codecs
-from frugalrl.wire.message import _PREFIX, Message, decode_message, encode_message, message_sizes
+from frugalrl.wire.message import (
+    _PREFIX,
+    Message,
+    _header_bytes,
+    _specs,
+    decode_message,
+    encode_message,
+    message_sizes,
+)
 
 
 class WireCache:
@@ -37,21 +45,22 @@ class WireCache:
     def __init__(self) -> None:
         self._enc: dict[tuple, list | None] = {}
         self._dec: dict[bytes, list | None] = {}
-        self._sizes: dict[tuple, dict[str, int]] = {}
+        self._sizes: dict[tuple, tuple[bytes, dict[str, int]]] = {}
 
     # ------------------------------------------------------------------ sizes
-    def sizes(self, msg: Message) -> dict[str, int]:
-        """``message_sizes(msg)``: what ``msg`` would take on the wire, for a message that does not travel (a worker
-        in the caller's process). A fixed-size shape's sizes depend on its shape alone, so they are kept."""
+    def sizes(self, msg: Message) -> tuple[bytes, dict[str, int]]:
+        """``msg``'s JSON header and ``message_sizes(msg)``: what ``msg`` would take on the wire, for a message that
+        does not travel (a worker in the caller's process). A fixed-size shape's are those of its shape alone, so
+        they are kept."""
         key = shape_key(msg)
         if key is None:
-            return message_sizes(msg)
-        sizes = self._sizes.get(key)
-        if sizes is None:
-            sizes = message_sizes(msg)
+            return _header_bytes(msg, _specs(msg)), message_sizes(msg)
+        known = self._sizes.get(key)
+        if known is None:
+            known = (_header_bytes(msg, _specs(msg)), message_sizes(msg))
             if len(self._sizes) < self.MAX_SHAPES:
-                self._sizes[key] = sizes
-        return dict(sizes)
+                self._sizes[key] = known
+        return known[0], dict(known[1])
 
     # ------------------------------------------------------------------ encode
     def encode(self, msg: Message) -> tuple[bytes, dict[str, int]]:

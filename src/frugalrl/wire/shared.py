@@ -6,7 +6,8 @@ writes each array's bytes, as they are, into a shared-memory buffer the receiver
 message's JSON header (the *note*); the receiver reads the arrays back from the buffer. What the receiver gets
 is what :func:`~frugalrl.wire.message.decode_message` would give (fresh arrays, the same op, meta, codecs and
 kinds), and the byte counts are those of the encoded message: a link to another machine would carry exactly
-that many bytes (:func:`~frugalrl.wire.message.message_sizes`), so every transport meters the same numbers.
+that many bytes (:func:`~frugalrl.wire.message.message_sizes`), so every transport meters the same numbers. A
+note whose header the link has numbered (:mod:`frugalrl.wire.headers`) is sent and counted as that number.
 
 Both sides do the header work once per message shape. Notes are checked like any message from a worker: a
 header that does not describe arrays inside the buffer raises :class:`~frugalrl.wire.message.WireError`;

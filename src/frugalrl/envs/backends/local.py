@@ -14,7 +14,8 @@ have mapped them, so nothing can leak): head→worker and worker→head. A messa
 arena is written there and only a 12-byte note travels on the socket; anything else goes through
 the socket itself (:class:`~frugalrl.wire.channel.Channel` frames: a small frame is written with one
 system call and usually read with one). Repeated message shapes skip the JSON header work
-(:class:`~frugalrl.wire.cache.WireCache`).
+(:class:`~frugalrl.wire.cache.WireCache`), and a header that crossed twice crosses as its number (a
+:class:`~frugalrl.wire.headers.HeaderBook` pair per worker, new with each worker process).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ from frugalrl.envs.backends.base import (
 )
 from frugalrl.envs.backends.serial import InProcessWorkers
 from frugalrl.process import Child, ParentGone, ParentLink, spawn, spin
+from frugalrl.wire import headers
 from frugalrl.wire.cache import WireCache
 from frugalrl.wire.channel import POLLIN, Channel
+from frugalrl.wire.headers import HeaderBook
 from frugalrl.wire.message import Message, encode_message
 from frugalrl.wire.meter import DOWN, UP, ByteMeter
 from frugalrl.wire.shared import MAGIC as SHARED_MAGIC
@@ -110,20 +113,23 @@ class Arena:
 
 class Codec:
     """One side's message coding on a connection: shared frames where the arena allows, else encoded messages
-    (through the arena when they are big)."""
+    (through the arena when they are big); with a :class:`~frugalrl.wire.headers.HeaderBook` of the link's
+    direction, headers that crossed twice cross as their number."""
 
     def __init__(self) -> None:
         self.wire = WireCache()
         self.frames = SharedFrames()
 
-    def send(self, conn: Channel, msg: Message, arena: Arena | None) -> dict[str, int]:
-        """Send ``msg``; return its sizes by kind (those of the encoded message, whichever way it went)."""
+    def send(self, conn: Channel, msg: Message, arena: Arena | None, book: HeaderBook | None) -> dict[str, int]:
+        """Send ``msg``; return its sizes by kind (those of the message as a link carries it, whichever way it
+        went)."""
         if arena is not None:
             shared = self.frames.write(msg, arena.buf)
             if shared is not None:
-                conn.send_bytes(shared[0])
-                return shared[1]
-        blob, sizes = self.wire.encode(msg)
+                note, sizes = headers.pack_note(shared[0], SHARED_MAGIC, book, shared[1])
+                conn.send_bytes(note)
+                return sizes
+        blob, sizes = headers.pack(*self.wire.encode(msg), book)
         if arena is not None and 4096 < len(blob) <= arena.size:
             arena.buf[: len(blob)] = blob
             conn.send_bytes(_SHM_NOTE.pack(_SHM_MAGIC, len(blob)))
@@ -131,19 +137,30 @@ class Codec:
             conn.send_bytes(blob)
         return sizes
 
-    def recv(self, conn: Channel, arena: Arena | None) -> tuple[Message, dict[str, int]]:
-        """The next message on ``conn`` and its sizes by kind."""
+    def recv(self, conn: Channel, arena: Arena | None, book: HeaderBook | None) -> tuple[Message, dict[str, int]]:
+        """The next message on ``conn`` and its sizes by kind (as the link carried it). ``attach`` and its reply
+        stay out of the books (they are not metered, so that every backend's books see the same messages)."""
         data = conn.recv_bytes()
         magic = data[:4]
-        shared = magic == SHARED_MAGIC
-        if not shared and not (len(data) == _SHM_NOTE.size and magic == _SHM_MAGIC):
-            return self.wire.decode(data)  # the message itself
-        if arena is None:
-            raise RuntimeError("shared-memory note received but no arena is attached")
+        shared = magic in (SHARED_MAGIC, headers.NUMBERED_NOTE)
         if shared:
-            return self.frames.read(data, arena.buf)
-        (_, n) = _SHM_NOTE.unpack(data)
-        return self.wire.decode(memoryview(arena.buf)[:n])
+            if arena is None:
+                raise RuntimeError("shared-memory note received but no arena is attached")
+            note, full = headers.unpack_note(data, SHARED_MAGIC, book)
+            msg, sizes = self.frames.read(note, arena.buf)
+        else:
+            if len(data) == _SHM_NOTE.size and magic == _SHM_MAGIC:
+                if arena is None:
+                    raise RuntimeError("shared-memory note received but no arena is attached")
+                data = memoryview(arena.buf)[: _SHM_NOTE.unpack(data)[1]]
+                magic = data[:4]
+            blob, full = headers.unpack(data, book)
+            msg, sizes = self.wire.decode(blob)
+        if msg.op != "attach":
+            headers.received(book, full)
+        if full is None and book is not None:
+            sizes["control"] = headers.NUMBERED_BYTES
+        return msg, sizes
 
 
 def _build_worker(config: dict[str, Any]) -> EnvWorker:
@@ -166,13 +183,14 @@ def worker_entry() -> None:
     arena_in: Arena | None = None
     arena_out: Arena | None = None
     codec = Codec()
+    down, up = HeaderBook(), HeaderBook()  # this link's, as the head keeps them
     spin = most = spin_seconds()
     try:
         while True:
             idle = time.perf_counter()
             link.wait(spin)
             spin = most if time.perf_counter() - idle < most else 0.0  # spin again while requests come soon
-            msg, _ = codec.recv(link.channel, arena_in)
+            msg, _ = codec.recv(link.channel, arena_in, down)
             if msg.op == "close":
                 return
             if msg.op == "attach":
@@ -184,7 +202,7 @@ def worker_entry() -> None:
                 reply = Message("ok")
             else:
                 reply = worker.handle(msg)
-            codec.send(link.channel, reply, arena_out)
+            codec.send(link.channel, reply, arena_out, None if msg.op == "attach" else up)
     except (EOFError, OSError):  # ParentGone included
         return
     finally:
@@ -206,6 +224,7 @@ class LocalBackend(Backend):
         self._arena_sizes = (_MIN_ARENA, _MIN_ARENA)
         self._closed = False
         self._codec = Codec()
+        self._books: list[tuple[HeaderBook, HeaderBook]] = [(HeaderBook(), HeaderBook()) for _ in configs]  # down, up
         self._spin = spin_seconds()
         self._pending: dict[int, tuple[Child, float, bool]] = {}  # posted, not answered: (child, deadline, meter)
         self._failed: dict[int, WorkerFailure] = {}  # posted but could not be sent
@@ -236,6 +255,7 @@ class LocalBackend(Backend):
 
     def _spawn(self, w: int) -> None:
         self.children[w] = spawn(_ENTRY, self._config_json[w], name=f"worker {w}")
+        self._books[w] = (HeaderBook(), HeaderBook())  # a new link: both ends start with empty books
 
     def _child(self, w: int) -> Child:
         child = self.children[w]
@@ -364,7 +384,7 @@ class LocalBackend(Backend):
                     raise OSError("the worker is not running")
                 # An attach names the new arenas: it cannot travel in them before the worker has mapped them.
                 down = None if arenas is None or msg.op == "attach" else arenas[0]
-                sizes = self._codec.send(child.channel, msg, down)
+                sizes = self._codec.send(child.channel, msg, down, self._books[w][0] if meter else None)
             except OSError as e:
                 self._failed[w] = WorkerFailure(w, f"could not send to worker: {e!r}")
                 continue
@@ -416,7 +436,8 @@ class LocalBackend(Backend):
                 if is_socket or child.channel.poll():
                     arenas = self._arenas[w]
                     try:
-                        reply, sizes = self._codec.recv(child.channel, None if arenas is None else arenas[1])
+                        reply, sizes = self._codec.recv(child.channel, None if arenas is None else arenas[1],
+                                                        self._books[w][1] if meter else None)
                     except (EOFError, OSError) as e:
                         results[w] = WorkerFailure(w, f"connection lost: {e!r}")
                     else:

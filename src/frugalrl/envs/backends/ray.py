@@ -30,6 +30,8 @@ from ray.exceptions import RayActorError, RayError
 from frugalrl import ray_session
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, config_to_json, worker_from_json
 from frugalrl.ray_actor import ActorBody, await_ready, kill_actor, start_actor
+from frugalrl.wire import headers
+from frugalrl.wire.headers import HeaderBook
 from frugalrl.wire.message import Message, decode_message, encode_message
 from frugalrl.wire.meter import DOWN, UP, ByteMeter
 
@@ -45,13 +47,17 @@ class EnvActor(ActorBody["EnvWorker"]):
         import torch
 
         torch.set_num_threads(1)
+        self.books = (HeaderBook(), HeaderBook())  # down, up: this link's, as the head keeps them
         return worker_from_json(config)
 
     def handle(self, blob: bytes) -> bytes:
         """Decode a request, answer it, encode the reply."""
         assert self.worker is not None, "handle() on an actor whose worker could not be built"
-        msg, _ = decode_message(blob)
-        return encode_message(self.worker.handle(msg))[0]
+        down, up = self.books
+        request, full = headers.unpack(blob, down)
+        msg, _ = decode_message(request)
+        headers.received(down, full)
+        return headers.pack(*encode_message(self.worker.handle(msg)), up)[0]
 
     def close(self) -> None:
         """Close the envs."""
@@ -80,6 +86,7 @@ class RayBackend(Backend):
         self._configs = [Message("config", config_to_json(c, "ray")) for c in configs]
         self.actors: list[Any] = [None] * len(configs)
         self._info: list[dict[str, Any]] = [{} for _ in configs]
+        self._books: list[tuple[HeaderBook, HeaderBook]] = [(HeaderBook(), HeaderBook()) for _ in configs]  # down, up
         self._owns_ray = False
         self._closed = False
 
@@ -100,6 +107,7 @@ class RayBackend(Backend):
 
     def _spawn(self, w: int) -> None:
         self.actors[w], _ = start_actor(EnvActor, self._configs[w], num_cpus=self.num_cpus)
+        self._books[w] = (HeaderBook(), HeaderBook())  # a new link: both ends start with empty books
 
     def _await_ready(self, w: int) -> None:
         _, _, self._info[w] = await_ready(self.actors[w], f"worker {w}", max(self.timeout, 60.0), hint="see ray_num_cpus")
@@ -151,14 +159,20 @@ class RayBackend(Backend):
         for msg in requests.values():
             if id(msg) not in encoded:
                 blob, sizes = encode_message(msg)
-                encoded[id(msg)] = (ray.put(blob) if count[id(msg)] > 1 else blob, sizes)
+                encoded[id(msg)] = (blob, sizes)
+        shared: dict[int, Any] = {}
         pending: dict[Any, int] = {}  # ObjectRef -> worker
         for w, msg in requests.items():
-            payload, sizes = encoded[id(msg)]
             actor = self.actors[w]
             if actor is None:
                 results[w] = WorkerFailure(w, "actor is not running")
                 continue
+            blob, sizes = encoded[id(msg)]
+            payload, sizes = headers.pack(blob, sizes, self._books[w][0])
+            if payload is blob and count[id(msg)] > 1:  # in full to several workers: to the object store once
+                if id(msg) not in shared:
+                    shared[id(msg)] = ray.put(blob)
+                payload = shared[id(msg)]
             pending[actor.handle.remote(payload)] = w
             self.meter.add_message(sizes, w, DOWN)
         deadline = time.monotonic() + self.timeout
@@ -185,7 +199,11 @@ class RayBackend(Backend):
                 except RayError as e:
                     results[w] = WorkerFailure(w, f"Ray error: {type(e).__name__}: {e}")
                     continue
-                reply, sizes = decode_message(blob)
+                data, full = headers.unpack(blob, self._books[w][1])
+                reply, sizes = decode_message(data)
+                headers.received(self._books[w][1], full)
+                if full is None:
+                    sizes["control"] = headers.NUMBERED_BYTES
                 self.meter.add_message(sizes, w, UP)
                 results[w] = reply
         # In request order, as the other backends answer.

@@ -24,7 +24,9 @@ from __future__ import annotations
 import time
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, build_worker
+from frugalrl.wire import headers
 from frugalrl.wire.cache import WireCache
+from frugalrl.wire.headers import HeaderBook
 from frugalrl.wire.message import Message, encode_message
 from frugalrl.wire.meter import DOWN, UP, ByteMeter
 
@@ -45,6 +47,7 @@ class ReplayBackend(Backend):
         self._fragments: dict[int, list[bytes]] = {}  # num_steps -> encoded rollout replies
         self._served = [0] * len(configs)
         self._held = [-1] * len(configs)  # the version each emulated worker holds
+        self._books = [(HeaderBook(), HeaderBook()) for _ in configs]  # down, up
         self._steps_per_second: float | None = None
 
     def pace(self, steps_per_second: float | None) -> None:
@@ -61,7 +64,7 @@ class ReplayBackend(Backend):
         """Encode and meter each request, answer it from the recordings, decode and meter the reply."""
         due: list[tuple[float, int, bytes]] = []
         for w, msg in requests.items():
-            _, sizes = self._wire.encode(msg)
+            _, sizes = headers.pack(*self._wire.encode(msg), self._books[w][0])  # sizes as the link carries it
             self.meter.add_message(sizes, w, DOWN)
             posted = time.perf_counter()
             due.append((posted + self._busy_seconds(w, msg), w, self._answer(w, msg)))
@@ -71,6 +74,7 @@ class ReplayBackend(Backend):
             if ahead > 0:
                 time.sleep(ahead)
             reply, up = self._wire.decode(data)
+            _, up = headers.pack(data, up, self._books[w][1])  # as a worker's end of the link would send it
             self.meter.add_message(up, w, UP)
             if reply.op == "rollout":  # the recording's header named the source's version and index
                 reply.meta.update(version=self._held[w], worker=w)
@@ -107,6 +111,7 @@ class ReplayBackend(Backend):
         """An emulated worker never dies; a restart forgets what it holds."""
         self._posted.pop(worker, None)
         self._held[worker] = -1
+        self._books[worker] = (HeaderBook(), HeaderBook())
 
     def close(self) -> None:
         """Close the source worker's envs."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, build_worker
 from frugalrl.wire.cache import WireCache
+from frugalrl.wire.headers import HeaderBook, send_sizes
 from frugalrl.wire.message import Message
 from frugalrl.wire.meter import DOWN, UP, ByteMeter
 
@@ -29,6 +30,7 @@ class InProcessWorkers:
         self.workers: dict[int, EnvWorker] = {}
         self.posted: dict[int, tuple[Message, bool]] = {}  # worker -> (request, metered)
         self._wire = WireCache()
+        self._books = {w: (HeaderBook(), HeaderBook()) for w in configs}  # down, up: as a link's two ends keep them
 
     def __contains__(self, worker: object) -> bool:
         return worker in self.configs
@@ -43,7 +45,7 @@ class InProcessWorkers:
         if worker in self.posted:
             raise RuntimeError(f"worker {worker} already has a request in flight")
         if meter:
-            self.meter.add_message(self._wire.sizes(msg), worker, DOWN)
+            self.meter.add_message(send_sizes(self._books[worker][0], *self._wire.sizes(msg))[1], worker, DOWN)
         self.posted[worker] = (msg, meter)
 
     def answer(self, worker: int) -> Message:
@@ -51,7 +53,7 @@ class InProcessWorkers:
         msg, meter = self.posted.pop(worker)
         reply = self.workers[worker].handle(msg)
         if meter:
-            self.meter.add_message(self._wire.sizes(reply), worker, UP)
+            self.meter.add_message(send_sizes(self._books[worker][1], *self._wire.sizes(reply))[1], worker, UP)
         return reply
 
     def restart(self, worker: int) -> None:
@@ -61,6 +63,7 @@ class InProcessWorkers:
         if old is not None:
             old.close()
         self.workers[worker] = build_worker(self.configs[worker])
+        self._books[worker] = (HeaderBook(), HeaderBook())
 
     def close(self) -> None:
         """Close every env."""
