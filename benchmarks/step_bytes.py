@@ -1,0 +1,95 @@
+"""What ``ClusterEnv.step()`` moves on the wire per vector step, by kind, with header numbers and without.
+
+The drop-in path sends a request and a reply per worker per step; their JSON headers used to be most of the bytes
+(:mod:`frugalrl.wire.headers`). For each env and layout this steps the same seeded envs with the same seeded
+random actions three times and reports bytes per vector step by kind:
+
+  numbered   the serial backend as it is (header numbers on)
+  full       the serial backend with books that never number a header: every message with its full header, as
+             before header numbers (the baseline of the comparison; nothing else differs)
+  local      the local backend as it is (worker processes, shared memory): it must count what ``numbered`` counts
+
+Example::
+
+    python benchmarks/step_bytes.py --envs CartPole-v1 LunarLander-v3 HalfCheetah-v5 --layouts 2x2 2x8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from frugalrl import ClusterEnv
+from frugalrl.envs.backends import serial
+from frugalrl.wire.headers import HeaderBook
+
+RESULTS = Path(__file__).parent / "results"
+
+
+class FullHeaders(HeaderBook):
+    """A book that numbers nothing: every header crosses in full."""
+
+    def see(self, header: bytes) -> int | None:
+        return None
+
+
+def measure(env_id: str, workers: int, per_worker: int, steps: int, how: str, seed: int) -> dict[str, Any]:
+    """Bytes by kind per vector step of ``steps`` seeded random steps (``how``: numbered, full or local)."""
+    book = serial.HeaderBook
+    if how == "full":
+        serial.HeaderBook = FullHeaders  # type: ignore[misc]
+    try:
+        env = ClusterEnv(env_id, num_workers=workers, envs_per_worker=per_worker, seed=seed,
+                         backend="local" if how == "local" else "serial", inline_workers=0 if how == "local" else None)
+    finally:
+        serial.HeaderBook = book  # type: ignore[misc]
+    try:
+        env.action_space.seed(seed)
+        actions = [env.action_space.sample() for _ in range(steps)]
+        env.reset(seed=seed)
+        for a in actions:
+            env.step(a)
+        kinds = {k: v for k, v in env.meter.by_kind().items() if v}
+    finally:
+        env.close()
+    return {"per_step": {k: round(v / steps, 2) for k, v in kinds.items()},
+            "total_per_step": round(sum(kinds.values()) / steps, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3", "HalfCheetah-v5"])
+    ap.add_argument("--layouts", nargs="+", default=["2x2", "2x8"], help="WORKERSxENVS_PER_WORKER")
+    ap.add_argument("--steps", type=int, default=2000, help="vector steps per run (reset included)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="step_bytes")
+    args = ap.parse_args()
+    rows = []
+    for env_id in args.envs:
+        for layout in args.layouts:
+            w, k = (int(x) for x in layout.split("x"))
+            row: dict[str, Any] = {"env": env_id, "workers": w, "envs_per_worker": k}
+            for how in ("numbered", "full", "local"):
+                row[how] = measure(env_id, w, k, args.steps, how, args.seed)
+            row["full_over_numbered"] = round(row["full"]["total_per_step"] / row["numbered"]["total_per_step"], 2)
+            row["local_equals_numbered"] = row["local"]["per_step"] == row["numbered"]["per_step"]
+            rows.append(row)
+            print(f"{env_id} {layout}: {row['numbered']['total_per_step']} B per vector step with header numbers, "
+                  f"{row['full']['total_per_step']} in full ({row['full_over_numbered']}x); control "
+                  f"{row['numbered']['per_step'].get('control')} against {row['full']['per_step'].get('control')}; "
+                  f"local backend equal: {row['local_equals_numbered']}", flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = {"command": "python benchmarks/step_bytes.py " + " ".join(
+               ["--envs", *args.envs, "--layouts", *args.layouts, "--steps", str(args.steps)]),
+           "date": time.strftime("%Y-%m-%d"), "commit": commit, "steps": args.steps, "seed": args.seed, "rows": rows}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))
+    print(f"wrote {RESULTS / (args.out + '.json')}")
+
+
+if __name__ == "__main__":
+    main()
