@@ -160,6 +160,21 @@ def test_other_envs_match_sync_vector_env(env_id, steps, closing):
         assert ended >= 1  # crossed at least one autoreset
 
 
+def test_rewards_travel_as_float32_only_where_that_is_exact(closing):
+    """CartPole's rewards (1.0) cross as float32, 4 bytes each, and come out float64 as SyncVectorEnv's; MountainCar
+    Continuous's (fractions of the action's square) are not float32 numbers and cross as they are."""
+    for env_id, reward_bytes in (("CartPole-v1", 4), ("MountainCarContinuous-v0", 8)):
+        env = closing(ClusterEnv(env_id, 2, 2, backend="serial", seed=SEED))
+        env.reset(seed=SEED)
+        env.action_space.seed(SEED)
+        before = env.meter.by_kind()["rewards"]
+        for _ in range(10):
+            rewards = env.step(env.action_space.sample())[1]
+            assert rewards.dtype == np.float64
+        flags = 2 * 2  # terminations and truncations, a bit-packed byte each, per worker
+        assert env.meter.by_kind()["rewards"] - before == 10 * (4 * reward_bytes + flags)
+
+
 def test_out_of_bounds_box_actions_reach_the_env_unchanged(closing):
     env = closing(ClusterEnv("MountainCarContinuous-v0", 1, 2, backend="serial", seed=SEED))
     ref = make_ref("MountainCarContinuous-v0", 2)

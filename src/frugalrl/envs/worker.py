@@ -158,9 +158,11 @@ class EnvWorker:
         group = self.group
         k = len(group)
         s = group.step(actions, infos=True)
+        r32 = s.rewards.astype(np.float32)
         arrays: dict[str, np.ndarray] = {
             **({} if self._tree_obs else {"obs": group.obs.copy()}),
-            "rewards": s.rewards,
+            # float32 where that is exact (CartPole's 1.0, Atari's integers): half the bytes; the head's float64
+            "rewards": r32 if (r32 == s.rewards).all() else s.rewards,
             "terminations": s.terminations,
             "truncations": s.truncations,
         }
