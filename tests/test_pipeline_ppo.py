@@ -254,27 +254,24 @@ def test_time_limited_env_bootstraps_every_truncation_and_bytes_stay_exact(tmp_p
     assert predicted["bytes"]["control"] - untruncated["bytes"]["control"] == 2 * (12 + 4 * 2 + 8)
 
 
-@pytest.mark.timeout(240)
-def test_sigterm_stops_both_stages_with_their_checkpoints_and_resume_finishes(tmp_path):
-    """SIGTERM to ``frugalrl train pipeline-ppo``: the launcher passes it to stage 0, whose driver stops after the
-    iteration in progress and tells stage 1; both halves are saved at the same iteration, the command exits with
-    the preemption code, and ``--resume`` finishes the budget."""
+def _preempt(tmp_path, total: int, ready, extra: tuple[str, ...] = ()) -> dict:
+    """Run ``frugalrl train pipeline-ppo`` (CartPole, 32-step iterations) in ``tmp_path/run``, send it SIGTERM once
+    ``ready(run)`` holds, check it exits with the preemption code, and return its summary."""
     from frugalrl.driver import EXIT_PREEMPTED
-    from frugalrl.runs import read_metrics
 
     settings = {"env": "CartPole-v1", "num-envs": 2, "num-steps": 16, "num-minibatches": 2, "update-epochs": 1,
-                "total-timesteps": 32 * 150, "head-hidden": 16, "warmup-timesteps": 0, "eval-episodes": 1,
-                "run-dir": str(tmp_path), "run-name": "run"}
-    flags = [x for k, v in settings.items() for x in (f"--{k}", str(v))] + ["--no-progress", "--no-plots",
-                                                                            "--no-tensorboard"]
-    proc = subprocess.Popen([sys.executable, "-m", "frugalrl.cli", "train", "pipeline-ppo", *flags],
+                "total-timesteps": total, "head-hidden": 16, "warmup-timesteps": 0, "run-dir": str(tmp_path),
+                "run-name": "run"}
+    flags = [x for k, v in settings.items() for x in (f"--{k}", str(v))]
+    proc = subprocess.Popen([sys.executable, "-m", "frugalrl.cli", "train", "pipeline-ppo", *flags, *extra,
+                             "--no-progress", "--no-plots", "--no-tensorboard"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     run = tmp_path / "run"
     try:
         deadline = time.monotonic() + 120
-        while not (run / "metrics.jsonl").exists() or len(read_metrics(run)) < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or hung before it trained"
-            time.sleep(0.1)
+        while not ready(run):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or hung before the signal"
+            time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
     finally:
@@ -282,7 +279,37 @@ def test_sigterm_stops_both_stages_with_their_checkpoints_and_resume_finishes(tm
             os.killpg(proc.pid, signal.SIGKILL)
     assert code == EXIT_PREEMPTED, proc.stderr.read().decode()
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "preempted" and 0 < summary["updates"] < 150
+    assert summary["stop_reason"] == "preempted"
+    return summary
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_while_the_stages_start_stops_after_the_first_iteration(tmp_path):
+    """A preemption while the stages import and connect (before stage 0 could take a signal) waits in the
+    launcher, then stops the run after its first iteration: both halves saved, the preemption's exit code."""
+
+    def starting(run) -> bool:  # the launcher has opened stage 1's log and is starting the stages
+        if not (run / "stage1.log").exists():
+            return False
+        time.sleep(0.2)
+        assert not (run / "metrics.jsonl").exists()
+        return True
+
+    summary = _preempt(tmp_path, 32 * 20, starting)
+    assert summary["updates"] == 1
+    assert torch.load(tmp_path / "run" / "checkpoints" / "heads.pt", weights_only=True)["iteration"] == 1
+
+
+def test_sigterm_stops_both_stages_with_their_checkpoints_and_resume_finishes(tmp_path):
+    """SIGTERM to ``frugalrl train pipeline-ppo``: the launcher passes it to stage 0, whose driver stops after the
+    iteration in progress and tells stage 1; both halves are saved at the same iteration, the command exits with
+    the preemption code, and ``--resume`` finishes the budget."""
+    from frugalrl.runs import read_metrics
+
+    summary = _preempt(tmp_path, 32 * 150, lambda run: (run / "metrics.jsonl").exists() and len(read_metrics(run)) >= 3,
+                       ("--eval-episodes", "1"))
+    run = tmp_path / "run"
+    assert 0 < summary["updates"] < 150
     heads = torch.load(run / "checkpoints" / "heads.pt", weights_only=True)
     assert heads["iteration"] == summary["updates"]
     # as a checkpoint written before stage 0 logged its truncation bootstraps: those iterations sent none

@@ -34,6 +34,16 @@ from frugalrl.training import RunRecorder
 log = logging.getLogger("frugalrl")
 
 STOP_SIGNALS = {signal.SIGTERM: "preempted", signal.SIGINT: "interrupted"}
+_early: list[int] = []  # stop signals that came before a run's StopSignals took over (note_stop_signals_early)
+
+
+def note_stop_signals_early() -> None:
+    """From now until a run's :class:`StopSignals` takes over, SIGTERM and SIGINT are noted, not fatal; the run then
+    stops after its first update. For a process that starts a run after a slow start-up (a pipeline stage), so that
+    a scheduler's preemption during it still ends in a checkpoint (main thread only)."""
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, lambda signum, _frame: _early.append(signum))
 """The signals that stop a run cleanly, and the ``stop_reason`` each leaves in its summary."""
 EXIT_PREEMPTED = 75
 """The exit code of ``frugalrl train`` after a SIGTERM stop (EX_TEMPFAIL: the run is whole and resumable, so a
@@ -272,6 +282,9 @@ class StopSignals:
             for sig in STOP_SIGNALS:
                 if signal.getsignal(sig) is not signal.SIG_IGN:  # a background job (`cmd &`) keeps ignoring SIGINT
                     self._previous[sig] = signal.signal(sig, self._handle)
+            if _early:
+                self._handle(_early.pop(0), None)
+                _early.clear()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from frugalrl.driver import Callback, StopSignals, drive
+from frugalrl.driver import Callback, StopSignals, drive, note_stop_signals_early
 from frugalrl.pipeline.config import PipelinePPOConfig
 from frugalrl.pipeline.stage0 import Stage0, check_spaces
 from frugalrl.pipeline.stage1 import run_stage1
@@ -130,12 +130,22 @@ def _launch_both(cfg: PipelinePPOConfig, run_dir: Path, resume: str | Path | Non
         children = [spawn(STAGE_ENTRY, {**config, "rank": r}, name=f"pipeline stage {r}", log=None if r == 0 else log)
                     for r in (0, 1)]
         # SIGTERM or SIGINT to the launcher goes to stage 0 as SIGTERM (it ignores SIGINT, as every child does):
-        # its driver stops after the iteration in progress and stage 1 stops with it.
-        with StopSignals(on_first=lambda _: os.kill(children[0].pid, signal.SIGTERM)):
+        # its driver stops after the iteration in progress and stage 1 stops with it. Until stage 0 is ready (it
+        # notes the signal from then on, see stage_entry) the signal waits here: before, it would kill the stage.
+        started = False
+
+        def forward(_: int) -> None:
+            if started:
+                os.kill(children[0].pid, signal.SIGTERM)
+
+        with StopSignals(on_first=forward) as signals:
             try:
                 deadline = time.monotonic() + cfg.timeout
                 for child in children:
                     child.await_ready(deadline, keep_value_error=True)
+                started = True
+                if signals.reason is not None:
+                    forward(signal.SIGTERM)
                 done: set[str] = set()
                 while len(done) < 2:
                     for child in poll_children(children, 1.0):
@@ -163,6 +173,7 @@ def stage_entry() -> None:
     in the handshake; the stage reports ``done`` or its error, then waits for the launcher to let it go."""
     from frugalrl.config import config_from_dict
 
+    note_stop_signals_early()  # a preemption from here on stops the run after its first update, with checkpoints
     link = ParentLink.from_argv()
     try:
         job = link.start(lambda meta: (config_from_dict(PipelinePPOConfig, meta["config"]), int(meta["rank"]),
