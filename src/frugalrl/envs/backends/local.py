@@ -153,7 +153,6 @@ class Codec:
                 if arena is None:
                     raise RuntimeError("shared-memory note received but no arena is attached")
                 data = memoryview(arena.buf)[: _SHM_NOTE.unpack(data)[1]]
-                magic = data[:4]
             blob, full = headers.unpack(data, book)
             msg, sizes = self.wire.decode(blob)
         if msg.op != "attach":

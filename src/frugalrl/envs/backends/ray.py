@@ -5,7 +5,8 @@ start, the ready/error handshake and the errors naming a worker) wraps an
 :class:`~frugalrl.envs.worker.EnvWorker`. Its one method takes the bytes of an
 encoded :class:`~frugalrl.wire.Message` (:func:`~frugalrl.wire.message.encode_message`) and returns
 the encoded reply, so Ray only ever moves ``bytes``: nothing of ours is pickled and the byte meter
-counts exactly the logical bytes the local backend counts. The worker's config travels as a JSON
+counts exactly the logical bytes the local backend counts (with the same header numbers: the head and each actor
+keep the link's :class:`~frugalrl.wire.headers.HeaderBook` pair, new with each actor). The worker's config travels as a JSON
 message, as for the local backend (env factories must be importable by the actors: a Gymnasium id, a
 ``"module:function"`` path, or a module-level function of a module installed on every node).
 
