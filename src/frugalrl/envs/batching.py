@@ -112,10 +112,11 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
             if "episode" not in infos:
                 infos["episode"] = {"r": np.zeros(n), "l": np.zeros(n, np.int64), "t": np.zeros(n)}
                 infos["_episode"] = np.zeros(n, dtype=bool)
-            infos["episode"]["r"][base : base + k] = a["ep_r"]
-            infos["episode"]["l"][base : base + k] = a["ep_l"]
-            infos["episode"]["t"][base : base + k] = a["ep_t"]
-            infos["_episode"][base : base + k] = a["ep_mask"]
+            ended = base + np.flatnonzero(a["ep_mask"])  # a worker sends the statistics of its ended envs only
+            infos["episode"]["r"][ended] = a["ep_r"]
+            infos["episode"]["l"][ended] = a["ep_l"]
+            infos["episode"]["t"][ended] = a["ep_t"]
+            infos["_episode"][ended] = True
         if "final_idx" in a and a["final_idx"].ndim == 1:
             if "final_obs" not in infos:
                 infos["final_obs"] = np.full(n, None, dtype=object)

@@ -167,13 +167,13 @@ class EnvWorker:
             "truncations": s.truncations,
         }
         if s.ended:
-            ep_mask = np.zeros(k, dtype=bool)
-            ep_r = np.zeros(k, dtype=np.float64)
-            ep_l = np.zeros(k, dtype=np.int64)
-            ep_t = np.zeros(k, dtype=np.float64)
             idx = np.array(s.ended)
-            ep_mask[idx], ep_r[idx], ep_l[idx], ep_t[idx] = True, s.episode_returns, s.episode_lengths, s.episode_seconds
-            arrays.update(ep_mask=ep_mask, ep_r=ep_r, ep_l=ep_l, ep_t=ep_t)
+            ep_mask = np.zeros(k, dtype=bool)
+            ep_mask[idx] = True
+            # the statistics of the envs that ended only, in env order (the mask says which)
+            arrays.update(ep_mask=ep_mask, ep_r=np.array(s.episode_returns, dtype=np.float64),
+                          ep_l=np.array(s.episode_lengths, dtype=np.int64),
+                          ep_t=np.array(s.episode_seconds, dtype=np.float64))
             if group.autoreset == SAME_STEP:
                 arrays["final_idx"] = idx.astype(np.int32)
                 if not self._tree_obs:
