@@ -22,7 +22,7 @@ def _cross(msg: Message, send: HeaderBook, receive: HeaderBook) -> tuple[bytes, 
     sent, sent_sizes = headers.pack(blob, sizes, send)
     data, full = headers.unpack(sent, receive)
     got, _ = decode_message(data)
-    headers.received(receive, full)
+    headers.received(receive, full, {})
     return sent, sent_sizes, got
 
 
@@ -77,9 +77,9 @@ def test_a_full_header_the_receiver_had_numbered_means_the_books_differ():
     receive = HeaderBook()
     blob, _ = encode_message(Message("step"))
     for _ in range(2):
-        headers.received(receive, headers.unpack(blob, receive)[1])
+        headers.received(receive, headers.unpack(blob, receive)[1], {})
     with pytest.raises(WireError, match="header books differ"):
-        headers.received(receive, headers.unpack(blob, receive)[1])
+        headers.received(receive, headers.unpack(blob, receive)[1], {})
 
 
 @pytest.mark.parametrize("backend, inline", [("local", 0), ("serial", None)])

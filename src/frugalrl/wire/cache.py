@@ -14,11 +14,9 @@ from frugalrl.wire import codecs as _codecs
 from frugalrl.wire.message import (
     _PREFIX,
     Message,
-    _header_bytes,
-    _specs,
     decode_message,
     encode_message,
-    message_sizes,
+    header_and_sizes,
 )
 
 
@@ -54,10 +52,10 @@ class WireCache:
         they are kept."""
         key = shape_key(msg)
         if key is None:
-            return _header_bytes(msg, _specs(msg)), message_sizes(msg)
+            return header_and_sizes(msg)
         known = self._sizes.get(key)
         if known is None:
-            known = (_header_bytes(msg, _specs(msg)), message_sizes(msg))
+            known = header_and_sizes(msg)
             if len(self._sizes) < self.MAX_SHAPES:
                 self._sizes[key] = known
         return known[0], dict(known[1])

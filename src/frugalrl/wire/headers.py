@@ -123,8 +123,14 @@ def unpack_note(note: bytes | memoryview, magic: bytes, book: HeaderBook | None)
     return full, None
 
 
-def received(book: HeaderBook | None, header: bytes | None) -> None:
-    """Count a header that came in full (None: it came as its number); one the receiver had numbered means the
-    two books are out of step."""
-    if book is not None and header is not None and book.see(header) is not None:
+def received(book: HeaderBook | None, header: bytes | None, sizes: dict[str, int]) -> dict[str, int]:
+    """Count a received message's header if it came in full (``header``; None: it came as its number), and return
+    its ``sizes`` by kind as it crossed. A full header the receiver had numbered means the two books are out of
+    step."""
+    if book is None:
+        return sizes
+    if header is None:
+        return {**sizes, "control": NUMBERED_BYTES}
+    if book.see(header) is not None:
         raise WireError("a header came in full that this link had numbered: the two ends' header books differ")
+    return sizes

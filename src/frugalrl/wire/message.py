@@ -126,6 +126,11 @@ def encode_message(msg: Message) -> tuple[bytes, dict[str, int]]:
 def message_sizes(msg: Message) -> dict[str, int]:
     """Bytes by kind that ``msg`` takes on the wire: computed from shapes, without encoding, for fixed-size
     codecs; arrays with a compressing codec (``lz4``, ``zstd``) are encoded to measure them."""
+    return header_and_sizes(msg)[1]
+
+
+def header_and_sizes(msg: Message) -> tuple[bytes, dict[str, int]]:
+    """``msg``'s JSON header and :func:`message_sizes`, from one pass over its arrays."""
     specs = _specs(msg)
     nbytes = []
     for name, arr in msg.arrays.items():
@@ -135,7 +140,8 @@ def message_sizes(msg: Message) -> dict[str, int]:
             nbytes.append(len(codecs.encode(arr, codec)))
         else:
             nbytes.append(codecs.encoded_nbytes(arr.shape, arr.dtype, codec))
-    return _sizes(_header_bytes(msg, specs), specs, nbytes)
+    header = _header_bytes(msg, specs)
+    return header, _sizes(header, specs, nbytes)
 
 
 _DTYPES: dict[str, np.dtype] = {}

@@ -155,11 +155,7 @@ class Codec:
                 data = memoryview(arena.buf)[: _SHM_NOTE.unpack(data)[1]]
             blob, full = headers.unpack(data, book)
             msg, sizes = self.wire.decode(blob)
-        if msg.op != "attach":
-            headers.received(book, full)
-        if full is None and book is not None:
-            sizes["control"] = headers.NUMBERED_BYTES
-        return msg, sizes
+        return msg, (sizes if msg.op == "attach" else headers.received(book, full, sizes))
 
 
 def _build_worker(config: dict[str, Any]) -> EnvWorker:

@@ -56,8 +56,8 @@ class EnvActor(ActorBody["EnvWorker"]):
         assert self.worker is not None, "handle() on an actor whose worker could not be built"
         down, up = self.books
         request, full = headers.unpack(blob, down)
-        msg, _ = decode_message(request)
-        headers.received(down, full)
+        msg, sizes = decode_message(request)
+        headers.received(down, full, sizes)
         return headers.pack(*encode_message(self.worker.handle(msg)), up)[0]
 
     def close(self) -> None:
@@ -202,10 +202,7 @@ class RayBackend(Backend):
                     continue
                 data, full = headers.unpack(blob, self._books[w][1])
                 reply, sizes = decode_message(data)
-                headers.received(self._books[w][1], full)
-                if full is None:
-                    sizes["control"] = headers.NUMBERED_BYTES
-                self.meter.add_message(sizes, w, UP)
+                self.meter.add_message(headers.received(self._books[w][1], full, sizes), w, UP)
                 results[w] = reply
         # In request order, as the other backends answer.
         return {w: results[w] for w in requests}
