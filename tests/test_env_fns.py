@@ -103,6 +103,48 @@ def test_an_ale_id_imports_the_package_that_registers_it():
         env.close()
 
 
+@pytest.mark.parametrize("backend", ["serial", "local"])
+def test_minigrid_missions_travel_as_strings_and_step_as_sync_vector_env(backend):
+    """minigrid's observations hold its own ``MissionSpace`` (a custom space of strings, with placeholders in
+    Fetch): ClusterEnv carries its values as JSON strings, and every observation, reward and flag equals
+    SyncVectorEnv's over episodes that end (Fetch's missions change with each episode)."""
+    pytest.importorskip("minigrid")
+    env_id = "MiniGrid-Fetch-5x5-N2-v0"
+    env = ClusterEnv(env_id, num_workers=2, envs_per_worker=2, backend=backend, seed=0)
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * 4)
+    try:
+        obs, _ = env.reset(seed=3)
+        want, _ = ref.reset(seed=3)
+        rng = np.random.default_rng(0)
+        missions = set()
+        for _ in range(120):
+            assert obs["mission"] == want["mission"] and isinstance(obs["mission"], tuple)
+            assert np.array_equal(obs["image"], want["image"]) and np.array_equal(obs["direction"], want["direction"])
+            missions.update(obs["mission"])
+            actions = rng.integers(0, 7, size=4)
+            obs, reward, term, trunc, _ = env.step(actions)
+            want, want_reward, want_term, want_trunc, _ = ref.step(actions)
+            assert np.array_equal(reward, want_reward) and np.array_equal(term | trunc, want_term | want_trunc)
+        assert len(missions) > 1
+    finally:
+        env.close()
+        ref.close()
+
+
+def test_a_custom_space_of_anything_but_strings_is_refused_in_one_line():
+    """A custom ``Space`` whose values could be any object would need pickle to travel: refused at construction."""
+
+    class Anything(gym.Space):
+        pass
+
+    class AnythingEnv(gym.Env):
+        observation_space = Anything()
+        action_space = gym.spaces.Discrete(2)
+
+    with pytest.raises(ValueError, match="cannot carry the observation space .*custom spaces of strings"):
+        ClusterEnv(AnythingEnv, 1, 1, backend="serial")
+
+
 def test_a_minatar_id_registers_minatars_own_envs_in_every_worker():
     """MinAtar's package defines ``MinAtar/<Game>-v1`` ids but registers them only when asked: frugalrl reads the id
     as ``frugalrl.envs.minatar:MinAtar/...``, whose import registers them, in a worker process too."""

@@ -7,8 +7,9 @@ and the only one worker-side inference, rollouts and checkpoints take. Any other
 part 1 of a Tuple, then part 0), and each value of a variable-shape leaf (Graph, Text, Sequence, OneOf) as JSON in
 the message header whose arrays travel alongside (``obs/2#0``). Nothing is pickled: the receiving side rebuilds only
 NumPy arrays and scalars, strings, tuples, dicts and ``GraphInstance``, guided by the space it expects. The batch
-(:func:`batch`) is exactly Gymnasium's ``concatenate`` of the values. A custom ``Space`` subclass, whose values could
-be anything, is refused (:func:`check_space`).
+(:func:`batch`) is exactly Gymnasium's ``concatenate`` of the values. A custom ``Space`` subclass travels only if
+it declares string values (``dtype=str``, as minigrid's ``MissionSpace``): those go as JSON, as Text's do; any other
+custom space, whose values could be anything, is refused (:func:`check_space`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ def check_inference(obs_space: gym.Space, act_space: gym.Space,
                     what: str = "worker-side inference (step(agent), rollout)") -> None:
     """``TypeError`` unless observations are a Box and actions a Box or Discrete (what agents take)."""
     if not (isinstance(obs_space, S.Box) and is_simple(act_space)):
-        raise TypeError(f"{what} needs Box observations and Box or Discrete actions, not {obs_space} and {act_space}")
+        hint = ("; give the env as a factory that wraps it into Box observations (e.g. Gymnasium's "
+                "FlattenObservation, or minigrid's ImgObsWrapper)") if isinstance(obs_space, S.Dict | S.Tuple) else ""
+        raise TypeError(f"{what} needs Box observations and Box or Discrete actions, not {obs_space} and "
+                        f"{act_space}{hint}")
 
 
 def check_space(space: gym.Space, what: str) -> None:
@@ -60,9 +64,15 @@ def check_space(space: gym.Space, what: str) -> None:
         for part in (space.node_space, space.edge_space):
             if part is not None:
                 check_space(part, what)
-    elif not isinstance(space, FIXED + (S.Text,)):
+    elif not isinstance(space, FIXED + (S.Text,)) and not holds_strings(space):
         raise ValueError(f"ClusterEnv cannot carry the {what} space {space} ({type(space).__name__}): only "
-                         "Gymnasium's own spaces travel, as arrays and JSON (a custom space's values would need pickle)")
+                         "Gymnasium's own spaces and custom spaces of strings (dtype=str) travel, as arrays and JSON "
+                         "(other custom values would need pickle)")
+
+
+def holds_strings(space: gym.Space) -> bool:
+    """A custom space that declares its values strings (``Space(dtype=str)``, e.g. minigrid's ``MissionSpace``)."""
+    return type(space).__module__.split(".")[0] != "gymnasium" and space.dtype is not None and space.dtype.kind == "U"
 
 
 # ---------------------------------------------------------------------------------------------- batches
