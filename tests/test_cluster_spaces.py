@@ -105,12 +105,35 @@ def test_step_async_and_wait_with_a_timeout():
         env.close()
 
 
+@pytest.mark.parametrize("backend", ["serial", "local"])
+def test_strings_travel_as_observations_and_leave_the_headers_numbered(backend):
+    """A Text observation's strings are metered as observations (one JSON array beside the fixed leaves), not as
+    message headers: beside the same env without the strings, the control bytes grow only by the first full
+    headers of the new layouts (after which they are numbered), the observations by at least the strings."""
+    steps, width = 30, 12
+    sent = []
+    for space in (Dict(pos=Box(-1, 1, (2,))), Dict(pos=Box(-1, 1, (2,)), mission=Text(width, min_length=width))):
+        env = ClusterEnv([lambda space=space: SpaceEnv(space) for _ in range(4)], 2, backend=backend,
+                         episode_statistics=False)
+        try:
+            env.reset(seed=0)
+            before = dict(env.stats()["bytes"]["up"])
+            for _ in range(steps):
+                obs, *_ = env.step(env.action_space.sample())
+            sent.append({k: v - before.get(k, 0) for k, v in env.stats()["bytes"]["up"].items()})
+        finally:
+            env.close()
+    assert all(len(m) == width for m in obs["mission"])
+    assert sent[1]["observations"] - sent[0]["observations"] >= steps * 4 * (width + 2)  # strings and quotes
+    assert sent[1]["control"] - sent[0]["control"] <= 2 * 4 * 60  # a few full headers per worker, ~60 B longer
+
+
 class OddSpace(gym.Space):
     """A custom space: its values could be anything."""
 
 
 def test_custom_spaces_and_mismatched_envs_are_refused():
-    with pytest.raises(ValueError, match="only Gymnasium's own spaces travel"):
+    with pytest.raises(ValueError, match="only Gymnasium's own spaces and custom spaces of strings"):
         ClusterEnv([lambda: SpaceEnv(OddSpace())], 1, backend="serial")
     with pytest.raises(RuntimeError, match="observation spaces are not equivalent"):
         ClusterEnv([lambda: SpaceEnv(Discrete(2)), lambda: SpaceEnv(Discrete(3))], 2, backend="serial")

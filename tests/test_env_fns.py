@@ -131,20 +131,6 @@ def test_minigrid_missions_travel_as_strings_and_step_as_sync_vector_env(backend
         ref.close()
 
 
-def test_a_custom_space_of_anything_but_strings_is_refused_in_one_line():
-    """A custom ``Space`` whose values could be any object would need pickle to travel: refused at construction."""
-
-    class Anything(gym.Space):
-        pass
-
-    class AnythingEnv(gym.Env):
-        observation_space = Anything()
-        action_space = gym.spaces.Discrete(2)
-
-    with pytest.raises(ValueError, match="cannot carry the observation space .*custom spaces of strings"):
-        ClusterEnv(AnythingEnv, 1, 1, backend="serial")
-
-
 def test_a_minatar_id_registers_minatars_own_envs_in_every_worker():
     """MinAtar's package defines ``MinAtar/<Game>-v1`` ids but registers them only when asked: frugalrl reads the id
     as ``frugalrl.envs.minatar:MinAtar/...``, whose import registers them, in a worker process too."""
