@@ -71,7 +71,7 @@ def test_local_backend_needs_importable_factories_and_json_kwargs():
 
     with pytest.raises(ValueError, match=r"cannot be rebuilt in a worker process"):
         ClusterEnv(lambda: CounterEnv(), 1, backend="local")
-    with pytest.raises(ValueError, match=r"env_kwargs must be JSON-serialisable for backend='local'"):
+    with pytest.raises(ValueError, match=r"env_kwargs and env wrappers' arguments must be JSON-serialisable for backend='local'"):
         ClusterEnv("envs_for_tests:CounterEnv", 1, backend="local", env_kwargs={"horizon": np.int64(5)})
 
 

@@ -192,3 +192,27 @@ def test_an_atari_id_trains_on_preprocessed_frames(capsys):
         assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
     finally:
         env.close()
+
+
+def test_env_wrappers_choose_the_family_train_and_evaluate_the_wrapped_env(tmp_path):
+    """``--env-wrappers``: the family fallback reads the wrapped env's spaces (minigrid's Dict observations become an
+    image under ImgObsWrapper: the grid family), and training and evaluation both play the wrapped env (a 20-step
+    TimeLimit caps CartPole's returns at 20); config.json keeps the wrappers for ``eval`` and ``--resume``."""
+    from frugalrl.algos.ppo import PPOConfig
+    from frugalrl.cli import _with_preset
+
+    pytest.importorskip("minigrid")
+    grid = _with_preset("ppo", PPOConfig, {"env": "MiniGrid-Empty-5x5-v0",
+                                           "env_wrappers": ["minigrid.wrappers.ImgObsWrapper"]})
+    assert grid.preset == "family:grid"
+    wrappers = '[{"gymnasium.wrappers:TimeLimit": {"max_episode_steps": 20}}]'
+    done = _frugalrl("train", "ppo", *TINY, "--env-wrappers", wrappers, "--total-timesteps", "2048",
+                     "--run-dir", str(tmp_path), "--run-name", "capped", "--eval-episodes", "3")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "capped" / "summary.json").read_text())
+    assert summary["eval_return_mean"] <= 20 and summary["train_return_mean_last100"] <= 20
+    config = json.loads((tmp_path / "capped" / "config.json").read_text())
+    assert config["env_wrappers"] == [{"gymnasium.wrappers:TimeLimit": {"max_episode_steps": 20}}]
+    played = _frugalrl("eval", str(tmp_path / "capped"), "--episodes", "2")
+    assert played.returncode == 0, played.stderr
+    assert json.loads(played.stdout)["return_mean"] <= 20

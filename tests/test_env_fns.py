@@ -83,6 +83,30 @@ def test_module_colon_env_id_is_gymnasiums_convention():
         env.close()
 
 
+def test_env_wrappers_wrap_every_env_of_an_id_in_the_workers_as_rl_zoo_writes_them():
+    """``env_wrappers`` (rl-zoo's ``env_wrapper``): a name, rl-zoo's dotted form or a name with its keyword
+    arguments; they travel to worker processes as JSON and wrap each env, innermost first."""
+    from frugalrl.envs.spec import parse_wrappers, to_env_spec
+
+    wrappers = ["gymnasium.wrappers.RecordEpisodeStatistics", {"gymnasium.wrappers:TimeLimit": {"max_episode_steps": 5}}]
+    assert parse_wrappers(wrappers) == (("gymnasium.wrappers:RecordEpisodeStatistics", {}),
+                                        ("gymnasium.wrappers:TimeLimit", {"max_episode_steps": 5}))
+    env = ClusterEnv("CartPole-v1", 2, 2, backend="local", inline_workers=0, env_wrappers=wrappers)
+    try:
+        env.reset(seed=0)
+        for _ in range(5):
+            _, _, terminated, truncated, _ = env.step(np.zeros(4, dtype=np.int64))
+        assert truncated.all() and not terminated.any()  # CartPole pushed left ends later than step 5 from a reset
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="env wrapper 'no_such_module:Wrapper': cannot import module"):
+        to_env_spec("CartPole-v1", env_wrappers=["no_such_module:Wrapper"])
+    with pytest.raises(ValueError, match="an env wrapper is 'module:Class' or"):
+        to_env_spec("CartPole-v1", env_wrappers=[{"a:B": {}, "c:D": {}}])
+    with pytest.raises(ValueError, match="env_wrappers cannot be used with a list of env functions"):
+        to_env_spec([lambda: gym.make("CartPole-v1")], env_wrappers=["gymnasium.wrappers:TimeLimit"])
+
+
 def test_an_ale_id_imports_the_package_that_registers_it():
     """Gymnasium 1.x no longer imports ale-py for ``ALE/...`` ids: frugalrl reads ``ALE/Pong-v5`` as
     ``ale_py:ALE/Pong-v5`` (ale-py is a dependency), so a worker process imports it too."""

@@ -48,9 +48,10 @@ def _field_parser(tp: Any) -> Any:
     if tp in (int, float, str):
         return tp
     if origin in (list, tuple):
-        item = args[0] if args else str
+        item = args[0] if args and args[0] in (int, float, str) else str
         convert = list if origin is list else tuple
-        return lambda s: convert(item(x) for x in s.replace(",", " ").split())
+        return lambda s: (convert(_parse_json_list(s)) if s.lstrip().startswith("[")
+                          else convert(item(x) for x in s.replace(",", " ").split()))
     if origin is dict or tp is dict:
         return _parse_json_dict
     return str
@@ -68,14 +69,23 @@ def _parse_bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
 
 
-def _parse_json_dict(s: str) -> dict:
+def _parse_json(s: str, kind: type, what: str) -> Any:
+    """``s`` as JSON of type ``kind`` (``what`` names it in the error)."""
     try:
         value = json.loads(s)
     except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {s!r}: {e}") from e
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {s!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}: {e}") from e
+    if not isinstance(value, kind):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
     return value
+
+
+def _parse_json_list(s: str) -> list:
+    return _parse_json(s, list, "a JSON list")
+
+
+def _parse_json_dict(s: str) -> dict:
+    return _parse_json(s, dict, "a JSON object")
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -381,7 +391,7 @@ def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
         env, changes["env_kwargs"] = atari
         changes["env"] = env
     try:
-        values, name = presets.resolve(algo, env, choice, changes.get("env_kwargs"))
+        values, name = presets.resolve(algo, env, choice, changes.get("env_kwargs"), changes.get("env_wrappers"))
     except Exception as e:  # auto only: the run itself reports an env it cannot build
         if choice != presets.AUTO:
             raise
@@ -409,7 +419,7 @@ def _eval(args: argparse.Namespace) -> int:
         return _error(str(e))
     if args.max_steps is not None and args.max_steps < 1:
         return _error(f"--max-steps must be a positive integer, got {args.max_steps}")
-    spec = to_env_spec(config["env"], config.get("env_kwargs") or {})
+    spec = to_env_spec(config["env"], config.get("env_kwargs") or {}, config.get("env_wrappers"))
     max_steps = args.max_steps or int(config.get("eval_max_steps") or MAX_STEPS)
     played = PolicyEvaluator(agent, spec, args.episodes, args.seed, not args.stochastic, max_steps)()
     result = {"run_dir": str(Path(args.run_dir)), "algo": config.get("algo"), "env_id": config["env"],

@@ -63,7 +63,7 @@ class A2CProblem:
     def __init__(self, cfg: HSA2CConfig) -> None:
         cfg.validate()
         self.cfg = cfg
-        self.env_spec: EnvSpec = to_env_spec(cfg.env, cfg.env_kwargs)
+        self.env_spec: EnvSpec = to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers)
         self.m = cfg.envs_per_process
         self.num_steps = cfg.num_steps
         self.gamma = float(cfg.gamma)
@@ -300,7 +300,7 @@ class HSA2C(Algorithm):
 
     def setup(self) -> Setup:
         cfg = self.cfg
-        env_spec = to_env_spec(cfg.env, cfg.env_kwargs)  # fails here, with the env's name, if unknown
+        env_spec = to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers)  # fails here, with the env's name, if unknown
         self.problem = A2CProblem(cfg)  # scores the recorded weights, then the final ones
         agent = self.problem.agent
         return Setup(

@@ -62,7 +62,7 @@ class PPOConfig(NormConfig, NetConfig, PPOLossConfig, OptimConfig, ClusterConfig
 def make_envs(cfg: PPOConfig, replayable: bool = False) -> ClusterEnv | gym.vector.VectorEnv:
     """The vector env a config asks for (``replayable``: a ClusterEnv that checkpoints can rebuild exactly)."""
     if cfg.vector_env == "gym":
-        spec = to_env_spec(cfg.env, cfg.env_kwargs)
+        spec = to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers)
         return gym.vector.SyncVectorEnv([spec.make for _ in range(cfg.num_envs)])
     return ClusterEnv.from_config(cfg, replayable)
 
@@ -147,7 +147,7 @@ class PPO(Algorithm):
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.scaler = ReturnScaler(cfg.gamma, envs.num_envs) if self.norm_reward else None
-        eval_spec = self.cluster.env_spec if self.cluster is not None else to_env_spec(cfg.env, cfg.env_kwargs)
+        eval_spec = self.cluster.env_spec if self.cluster is not None else to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers)
         return Setup(
             parts={"agent": self.agent, "optimizer": self.optimizer, "generator": self.generator,
                    "reward_scaler": self.scaler, "envs": self.cluster},

@@ -89,7 +89,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             cluster; ``pip install 'frugalrl[ray]'``) or ``"replay"`` (a load generator, :mod:`~.backends.replay`).
         sync: the weight-sync rule for worker-side inference (default :class:`EveryUpdate`).
         seed: base seed; env ``j`` is reset with ``seed + j``.
-        env_kwargs: keyword arguments for ``gym.make`` or the factory.
+        env_kwargs, env_wrappers: keyword arguments for ``gym.make`` or the factory; wrappers around each env.
         autoreset_mode: ``"NextStep"`` (Gymnasium's default), ``"SameStep"`` or ``"Disabled"`` for :meth:`step`.
         observation_mode: AsyncVectorEnv's: ``"same"``, ``"different"`` or ``(batched, single)`` spaces.
         weights_codec: how weights travel: ``fp32``, ``bf16``, ``fp16`` or ``int8``.
@@ -128,6 +128,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         seed: int | None = None,
         *,
         env_kwargs: dict[str, Any] | None = None,
+        env_wrappers: list[Any] | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         weights_codec: str = "fp32",
         weights_delta: bool = True,
@@ -164,7 +165,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         except ValueError:
             raise ValueError(f"autoreset_mode must be 'NextStep', 'SameStep' or 'Disabled', got {autoreset_mode!r}") from None
 
-        self.env_spec = to_env_spec(env, env_kwargs)
+        self.env_spec = to_env_spec(env, env_kwargs, env_wrappers)
         if self.env_spec.fns is not None:  # one function per env, as AsyncVectorEnv takes them
             n = len(self.env_spec.fns)
             if n % self.num_workers or envs_per_worker not in (1, n // self.num_workers):
@@ -251,8 +252,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         :class:`~frugalrl.config.ClusterConfig` workers, backend, sync rule, codec and uplink)."""
         return cls(cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
                    inline_workers=cfg.inline_workers,
-                   sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, weights_codec=cfg.weights_codec,
-                   weights_delta=cfg.weights_delta, uplink=cfg.uplink_options(), ray_address=cfg.ray_address,
+                   sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, env_wrappers=cfg.env_wrappers,
+                   weights_codec=cfg.weights_codec, weights_delta=cfg.weights_delta, uplink=cfg.uplink_options(), ray_address=cfg.ray_address,
                    replayable=replayable, worker_memory_mb=cfg.worker_memory_mb, crash_loop_tries=cfg.crash_loop_tries)
 
     # ------------------------------------------------------------------ the sync state, read-only

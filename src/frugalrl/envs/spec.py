@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
@@ -19,18 +19,21 @@ class EnvSpec:
     Exactly one of ``id`` (a registered Gymnasium id, ``"module:EnvId"`` included), ``factory`` (``"module:function"``
     or a module-level callable; ``kwargs`` go to it or to ``gym.make``) or ``fns`` (one thunk per env, as
     Gymnasium's ``AsyncVectorEnv`` takes them: closures and lambdas included, with the user's wrappers) is set.
+    ``wrappers`` (with an id or a factory) wrap each env in order, as rl-zoo's ``env_wrapper``: pairs of an import
+    path ``"module:Class"`` and its keyword arguments (:func:`parse_wrappers`).
     """
 
     id: str | None = None
     factory: str | Callable[..., gym.Env] | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
     fns: tuple[Callable[[], gym.Env], ...] | None = None
+    wrappers: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     def make(self, index: int = 0) -> gym.Env:
-        """Build env ``index`` (from an id or a factory, observations that are not a Box are flattened:
-        :func:`flat_observations`)."""
+        """Build env ``index`` (from an id or a factory: wrapped in ``wrappers``, then observations that are not a
+        Box flattened, :func:`flat_observations`)."""
         if self.id is not None:
-            return flat_observations(gym.make(self.id, **self.kwargs))
+            return flat_observations(self.wrap(gym.make(self.id, **self.kwargs)))
         if self.fns is not None:  # AsyncVectorEnv's way: the env as the function builds it, its spaces untouched
             fn = self.fns[index % len(self.fns)]
             try:
@@ -49,7 +52,15 @@ class EnvSpec:
             env, what = fn(**self.kwargs), f"env factory {self.factory!r}"
         if not isinstance(env, gym.Env):
             raise TypeError(f"{what} returned {type(env).__name__}, not a gymnasium.Env")
-        return flat_observations(env)
+        return flat_observations(self.wrap(env))
+
+    def wrap(self, env: gym.Env) -> gym.Env:
+        """``env`` in this spec's ``wrappers``, in order."""
+        for path, kwargs in self.wrappers:
+            env = import_string(path)(env, **kwargs)
+            if not isinstance(env, gym.Env):
+                raise TypeError(f"env wrapper {path!r} returned {type(env).__name__}, not a gymnasium.Env")
+        return env
 
     def describe(self) -> str:
         """A short human-readable name."""
@@ -115,17 +126,58 @@ def import_env_packages() -> bool:
     return imported
 
 
-def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
-    """Normalise what a user passed as ``env`` and check it names something that exists.
+def parse_wrappers(wrappers: Sequence[str | dict[str, Any]] | None) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """rl-zoo's ``env_wrapper`` forms as ``(import path, keyword arguments)`` pairs, each imported to check it:
+    ``"module:Class"`` (or ``"module.Class"``) and ``{"module:Class": {keyword arguments}}``. ``ValueError`` names
+    the first entry that is neither or does not import."""
+    out = []
+    for entry in wrappers or ():
+        kwargs: dict[str, Any] = {}
+        if isinstance(entry, str):
+            path = entry
+        elif isinstance(entry, dict) and len(entry) == 1 and isinstance(next(iter(entry.values())) or {}, dict):
+            path, kwargs = next(iter(entry.items()))
+            kwargs = dict(kwargs or {})
+        else:
+            raise ValueError(f"an env wrapper is 'module:Class' or {{'module:Class': {{keyword arguments}}}}, got "
+                             f"{entry!r}")
+        if isinstance(path, str) and ":" not in path and "." in path:  # rl-zoo writes 'module.Class'
+            path = ":".join(path.rsplit(".", 1))
+        try:
+            wrapper = import_string(path)
+        except ValueError as e:
+            raise ValueError(f"env wrapper {path!r}: {e}") from e
+        if not callable(wrapper):
+            raise ValueError(f"env wrapper {path!r} is not a class or function")
+        out.append((path, kwargs))
+    return tuple(out)
+
+
+def to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[str, Any] | None = None,
+                env_wrappers: Sequence[str | dict[str, Any]] | None = None) -> EnvSpec:
+    """Normalise what a user passed as ``env`` (with its kwargs and wrappers) and check it names something that
+    exists.
 
     A string with a ``:`` is Gymnasium's ``"module:EnvId"`` when importing the module registers that id, else an
     import path to a factory; any other string is a Gymnasium id (one of :data:`NAMESPACE_MODULES`' namespaces
     imports its package first).
-    Raises ``ValueError`` for an unknown id or a factory that cannot be imported.
+    Raises ``ValueError`` for an unknown id, a factory or wrapper that cannot be imported.
     """
+    spec = _to_env_spec(env, env_kwargs)
+    wrappers = parse_wrappers(env_wrappers)
+    if not wrappers:
+        return spec
+    if spec.fns is not None:
+        raise ValueError("env_wrappers cannot be used with a list of env functions: wrap the envs in the functions")
+    return replace(spec, wrappers=spec.wrappers + wrappers)
+
+
+def _to_env_spec(env: str | Callable[..., gym.Env] | EnvSpec, env_kwargs: dict[str, Any] | None) -> EnvSpec:
     kwargs = dict(env_kwargs or {})
     if isinstance(env, EnvSpec):
-        return env if not kwargs else EnvSpec(env.id, env.factory, {**env.kwargs, **kwargs})
+        if kwargs and env.fns is not None:
+            raise ValueError("env_kwargs cannot be used with a list of env functions: pass them in the functions")
+        return env if not kwargs else replace(env, kwargs={**env.kwargs, **kwargs})
     if isinstance(env, str):
         if ":" in env and not _is_registered(env) and _registers(env):  # Gymnasium's "module:EnvId"
             return EnvSpec(id=env, kwargs=kwargs)

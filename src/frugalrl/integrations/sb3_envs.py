@@ -209,6 +209,7 @@ class RankEnv:
                 env = gym.make(self.spec.id, **{"render_mode": "rgb_array", **self.spec.kwargs})
             except TypeError:  # an env without render_mode
                 env = gym.make(self.spec.id, **self.spec.kwargs)
+            env = self.spec.wrap(env)
         else:
             env = raw_env(self.spec, self.rank)
         if self.seed is not None:
@@ -220,11 +221,12 @@ class RankEnv:
 
 
 def raw_env(spec: EnvSpec, index: int = 0) -> gym.Env:
-    """Env ``index`` of ``spec`` as the user's recipe builds it (:meth:`EnvSpec.make` without flattening)."""
+    """Env ``index`` of ``spec`` as the user's recipe builds it, its wrappers included (:meth:`EnvSpec.make` without
+    flattening)."""
     if spec.fns is not None:
         return spec.fns[index % len(spec.fns)]()
     if spec.id is not None:
-        return gym.make(spec.id, **spec.kwargs)
+        return spec.wrap(gym.make(spec.id, **spec.kwargs))
     fn = import_string(spec.factory) if isinstance(spec.factory, str) else spec.factory
     assert fn is not None, "an EnvSpec names an id, a factory or env functions"
-    return fn(**spec.kwargs)
+    return spec.wrap(fn(**spec.kwargs))

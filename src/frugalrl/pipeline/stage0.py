@@ -38,7 +38,7 @@ EVAL_SEED = 20_000
 def make_env_group(cfg: PipelinePPOConfig, seed: int) -> EnvGroup:
     """Stage 0's environments, reset with ``seed`` (same-step autoreset: a finished env's next observation is its
     reset one)."""
-    spec = to_env_spec(cfg.env, cfg.env_kwargs)
+    spec = to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers)
     name = spec.describe()
     group = EnvGroup([spec.make() for _ in range(cfg.num_envs)], where=lambda i: f"env {i} ({name})")
     group.reset_all(seed)
@@ -47,7 +47,7 @@ def make_env_group(cfg: PipelinePPOConfig, seed: int) -> EnvGroup:
 
 def check_spaces(cfg: PipelinePPOConfig) -> tuple[gym.Space, gym.Space]:
     """Build one env and check its spaces; a clear ``ValueError`` when the pipeline cannot handle them."""
-    env = to_env_spec(cfg.env, cfg.env_kwargs).make()
+    env = to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers).make()
     try:
         obs_space, act_space = env.observation_space, env.action_space
     finally:
@@ -286,7 +286,7 @@ def _evaluate(cfg: PipelinePPOConfig, encoder: PixelEncoder | VectorEncoder, cha
     back, and a message of no rows once every episode has ended or was cut at ``cfg.eval_max_steps`` steps (a round
     trip per step, not per episode step).
     """
-    spec = to_env_spec(cfg.env, cfg.env_kwargs)
+    spec = to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers)
     envs = [spec.make() for _ in range(cfg.eval_episodes)]
     try:
         obs = [env.reset(seed=EVAL_SEED + ep)[0] for ep, env in enumerate(envs)]

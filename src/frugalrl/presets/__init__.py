@@ -61,23 +61,23 @@ def family_of(observation_space: gym.Space, action_space: gym.Space) -> Family:
     return "continuous" if isinstance(action_space, gym.spaces.Box) else "discrete"
 
 
-def env_family(env: str, env_kwargs: dict[str, Any] | None = None) -> Family:
-    """The family of ``env``: one env is built here, as a worker builds it, to read its spaces."""
+def env_family(env: str, env_kwargs: dict[str, Any] | None = None, env_wrappers: list[Any] | None = None) -> Family:
+    """The family of ``env``: one env is built here, as a worker builds it (wrappers included), to read its spaces."""
     from frugalrl.envs.spec import to_env_spec
 
-    made = to_env_spec(env, env_kwargs).make()
+    made = to_env_spec(env, env_kwargs, env_wrappers).make()
     try:
         return family_of(made.observation_space, made.action_space)
     finally:
         made.close()
 
 
-def resolve(algo: str, env: str, preset: str | None = AUTO,
-            env_kwargs: dict[str, Any] | None = None) -> tuple[dict[str, Any], str | None]:
+def resolve(algo: str, env: str, preset: str | None = AUTO, env_kwargs: dict[str, Any] | None = None,
+            env_wrappers: list[Any] | None = None) -> tuple[dict[str, Any], str | None]:
     """The field values ``preset`` gives ``algo`` on ``env``, and its name (None: no preset applies).
 
     ``preset``: ``"auto"`` (``env``'s own if any, else its family's if the algorithm has one, named ``family:NAME``: ``env`` is built once
-    with ``env_kwargs`` to read its spaces), ``"none"``, an env id of the algorithm's file, ``family:NAME``, or a
+    with ``env_kwargs`` and ``env_wrappers`` to read its spaces), ``"none"``, an env id of the algorithm's file, ``family:NAME``, or a
     ``.json`` file (its fields, or the entry for ``env`` in a mapping env -> fields). ``ValueError`` names an
     unknown preset.
     """
@@ -87,7 +87,7 @@ def resolve(algo: str, env: str, preset: str | None = AUTO,
     if preset == AUTO:
         if env in table:
             return _fields(table[env]), env
-        family = env_family(env, env_kwargs) if fallbacks else None
+        family = env_family(env, env_kwargs, env_wrappers) if fallbacks else None
         if family not in fallbacks:  # an algorithm may have fallbacks for some families only
             return {}, None
         preset = FAMILY + family
@@ -172,6 +172,6 @@ def make_config(algo: str, env: str, preset: str | None = AUTO, **overrides: Any
     from frugalrl.algos import algorithm
 
     _, cls = algorithm(algo).load()
-    values, name = resolve(algo, env, preset, overrides.get("env_kwargs"))
+    values, name = resolve(algo, env, preset, overrides.get("env_kwargs"), overrides.get("env_wrappers"))
     return build(cls, values, name, {**overrides, "env": env}, given_as="argument")
 

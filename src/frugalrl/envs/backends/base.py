@@ -91,12 +91,14 @@ def config_to_json(config: WorkerConfig, backend: str) -> dict[str, Any]:
             module = "__frugalrl_main__"  # the name the worker imports the script under
         factory = f"{module}:{qualname}"
     out = asdict(config)
-    out["env_spec"] = {"id": spec.id, "factory": factory, "kwargs": spec.kwargs, "fns": fns}
+    out["env_spec"] = {"id": spec.id, "factory": factory, "kwargs": spec.kwargs, "fns": fns,
+                       "wrappers": [[path, kwargs] for path, kwargs in spec.wrappers]}
     out["main_path"] = main_path
     try:
         json.dumps(out)
     except TypeError as e:
-        raise ValueError(f"env_kwargs must be JSON-serialisable for backend={backend!r}: {e}") from e
+        raise ValueError(f"env_kwargs and env wrappers' arguments must be JSON-serialisable for backend={backend!r}: "
+                         f"{e}") from e
     return out
 
 
@@ -121,6 +123,7 @@ def worker_from_json(cfg: dict[str, Any]) -> EnvWorker:
         import cloudpickle  # type: ignore[import-untyped]
 
         recipe["fns"] = tuple(cloudpickle.loads(base64.b64decode(recipe["fns"])))
+    recipe["wrappers"] = tuple((str(path), dict(kwargs)) for path, kwargs in recipe.get("wrappers") or ())
     return build_worker(WorkerConfig(**{**fields, "env_spec": EnvSpec(**recipe)}))
 
 
