@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install demo test test-all lint docs bench clean headline headline-quick
+.PHONY: install demo test test-slow test-all lint docs bench clean headline headline-quick
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q -m "not slow"
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
 
 test-all: install
 	$(PY) -m pytest -q

@@ -174,12 +174,15 @@ def test_an_atari_id_trains_on_preprocessed_frames(capsys):
     """`frugalrl train ppo --env ALE/Pong-v5` gets rl-zoo's treatment of Atari ids: the standard preprocessing, hence
     the Nature-CNN and the image family; `--env-kwargs` (even `{}`) keeps the raw env."""
     from frugalrl.algos.ppo import PPOConfig
-    from frugalrl.cli import ATARI_FACTORY, _with_preset
+    from frugalrl.cli import _with_preset
     from frugalrl.envs.spec import to_env_spec
+    from frugalrl.presets import ATARI_FACTORY, make_config
 
     cfg = _with_preset("ppo", PPOConfig, {"env": "ALE/Pong-v5"})
     assert (cfg.env, cfg.env_kwargs) == (ATARI_FACTORY, {"env_id": "ALE/Pong-v5"})
     assert "standard Atari preprocessing" in capsys.readouterr().err
+    in_python = make_config("ppo", "ALE/Pong-v5")  # the Python --preset: the same config
+    assert (in_python.env, in_python.env_kwargs, in_python.preset) == (cfg.env, cfg.env_kwargs, cfg.preset)
     raw = _with_preset("ppo", PPOConfig, {"env": "ALE/Pong-v5", "env_kwargs": {}})
     assert (raw.env, raw.env_kwargs) == ("ALE/Pong-v5", {})
     assert _with_preset("ppo", PPOConfig, {"env": "CartPole-v1"}).env == "CartPole-v1"

@@ -340,6 +340,7 @@ def test_observation_statistics_are_part_of_the_weights():
     assert grid.obs_norm is None and grid.size == sum(p.numel() for p in grid.agent.parameters())
 
 
+@pytest.mark.slow  # ~25 s: CI runs it in `make test-slow`; the default suite must stay under 15 min on 2 cores
 def test_hsa2c_learns_frozenlake_from_one_hot_states(tmp_path):
     """A Discrete observation space (FrozenLake's 16 cells, one-hot: :func:`frugalrl.envs.spec.flat_observations`)
     trains with HSA2C's defaults: on the slippery 4×4 lake a random policy reaches the goal on 0 of 10 evaluation
@@ -386,6 +387,7 @@ def test_hsa2c_defaults_swing_up_pendulum(tmp_path):
     assert s["eval_return_mean"] > -300, s["eval_history"]
 
 
+@pytest.mark.slow  # ~20 s: CI runs it in `make test-slow`; the default suite must stay under 15 min on 2 cores
 def test_hsa2c_learns_minatar_with_the_grid_cnn(tmp_path):
     """HSA2C with its defaults on MinAtar Breakout (10×10×4 bool grids) builds the MinAtar paper's CNN by itself
     and learns to return the ball: from a greedy return below 1 to at least 2 (2 bricks; random play scores 0.2) in

@@ -16,6 +16,7 @@ def _cfg(tmp_path, **kw) -> IMPALAConfig:
     return IMPALAConfig(**base)
 
 
+@pytest.mark.slow  # ~40 s: CI runs it in `make test-slow`; the default suite must stay under 15 min on 2 cores
 def test_learns_cartpole_with_compressed_actors(tmp_path):
     """Actors run a pruned, distilled, int8 ONNX policy on 2 worker processes (AAPS, the default Monitor); the
     learner with its default settings still solves CartPole.

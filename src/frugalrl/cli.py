@@ -225,9 +225,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _help_preset(algo: str, cls: type, argv: list[str] | None) -> tuple[dict[str, Any], str | None]:
-    """The preset that ``frugalrl train ALGO --help`` (with its ``--env`` / ``--env-kwargs`` / ``--preset``) would
-    apply, the env's own or its family's: the values its help then shows as the defaults. Nothing unless ``argv``
-    asks for that algorithm's help, or if the env cannot be built here to find its family."""
+    """The preset that ``frugalrl train ALGO --help`` (with its ``--env``, ``--env-kwargs``, ``--env-wrappers``,
+    ``--preset``) would apply, the env's own or its family's: the values its help then shows as the defaults.
+    Nothing unless ``argv`` asks for that algorithm's help, or if the env cannot be built here to find its family."""
     from frugalrl import presets
 
     if not argv or argv[:2] != ["train", algo] or not {"-h", "--help"} & set(argv):
@@ -235,11 +235,13 @@ def _help_preset(algo: str, cls: type, argv: list[str] | None) -> tuple[dict[str
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--env", default=next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
     pre.add_argument("--env-kwargs", type=_parse_json_dict, default=None)
+    pre.add_argument("--env-wrappers", type=_field_parser(list[str | dict[str, Any]]), default=None)
     pre.add_argument("--preset", default=presets.AUTO)
     try:
         known, _ = pre.parse_known_args(argv[2:])
-        env, env_kwargs = atari_frames(known.env, known.env_kwargs is not None) or (known.env, known.env_kwargs)
-        return presets.resolve(algo, env, known.preset, env_kwargs)
+        env, env_kwargs = (presets.atari_frames(known.env, known.env_kwargs is not None)
+                           or (known.env, known.env_kwargs))
+        return presets.resolve(algo, env, known.preset, env_kwargs, known.env_wrappers)
     except Exception:  # an env that cannot be built here, a bad preset: the help shows the dataclass's defaults
         return {}, None
 
@@ -362,21 +364,6 @@ def _train(args: argparse.Namespace) -> int:
     return EXIT_PREEMPTED if summary["stop_reason"] == "preempted" else 0
 
 
-ATARI_FACTORY = "frugalrl.envs.atari:make_atari"
-
-
-def atari_frames(env: Any, env_kwargs_given: bool) -> tuple[str, dict[str, Any]] | None:
-    """What ``frugalrl train`` runs for an ``ALE/...`` or ``<Game>NoFrameskip-v4`` id given without ``--env-kwargs``:
-    the preprocessed frames the Nature-CNN and the image family take (rl-zoo's way with Atari ids); None for any
-    other env."""
-    if not isinstance(env, str) or env_kwargs_given:
-        return None
-    game = env.removeprefix("ale_py:")
-    if not (game.startswith("ALE/") or game.endswith("NoFrameskip-v4")):  # the ids without a frame skip of their own
-        return None
-    return ATARI_FACTORY, {"env_id": game}
-
-
 def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
     """The config from the preset ``--preset`` names (the env's own by default, else its family's), then the
     flags given; prints where each value that is not the dataclass's default came from."""
@@ -384,9 +371,9 @@ def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
 
     choice = changes.pop("preset", presets.AUTO)
     env = changes.get("env", next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
-    atari = atari_frames(env, "env_kwargs" in changes)
+    atari = presets.atari_frames(env, "env_kwargs" in changes)
     if atari is not None:
-        print(f"frugalrl: note: {env} with the standard Atari preprocessing ({ATARI_FACTORY}: 4 stacked 84×84 "
+        print(f"frugalrl: note: {env} with the standard Atari preprocessing ({presets.ATARI_FACTORY}: 4 stacked 84×84 "
               f"grayscale frames, frame skip 4); --env-kwargs '{{}}' keeps the raw frames", file=sys.stderr)
         env, changes["env_kwargs"] = atari
         changes["env"] = env

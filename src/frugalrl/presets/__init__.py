@@ -166,12 +166,31 @@ def describe(cfg: Any) -> str:
                      [f"settings: {type(cfg).__name__}'s defaults"])
 
 
+ATARI_FACTORY = "frugalrl.envs.atari:make_atari"
+
+
+def atari_frames(env: Any, env_kwargs_given: bool) -> tuple[str, dict[str, Any]] | None:
+    """What ``frugalrl train`` and :func:`make_config` run for an ``ALE/...`` or ``<Game>NoFrameskip-v4`` id given
+    without env kwargs: the preprocessed frames the Nature-CNN and the image family take (rl-zoo's way with Atari
+    ids); None for any other env."""
+    if not isinstance(env, str) or env_kwargs_given:
+        return None
+    game = env.removeprefix("ale_py:")
+    if not (game.startswith("ALE/") or game.endswith("NoFrameskip-v4")):  # the ids without a frame skip of their own
+        return None
+    return ATARI_FACTORY, {"env_id": game}
+
+
 def make_config(algo: str, env: str, preset: str | None = AUTO, **overrides: Any) -> Any:
     """``algo``'s config for ``env``: the preset's values (or the family's), then ``overrides`` (the Python
-    ``--preset``); its ``sources`` say which set each value."""
+    ``--preset``); its ``sources`` say which set each value. An Atari id without ``env_kwargs`` becomes
+    :func:`atari_frames`' factory, as on the command line."""
     from frugalrl.algos import algorithm
 
     _, cls = algorithm(algo).load()
+    atari = atari_frames(env, "env_kwargs" in overrides)
+    if atari is not None:
+        env, overrides["env_kwargs"] = atari
     values, name = resolve(algo, env, preset, overrides.get("env_kwargs"), overrides.get("env_wrappers"))
     return build(cls, values, name, {**overrides, "env": env}, given_as="argument")
 
