@@ -34,6 +34,20 @@ def test_figures_are_read_per_worker_and_step():
     assert f.update_s_per_sample == pytest.approx(1.0 / 10_240)
 
 
+def test_each_workers_first_full_copy_is_paid_once_per_run():
+    """With deltas a worker's first sync is a full copy and the rest are smaller: the model keeps the first copy (F)
+    apart, spread over the iterations of the run it predicts, and left out of the steady state."""
+    run = summary(syncs=6, updates=10)  # 2 workers: 2 first copies of 10 kB, then 4 deltas of 2.5 kB
+    run["weight_syncs"]["full_bytes"] = 10_000
+    run["bytes"]["down"]["weights"] = 2 * 10_000 + 4 * 2_500
+    f = RunFigures.from_summary(run)
+    assert (f.first_copy_bytes, f.weight_bytes_per_sync, f.syncs_per_worker_iter) == (10_000, 2_500, 0.2)
+    ten, steady = predict(f, 8, None, iterations=10), predict(f, 8, None)
+    assert ten["down_bytes_per_iter"] - steady["down_bytes_per_iter"] == pytest.approx(8 * 10_000 / 10)
+    assert ten["down_bytes_per_iter"] == pytest.approx(4 * run["bytes"]["down"]["weights"] / 10 + 4 * 2 * 512)
+    assert saturation(f, step_rate=1000.0)["bytes_per_env_step"]["down"] == pytest.approx(1 + 0.2 * 2_500 / 512)
+
+
 def test_prediction_adds_transfers_compute_and_update():
     f = RunFigures.from_summary(summary(syncs=5))  # AAPS: a quarter of every-update's syncs
     p = predict(f, 8, link_gbit=0.01)
@@ -147,7 +161,8 @@ def test_cli_on_a_real_run(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     f = out["figures"]
     assert f["workers"] == 2 and f["env_steps_per_worker_iter"] == 128
-    assert 0.0 < f["syncs_per_worker_iter"] <= 1.0  # AAPS, the default: at most one sync per update
+    assert 0.0 <= f["syncs_per_worker_iter"] <= 1.0  # AAPS, the default: at most one sync per update
+    assert f["first_copy_bytes"] > 0 and f["iterations"] == 4  # bf16 words of the actor, the default
     two, many = out["predictions"]
     assert many["up_bytes_per_iter"] == pytest.approx(32 * two["up_bytes_per_iter"])
     assert main(["scale-model", str(tmp_path / "r"), "--workers", "8", "--serve-us-per-step", "1.5"]) == 0

@@ -282,7 +282,9 @@ def _scale_model(args: argparse.Namespace) -> int:
     print(f"measured at {f['workers']} workers: {f['env_steps_per_worker_iter']:.0f} env steps per worker per "
           f"iteration, up {f['up_bytes_per_step']:.1f} B/step + {f['up_bytes_per_worker_iter']:,.0f} B of headers, "
           f"down {f['down_bytes_per_step']:.1f} B/step + {f['down_bytes_per_worker_iter']:,.0f} B of headers + "
-          f"{f['syncs_per_worker_iter']:.2f} × {f['weight_bytes_per_sync']:,.0f} B of weights per iteration")
+          f"{f['syncs_per_worker_iter']:.2f} × {f['weight_bytes_per_sync']:,.0f} B of weights per iteration"
+          + (f", after a first full copy of {f['first_copy_bytes']:,.0f} B (left out below: a long run's steady state)"
+             if f["first_copy_bytes"] else ""))
     if f["overlap"]:
         print("the next rollout runs during the update (IMPALA's rollout thread): an iteration is the longer of the two")
     print(f"\n{'workers':>8s} {'up MB/iter':>11s} {'down MB/iter':>13s} {'link s':>8s} {'rollout s':>10s} "

@@ -5,19 +5,20 @@ A first-order model of PPO's synchronous loop (and of IMPALA's, whose next rollo
 iteration is then the longer of the two, see :func:`predict`), read from one measured run (its ``summary.json``):
 
 - every worker sends ``up`` bytes per env step and ``h`` of message headers per iteration (paid per message), and
-  receives ``down`` per env step plus, ``q`` times per iteration, ``w`` bytes of weights (AAPS: ``q`` < 1);
+  receives ``down`` per env step plus, ``q`` times per iteration, ``w`` bytes of weights (AAPS: ``q`` < 1), after
+  a first full copy of ``F`` bytes that a run of ``I`` iterations pays once (none in a long run's steady state);
 - an iteration is the weights going down, the workers stepping their ``E`` env steps each (in parallel, unless they
   share ``worker_cores`` cores), their fragments going up, the head's serving and the learner's update:
 
-      s_per_iter(N) = N·q·w·8/L + rollout_compute · c(N)/c(W) + N·(E·up + h)·8/L + update_fixed
+      s_per_iter(N) = N·(q·w + F/I)·8/L + rollout_compute · c(N)/c(W) + N·(E·up + h)·8/L + update_fixed
                       + (serve + update)_per_sample · N·E
 
   with c(n) = max(1, n / worker_cores). One run cannot tell serving (decode, KL, recompute, assembly) from waiting,
   nor the update's fixed part from its per-sample part: both are given (``benchmarks/learner_capacity.py``
   measures serving; :meth:`RunFigures.with_update_fit` fits the update on a second run), else 0.
 - Steady-state load at a worker step rate ``r`` (env steps/s per worker): the link carries N·r·(up + h/E) and
-  N·r·(down + q·w/E) bytes/s (headers down included), and the learner core spends ``(serve + update)_per_sample`` per env step; each
-  saturates at the N where that reaches the link rate or one core.
+  N·r·(down + q·w/E) bytes/s (headers down included), and the learner core spends ``(serve + update)_per_sample``
+  per env step; each saturates at the N where that reaches the link rate or one core.
 
 It leaves out latency (a shaped link here has none), stragglers, uplink codecs whose ratio changes with N, AAPS's
 sync rate changing as the policy converges. docs/multi-node.md#scale-model: its checks against runs.
@@ -62,6 +63,11 @@ class RunFigures:
     env steps the message carries, so they do not shrink with a worker's envs."""
     down_bytes_per_worker_iter: float = 0.0
     """Message headers the head sends each worker per iteration (requests, the weights messages' headers)."""
+    iterations: int = 0
+    """The measured run's iterations (its first copies crossed its link within them; 0: not known)."""
+    first_copy_bytes: float = 0.0
+    """F: the full copy of the weights each worker gets first, once per run (then ``weight_bytes_per_sync`` and
+    ``syncs_per_worker_iter`` are those of the syncs after it); 0: not told apart (runs before it was recorded)."""
 
     @classmethod
     def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None) -> RunFigures:
@@ -78,14 +84,18 @@ class RunFigures:
             raise ValueError("scale-model needs a run that was not resumed (its timings cover one process)")
         weights = b["down"].get("weights", 0)
         syncs = summary["weight_syncs"]["total"]
+        first = summary["weight_syncs"].get("full_bytes", 0)  # each worker's first sync is a full copy
+        firsts = min(syncs, workers) if first else 0
+        later, later_weights = syncs - firsts, max(0, weights - firsts * first)
         up_headers, down_headers = b["up"].get("control", 0), b["down"].get("control", 0)
         return cls(workers=workers, env_steps_per_worker_iter=steps / updates / workers,
                    up_bytes_per_step=(sum(b["up"].values()) - up_headers) / steps,
                    down_bytes_per_step=(sum(b["down"].values()) - weights - down_headers) / steps,
                    up_bytes_per_worker_iter=up_headers / updates / workers,
                    down_bytes_per_worker_iter=down_headers / updates / workers,
-                   weight_bytes_per_sync=weights / syncs if syncs else 0.0,
-                   syncs_per_worker_iter=syncs / updates / workers,
+                   weight_bytes_per_sync=later_weights / later if later else 0.0, first_copy_bytes=float(first),
+                   iterations=updates,
+                   syncs_per_worker_iter=later / updates / workers,
                    rollout_s_per_iter=d["rollout_seconds"] / rollouts,
                    update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit,
                    overlap=bool(d.get("overlap", False)))
@@ -108,20 +118,23 @@ class RunFigures:
         fixed = max(0.0, ua - per_sample * a)
         return replace(self, update_s_per_sample=(ua - fixed) / a, update_s_per_iter=fixed)
 
-    def bytes_per_iter(self, workers: int, env_scale: float = 1.0) -> tuple[float, float]:
-        """(up, down) bytes per iteration at ``workers`` workers of ``env_scale`` times the run's envs each: the
-        experience scales with the envs, the weights messages and the headers do not."""
+    def bytes_per_iter(self, workers: int, env_scale: float = 1.0,
+                       iterations: int | None = None) -> tuple[float, float]:
+        """(up, down) bytes per iteration at ``workers`` workers of ``env_scale`` times the run's envs each, in a run
+        of ``iterations`` (None: steady state, the first copies left out): the experience scales with the envs, the
+        weights messages and the headers do not."""
         e = self.env_steps_per_worker_iter * env_scale
+        first = self.first_copy_bytes / iterations if iterations else 0.0
         return (workers * (e * self.up_bytes_per_step + self.up_bytes_per_worker_iter),
                 workers * (e * self.down_bytes_per_step + self.down_bytes_per_worker_iter
-                           + self.syncs_per_worker_iter * self.weight_bytes_per_sync))
+                           + self.syncs_per_worker_iter * self.weight_bytes_per_sync + first))
 
     def rollout_compute_s(self) -> float:
         """The measured rollout time less the measured run's own transfers over its link and its serving."""
         serve = self.serve_s_per_sample * self.workers * self.env_steps_per_worker_iter
         if self.link_gbit is None:
             return max(0.0, self.rollout_s_per_iter - serve)
-        up, down = self.bytes_per_iter(self.workers)
+        up, down = self.bytes_per_iter(self.workers, iterations=self.iterations or None)
         return max(0.0, self.rollout_s_per_iter - serve - (up + down) * 8 / (self.link_gbit * 1e9))
 
 
@@ -131,16 +144,17 @@ def contention(workers: int, worker_cores: int | None) -> float:
 
 
 def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores: int | None = None,
-            env_scale: float = 1.0, overlap: bool | None = None) -> dict[str, Any]:
+            env_scale: float = 1.0, overlap: bool | None = None, iterations: int | None = None) -> dict[str, Any]:
     """Bytes and seconds per iteration at ``workers`` workers on a learner link of ``link_gbit`` (None: no limit),
     each worker with ``env_scale`` times the measured run's envs (e.g. ½ for the same total envs on twice the
-    workers): its env steps, experience bytes and compute scale with it; its weights messages do not.
+    workers): its env steps, experience bytes and compute scale with it; its weights messages do not. In a run of
+    ``iterations`` (each worker's first full copy spread over them); None: steady state, a long run.
 
     ``overlap`` (default: the measured run's loop): the next rollout runs while the learner updates (IMPALA's
     rollout thread), so an iteration takes the longer of the rollout (transfers, the workers' stepping, its
     serving) and the learner core's work (serving and update share that core)."""
     overlap = fig.overlap if overlap is None else overlap
-    up, down = fig.bytes_per_iter(workers, env_scale)
+    up, down = fig.bytes_per_iter(workers, env_scale, iterations)
     link_s = 0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)
     compute = (fig.rollout_compute_s() * env_scale * contention(workers, worker_cores)
                / contention(fig.workers, worker_cores))
