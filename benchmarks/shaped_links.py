@@ -78,7 +78,8 @@ def model_check(rows: list[dict]) -> list[dict]:
         link = None if r["rate"] == "unshaped" else _rate_bps(r["rate"]) / 1e9
         fig = RunFigures.from_summary(base["summary"], link)
         scale = r["summary"]["details"]["envs_per_worker"] / base["summary"]["details"]["envs_per_worker"]
-        p = predict(fig, r["workers"], link, worker_cores=os.cpu_count(), env_scale=scale, iterations=r["updates"])
+        p = predict(fig, r["workers"], link, worker_cores=os.cpu_count(), env_scale=scale,
+                    iterations=r["updates"])
         measured = {"s_per_iter": r["s_per_iter_median"], "up_bytes_per_iter": r["up_bytes_per_iter"],
                     "down_bytes_per_iter": r["down_bytes_per_iter"]}
         out.append({"rate": r["rate"], "sync": r["sync"], "uplink": r["uplink"], "workers": r["workers"],

@@ -252,6 +252,7 @@ class InfoLog(BaseCallback):
         return True
 
 
+@pytest.mark.slow  # ~20 s: CI runs it in `make test-slow`; the default suite must stay under 15 min on 2 cores
 def test_sb3_ppo_learns_cartpole_on_clusterenv(closing):
     """SB3's PPO (rl-zoo's CartPole-v1 hyperparameters) on 2 local worker processes x 4 envs, 40k steps.
 

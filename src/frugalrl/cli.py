@@ -225,9 +225,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _help_preset(algo: str, cls: type, argv: list[str] | None) -> tuple[dict[str, Any], str | None]:
-    """The preset that ``frugalrl train ALGO --help`` (with its ``--env``, ``--env-kwargs``, ``--env-wrappers``,
-    ``--preset``) would apply, the env's own or its family's: the values its help then shows as the defaults.
-    Nothing unless ``argv`` asks for that algorithm's help, or if the env cannot be built here to find its family."""
+    """The preset that ``frugalrl train ALGO --help`` (with its ``--env``, ``--env-kwargs``,
+    ``--env-wrappers``, ``--preset``) would apply, the env's own or its family's: the values its help then shows
+    as the defaults. Nothing unless ``argv`` asks for that algorithm's help, or if the env cannot be built here to
+    find its family."""
     from frugalrl import presets
 
     if not argv or argv[:2] != ["train", algo] or not {"-h", "--help"} & set(argv):
@@ -283,8 +284,8 @@ def _scale_model(args: argparse.Namespace) -> int:
           f"iteration, up {f['up_bytes_per_step']:.1f} B/step + {f['up_bytes_per_worker_iter']:,.0f} B of headers, "
           f"down {f['down_bytes_per_step']:.1f} B/step + {f['down_bytes_per_worker_iter']:,.0f} B of headers + "
           f"{f['syncs_per_worker_iter']:.2f} × {f['weight_bytes_per_sync']:,.0f} B of weights per iteration"
-          + (f", after a first full copy of {f['first_copy_bytes']:,.0f} B (left out below: a long run's steady state)"
-             if f["first_copy_bytes"] else ""))
+          + (f", after a first full copy of {f['first_copy_bytes']:,.0f} B (left out below: a long run's steady "
+             "state)" if f["first_copy_bytes"] else ""))
     if f["overlap"]:
         print("the next rollout runs during the update (IMPALA's rollout thread): an iteration is the longer of the two")
     print(f"\n{'workers':>8s} {'up MB/iter':>11s} {'down MB/iter':>13s} {'link s':>8s} {'rollout s':>10s} "
@@ -375,12 +376,13 @@ def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
     env = changes.get("env", next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
     atari = presets.atari_frames(env, "env_kwargs" in changes)
     if atari is not None:
-        print(f"frugalrl: note: {env} with the standard Atari preprocessing ({presets.ATARI_FACTORY}: 4 stacked 84×84 "
-              f"grayscale frames, frame skip 4); --env-kwargs '{{}}' keeps the raw frames", file=sys.stderr)
+        print(f"frugalrl: note: {env} with the standard Atari preprocessing ({presets.ATARI_FACTORY}: 4 stacked "
+              f"84×84 grayscale frames, frame skip 4); --env-kwargs '{{}}' keeps the raw frames", file=sys.stderr)
         env, changes["env_kwargs"] = atari
         changes["env"] = env
     try:
-        values, name = presets.resolve(algo, env, choice, changes.get("env_kwargs"), changes.get("env_wrappers"))
+        values, name = presets.resolve(algo, env, choice, changes.get("env_kwargs"),
+                                       changes.get("env_wrappers"))
     except Exception as e:  # auto only: the run itself reports an env it cannot build
         if choice != presets.AUTO:
             raise

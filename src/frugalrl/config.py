@@ -122,8 +122,8 @@ class RunConfig(ConfigPart):
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the env (JSON on the command line)."""
     env_wrappers: list[str | dict[str, dict[str, Any]]] = field(default_factory=list)
-    """Wrappers around each env, innermost first, as rl-zoo's env_wrapper: 'module:Class' (or 'module.Class'), or
-    {"module:Class": {keyword arguments}}; on the command line, names separated by commas, or a JSON list."""
+    """Wrappers around each env, innermost first, as rl-zoo's env_wrapper: 'module:Class' (or 'module.Class'),
+    or {"module:Class": {keyword arguments}}; on the command line, names separated by commas, or a JSON list."""
     preset: str | None = None
     """The preset the settings start from (frugalrl.presets): on the command line the env's own by default (else
     its family's: 'family:continuous', 'family:discrete', 'family:image' or 'family:grid', by the env's spaces,
@@ -176,8 +176,8 @@ class RunConfig(ConfigPart):
             raise ValueError(f"env_kwargs must be a dict, got {type(self.env_kwargs).__name__}")
         if not isinstance(self.env_wrappers, list) or not all(
                 isinstance(w, str) or (isinstance(w, dict) and len(w) == 1) for w in self.env_wrappers):
-            raise ValueError("env_wrappers must be a list of 'module:Class' names or {'module:Class': {keyword "
-                             f"arguments}}}} entries, got {self.env_wrappers!r}")
+            raise ValueError("env_wrappers must be a list of 'module:Class' names or {'module:Class': "
+                             f"{{keyword arguments}}}} entries, got {self.env_wrappers!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         check_fields(self, positive=("checkpoint_every_s",))

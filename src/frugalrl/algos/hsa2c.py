@@ -300,7 +300,8 @@ class HSA2C(Algorithm):
 
     def setup(self) -> Setup:
         cfg = self.cfg
-        env_spec = to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers)  # fails here, with the env's name, if unknown
+        # fails here, with the env's name, if unknown
+        env_spec = to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers)
         self.problem = A2CProblem(cfg)  # scores the recorded weights, then the final ones
         agent = self.problem.agent
         return Setup(

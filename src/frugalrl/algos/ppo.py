@@ -147,7 +147,8 @@ class PPO(Algorithm):
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.scaler = ReturnScaler(cfg.gamma, envs.num_envs) if self.norm_reward else None
-        eval_spec = self.cluster.env_spec if self.cluster is not None else to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers)
+        eval_spec = (self.cluster.env_spec if self.cluster is not None
+                     else to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers))
         return Setup(
             parts={"agent": self.agent, "optimizer": self.optimizer, "generator": self.generator,
                    "reward_scaler": self.scaler, "envs": self.cluster},
