@@ -4,10 +4,12 @@ Box and Discrete observations and actions travel as one ``(k, ...)`` array (``ob
 and the only one worker-side inference, rollouts and checkpoints take. Any other space of Gymnasium's own
 (MultiDiscrete, MultiBinary, Tuple, Dict, Graph, Text, Sequence, OneOf, nested) is walked: each fixed-shape leaf
 (Box, Discrete, MultiDiscrete, MultiBinary) travels as its own ``(k, ...)`` array named by its path (``obs/1/0``:
-part 1 of a Tuple, then part 0), and the values of variable-shape leaves (Graph, Text, Sequence, OneOf) as one
-JSON document in the bytes of one more array (``obs#json``, metered as observations as the rest), whose own arrays
-travel alongside (``obs/2#0``). Nothing is pickled: the receiving side rebuilds only NumPy arrays and scalars,
-strings, tuples, dicts and ``GraphInstance``, guided by the space it expects. The batch
+part 1 of a Tuple, then part 0), and each value of a variable-shape leaf (Graph, Text, Sequence, OneOf) as JSON in
+the message header whose arrays travel alongside (``obs/2#0``, metered as the batch's kind). In the header, a value
+that repeats step after step (a mission string through an episode) costs nothing once the header is numbered
+(:mod:`frugalrl.wire.headers`), and what a new value costs is metered as control. Nothing is pickled: the
+receiving side rebuilds only NumPy arrays and scalars, strings, tuples, dicts and ``GraphInstance``, guided by the
+space it expects. The batch
 (:func:`batch`) is exactly Gymnasium's ``concatenate`` of the values. A custom ``Space`` subclass travels only if
 it declares string values (``dtype=str``, as minigrid's ``MissionSpace``): those go as JSON, as Text's do; any other
 custom space, whose values could be anything, is refused (:func:`check_space`).
@@ -16,7 +18,6 @@ custom space, whose values could be anything, is refused (:func:`check_space`).
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +31,6 @@ from frugalrl.wire.message import Message, WireError
 if TYPE_CHECKING:
     from frugalrl.envs.spec import EnvSpec
 
-JSON_SUFFIX = "#json"
-"""The array of a batch's variable values (JSON, as bytes): ``obs#json``."""
 FIXED = (S.Box, S.Discrete, S.MultiDiscrete, S.MultiBinary)
 """Leaves whose values have one shape and dtype: a batch of them is one array."""
 VARIABLE = (S.Graph, S.Text, S.Sequence, S.OneOf)
@@ -139,28 +138,23 @@ def batch_size(space: gym.Space, tree: Any) -> int:
 
 # ---------------------------------------------------------------------------------------------- on the wire
 def to_message(msg: Message, space: gym.Space, tree: Any, prefix: str, kind: str) -> None:
-    """Put a batch of ``space`` into ``msg``: arrays named ``prefix`` + path, and the variable values as one JSON
-    document in the bytes of array ``prefix#json``, every array metered as ``kind``. (In the array, not the header:
-    a mission string is an observation, and the header stays the same step after step, so it can be numbered.)"""
+    """Put a batch of ``space`` into ``msg``: arrays named ``prefix`` + path, variable values in
+    ``msg.meta[prefix]``, every array metered as ``kind``."""
     if is_simple(space) or isinstance(space, FIXED):
         msg.arrays[prefix] = np.asarray(tree)
         return
     meta: dict[str, Any] = {}
     _put(space, tree, prefix, msg.arrays, meta)
-    if meta:
-        text = json.dumps(meta, separators=(",", ":")).encode()
-        msg.arrays[prefix + JSON_SUFFIX] = np.frombuffer(text, dtype=np.uint8)
+    msg.meta[prefix] = meta
     msg.kinds.update({name: kind for name in msg.arrays if name.startswith((prefix + "/", prefix + "#"))})
 
 
 def from_message(msg: Message, space: gym.Space, prefix: str) -> Any:
-    """The batch :func:`to_message` put into ``msg`` (``WireError`` for values that are not its JSON)."""
+    """The batch :func:`to_message` put into ``msg`` (``WireError`` for values that do not match ``space``)."""
     if is_simple(space) or isinstance(space, FIXED):
         return msg.arrays[prefix]
-    text = msg.arrays.get(prefix + JSON_SUFFIX)
     try:
-        meta = {} if text is None else json.loads(np.ascontiguousarray(text, dtype=np.uint8).tobytes())
-        return _get(space, prefix, msg.arrays, meta)
+        return _get(space, prefix, msg.arrays, msg.meta.get(prefix, {}))
     except (ValueError, KeyError, TypeError) as e:
         raise WireError(f"the {prefix!r} values of a {msg.op!r} message are corrupt: {type(e).__name__}: {e}") from e
 
