@@ -236,7 +236,7 @@ def _help_preset(algo: str, cls: type, argv: list[str] | None) -> tuple[dict[str
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--env", default=next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
     pre.add_argument("--env-kwargs", type=_parse_json_dict, default=None)
-    pre.add_argument("--env-wrappers", type=_field_parser(list[str | dict[str, Any]]), default=None)
+    pre.add_argument("--env-wrappers", type=_field_parser(typing.get_type_hints(cls)["env_wrappers"]), default=None)
     pre.add_argument("--preset", default=presets.AUTO)
     try:
         known, _ = pre.parse_known_args(argv[2:])

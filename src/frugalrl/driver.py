@@ -34,6 +34,10 @@ from frugalrl.training import RunRecorder
 log = logging.getLogger("frugalrl")
 
 STOP_SIGNALS = {signal.SIGTERM: "preempted", signal.SIGINT: "interrupted"}
+"""The signals that stop a run cleanly, and the ``stop_reason`` each leaves in its summary."""
+EXIT_PREEMPTED = 75
+"""The exit code of ``frugalrl train`` after a SIGTERM stop (EX_TEMPFAIL: the run is whole and resumable, so a
+wrapper can requeue it); a SIGINT stop exits with 0 (a stop on request)."""
 _early: list[int] = []  # stop signals that came before a run's StopSignals took over (note_stop_signals_early)
 
 
@@ -44,10 +48,6 @@ def note_stop_signals_early() -> None:
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, lambda signum, _frame: _early.append(signum))
-"""The signals that stop a run cleanly, and the ``stop_reason`` each leaves in its summary."""
-EXIT_PREEMPTED = 75
-"""The exit code of ``frugalrl train`` after a SIGTERM stop (EX_TEMPFAIL: the run is whole and resumable, so a
-wrapper can requeue it); a SIGINT stop exits with 0 (a stop on request)."""
 
 
 @dataclass
@@ -282,8 +282,8 @@ class StopSignals:
             for sig in STOP_SIGNALS:
                 if signal.getsignal(sig) is not signal.SIG_IGN:  # a background job (`cmd &`) keeps ignoring SIGINT
                     self._previous[sig] = signal.signal(sig, self._handle)
-            if _early:
-                self._handle(_early.pop(0), None)
+            if _early:  # the first one counts, as a second signal here would
+                self._handle(_early[0], None)
                 _early.clear()
         return self
 

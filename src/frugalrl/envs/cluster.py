@@ -253,8 +253,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         return cls(cfg.env, num_workers=cfg.workers, envs_per_worker=cfg.envs_per_worker, backend=cfg.backend,
                    inline_workers=cfg.inline_workers,
                    sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, env_wrappers=cfg.env_wrappers,
-                   weights_codec=cfg.weights_codec, weights_delta=cfg.weights_delta, uplink=cfg.uplink_options(), ray_address=cfg.ray_address,
-                   replayable=replayable, worker_memory_mb=cfg.worker_memory_mb, crash_loop_tries=cfg.crash_loop_tries)
+                   weights_codec=cfg.weights_codec, weights_delta=cfg.weights_delta, uplink=cfg.uplink_options(),
+                   ray_address=cfg.ray_address, replayable=replayable, worker_memory_mb=cfg.worker_memory_mb, crash_loop_tries=cfg.crash_loop_tries)
 
     # ------------------------------------------------------------------ the sync state, read-only
     @property

@@ -9,10 +9,9 @@ the message header whose arrays travel alongside (``obs/2#0``, metered as the ba
 that repeats step after step (a mission string through an episode) costs nothing once the header is numbered
 (:mod:`frugalrl.wire.headers`), and what a new value costs is metered as control. Nothing is pickled: the
 receiving side rebuilds only NumPy arrays and scalars, strings, tuples, dicts and ``GraphInstance``, guided by the
-space it expects. The batch
-(:func:`batch`) is exactly Gymnasium's ``concatenate`` of the values. A custom ``Space`` subclass travels only if
-it declares string values (``dtype=str``, as minigrid's ``MissionSpace``): those go as JSON, as Text's do; any other
-custom space, whose values could be anything, is refused (:func:`check_space`).
+space it expects. The batch (:func:`batch`) is exactly Gymnasium's ``concatenate`` of the values. A custom
+``Space`` subclass travels only if it declares string values (``dtype=str``, as minigrid's ``MissionSpace``): those
+go as JSON, as Text's do; any other custom space, whose values could be anything, is refused (:func:`check_space`).
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ def check_inference(obs_space: gym.Space, act_space: gym.Space,
                     what: str = "worker-side inference (step(agent), rollout)") -> None:
     """``TypeError`` unless observations are a Box and actions a Box or Discrete (what agents take)."""
     if not (isinstance(obs_space, S.Box) and is_simple(act_space)):
-        hint = ("; give the env as a factory that wraps it into Box observations (e.g. Gymnasium's "
-                "FlattenObservation, or minigrid's ImgObsWrapper)") if isinstance(obs_space, S.Dict | S.Tuple) else ""
+        hint = ("; wrap the env into Box observations (env_wrappers, --env-wrappers: e.g. minigrid.wrappers."
+                "ImgObsWrapper, gymnasium.wrappers.FlattenObservation)") if isinstance(obs_space, S.Dict | S.Tuple) else ""
         raise TypeError(f"{what} needs Box observations and Box or Discrete actions, not {obs_space} and "
                         f"{act_space}{hint}")
 
@@ -74,8 +73,8 @@ def check_space(space: gym.Space, what: str) -> None:
 
 
 def holds_strings(space: gym.Space) -> bool:
-    """A custom space that declares its values strings (``Space(dtype=str)``, e.g. minigrid's ``MissionSpace``)."""
-    return type(space).__module__.split(".")[0] != "gymnasium" and space.dtype is not None and space.dtype.kind == "U"
+    """A space that declares its values strings (``Space(dtype=str)``, e.g. minigrid's ``MissionSpace``)."""
+    return space.dtype is not None and space.dtype.kind == "U"
 
 
 # ---------------------------------------------------------------------------------------------- batches

@@ -132,16 +132,13 @@ def parse_wrappers(wrappers: Sequence[str | dict[str, Any]] | None) -> tuple[tup
     the first entry that is neither or does not import."""
     out = []
     for entry in wrappers or ():
-        kwargs: dict[str, Any] = {}
-        if isinstance(entry, str):
-            path = entry
-        elif isinstance(entry, dict) and len(entry) == 1 and isinstance(next(iter(entry.values())) or {}, dict):
-            path, kwargs = next(iter(entry.items()))
-            kwargs = dict(kwargs or {})
-        else:
+        pairs = [(entry, {})] if isinstance(entry, str) else list(entry.items()) if isinstance(entry, dict) else []
+        path, kwargs = pairs[0] if len(pairs) == 1 else (None, None)
+        kwargs = {} if kwargs is None else kwargs
+        if not isinstance(path, str) or not isinstance(kwargs, dict):
             raise ValueError(f"an env wrapper is 'module:Class' or {{'module:Class': {{keyword arguments}}}}, got "
                              f"{entry!r}")
-        if isinstance(path, str) and ":" not in path and "." in path:  # rl-zoo writes 'module.Class'
+        if ":" not in path and "." in path:  # rl-zoo writes 'module.Class'
             path = ":".join(path.rsplit(".", 1))
         try:
             wrapper = import_string(path)
@@ -149,7 +146,7 @@ def parse_wrappers(wrappers: Sequence[str | dict[str, Any]] | None) -> tuple[tup
             raise ValueError(f"env wrapper {path!r}: {e}") from e
         if not callable(wrapper):
             raise ValueError(f"env wrapper {path!r} is not a class or function")
-        out.append((path, kwargs))
+        out.append((path, dict(kwargs)))
     return tuple(out)
 
 
