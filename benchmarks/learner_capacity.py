@@ -30,7 +30,6 @@ iteration (rollout + update) from those runs are set against those measured at e
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import copy
 import json
 import os
@@ -78,6 +77,7 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
     from frugalrl.correct import parse_correctors
     from frugalrl.envs.backends.replay import ReplayBackend
     from frugalrl.presets import make_config
+    from frugalrl.rollout import RolloutsAhead
     from frugalrl.sync_state import PolicySync
 
     torch.set_num_threads(1)
@@ -138,8 +138,8 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
         after = env.meter.by_direction()
         return batch, seconds, {d: {k: n - before[d].get(k, 0) for k, n in kinds.items()} for d, kinds in after.items()}
 
-    pool = concurrent.futures.ThreadPoolExecutor(1) if overlap else None
-    pending = pool.submit(rollout) if pool is not None else None
+    rollouts = RolloutsAhead(rollout, overlap)  # overlapped: IMPALA's loop, the next rollout during the update
+    rollouts.start()
     start = time.perf_counter()
     moved: dict[str, Counter[str]] = {"up": Counter(), "down": Counter()}  # by the counted rollouts
     for i in range(updates + 1):  # the first iteration is not counted: overlapped, nothing hid its rollout
@@ -148,24 +148,21 @@ def one(setting: str, workers: int, updates: int, backend: str = "replay",
             spent.clear()
             steps, serve, update, wait = 0, 0.0, 0.0, 0.0
         t0 = time.perf_counter()
-        batch, seconds, traffic = pending.result() if pending is not None else rollout()
+        batch, seconds, traffic = rollouts.take()
         if i >= 1:
             for d, kinds in traffic.items():
                 moved[d].update(kinds)
         wait += time.perf_counter() - t0
-        if pool is not None:  # IMPALA's loop: the actors take the learner's weights, the next rollout starts
+        if overlap:  # the actors take the learner's weights, the next rollout starts
             actor.load_state_dict(agent.state_dict())
-            pending = pool.submit(rollout)
+            rollouts.start()
         t1 = time.perf_counter()
         learn(batch)
         serve += seconds
         update += time.perf_counter() - t1
         steps += batch.num_steps * batch.num_envs
     elapsed = time.perf_counter() - start
-    if pool is not None:
-        assert pending is not None
-        pending.result()  # the rollout still in flight is not counted
-        pool.shutdown()
+    rollouts.close()  # the rollout still in flight is not counted
     stats = env.stats()
     out = {
         "setting": setting, "workers": workers, "env_steps": steps, "overlap": overlap,

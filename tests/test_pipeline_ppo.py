@@ -18,10 +18,11 @@ import torch
 
 from frugalrl.cli import main as cli_main
 from frugalrl.experience import collect_fragment
-from frugalrl.nets import Heads, action_desc, make_encoder
+from frugalrl.nets import action_desc
 from frugalrl.pipeline import PipelinePPOConfig, predict_bytes, train
 from frugalrl.pipeline.bytes import table_one
 from frugalrl.pipeline.launcher import free_port
+from frugalrl.pipeline.model import Heads, make_encoder
 from frugalrl.pipeline.stage0 import make_env_group
 from frugalrl.pipeline.stage1 import rollout_targets
 from frugalrl.returns import bootstrap_values, gae
@@ -57,6 +58,21 @@ def test_encoder_and_heads_match_the_paper():
     u = torch.randn(1000, 3) * 5
     a = heads.env_action(u)
     assert (a[:, 0] >= -1).all() and (a[:, 0] <= 1).all() and (a[:, 1:] >= 0).all() and (a[:, 1:] <= 1).all()
+
+
+def test_a_split_policy_spec_rebuilds_it_under_its_old_name_too():
+    """SplitPolicy moved from frugalrl.nets to frugalrl.pipeline.model; specs written before still build."""
+    from frugalrl.nets import build_policy
+    from frugalrl.pipeline.model import SplitPolicy, space_desc
+
+    obs = gym.spaces.Box(-1, 1, (4,), np.float32)
+    policy = SplitPolicy(space_desc(obs), action_desc(gym.spaces.Discrete(2)), [16], 8)
+    old = {**policy.spec.to_json(), "factory": "frugalrl.nets:SplitPolicy"}
+    for spec in (policy.spec, old):
+        rebuilt = build_policy(spec)
+        rebuilt.load_state_dict(policy.state_dict())
+        x = torch.randn(3, 4)
+        assert isinstance(rebuilt, SplitPolicy) and torch.equal(rebuilt.dist_params(x), policy.dist_params(x))
 
 
 @pytest.mark.parametrize("index", ["coo16", pytest.param("bitmask", marks=pytest.mark.slow)])

@@ -83,3 +83,43 @@ def test_box_actions_are_clipped_for_the_env_and_kept_raw_in_the_batch():
     logp = ro.behaviour_log_prob()
     assert logp.shape == (50, N) and torch.isfinite(logp).all()
     envs.close()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_rollouts_ahead_hand_out_each_rollout_once_in_order(overlap):
+    """With overlap the next rollout runs on a thread between take() and take(); without, take() runs it: the
+    same rollouts either way, each with the arguments it was started with."""
+    import threading
+
+    from frugalrl.rollout import RolloutsAhead
+
+    threads: list[str] = []
+
+    def rollout(actor: int) -> int:
+        threads.append(threading.current_thread().name)
+        return actor * 10
+
+    ahead = RolloutsAhead(rollout, overlap)
+    ahead.start(1)
+    taken = []
+    for actor in (2, 3, 4):
+        taken.append(ahead.take(actor - 1))
+        ahead.start(actor)
+    taken.append(ahead.take(4))
+    ahead.close()
+    assert taken == [10, 20, 30, 40] and len(threads) == 4
+    assert all(name != threading.main_thread().name for name in threads) == overlap
+
+
+def test_rollouts_ahead_close_waits_and_keeps_the_loops_own_error():
+    from frugalrl.rollout import RolloutsAhead
+
+    def failing() -> None:
+        raise RuntimeError("a worker died")
+
+    ahead = RolloutsAhead(failing, overlap=True)
+    ahead.start()
+    ahead.close()  # the rollout's error is not raised here; the loop that stopped raises its own
+    assert ahead.pool is None and ahead.pending is None
+    with pytest.raises(RuntimeError, match="a worker died"):
+        RolloutsAhead(failing, overlap=True).take()  # taken, an error is the caller's

@@ -10,8 +10,10 @@ ClusterEnv's workers send by default), and the policy version that chose its act
 
 from __future__ import annotations
 
+import concurrent.futures
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -95,3 +97,41 @@ def collect_rollout(
         final_idx=f.final_idx, final_obs=f.final_obs, dist_kind=agent.dist_kind, valid=f.valid,
         episode_returns=f.episode_returns, episode_lengths=f.episode_lengths,
     )
+
+
+R = TypeVar("R")
+
+
+class RolloutsAhead(Generic[R]):
+    """The next rollout on a thread while the learner updates (IMPALA's actors running ahead), or, without
+    ``overlap``, each rollout when it is taken: the one loop for both, which IMPALA and the learner-capacity
+    benchmark share. :meth:`start` begins the next rollout; :meth:`take` returns it (or runs one now if none was
+    started); :meth:`close` waits for the one in flight."""
+
+    def __init__(self, rollout: Callable[..., R], overlap: bool) -> None:
+        self.rollout = rollout
+        self.pool = concurrent.futures.ThreadPoolExecutor(1) if overlap else None
+        self.pending: concurrent.futures.Future[R] | None = None
+
+    def start(self, *args: Any) -> None:
+        """Begin ``rollout(*args)`` on the thread (nothing without overlap: :meth:`take` will run it)."""
+        if self.pool is not None:
+            self.pending = self.pool.submit(self.rollout, *args)
+
+    def take(self, *args: Any) -> R:
+        """The rollout :meth:`start` began, or ``rollout(*args)`` now if none is in flight."""
+        pending, self.pending = self.pending, None
+        return pending.result() if pending is not None else self.rollout(*args)
+
+    def close(self) -> None:
+        """Wait for the rollout in flight and stop the thread; the rollout's own error is dropped (a loop that
+        stops on an error raises its own)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception:  # noqa: BLE001 - the loop's own error (if any) is the one to raise
+                pass
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None

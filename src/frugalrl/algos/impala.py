@@ -42,7 +42,7 @@ from frugalrl.monitor import parse_monitor
 from frugalrl.nets import ActorCritic, make_agent
 from frugalrl.normalize import ReturnScaler
 from frugalrl.returns import bootstrap_values
-from frugalrl.rollout import Rollout
+from frugalrl.rollout import Rollout, RolloutsAhead
 from frugalrl.training import cluster_traffic
 
 log = logging.getLogger("frugalrl.impala")
@@ -300,8 +300,7 @@ class IMPALA(Algorithm):
         self.cfg: IMPALAConfig = cfg
         self.given_envs = envs
         self.envs: ClusterEnv | None = None
-        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self.pending: concurrent.futures.Future[Rollout] | None = None
+        self.rollouts_ahead: RolloutsAhead[Rollout] | None = None
         self.builder: ActorBuilder | None = None
 
     def tag(self) -> str:
@@ -342,9 +341,8 @@ class IMPALA(Algorithm):
         if not builder.compressing and not cfg.overlap:
             self.actor = self.agent  # nothing runs while the learner trains: the actors can use it directly
         self.rollouts, self.rollout_seconds = 0, 0.0  # on the rollout thread where it overlaps the update
-        if cfg.overlap:
-            self.pool = concurrent.futures.ThreadPoolExecutor(1)
-            self.pending = self.pool.submit(self._rollout, self.actor)
+        self.rollouts_ahead = RolloutsAhead(self._rollout, cfg.overlap)
+        self.rollouts_ahead.start(self.actor)
         self.returns_since_check: list[float] = []
         self.evals_seen = len(self.run.eval_history)
         self.actor_swaps = 0
@@ -353,11 +351,11 @@ class IMPALA(Algorithm):
 
     def update(self, step: Step) -> Update:
         cfg, envs, builder, agent = self.cfg, self.envs, self.builder, self.agent
-        assert envs is not None and builder is not None
+        assert envs is not None and builder is not None and self.rollouts_ahead is not None
         update = step.index
         lr = self.optimizer.param_groups[0]["lr"] = cfg.lr_at(update, step.total)
         t_wait = time.perf_counter()
-        batch = self.pending.result() if self.pending is not None else self._rollout(self.actor)
+        batch = self.rollouts_ahead.take(self.actor)
         self.wait_seconds += time.perf_counter() - t_wait
         # A finished compression replaces the actor between rollouts (never during one).
         new_actor = builder.poll()
@@ -366,9 +364,8 @@ class IMPALA(Algorithm):
             self.actor_swaps += 1
         elif not builder.compressing and self.actor is not agent:
             self.actor.load_state_dict(agent.state_dict())  # the baseline's actors follow the learner
-        self.pending = None
-        if self.pool is not None and not step.checkpoint_after:  # a checkpoint holds the envs at rest
-            self.pending = self.pool.submit(self._rollout, self.actor)
+        if not step.checkpoint_after:  # a checkpoint holds the envs at rest
+            self.rollouts_ahead.start(self.actor)
 
         self.returns_since_check += list(batch.episode_returns)
         self.recent_obs = _keep_recent(self.recent_obs, batch, cfg.calib_size, update)
@@ -422,15 +419,9 @@ class IMPALA(Algorithm):
 
     def end(self) -> None:
         """Wait for the rollout in flight and the compressor thread."""
-        if self.pending is not None:
-            try:
-                self.pending.result()
-            except Exception:  # noqa: BLE001 - the loop's own error (if any) is the one to raise
-                pass
-            self.pending = None
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-            self.pool = None
+        if self.rollouts_ahead is not None:
+            self.rollouts_ahead.close()
+            self.rollouts_ahead = None
         if self.builder is not None:
             self.builder.close()
 

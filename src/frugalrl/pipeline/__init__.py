@@ -12,7 +12,8 @@ departs from the paper: docs/pipeline.md.
 
 Layout: :mod:`~frugalrl.pipeline.config` (:class:`PipelinePPOConfig`), :mod:`~frugalrl.pipeline.stage0`,
 :mod:`~frugalrl.pipeline.stage1`, :mod:`~frugalrl.pipeline.launcher` (:func:`train`),
-:mod:`~frugalrl.pipeline.bytes` (the byte estimator and Table I).
+:mod:`~frugalrl.pipeline.model` (the split model), :mod:`~frugalrl.pipeline.bytes` (the byte estimator and
+Table I).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def predict_bytes(cfg: PipelinePPOConfig, truncations: Sequence[int] = ()) -> di
     Builds one env to learn the cut width and the action size. Evaluation and run-control traffic is not
     included (the summary reports it apart, as ``details.eval_bytes``).
     """
-    from frugalrl.nets import action_desc, make_encoder
+    from frugalrl.nets import action_desc
     from frugalrl.pipeline.bytes import predict_run
+    from frugalrl.pipeline.model import make_encoder
     from frugalrl.pipeline.stage0 import check_spaces, handshake
 
     obs_space, act_space = check_spaces(cfg)
@@ -51,10 +53,10 @@ def predict_bytes(cfg: PipelinePPOConfig, truncations: Sequence[int] = ()) -> di
 
 
 def load_policy(run_dir: str | Path) -> tuple[Any, dict[str, Any]]:
-    """Both halves of a pipeline run as one :class:`~frugalrl.nets.SplitPolicy` (stage 0's encoder from
+    """Both halves of a pipeline run as one :class:`~frugalrl.pipeline.model.SplitPolicy` (stage 0's encoder from
     ``latest.pt``, stage 1's heads from ``heads.pt``), and stage 0's counters."""
     from frugalrl.config import config_from_dict
-    from frugalrl.nets import SplitPolicy, space_desc
+    from frugalrl.pipeline.model import SplitPolicy, space_desc
     from frugalrl.pipeline.stage0 import check_spaces
     from frugalrl.pipeline.stage1 import HEADS_CHECKPOINT
     from frugalrl.runs import read_checkpoint, read_config, read_torch_file

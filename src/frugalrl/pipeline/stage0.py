@@ -25,8 +25,9 @@ from frugalrl.driver import Algorithm, Setup, Step, Update
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import Evaluation
 from frugalrl.experience import EnvGroup, Fragment, collect_fragment
-from frugalrl.nets import PixelEncoder, VectorEncoder, action_desc, make_encoder
+from frugalrl.nets import action_desc
 from frugalrl.pipeline.config import STAT_NAMES, PipelinePPOConfig
+from frugalrl.pipeline.model import PixelEncoder, VectorEncoder, make_encoder
 from frugalrl.wire import cut
 from frugalrl.wire.meter import ByteMeter
 from frugalrl.wire.torchdist import TorchDistChannel

@@ -23,9 +23,9 @@ from torch import nn
 
 from frugalrl import dists
 from frugalrl.losses import explained_variance, ppo_loss
-from frugalrl.nets import Heads
 from frugalrl.normalize import ReturnScaler
 from frugalrl.pipeline.config import PipelinePPOConfig
+from frugalrl.pipeline.model import Heads
 from frugalrl.pipeline.stage0 import is_dense_update
 from frugalrl.returns import gae, next_values_of
 from frugalrl.runs import read_torch_file, write_atomic
