@@ -3,6 +3,7 @@ the config records where each value came from."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -145,3 +146,19 @@ def test_the_cli_prints_the_sources_and_its_help_names_the_family(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "family continuous: 0.0003; without it 0.00025" in out
     assert "else from its family's (continuous, discrete, image" in out
+
+
+def test_python_and_cli_share_one_path_and_its_notes(caplog, capsys):
+    """``make_config`` and ``frugalrl train`` resolve the same way (:func:`presets.configure`): an env that cannot
+    be built here gets the class's defaults with a note, logged in Python and printed on the command line."""
+    from frugalrl.cli import _with_preset
+
+    with caplog.at_level("INFO", logger="frugalrl.presets"):
+        cfg = presets.make_config("ppo", "NoSuchEnv-v0", seed=3)
+    assert (cfg.env, cfg.seed, cfg.preset) == ("NoSuchEnv-v0", 3, None)
+    assert "cannot build NoSuchEnv-v0 here to choose its family" in caplog.text
+    on_cli = _with_preset("ppo", PPOConfig, {"env": "NoSuchEnv-v0", "seed": 3})
+    assert (cfg.sources, on_cli.sources) == (dict.fromkeys(("env", "seed"), "argument"),
+                                             dict.fromkeys(("env", "seed"), "command line"))
+    assert dataclasses.replace(on_cli, sources=cfg.sources) == cfg
+    assert "frugalrl: note: cannot build NoSuchEnv-v0" in capsys.readouterr().err

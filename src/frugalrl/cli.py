@@ -368,31 +368,13 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
-    """The config from the preset ``--preset`` names (the env's own by default, else its family's), then the
-    flags given; prints where each value that is not the dataclass's default came from."""
+    """The config from the preset ``--preset`` names, then the flags given (:func:`frugalrl.presets.configure`);
+    prints its notes and where each value that is not the dataclass's default came from."""
     from frugalrl import presets
 
     choice = changes.pop("preset", presets.AUTO)
-    env = changes.get("env", next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
-    atari = presets.atari_frames(env, "env_kwargs" in changes)
-    if atari is not None:
-        print(f"frugalrl: note: {env} with the standard Atari preprocessing ({presets.ATARI_FACTORY}: 4 stacked "
-              f"84×84 grayscale frames, frame skip 4); --env-kwargs '{{}}' keeps the raw frames", file=sys.stderr)
-        env, changes["env_kwargs"] = atari
-        changes["env"] = env
-    try:
-        values, name = presets.resolve(algo, env, choice, changes.get("env_kwargs"),
-                                       changes.get("env_wrappers"))
-    except Exception as e:  # auto only: the run itself reports an env it cannot build
-        if choice != presets.AUTO:
-            raise
-        print(f"frugalrl: note: cannot build {env} here to choose its family ({e}); using the defaults of "
-              f"{cls.__name__}", file=sys.stderr)
-        values, name = {}, None
-    if choice == presets.AUTO and (name is None or name.startswith(presets.FAMILY)):
-        fallback = f"the {presets.label(name)} fallback" if name else f"the defaults of {cls.__name__}"
-        print(f"frugalrl: note: no {algo} preset for {env}; using {fallback} and your flags", file=sys.stderr)
-    cfg = presets.build(cls, values, name, changes)
+    cfg = presets.configure(algo, cls, changes, choice,
+                            note=lambda line: print(f"frugalrl: note: {line}", file=sys.stderr))
     print(f"frugalrl: {presets.describe(cfg)}", file=sys.stderr)
     return cfg
 

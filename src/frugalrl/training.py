@@ -142,8 +142,8 @@ class RunRecorder:
         self.time_to_target: dict[str, Any] | None = None
         self.eval_history: list[dict[str, Any]] = []
         self.resumes: list[dict[str, Any]] = []
-        self._recent: deque[float] = deque(maxlen=100)
-        self._recent_steps: deque[int] = deque(maxlen=100)  # env steps at the update that reported each episode
+        self._recent: deque[tuple[float, int]] = deque(maxlen=100)
+        """The last 100 training episodes: (return, env steps at the update that reported it)."""
         self._lag_sum = 0.0
         self._lag_n = 0
         self._parts: dict[str, Stateful | None] = {}
@@ -244,8 +244,8 @@ class RunRecorder:
             part.load_state_dict(state)
         c = ckpt["counters"]
         self.env_steps, self.updates, self.episodes = int(c["env_steps"]), int(c["updates"]), int(c["episodes"])
-        self._recent.extend(c["recent_returns"])
-        self._recent_steps.extend(c.get("recent_steps", [self.env_steps] * len(c["recent_returns"])))
+        returns = c["recent_returns"]
+        self._recent.extend(zip(returns, c.get("recent_steps", [self.env_steps] * len(returns)), strict=True))
         self._lag_sum, self._lag_n = float(c["lag_sum"]), int(c["lag_n"])
         self._past_seconds, self._eval_seconds = float(c["seconds"]), float(c["eval_seconds"])
         self.eval_history = list(c["eval_history"])
@@ -273,12 +273,16 @@ class RunRecorder:
         """Training seconds so far (evaluation excluded, earlier segments included)."""
         return self._past_seconds + (time.monotonic() - self._t0) - self._eval_seconds
 
+    def _recent_mean(self) -> float | None:
+        """The mean return of the last 100 training episodes (None before the first)."""
+        return float(np.mean([r for r, _ in self._recent])) if self._recent else None
+
     def _late_train_return(self) -> float | None:
         """The mean return of the recent training episodes reported in the last fifth of the run so far, what the
         evaluations are checked against (:func:`~frugalrl.evaluation.evaluation_disagreement`); None under
         :data:`MIN_LATE_EPISODES` of them. In a short run, or one of long episodes, the last 100 episodes reach back
         to a policy far from the learner's; they would make a policy that learned look contradicted."""
-        late = [r for r, s in zip(self._recent, self._recent_steps, strict=True) if s > 0.8 * self.env_steps]
+        late = [r for r, s in self._recent if s > 0.8 * self.env_steps]
         return float(np.mean(late)) if len(late) >= MIN_LATE_EPISODES else None
 
     def record_update(self, steps: int, row: dict[str, Any], *, updates: int = 1, episode_returns: Iterable[float] = (),
@@ -292,8 +296,7 @@ class RunRecorder:
         returns = [float(r) for r in episode_returns]
         lengths = list(episode_lengths)
         self.episodes += len(returns)
-        self._recent.extend(returns)
-        self._recent_steps.extend([self.env_steps] * len(returns))
+        self._recent.extend((r, self.env_steps) for r in returns)
         row = dict(row)
         row["charts/sps"] = self.env_steps / max(self.seconds(), 1e-9)
         if returns:
@@ -338,7 +341,8 @@ class RunRecorder:
         """Advance the progress bar by ``steps`` env steps, with the row's headline figures."""
         if self._bar is None:
             return
-        post = {"ret": f"{np.mean(self._recent):.1f}" if self._recent else "-", "sps": f"{row['charts/sps']:.0f}"}
+        mean = self._recent_mean()
+        post = {"ret": "-" if mean is None else f"{mean:.1f}", "sps": f"{row['charts/sps']:.0f}"}
         if "syncs/total" in row:
             post["syncs"] = row["syncs/total"]
         if self._last_eval is not None:
@@ -393,7 +397,7 @@ class RunRecorder:
         if cut:
             entry["cut_episodes"] = cut
             self._warn_cut(cut, result.episodes + (stochastic.episodes if stochastic is not None else 0))
-        train = float(np.mean(self._recent)) if self._recent else None
+        train = self._recent_mean()
         if train is not None:
             entry["train_return"] = train
             disagreement = evaluation_disagreement(result, stochastic, self._late_train_return())
@@ -428,7 +432,7 @@ class RunRecorder:
             "rng": rng_state(),
             "counters": {
                 "env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
-                "recent_returns": list(self._recent), "recent_steps": list(self._recent_steps),
+                "recent_returns": [r for r, _ in self._recent], "recent_steps": [s for _, s in self._recent],
                 "lag_sum": self._lag_sum, "lag_n": self._lag_n,
                 "seconds": self._past_seconds + (time.monotonic() - self._t0), "eval_seconds": self._eval_seconds,
                 "eval_history": self.eval_history, "time_to_target": self.time_to_target, "resumes": self.resumes,
@@ -511,7 +515,7 @@ class RunRecorder:
         seconds = self.seconds()
         wall = seconds + self._eval_seconds
         traffic = traffic or {}
-        train_mean = float(np.mean(self._recent)) if self._recent else None
+        train_mean = self._recent_mean()
         disagreement = evaluation_disagreement(last, stochastic, self._late_train_return())
         earlier = [e["step"] for e in self.eval_history[:-1] if e.get("disagreement")]
         if disagreement is not None:

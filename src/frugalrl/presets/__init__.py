@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import gymnasium as gym
+
+log = logging.getLogger(__name__)
 
 AUTO = "auto"
 NONE = "none"
@@ -183,14 +187,37 @@ def atari_frames(env: Any, env_kwargs_given: bool) -> tuple[str, dict[str, Any]]
 
 def make_config(algo: str, env: str, preset: str | None = AUTO, **overrides: Any) -> Any:
     """``algo``'s config for ``env``: the preset's values (or the family's), then ``overrides`` (the Python
-    ``--preset``); its ``sources`` say which set each value. An Atari id without ``env_kwargs`` becomes
-    :func:`atari_frames`' factory, as on the command line."""
+    ``--preset``); its ``sources`` say which set each value. The same path as ``frugalrl train`` (:func:`configure`),
+    its notes logged."""
     from frugalrl.algos import algorithm
 
     _, cls = algorithm(algo).load()
-    atari = atari_frames(env, "env_kwargs" in overrides)
-    if atari is not None:
-        env, overrides["env_kwargs"] = atari
-    values, name = resolve(algo, env, preset, overrides.get("env_kwargs"), overrides.get("env_wrappers"))
-    return build(cls, values, name, {**overrides, "env": env}, given_as="argument")
+    return configure(algo, cls, {**overrides, "env": env}, preset, given_as="argument", note=log.info)
 
+
+def configure(algo: str, cls: type, given: dict[str, Any], preset: str | None = AUTO,
+              given_as: str = "command line", note: Callable[[str], object] | None = None) -> Any:
+    """Config ``cls`` of ``algo`` from the preset ``preset`` names (the env's own by default, else its family's),
+    then the fields ``given``; ``note`` hears what a user should know (an Atari id preprocessed, no preset for the
+    env, an env that cannot be built here to choose its family). An Atari id without ``env_kwargs`` becomes
+    :func:`atari_frames`' factory, as rl-zoo does."""
+    note = note or (lambda _: None)
+    given = dict(given)
+    env = given.get("env", next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
+    atari = atari_frames(env, "env_kwargs" in given)
+    if atari is not None:
+        note(f"{env} with the standard Atari preprocessing ({ATARI_FACTORY}: 4 stacked 84×84 grayscale frames, "
+             f"frame skip 4); --env-kwargs '{{}}' keeps the raw frames")
+        env, given["env_kwargs"] = atari
+        given["env"] = env
+    try:
+        values, name = resolve(algo, env, preset, given.get("env_kwargs"), given.get("env_wrappers"))
+    except Exception as e:  # auto only: the run itself reports an env it cannot build
+        if preset != AUTO:
+            raise
+        note(f"cannot build {env} here to choose its family ({e}); using the defaults of {cls.__name__}")
+        values, name = {}, None
+    if preset == AUTO and (name is None or name.startswith(FAMILY)):
+        fallback = f"the {label(name)} fallback" if name else f"the defaults of {cls.__name__}"
+        note(f"no {algo} preset for {env}; using {fallback} and the values given")
+    return build(cls, values, name, given, given_as)
