@@ -19,7 +19,7 @@ run for ``--steps`` env steps and scored by frugalrl's evaluation protocol (10 e
   0.25, TF-like RMSprop with ε 1e-5, learning rate 7e-4; on ALE its ``AtariWrapper``'s training signal: a lost life
   ends the learner's episode, FIRE starts each life, rewards are clipped to their sign) with the same
   network as frugalrl's (ALE: the Nature-CNN, SB3's ``CnnPolicy``; MinAtar: the MinAtar paper's CNN, as a features
-  extractor of SB3's, ``learning_suite.grid_extractor``). The env is frugalrl's (ALE: ``make_atari``, sticky
+  extractor of SB3's, ``_sb3.grid_extractor``). The env is frugalrl's (ALE: ``make_atari``, sticky
   actions), so both libraries see the same game. Both are evaluated on the whole game (every life); on ALE SB3's
   policy plays it with automatic FIRE at the start and after each lost life (``AutoFire``), as it trained (its
   scores on the plain game are kept in each run's ``plain_game``: it never learned to serve), while frugalrl's
@@ -47,9 +47,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from _sb3 import evaluate_sb3, grid_extractor
 from dpsgd_speedup import RESULTS, _fmt, hsa2c_run, save_results, timed_hsa2c
 from hsa2c_vs_sync import ENVS as TIMED_ENVS
-from learning_suite import evaluate_sb3, grid_extractor, sample_std
+from learning_suite import sample_std
 
 from frugalrl.envs.spec import to_env_spec
 

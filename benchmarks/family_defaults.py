@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _sb3 import EVAL_EPISODES
 from learning_suite import ENVS as SUITE_ENVS
 from learning_suite import MINATAR, return_ratio
 
@@ -60,8 +61,6 @@ ENVS = ["InvertedDoublePendulum-v5", "Hopper-v5", "Acrobot-v1"]
 SEEDS = [101, 102, 103]
 REPORT_SEEDS_FROM = 100  # seeds below it are tuning seeds (choices were made on them), from it reporting seeds
 STEPS = 200_000
-EVAL_EPISODES = 10  # frugalrl's RunConfig.eval_episodes default
-EVAL_SEED = 10_000  # frugalrl.evaluation.EVAL_SEED
 SIDES = ["frugal", "frugal-every", "sb3"]
 #: Envs built by a factory rather than a Gymnasium id: name → (factory path, its kwargs). SB3's plain default for
 #: MinAtar's 10×10 grids is its MlpPolicy: its CnnPolicy (NatureCNN) needs frames of at least 36×36.
@@ -153,6 +152,8 @@ def _sb3_main(env: str, seed: int, steps: int) -> None:
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
+
+    from frugalrl.evaluation import EVAL_SEED
 
     torch.set_num_threads(1)
     if env in FACTORIES:

@@ -22,7 +22,7 @@ seeds 10000 + seed + i, every tenth of the run and at the end; evaluation time i
   ``hyperparams/ppo.yml`` of rl-baselines3-zoo at commit 22e3ff2; VecNormalize where the zoo normalises).
   MinAtar has no zoo entry and no frugalrl preset: SB3 gets the settings frugalrl runs there (the ``grid``
   family's; rl-zoo's Atari setting until 2026-11-29, when it was frugalrl's preset) and frugalrl's network (the
-  MinAtar paper's CNN, :func:`grid_extractor`; both sides had an MLP until 2026-11-25).
+  MinAtar paper's CNN, :func:`_sb3.grid_extractor`; both sides had an MLP until 2026-11-25).
 - ``impala-copy``, ``impala-int8``, ``impala-full``: ``frugalrl train impala`` with its defaults (and the env's
   impala preset, if any), AAPS on (δ = 0.05, max lag 20), actors running an exact learner copy, ``int8,onnx``,
   or ``prune:0.5,distill,int8,onnx``, with the default Monitor (the compression guard). Their budget is the
@@ -53,12 +53,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _sb3 import EVAL_EPISODES, evaluate_sb3, grid_extractor
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = RESULTS / "learning_suite"
 MINATAR = "frugalrl.envs.minatar:make_minatar"
-EVAL_EPISODES = 10
-EVAL_SEED = 10_000  # frugalrl.training.EVAL_SEED
 EVALS_PER_RUN = 10
 
 # env key -> env id (or factory), env kwargs, steps (reduced to fit 2 CPUs; the zoo's in brackets), reference
@@ -285,55 +284,6 @@ def _sb3_main(key: str, seed: int) -> None:
         "sync_stalls": [], "hyperparameters": ZOO[key], "sb3": __import__("stable_baselines3").__version__,
         "torch_threads": torch.get_num_threads(), "gymnasium": gym.__version__,
     }))
-
-
-def grid_extractor() -> type:
-    """SB3 features extractor of the MinAtar paper's network (as :func:`frugalrl.nets.grid_cnn`): a 3×3 convolution
-    of 16 channels on the (H, W, C) grid, then 128 ReLU units; SB3 puts its linear actor and critic heads on it."""
-    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
-    from torch import nn
-
-    from frugalrl.nets import GRID_CHANNELS, GRID_CONVS, GRID_HIDDEN, conv_layers
-
-    class GridCNN(BaseFeaturesExtractor):
-        def __init__(self, space: Any) -> None:
-            super().__init__(space, GRID_HIDDEN)
-            h, w, c = space.shape
-            convs, n = conv_layers((c, h, w), GRID_CHANNELS, GRID_CONVS)
-            self.net = nn.Sequential(*convs, nn.Linear(n, GRID_HIDDEN), nn.ReLU())
-
-        def forward(self, obs: Any) -> Any:
-            return self.net(obs.float().permute(0, 3, 1, 2))
-
-    return GridCNN
-
-
-def evaluate_sb3(model: Any, env_spec: Any, seed: int, deterministic: bool, vecnorm: Any,
-                 max_steps: int | None = None, wrapper: Any = None) -> tuple[float, float]:
-    """frugalrl's evaluation protocol for an SB3 model: ``EVAL_EPISODES`` episodes on a fresh env seeded
-    ``EVAL_SEED + seed + i``, observations normalised with the (frozen) VecNormalize statistics if any, each
-    episode cut after ``max_steps`` steps if given (frugalrl's ``eval_max_steps``), the env wrapped in
-    ``wrapper`` if given."""
-    import gymnasium as gym
-
-    env = env_spec.make() if wrapper is None else wrapper(env_spec.make())
-    discrete = isinstance(env.action_space, gym.spaces.Discrete)  # a 0-d array is no key of toy-text envs' tables
-    returns = []
-    for ep in range(EVAL_EPISODES):
-        obs, _ = env.reset(seed=EVAL_SEED + seed + ep)
-        total, done, steps = 0.0, False, 0
-        while not done and (max_steps is None or steps < max_steps):
-            x = obs if vecnorm is None else vecnorm.normalize_obs(obs)
-            action, _ = model.predict(x, deterministic=deterministic)
-            if discrete:
-                action = int(action)
-            obs, r, term, trunc, _ = env.step(action)
-            total += float(r)
-            steps += 1
-            done = term or trunc
-        returns.append(total)
-    env.close()
-    return float(np.mean(returns)), float(np.std(returns))
 
 
 # ---------------------------------------------------------------------------------------------- analysis
