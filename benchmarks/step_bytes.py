@@ -9,9 +9,16 @@ random actions three times and reports bytes per vector step by kind:
              before header numbers (the baseline of the comparison; nothing else differs)
   local      the local backend as it is (worker processes, shared memory): it must count what ``numbered`` counts
 
+``--train ENV`` adds the rollout path: a seeded PPO run with the env's preset on the serial backend, three times
+(the same trajectory each time: only the headers' bytes differ), with books as they are (``templated``: header
+numbers and templates), books without templates (``numbers only``), and books that never shorten (``full``).
+A rollout's reply differs from the last in its weight version and how many episodes ended, so it is never
+numbered: its template is.
+
 Example::
 
-    python benchmarks/step_bytes.py --envs CartPole-v1 LunarLander-v3 HalfCheetah-v5 --layouts 2x2 2x8
+    python benchmarks/step_bytes.py --envs CartPole-v1 LunarLander-v3 HalfCheetah-v5 --layouts 2x2 2x8 \
+        --train LunarLander-v3
 """
 
 from __future__ import annotations
@@ -33,8 +40,48 @@ RESULTS = Path(__file__).parent / "results"
 class FullHeaders(HeaderBook):
     """A book that numbers nothing: every header crosses in full."""
 
-    def see(self, header: bytes) -> int | None:
+    def short_form(self, header: bytes, note: bool = False) -> bytes | None:
         return None
+
+
+class NumbersOnly(HeaderBook):
+    """A book that numbers headers but no templates: what the books did before templates."""
+
+    def _see_template(self, header: bytes) -> tuple[int, list[int]] | None:
+        return None
+
+
+BOOKS: dict[str, type[HeaderBook]] = {"templated": HeaderBook, "numbers only": NumbersOnly, "full": FullHeaders}
+
+
+def measure_training(env_id: str, steps: int, seed: int) -> dict[str, Any]:
+    """Bytes per env step by direction and kind of one seeded PPO run (the env's preset, serial backend) with each
+    of :data:`BOOKS`, and whether the three runs learned the same (their evaluation and their bytes but control)."""
+    import tempfile
+
+    from frugalrl.algos.ppo import train
+    from frugalrl.presets import make_config
+
+    runs: dict[str, Any] = {}
+    for name, cls in BOOKS.items():
+        book, serial.HeaderBook = serial.HeaderBook, cls  # type: ignore[misc]
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg = make_config("ppo", env_id, seed=seed, total_timesteps=steps, backend="serial", run_dir=tmp,
+                                  progress=False, tensorboard=False, plots=False, eval_episodes=2)
+                summary = train(cfg)
+        finally:
+            serial.HeaderBook = book  # type: ignore[misc]
+        b, n = summary["bytes"], summary["env_steps"]
+        runs[name] = {"env_steps": n, "total_per_step": round(b["total"] / n, 3),
+                      **{d: {k: round(v / n, 3) for k, v in b[d].items()} for d in ("up", "down")},
+                      "eval_return": summary["eval_return_mean"], "train_return": summary["train_return_mean_last100"],
+                      "weight_syncs": summary["weight_syncs"]["total"]}
+    same = {json.dumps({k: v for k, v in r.items() if k not in ("up", "down", "total_per_step")}, sort_keys=True)
+            for r in runs.values()}
+    payload = {json.dumps({d: {k: v for k, v in r[d].items() if k != "control"} for d in ("up", "down")},
+                          sort_keys=True) for r in runs.values()}
+    return {"env": env_id, "steps": steps, "runs": runs, "same_run": len(same) == len(payload) == 1}
 
 
 def measure(env_id: str, workers: int, per_worker: int, steps: int, how: str, seed: int) -> dict[str, Any]:
@@ -62,10 +109,12 @@ def measure(env_id: str, workers: int, per_worker: int, steps: int, how: str, se
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3", "HalfCheetah-v5"])
+    ap.add_argument("--envs", nargs="*", default=["CartPole-v1", "LunarLander-v3", "HalfCheetah-v5"])
     ap.add_argument("--layouts", nargs="+", default=["2x2", "2x8"], help="WORKERSxENVS_PER_WORKER")
     ap.add_argument("--steps", type=int, default=2000, help="vector steps per run (reset included)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--train", nargs="*", default=[], metavar="ENV", help="envs of the PPO runs (rollout path)")
+    ap.add_argument("--train-steps", type=int, default=40_960)
     ap.add_argument("--out", default="step_bytes")
     args = ap.parse_args()
     rows = []
@@ -82,10 +131,20 @@ def main() -> None:
                   f"{row['full']['total_per_step']} in full ({row['full_over_numbered']}x); control "
                   f"{row['numbered']['per_step'].get('control')} against {row['full']['per_step'].get('control')}; "
                   f"local backend equal: {row['local_equals_numbered']}", flush=True)
+    training = []
+    for env_id in args.train:
+        row = measure_training(env_id, args.train_steps, args.seed)
+        training.append(row)
+        print(f"PPO {env_id} {args.train_steps} steps: " + ", ".join(
+            f"{name} {r['total_per_step']} B per env step (control up {r['up'].get('control', 0)}, down "
+            f"{r['down'].get('control', 0)})" for name, r in row["runs"].items()) + f"; the same run: {row['same_run']}",
+            flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {"command": "python benchmarks/step_bytes.py " + " ".join(
-               ["--envs", *args.envs, "--layouts", *args.layouts, "--steps", str(args.steps)]),
-           "date": time.strftime("%Y-%m-%d"), "commit": commit, "steps": args.steps, "seed": args.seed, "rows": rows}
+               ["--envs", *args.envs, "--layouts", *args.layouts, "--steps", str(args.steps),
+                *(["--train", *args.train, "--train-steps", str(args.train_steps)] if args.train else [])]),
+           "date": time.strftime("%Y-%m-%d"), "commit": commit, "steps": args.steps, "seed": args.seed, "rows": rows,
+           "training": training}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))
     print(f"wrote {RESULTS / (args.out + '.json')}")

@@ -142,20 +142,21 @@ class Codec:
         stay out of the books (they are not metered, so that every backend's books see the same messages)."""
         data = conn.recv_bytes()
         magic = data[:4]
-        shared = magic in (SHARED_MAGIC, headers.NUMBERED_NOTE)
+        shared = magic in (SHARED_MAGIC, headers.NUMBERED_NOTE, headers.TEMPLATED_NOTE)
+        crossing: headers.Crossing | None
         if shared:
             if arena is None:
                 raise RuntimeError("shared-memory note received but no arena is attached")
-            note, full = headers.unpack_note(data, SHARED_MAGIC, book)
+            note, crossing = headers.unpack_note(data, SHARED_MAGIC, book)
             msg, sizes = self.frames.read(note, arena.buf)
         else:
             if len(data) == _SHM_NOTE.size and magic == _SHM_MAGIC:
                 if arena is None:
                     raise RuntimeError("shared-memory note received but no arena is attached")
                 data = memoryview(arena.buf)[: _SHM_NOTE.unpack(data)[1]]
-            blob, full = headers.unpack(data, book)
+            blob, crossing = headers.unpack(data, book)
             msg, sizes = self.wire.decode(blob)
-        return msg, (sizes if msg.op == "attach" else headers.received(book, full, sizes))
+        return msg, (sizes if msg.op == "attach" else headers.received(book, crossing, sizes))
 
 
 def _build_worker(config: dict[str, Any]) -> EnvWorker:

@@ -55,9 +55,9 @@ class EnvActor(ActorBody["EnvWorker"]):
         """Decode a request, answer it, encode the reply."""
         assert self.worker is not None, "handle() on an actor whose worker could not be built"
         down, up = self.books
-        request, full = headers.unpack(blob, down)
+        request, crossing = headers.unpack(blob, down)
         msg, sizes = decode_message(request)
-        headers.received(down, full, sizes)
+        headers.received(down, crossing, sizes)
         return headers.pack(*encode_message(self.worker.handle(msg)), up)[0]
 
     def close(self) -> None:
@@ -200,9 +200,9 @@ class RayBackend(Backend):
                 except RayError as e:
                     results[w] = WorkerFailure(w, f"Ray error: {type(e).__name__}: {e}")
                     continue
-                data, full = headers.unpack(blob, self._books[w][1])
+                data, crossing = headers.unpack(blob, self._books[w][1])
                 reply, sizes = decode_message(data)
-                self.meter.add_message(headers.received(self._books[w][1], full, sizes), w, UP)
+                self.meter.add_message(headers.received(self._books[w][1], crossing, sizes), w, UP)
                 results[w] = reply
         # In request order, as the other backends answer.
         return {w: results[w] for w in requests}
