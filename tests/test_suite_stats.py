@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_suite.py"
+if str(_PATH.parent) not in sys.path:  # its sibling modules import as they do when it runs as a script
+    sys.path.insert(0, str(_PATH.parent))
 _spec = importlib.util.spec_from_file_location("learning_suite_for_tests", _PATH)
 assert _spec is not None and _spec.loader is not None
 suite = importlib.util.module_from_spec(_spec)
