@@ -315,6 +315,26 @@ def test_env_order_rollout_path_matches_single_envs(cartpole):
         _replay_rollout("CartPole-v1", SEED + j, ro, j, box=False)
 
 
+def test_finished_episodes_cross_as_returns_and_lengths_only(cartpole):
+    """A rollout reply carries each finished episode's return (float32 where exact, as CartPole's) and length (the
+    smallest unsigned dtype) and its final observation; the head derives where it ended from the flags."""
+    from frugalrl.envs.worker import episode_stats
+
+    agent = fresh_agent(cartpole, seed=3)
+    cartpole.reset(seed=SEED)
+    before = cartpole.meter.by_kind()
+    ro = cartpole.rollout(agent, 64)
+    moved = {k: n - before.get(k, 0) for k, n in cartpole.meter.by_kind().items()}
+    episodes = len(ro.episode_returns)
+    assert episodes >= 3 and max(ro.episode_lengths) < 256
+    assert moved["info"] == 5 * episodes  # 4 B of float32 return + 1 B of uint8 length each (28 B before)
+    stats = episode_stats([1.5, 200.0], [3, 300])
+    assert (stats["ep_r"].dtype, stats["ep_l"].dtype) == (np.float32, np.uint16)
+    lunar = episode_stats([-123.456789, 1.0], [70000])
+    assert lunar["ep_r"].dtype == np.float64 and lunar["ep_r"].tolist() == [-123.456789, 1.0]
+    assert lunar["ep_l"].dtype == np.uint32 and episode_stats([], [])["ep_l"].size == 0
+
+
 def test_rollout_structure(cartpole):
     agent = fresh_agent(cartpole, seed=2)
     cartpole.reset(seed=SEED)

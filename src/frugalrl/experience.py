@@ -282,7 +282,6 @@ class Fragment:
     valid: np.ndarray | None  # (T, k) False where an env only reset (next-step autoreset); None: all valid
     episode_returns: list[float]
     episode_lengths: list[int]
-    episode_envs: list[int]  # the env (index in the group) of each finished episode
 
     def truncated_final_obs(self) -> np.ndarray:
         """The final observations of the episodes that were truncated, not terminated, in (t, env) order."""
@@ -316,7 +315,6 @@ def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: i
     final_obs: list[np.ndarray] = []
     ep_r: list[float] = []
     ep_l: list[int] = []
-    ep_env: list[int] = []
     space = group.action_space
     box = isinstance(space, gym.spaces.Box)
     low, high = (space.low, space.high) if isinstance(space, gym.spaces.Box) else (None, None)
@@ -339,7 +337,6 @@ def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: i
             final_obs += stepped.final_obs
             ep_r += stepped.episode_returns
             ep_l += stepped.episode_lengths
-            ep_env += stepped.ended
         if on_step is not None:
             on_step(t, stepped)
     assert act_buf is not None
@@ -348,7 +345,7 @@ def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: i
         obs=obs_buf, actions=act_buf, params=par_buf, rewards=rewards, terminations=terms, truncations=truncs,
         next_obs=next_obs, final_idx=np.array(final_idx, dtype=np.int32).reshape(-1, 2),
         final_obs=np.stack(final_obs) if final_obs else np.zeros((0, *next_obs.shape[1:]), next_obs.dtype),
-        valid=None if valid.all() else valid, episode_returns=ep_r, episode_lengths=ep_l, episode_envs=ep_env,
+        valid=None if valid.all() else valid, episode_returns=ep_r, episode_lengths=ep_l,
     )
 
 

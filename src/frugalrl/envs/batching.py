@@ -164,7 +164,7 @@ def assemble_rollout(replies: list[Message], action_dtype: np.dtype, dist_kind: 
     ep_r: list[float] = []
     ep_l: list[int] = []
     for w, p in enumerate(parts):
-        fi = p["final_idx"].astype(np.int64)
+        fi = np.argwhere(p["terminations"] | p["truncations"])  # the order the worker's final_obs and ep_* are in
         fi[:, 1] += w * k
         final_idx.append(fi)
         final_obs.append(p["final_obs"])

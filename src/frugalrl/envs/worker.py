@@ -171,8 +171,7 @@ class EnvWorker:
             ep_mask = np.zeros(k, dtype=bool)
             ep_mask[idx] = True
             # the statistics of the envs that ended only, in env order (the mask says which)
-            arrays.update(ep_mask=ep_mask, ep_r=np.array(s.episode_returns, dtype=np.float64),
-                          ep_l=np.array(s.episode_lengths, dtype=np.int64),
+            arrays.update(ep_mask=ep_mask, **episode_stats(s.episode_returns, s.episode_lengths),
                           ep_t=np.array(s.episode_seconds, dtype=np.float64))
             if group.autoreset == SAME_STEP:
                 arrays["final_idx"] = idx.astype(np.int32)
@@ -339,8 +338,9 @@ class EnvWorker:
         Reply arrays (T steps, k envs): ``obs`` (T,k,...), ``actions`` (T,k,...), ``rewards`` (T,k) f32,
         ``terminations`` / ``truncations`` (T,k) bool, the behaviour: ``behaviour_logp`` (T,k) f32, the
         log-probability of each taken action (uplink_behaviour ``logprob``, and ``recompute`` unless the request
-        says ``behaviour: none``: then nothing), or ``dist_params`` (T,k,P) f32 (``params``), ``next_obs`` (k,...), ``final_idx`` (K,2) int32 [step, env] and ``final_obs`` (K,...) for
-        every finished episode, and the finished episodes' ``ep_r``, ``ep_l``, ``ep_env``.
+        says ``behaviour: none``: then nothing), or ``dist_params`` (T,k,P) f32 (``params``), ``next_obs`` (k,...),
+        and for the K finished episodes, in step then env order (where ``terminations | truncations``: the head
+        derives their [step, env] from the flags), ``final_obs`` (K,...) and :func:`episode_stats`.
         """
         self._check_inference()
         version = self.version
@@ -362,11 +362,8 @@ class EnvWorker:
             "truncations": f.truncations,
             **behaviour,
             "next_obs": f.next_obs,
-            "final_idx": f.final_idx,
             "final_obs": f.final_obs,
-            "ep_r": np.array(f.episode_returns, dtype=np.float64),
-            "ep_l": np.array(f.episode_lengths, dtype=np.int64),
-            "ep_env": np.array(f.episode_envs, dtype=np.int32) + self.first_env,
+            **episode_stats(f.episode_returns, f.episode_lengths),
         }
         return Message("rollout", {"version": version, "worker": self.index}, arrays)
 
@@ -374,6 +371,17 @@ class EnvWorker:
 def _set_rng_state(env: gym.Env, state: dict[str, Any]) -> None:
     """Put ``env``'s ``np_random`` generator in ``state`` (as :meth:`EnvGroup.reset` recorded it)."""
     env.unwrapped.np_random.bit_generator.state = state
+
+
+def episode_stats(returns: list[float], lengths: list[int]) -> dict[str, np.ndarray]:
+    """Finished episodes' returns (``ep_r``) and lengths (``ep_l``) as they travel: returns in float32 where each is
+    exactly one (CartPole's, Atari's), else float64; lengths in the smallest unsigned dtype that holds them. The head
+    reads them as float64 and int64, the same values."""
+    r = np.array(returns, dtype=np.float64)
+    r32 = r.astype(np.float32)
+    lengths_ = np.array(lengths, dtype=np.int64)
+    return {"ep_r": r32 if (r32 == r).all() else r,
+            "ep_l": lengths_.astype(np.min_scalar_type(int(lengths_.max(initial=0))))}
 
 
 def compact_int_dtype(space: gym.Space) -> np.dtype:
