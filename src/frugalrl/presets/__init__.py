@@ -216,7 +216,7 @@ def configure(algo: str, cls: type, given: dict[str, Any], preset: str | None = 
         if preset != AUTO:
             raise
         note(f"cannot build {env} here to choose its family ({e}); using the defaults of {cls.__name__}")
-        values, name = {}, None
+        return build(cls, {}, None, given, given_as)
     if preset == AUTO and (name is None or name.startswith(FAMILY)):
         fallback = f"the {label(name)} fallback" if name else f"the defaults of {cls.__name__}"
         note(f"no {algo} preset for {env}; using {fallback} and the values given")
