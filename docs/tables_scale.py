@@ -10,6 +10,7 @@ from table_model import Cell, Source, Table
 def t_scale_model(arg: str) -> list[Table]:
     """One row per run: seconds and bytes per iteration, predicted and measured, and the prediction's error."""
     s = Source(arg)
+    floor = all("down_bytes_per_iter_floor" in m["predicted"] for m in s("model"))  # models since 2026-11-30
     rows: list[list[Cell]] = []
     for i, m in enumerate(s("model")):
         p, q, e = ("model", i, "predicted"), ("model", i, "measured"), ("model", i, "error")
@@ -18,10 +19,13 @@ def t_scale_model(arg: str) -> list[Table]:
                                 ("down_bytes_per_iter", ".0f", 1e-3)):
             row += [[s.num(*p, key, fmt=fmt, scale=scale)], [s.num(*q, key, fmt=fmt, scale=scale)],
                     [s.num(*e, key, fmt="+.0%")]]
+        if floor:  # the downlink at the sync rule's lag-guard rate: what fewer syncs can come down to
+            row.insert(-2, [s.num(*p, "down_bytes_per_iter_floor", fmt=".0f", scale=1e-3)])
         rows.append(row)
     header = ["link", "sync", "workers", "predicted from", "s/iter: model", "measured", "error",
-              "up kB/iter: model", "measured", "error", "down kB/iter: model", "measured", "error"]
-    return [Table(header, rows, sources=[s.name], commands=[s.command()], align="lllrrrrrrrrrr")]
+              "up kB/iter: model", "measured", "error", "down kB/iter: model", *(["guard floor"] if floor else []),
+              "measured", "error"]
+    return [Table(header, rows, sources=[s.name], commands=[s.command()], align="lllr" + "r" * (len(header) - 4))]
 
 
 def t_scale_model_paced(arg: str) -> list[Table]:

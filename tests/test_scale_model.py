@@ -121,6 +121,24 @@ def test_an_update_fitted_on_two_batch_sizes_splits_fixed_and_per_sample():
         small.with_update_fit(small)
 
 
+def test_aaps_downlink_has_its_lag_guards_floor():
+    """A worker syncs at least once every L updates (AAPS's guard): the model gives the downlink at that rate beside
+    the measured one; runs from before the bound was recorded give it in their rule's description."""
+    run = summary(syncs=8, updates=10)  # 0.4 syncs per worker per iteration
+    aaps = RunFigures.from_summary({**run, "weight_syncs": {"total": 8, "lag_bound": 5}})
+    assert aaps.lag_bound == 5 and aaps.sync_floor() == pytest.approx(0.2)
+    p = predict(aaps, 16, None)
+    assert p["down_bytes_per_iter_floor"] == pytest.approx(p["down_bytes_per_iter"] - 16 * 0.2 * 10_000)
+    old = {**run, "details": {**run["details"], "sync_rule": "aaps(0.05, lag<=20)"}}
+    assert RunFigures.from_summary(old).lag_bound == 20
+    every = {**run, "details": {**run["details"], "sync_rule": "every"}}
+    f = RunFigures.from_summary(every)
+    assert f.lag_bound == 1 and f.sync_floor() == f.syncs_per_worker_iter  # never below the measured rate
+    assert RunFigures.from_summary(run).sync_floor() == 0.0  # no bound known: no floor
+    p = predict(RunFigures.from_summary(run), 4, None)
+    assert p["down_bytes_per_iter_floor"] == pytest.approx(p["down_bytes_per_iter"] - 4 * 0.4 * 10_000)
+
+
 def test_saturation_counts():
     f = RunFigures.from_summary(summary())
     s = saturation(f, step_rate=1000.0, links_gbit=(10.0,))
@@ -165,8 +183,10 @@ def test_cli_on_a_real_run(tmp_path, capsys):
     assert f["first_copy_bytes"] > 0 and f["iterations"] == 4  # bf16 words of the actor, the default
     two, many = out["predictions"]
     assert many["up_bytes_per_iter"] == pytest.approx(32 * two["up_bytes_per_iter"])
+    assert 1 <= f["lag_bound"] <= 20  # AAPS's guard (a share of a run this short)
     assert main(["scale-model", str(tmp_path / "r"), "--workers", "8", "--serve-us-per-step", "1.5"]) == 0
-    assert "saturates" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "saturates" in printed and ("down floor" in printed) == (f["syncs_per_worker_iter"] > 1 / f["lag_bound"])
     assert main(["train", "ppo", "--env", "CartPole-v1", "--backend", "serial", "--workers", "4",
                  "--envs-per-worker", "2", "--num-steps", "64", "--total-timesteps", "2048", "--eval-episodes", "1",
                  "--run-dir", str(tmp_path), "--run-name", "r4", "--no-progress", "--no-tensorboard",

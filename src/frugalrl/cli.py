@@ -288,11 +288,18 @@ def _scale_model(args: argparse.Namespace) -> int:
              "state)" if f["first_copy_bytes"] else ""))
     if f["overlap"]:
         print("the next rollout runs during the update (IMPALA's rollout thread): an iteration is the longer of the two")
-    print(f"\n{'workers':>8s} {'up MB/iter':>11s} {'down MB/iter':>13s} {'link s':>8s} {'rollout s':>10s} "
-          f"{'serve s':>8s} {'update s':>9s} {'s/iter':>8s}   (link {args.link_gbit:g} Gbit/s)")
+    floor = any(p["down_bytes_per_iter_floor"] < p["down_bytes_per_iter"] for p in out["predictions"])
+    if floor:
+        print(f"the sync rule's lag bound ({f['lag_bound']} updates) keeps a worker's syncs at {1 / f['lag_bound']:.2f} "
+              "per iteration or more: 'down floor' is the downlink at that rate, what fewer syncs at more workers "
+              "can come down to")
+    print(f"\n{'workers':>8s} {'up MB/iter':>11s} {'down MB/iter':>13s}" + (f" {'down floor':>11s}" if floor else "")
+          + f" {'link s':>8s} {'rollout s':>10s} {'serve s':>8s} {'update s':>9s} {'s/iter':>8s}   (link "
+          f"{args.link_gbit:g} Gbit/s)")
     for p in out["predictions"]:
-        print(f"{p['workers']:8d} {p['up_bytes_per_iter'] / 1e6:11.3f} {p['down_bytes_per_iter'] / 1e6:13.3f} "
-              f"{p['link_s']:8.3f} {p['rollout_compute_s']:10.3f} {p['serve_s']:8.3f} {p['update_s']:9.3f} "
+        print(f"{p['workers']:8d} {p['up_bytes_per_iter'] / 1e6:11.3f} {p['down_bytes_per_iter'] / 1e6:13.3f}"
+              + (f" {p['down_bytes_per_iter_floor'] / 1e6:11.3f}" if floor else "")
+              + f" {p['link_s']:8.3f} {p['rollout_compute_s']:10.3f} {p['serve_s']:8.3f} {p['update_s']:9.3f} "
               f"{p['s_per_iter']:8.3f}")
     links = ", ".join(f"{k}: {v:,.0f}" for k, v in sat["workers_at_link_saturation"].items())
     core = sat["workers_at_core_saturation"]

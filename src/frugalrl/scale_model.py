@@ -4,9 +4,9 @@ and CPU load, and the worker count at which either saturates (``frugalrl scale-m
 A first-order model of PPO's synchronous loop (and of IMPALA's, whose next rollout runs during the update: an
 iteration is then the longer of the two, see :func:`predict`), read from one measured run (its ``summary.json``):
 
-- every worker sends ``up`` bytes per env step and ``h`` of message headers per iteration (paid per message), and
-  receives ``down`` per env step plus, ``q`` times per iteration, ``w`` bytes of weights (AAPS: ``q`` < 1), after
-  a first full copy of ``F`` bytes that a run of ``I`` iterations pays once (none in a long run's steady state);
+- every worker sends ``up`` bytes per env step and ``h`` of headers per iteration (paid per message), and receives
+  ``down`` per env step plus, ``q`` times per iteration (AAPS: ``q`` < 1, not below ``1/lag_bound``: a floor the
+  predictions give too), ``w`` bytes of weights, after a first full copy of ``F`` once per run of ``I`` iterations;
 - an iteration is the weights going down, the workers stepping their ``E`` env steps each (in parallel, unless they
   share ``worker_cores`` cores), their fragments going up, the head's serving and the learner's update:
 
@@ -27,6 +27,7 @@ sync rate changing as the policy converges. docs/multi-node.md#scale-model: its 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,9 @@ class RunFigures:
     first_copy_bytes: float = 0.0
     """F: the full copy of the weights each worker gets first, once per run (then ``weight_bytes_per_sync`` and
     ``syncs_per_worker_iter`` are those of the syncs after it); 0: not told apart (runs before it was recorded)."""
+    lag_bound: int | None = None
+    """The sync rule's bound on a worker's lag in updates (AAPS's guard): a worker syncs at least once every
+    ``lag_bound`` updates, whatever its KL; None: no bound (or not recorded)."""
 
     @classmethod
     def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None) -> RunFigures:
@@ -98,7 +102,7 @@ class RunFigures:
                    syncs_per_worker_iter=later / updates / workers,
                    rollout_s_per_iter=d["rollout_seconds"] / rollouts,
                    update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit,
-                   overlap=bool(d.get("overlap", False)))
+                   overlap=bool(d.get("overlap", False)), lag_bound=_lag_bound(summary))
 
     @classmethod
     def from_run(cls, run_dir: str | Path, link_gbit: float | None = None) -> RunFigures:
@@ -118,16 +122,23 @@ class RunFigures:
         fixed = max(0.0, ua - per_sample * a)
         return replace(self, update_s_per_sample=(ua - fixed) / a, update_s_per_iter=fixed)
 
-    def bytes_per_iter(self, workers: int, env_scale: float = 1.0,
-                       iterations: int | None = None) -> tuple[float, float]:
+    def bytes_per_iter(self, workers: int, env_scale: float = 1.0, iterations: int | None = None,
+                       syncs_per_worker_iter: float | None = None) -> tuple[float, float]:
         """(up, down) bytes per iteration at ``workers`` workers of ``env_scale`` times the run's envs each, in a run
-        of ``iterations`` (None: steady state, the first copies left out): the experience scales with the envs, the
+        of ``iterations`` (None: steady state, the first copies left out), each worker syncing
+        ``syncs_per_worker_iter`` times an iteration (None: as measured): the experience scales with the envs, the
         weights messages and the headers do not."""
         e = self.env_steps_per_worker_iter * env_scale
         first = self.first_copy_bytes / iterations if iterations else 0.0
+        q = self.syncs_per_worker_iter if syncs_per_worker_iter is None else syncs_per_worker_iter
         return (workers * (e * self.up_bytes_per_step + self.up_bytes_per_worker_iter),
                 workers * (e * self.down_bytes_per_step + self.down_bytes_per_worker_iter
-                           + self.syncs_per_worker_iter * self.weight_bytes_per_sync + first))
+                           + q * self.weight_bytes_per_sync + first))
+
+    def sync_floor(self) -> float:
+        """The fewest syncs per worker per iteration the rule allows (``1 / lag_bound``, at most the measured
+        rate); 0 without a bound."""
+        return min(self.syncs_per_worker_iter, 1.0 / self.lag_bound) if self.lag_bound else 0.0
 
     def rollout_compute_s(self) -> float:
         """The measured rollout time less the measured run's own transfers over its link and its serving."""
@@ -136,6 +147,17 @@ class RunFigures:
             return max(0.0, self.rollout_s_per_iter - serve)
         up, down = self.bytes_per_iter(self.workers, iterations=self.iterations or None)
         return max(0.0, self.rollout_s_per_iter - serve - (up + down) * 8 / (self.link_gbit * 1e9))
+
+
+def _lag_bound(summary: dict[str, Any]) -> int | None:
+    """The run's sync rule's lag bound: recorded with its syncs, or read from the rule's description in runs from
+    before it was recorded (``every``: 1; ``aaps(δ, lag<=L)``: L)."""
+    syncs = summary.get("weight_syncs", {})
+    if "lag_bound" in syncs:
+        return syncs["lag_bound"]
+    rule = str(summary.get("details", {}).get("sync_rule", ""))
+    found = re.search(r"lag<=(\d+)", rule)
+    return 1 if rule == "every" else int(found.group(1)) if found else None
 
 
 def contention(workers: int, worker_cores: int | None) -> float:
@@ -162,8 +184,10 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     update = fig.update_s_per_iter + fig.update_s_per_sample * samples
     serve = fig.serve_s_per_sample * samples
     s_per_iter = max(link_s + compute + serve, serve + update) if overlap else link_s + compute + serve + update
-    return {"workers": workers, "up_bytes_per_iter": up, "down_bytes_per_iter": down, "link_s": link_s,
-            "rollout_compute_s": compute, "serve_s": serve, "update_s": update, "s_per_iter": s_per_iter}
+    down_floor = fig.bytes_per_iter(workers, env_scale, iterations, fig.sync_floor())[1]
+    return {"workers": workers, "up_bytes_per_iter": up, "down_bytes_per_iter": down,
+            "down_bytes_per_iter_floor": down_floor, "link_s": link_s, "rollout_compute_s": compute, "serve_s": serve,
+            "update_s": update, "s_per_iter": s_per_iter}
 
 
 def saturation(fig: RunFigures, step_rate: float | None = None,

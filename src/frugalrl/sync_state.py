@@ -310,13 +310,14 @@ class PolicySync:
 
     # ------------------------------------------------------------------ reporting, checkpoints
     def stats(self) -> dict[str, Any]:
-        """Syncs (total, per worker, as deltas; ``full_bytes``: the weights of one full copy), versions, the last KL
-        of each worker and the rule."""
+        """Syncs (total, per worker, as deltas; ``full_bytes``: the weights of one full copy; ``lag_bound``: the
+        rule's bound on a worker's lag in updates), versions, the last KL of each worker and the rule."""
         held = next(iter(self._words.values()), None)  # every version's words have the same layout
         return {
             "weight_syncs": {"total": int(self.sync_counts.sum()), "per_worker": self.sync_counts.tolist(),
                              "delta": self.delta_syncs,
-                             "full_bytes": 0 if held is None else int(sum(a.nbytes for a in held.values()))},
+                             "full_bytes": 0 if held is None else int(sum(a.nbytes for a in held.values())),
+                             "lag_bound": self.rule.lag_bound},
             "learner_version": self.learner_version,
             "worker_versions": list(self.worker_versions),
             "last_kl": list(self.last_kl),
