@@ -93,10 +93,12 @@ def reset_requests(num_envs: int, k: int, seed: Any, options: dict[str, Any] | N
 
 
 def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
-                final_obs: Callable[[Message], list[Any]] | None = None) -> dict[str, Any]:
+                final_obs: Callable[[Message], list[Any]] | None = None, same_step: bool = True) -> dict[str, Any]:
     """The workers' infos (``info/*``, episode statistics, final observations and infos) merged into one
     Gymnasium vector-env ``infos`` dict (value arrays with ``_key`` masks); worker ``w`` holds envs
-    ``w·k .. w·k + k − 1``. ``final_obs(reply)``: the final observations of a space other than Box and Discrete."""
+    ``w·k .. w·k + k − 1``. A step reply with episode statistics lists them for the envs its flags say ended, in
+    env order, and under ``same_step`` autoreset their final observations (``final_obs(reply)``: those of a space
+    other than Box and Discrete) and infos."""
     n = num_envs
     infos: dict[str, Any] = {}
     for w, reply in replies.items():
@@ -108,23 +110,25 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
                 if key not in infos:
                     infos[key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
                 infos[key][base : base + k] = value
-        if "ep_mask" in a:
-            if "episode" not in infos:
-                infos["episode"] = {"r": np.zeros(n), "l": np.zeros(n, np.int64), "t": np.zeros(n)}
-                infos["_episode"] = np.zeros(n, dtype=bool)
-            ended = base + np.flatnonzero(a["ep_mask"])  # a worker sends the statistics of its ended envs only
-            infos["episode"]["r"][ended] = a["ep_r"]
-            infos["episode"]["l"][ended] = a["ep_l"]
-            infos["episode"]["t"][ended] = a["ep_t"]
-            infos["_episode"][ended] = True
-        if "final_idx" in a and a["final_idx"].ndim == 1:
+        if "ep_r" not in a:
+            continue
+        ended_here = np.flatnonzero(a["terminations"] | a["truncations"])
+        ended = base + ended_here
+        if "episode" not in infos:
+            infos["episode"] = {"r": np.zeros(n), "l": np.zeros(n, np.int64), "t": np.zeros(n)}
+            infos["_episode"] = np.zeros(n, dtype=bool)
+        infos["episode"]["r"][ended] = a["ep_r"]
+        infos["episode"]["l"][ended] = a["ep_l"]
+        infos["episode"]["t"][ended] = a["ep_t"]
+        infos["_episode"][ended] = True
+        if same_step:
             if "final_obs" not in infos:
                 infos["final_obs"] = np.full(n, None, dtype=object)
                 infos["_final_obs"] = np.zeros(n, dtype=bool)
                 infos["final_info"] = {}
                 infos["_final_info"] = np.zeros(n, dtype=bool)
             finals = a["final_obs"] if final_obs is None else final_obs(reply)
-            for j, i in enumerate(a["final_idx"]):
+            for j, i in enumerate(ended_here):
                 infos["final_obs"][base + int(i)] = finals[j]
                 infos["_final_obs"][base + int(i)] = True
                 infos["_final_info"][base + int(i)] = True

@@ -498,7 +498,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             truncs[sl] = reply.arrays["truncations"]
             self._note_codecs(reply)
         infos = merge_infos(replies, self.num_envs, self.envs_per_worker,
-                            lambda m: self._obs_batches.values(m, "final_obs"))
+                            lambda m: self._obs_batches.values(m, "final_obs"),
+                            same_step=self.autoreset_mode == AutoresetMode.SAME_STEP)
         if not self.episode_statistics:  # SyncVectorEnv's exact layout (a RecordEpisodeStatistics may go on top)
             infos.pop("episode", None)
             infos.pop("_episode", None)

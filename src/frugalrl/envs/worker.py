@@ -153,10 +153,10 @@ class EnvWorker:
         return actions if self._action_wire_dtype is None else actions.astype(self._action_wire_dtype)
 
     def _step_reply(self, actions: np.ndarray | list[Any]) -> Message:
-        """One step of every env, as a Gymnasium vector env replies (infos batched, episode statistics in ``ep_*``,
-        with same-step autoreset the final observations and infos of the finished episodes)."""
+        """One step of every env, as a Gymnasium vector env replies (infos batched; for the envs that ended, in env
+        order, their episode statistics in ``ep_*`` and with same-step autoreset their final observations and
+        infos)."""
         group = self.group
-        k = len(group)
         s = group.step(actions, infos=True)
         r32 = s.rewards.astype(np.float32)
         arrays: dict[str, np.ndarray] = {
@@ -167,14 +167,10 @@ class EnvWorker:
             "truncations": s.truncations,
         }
         if s.ended:
-            idx = np.array(s.ended)
-            ep_mask = np.zeros(k, dtype=bool)
-            ep_mask[idx] = True
-            # the statistics of the envs that ended only, in env order (the mask says which)
-            arrays.update(ep_mask=ep_mask, **episode_stats(s.episode_returns, s.episode_lengths),
+            # the statistics of the envs that ended only, in env order (the head finds which in the flags)
+            arrays.update(**episode_stats(s.episode_returns, s.episode_lengths),
                           ep_t=np.array(s.episode_seconds, dtype=np.float64))
             if group.autoreset == SAME_STEP:
-                arrays["final_idx"] = idx.astype(np.int32)
                 if not self._tree_obs:
                     arrays["final_obs"] = np.stack(s.final_obs)
                 arrays.update({f"finfo/{key}": v for key, v in s.final_infos.items()})
