@@ -132,8 +132,8 @@ def parse_wrappers(wrappers: Sequence[str | dict[str, Any]] | None) -> tuple[tup
     the first entry that is neither or does not import."""
     out = []
     for entry in wrappers or ():
-        pairs = [(entry, {})] if isinstance(entry, str) else list(entry.items()) if isinstance(entry, dict) else []
-        path, kwargs = pairs[0] if len(pairs) == 1 else (None, None)
+        path, kwargs = (entry, {}) if isinstance(entry, str) else (
+            next(iter(entry.items())) if isinstance(entry, dict) and len(entry) == 1 else (None, None))
         kwargs = {} if kwargs is None else kwargs
         if not isinstance(path, str) or not isinstance(kwargs, dict):
             raise ValueError(f"an env wrapper is 'module:Class' or {{'module:Class': {{keyword arguments}}}}, got "

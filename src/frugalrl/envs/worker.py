@@ -158,11 +158,9 @@ class EnvWorker:
         infos)."""
         group = self.group
         s = group.step(actions, infos=True)
-        r32 = s.rewards.astype(np.float32)
         arrays: dict[str, np.ndarray] = {
             **({} if self._tree_obs else {"obs": group.obs.copy()}),
-            # float32 where that is exact (CartPole's 1.0, Atari's integers): half the bytes; the head's float64
-            "rewards": r32 if (r32 == s.rewards).all() else s.rewards,
+            "rewards": float32_if_exact(s.rewards),  # the head reads float64, as SyncVectorEnv gives
             "terminations": s.terminations,
             "truncations": s.truncations,
         }
@@ -373,11 +371,16 @@ def episode_stats(returns: list[float], lengths: list[int]) -> dict[str, np.ndar
     """Finished episodes' returns (``ep_r``) and lengths (``ep_l``) as they travel: returns in float32 where each is
     exactly one (CartPole's, Atari's), else float64; lengths in the smallest unsigned dtype that holds them. The head
     reads them as float64 and int64, the same values."""
-    r = np.array(returns, dtype=np.float64)
-    r32 = r.astype(np.float32)
     lengths_ = np.array(lengths, dtype=np.int64)
-    return {"ep_r": r32 if (r32 == r).all() else r,
+    return {"ep_r": float32_if_exact(np.array(returns, dtype=np.float64)),
             "ep_l": lengths_.astype(np.min_scalar_type(int(lengths_.max(initial=0))))}
+
+
+def float32_if_exact(values: np.ndarray) -> np.ndarray:
+    """``values`` as float32 where every one is exactly a float32 (CartPole's 1.0, Atari's integers): half the
+    bytes, the same numbers; else as they are."""
+    narrow = values.astype(np.float32)
+    return narrow if (narrow == values).all() else values
 
 
 def compact_int_dtype(space: gym.Space) -> np.dtype:

@@ -145,8 +145,8 @@ class HeaderBook:
     def __init__(self) -> None:
         self.exact = _Numbering(self.MAX_NUMBERS, self.MAX_SEEN, self.MAX_HEADER)
         self.templates = _Numbering(self.MAX_NUMBERS, self.MAX_SEEN, self.MAX_HEADER)
-        self._notes: dict[bytes, bytes] = {}  # a shared-frame note <-> its numbered form, both ways, once numbered
-        self._note_crossings: dict[bytes, Crossing] = {}  # a numbered note -> how it crossed
+        self._notes: dict[bytes, bytes] = {}  # sender: a shared-frame note -> its numbered form, once numbered
+        self._numbered_notes: dict[bytes, tuple[bytes, Crossing]] = {}  # receiver: a numbered note -> note, crossing
 
     @property
     def headers(self) -> list[bytes]:
@@ -259,15 +259,15 @@ def unpack_note(note: bytes | memoryview, magic: bytes, book: HeaderBook | None)
         return note, Crossing(note[len(magic) :])
     if book is None:
         raise WireError("a numbered note arrived on a link without a header book")
-    crossing = book._note_crossings.get(note)
-    if crossing is not None:
-        return book._notes[note], crossing
+    known = book._numbered_notes.get(note)
+    if known is not None:
+        return known
     crossing = book.expand(note)
     if crossing.short != len(note):
         raise WireError("a short note with bytes after its header")
     full = magic + crossing.header
     if not crossing.templated:
-        book._notes[note], book._note_crossings[note] = full, crossing
+        book._numbered_notes[note] = (full, crossing)
     return full, crossing
 
 
