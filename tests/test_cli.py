@@ -145,6 +145,35 @@ def test_env_factory_defined_in_the_users_script(tmp_path):
     assert "obs (2, 4)" in done.stdout
 
 
+def _console_script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``frugalrl ...`` as the installed console script runs: the working directory is not on the import path
+    (``-I``; ``python -m`` would put it there)."""
+    code = "import sys; from frugalrl.cli import main; sys.exit(main())"
+    return subprocess.run([sys.executable, "-I", "-c", code, *args], capture_output=True, text=True, timeout=180,
+                          cwd=cwd)
+
+
+@pytest.mark.timeout(200)
+def test_an_env_module_in_the_working_directory_trains_and_evaluates(tmp_path):
+    """``frugalrl train ppo --env mymodule:MyEnv-v0`` from the folder that holds ``mymodule.py`` (Gymnasium's
+    ``module:EnvId``: the import registers the id) trains, and ``frugalrl eval`` plays it; a module found nowhere
+    says where to put it."""
+    (tmp_path / "userenvs.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('UserCartPole-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',"
+        " max_episode_steps=30)\n"
+    )
+    flags = ["--workers", "2", "--envs-per-worker", "2", "--num-steps", "32", "--progress", "false"]
+    done = _console_script("train", "ppo", "--env", "userenvs:UserCartPole-v0", *flags, "--total-timesteps", "256",
+                           "--run-dir", "runs", "--run-name", "user", "--eval-episodes", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    played = _console_script("eval", "runs/user", "--episodes", "2", cwd=tmp_path)
+    assert played.returncode == 0, played.stderr
+    assert json.loads(played.stdout)["return_mean"] <= 30  # the registered 30-step limit
+    missing = _console_script("train", "ppo", "--env", "nosuchmodule:make", *flags, cwd=tmp_path)
+    assert missing.returncode == 2 and "PYTHONPATH" in missing.stderr.splitlines()[-1]
+
+
 def test_eval_plays_fresh_episodes_by_default():
     """``frugalrl eval``'s first env seed is evaluation.FRESH_SEED (written out: the CLI does not import torch)."""
     from frugalrl.cli import build_parser
@@ -219,3 +248,12 @@ def test_env_wrappers_choose_the_family_train_and_evaluate_the_wrapped_env(tmp_p
     played = _frugalrl("eval", str(tmp_path / "capped"), "--episodes", "2")
     assert played.returncode == 0, played.stderr
     assert json.loads(played.stdout)["return_mean"] <= 20
+
+
+def test_the_summary_shows_syncs_per_worker_briefly_when_workers_are_many():
+    from frugalrl.cli import _per_worker
+
+    assert _per_worker([]) == ""
+    assert _per_worker([4] * 64) == " (4 per worker)"
+    assert _per_worker([3, 5]) == " (per worker [3, 5])"
+    assert _per_worker([5, 3, 4, 4, 4, 6, 4, 4, 4]) == " (per worker 3 to 6, median 4)"

@@ -264,7 +264,7 @@ def test_getting_started_custom_env_by_factory_path(tmp_path, monkeypatch):
     assert code is not None
     (tmp_path / "my_envs.py").write_text(code.group(1))
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert "PYTHONPATH=. frugalrl train ppo --env my_envs:make_corridor" in text
+    assert "\nfrugalrl train ppo --env my_envs:make_corridor" in text
 
     from frugalrl import ClusterEnv
 

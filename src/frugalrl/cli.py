@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import types
 import typing
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``frugalrl`` script."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
+    _search_working_dir()
     if args.command == "train":
         return _train(args)
     if args.command == "eval":
@@ -266,6 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale-model":
         return _scale_model(args)
     return 2
+
+
+def _search_working_dir() -> None:
+    """Let ``--env mymodule:make_env`` (or ``mymodule:MyEnv-v0``) find ``mymodule.py`` in the working directory,
+    as ``python -m`` would; searched last, so it never shadows an installed package. Workers inherit the path."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def _scale_model(args: argparse.Namespace) -> int:
@@ -494,6 +504,18 @@ def _slurm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _per_worker(counts: list[int]) -> str:
+    """Syncs per worker as the summary line shows them: the list for a few workers, the spread for many."""
+    if not counts:
+        return ""
+    if len(set(counts)) == 1:
+        return f" ({counts[0]} per worker)"
+    if len(counts) <= 8:
+        return f" (per worker {counts})"
+    ordered = sorted(counts)
+    return f" (per worker {ordered[0]} to {ordered[-1]}, median {ordered[len(ordered) // 2]})"
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     nbytes = {k: v for k, v in summary.get("bytes", {}).items()
               if k not in ("total", "messages") and isinstance(v, int | float) and v}  # kinds only
@@ -502,7 +524,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     lines = [
         f"\n{summary['algo']} on {summary['env_id']} (seed {summary['seed']}): {summary['env_steps']} steps in "
         f"{summary['train_seconds']:.1f} s of training ({summary['steps_per_second']:.0f} steps/s), "
-        f"{summary['updates']} updates, stopped by {summary['stop_reason']}",
+        f"{summary['updates']} update{'' if summary['updates'] == 1 else 's'}, stopped by {summary['stop_reason']}",
         f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f} "
         f"({summary['eval_episodes']} {how} episodes)"
         + ("" if summary.get("stochastic_return_mean") is None else
@@ -510,7 +532,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     ]
     syncs = summary.get("weight_syncs") or {}
     if syncs.get("total"):
-        per_worker = f" (per worker {syncs['per_worker']})" if syncs.get("per_worker") else ""
+        per_worker = _per_worker(syncs.get("per_worker") or [])
         deltas = f", {syncs['delta']} as deltas" if syncs.get("delta") else ""
         lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}{deltas}")
     lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")

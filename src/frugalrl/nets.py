@@ -51,7 +51,10 @@ def import_string(path: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"cannot import module {module_name!r} from factory path {path!r}: {e}") from e
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name == module_name.partition(".")[0]:
+            hint = " (run from the folder that holds it, or add that folder to PYTHONPATH)"
+        raise ValueError(f"cannot import module {module_name!r} from factory path {path!r}: {e}{hint}") from e
     try:
         obj = module
         for part in attr.split("."):
