@@ -178,5 +178,32 @@ class TextObservationEnv(CounterEnv):
         self.observation_space = gym.spaces.Text(8)
 
 
+class InfoKindsEnv(CounterEnv):
+    """A CounterEnv whose infos hold every kind of value Gymnasium batches: numbers, arrays, strings, None, lists,
+    numpy booleans, nested dicts (of numbers and strings) and, only with ``with_object``, an object."""
+
+    def __init__(self, horizon: int = 4, with_object: bool = False) -> None:
+        super().__init__(horizon)
+        self.with_object = with_object
+
+    def _info(self) -> dict:
+        info = {"count": self.t, "pos": np.full(2, self.t / 2), "stage": f"stage-{self.t % 3}", "none": None,
+                "trail": [self.t, "x"], "flag": np.bool_(self.t % 2), "nested": {"a": self.t, "b": 0.5, "c": "y",
+                                                                               "deeper": {"d": self.t * 2}}}
+        if self.t == 2:
+            info["sometimes"] = "two"
+        if self.with_object:
+            info["handle"] = object()
+        return info
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        obs, _ = super().reset(seed=seed, options=options)
+        return obs, {**self._info(), "at_reset": "yes"}
+
+    def step(self, action):
+        obs, reward, term, trunc, _ = super().step(action)
+        return obs, reward, term, trunc, self._info()
+
+
 # Registered on import, for the "module:EnvId" convention (gym.make imports the module, then finds the id).
 gym.register("FrugalCounter-v0", entry_point=CounterEnv, kwargs={"horizon": 7})

@@ -450,3 +450,51 @@ def test_same_step_final_info_matches_gymnasium(closing):
                 np.testing.assert_allclose(i1["final_obs"][j], i2["final_obs"][j])
     ref.close()
     assert seen
+
+
+def assert_same_infos(ours: dict, ref: dict, where: str) -> None:
+    """Every key, nested dict, dtype and value of SyncVectorEnv's ``infos`` (an object array's values by ==)."""
+    assert sorted(ours) == sorted(ref), (where, sorted(ours), sorted(ref))
+    for key, b in ref.items():
+        a = ours[key]
+        if isinstance(b, dict):
+            assert_same_infos(a, b, f"{where}: {key}")
+        elif key == "final_obs":
+            assert [x is None for x in a] == [x is None for x in b], where
+        else:
+            assert a.dtype == b.dtype and a.shape == b.shape, (where, key, a.dtype, b.dtype, a.shape, b.shape)
+            assert all(x == y or (x is None and y is None) for x, y in zip(a.tolist(), b.tolist(), strict=True)), (
+                where, key, a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_infos_of_every_kind_are_laid_out_as_syncvectorenv_lays_them_out(closing, backend, mode):
+    """Strings, None, lists, numpy booleans and nested dicts cross as data (in the reply's header), numbers and
+    arrays as arrays; ``reset`` and ``step`` infos (``final_info`` too) have SyncVectorEnv's every key, dtype and
+    value (``episode_statistics=False``: its exact layout)."""
+    from envs_for_tests import InfoKindsEnv
+
+    env = closing(ClusterEnv([lambda: InfoKindsEnv()] * N, num_workers=W, backend=backend, seed=SEED,
+                             autoreset_mode=mode, episode_statistics=False))
+    ref = SyncVectorEnv([lambda: InfoKindsEnv()] * N, autoreset_mode=mode)
+    assert_same_infos(env.reset(seed=SEED)[1], ref.reset(seed=SEED)[1], "reset")
+    for t in range(9):  # two episodes of 4 steps, and the next-step resets between them
+        actions = np.zeros(N, dtype=np.int64)
+        assert_same_infos(env.step(actions)[4], ref.step(actions)[4], f"step {t}")
+    ref.close()
+
+
+def test_an_info_that_is_not_data_is_left_out_and_named_once(closing):
+    """An object in infos cannot leave a worker (nothing a worker sends is unpickled): it is left out, and each
+    worker names the key once (a warning, which Python then shows once); every other info still arrives."""
+    from envs_for_tests import InfoKindsEnv
+
+    env = closing(ClusterEnv([lambda: InfoKindsEnv(with_object=True)] * N, num_workers=W, backend="local",
+                             seed=SEED))
+    with pytest.warns(RuntimeWarning, match="info 'handle' is not data") as caught:
+        infos = env.reset(seed=SEED)[1]
+        for _ in range(3):
+            infos = env.step(np.zeros(N, dtype=np.int64))[4]
+    assert len([w for w in caught if "handle" in str(w.message)]) == W  # not once per step
+    assert "handle" not in infos and infos["stage"].tolist() == ["stage-0"] * N

@@ -74,6 +74,7 @@ class EnvGroup:
         self.obs: Any = (np.zeros((k, *space_shape(space)), dtype=space.dtype) if isinstance(space, SIMPLE_SPACES)
                          else [None] * k)
         self.needs_reset = np.ones(k, dtype=bool)
+        self.left_out_infos: set[str] = set()  # info keys whose values were not data (add_info)
         self.ep_return = np.zeros(k, dtype=np.float64)
         self.ep_length = np.zeros(k, dtype=np.int64)
         self.ep_start = np.full(k, time.perf_counter())
@@ -113,7 +114,7 @@ class EnvGroup:
             if mask is not None and not mask[i]:
                 continue
             env_seed = seeds[i] if seeds is not None else None if seed is None else int(seed) + i
-            add_info(infos, self.reset(i, env_seed, options), i, len(self.envs))
+            self.left_out_infos.update(add_info(infos, self.reset(i, env_seed, options), i, len(self.envs)))
         return infos
 
     def reset_pending(self) -> None:
@@ -171,7 +172,7 @@ class EnvGroup:
                     info = self.reset(i)
                     reset_only.append(i)
                     if infos and info:
-                        add_info(batched, info, i, k)
+                        self.left_out_infos.update(add_info(batched, info, i, k))
                     continue
                 obs, r, te, tr, info = envs[i].step(actions[i])
                 if logs is not None:
@@ -215,15 +216,13 @@ class EnvGroup:
         same_step = (autoreset or self.autoreset) == SAME_STEP
         finished = set(ended)
         for i in step_infos:
-            if same_step and i in finished:
-                add_info(out.final_infos, step_infos[i], i, k)
-            else:
-                add_info(batched, step_infos[i], i, k)
+            into = out.final_infos if same_step and i in finished else batched
+            self.left_out_infos.update(add_info(into, step_infos[i], i, k))
         for i in ended:
             if same_step:
                 info = self.reset(i)
                 if infos and info:
-                    add_info(batched, info, i, k)
+                    self.left_out_infos.update(add_info(batched, info, i, k))
             elif (autoreset or self.autoreset) == NEXT_STEP:
                 self.needs_reset[i] = True
         return out
@@ -392,17 +391,45 @@ def _float_row(values: list[Any]) -> np.ndarray | None:
     return row if row.ndim == 1 and np.isfinite(row).all() else None
 
 
-def add_info(infos: dict[str, np.ndarray], info: dict[str, Any], i: int, k: int) -> None:
-    """Batch one env's numeric infos into ``infos`` as Gymnasium does (value array + ``_key`` mask)."""
+def add_info(infos: dict[str, np.ndarray], info: dict[str, Any], i: int, k: int) -> list[str]:
+    """Batch one env's infos into ``infos`` as Gymnasium does (value array + ``_key`` mask): numbers and arrays in
+    arrays of their dtype; strings, None, lists and dicts as data (:func:`info_data`) in object arrays. Returns
+    the keys of values that are neither, which are left out: only data leaves a worker."""
+    left_out = []
     for key, value in info.items():
-        if isinstance(value, bool | int | float | np.number | np.ndarray) and not isinstance(value, str):
+        if isinstance(value, bool | int | float | np.number | np.ndarray):
             arr = np.asarray(value)
-            if arr.dtype == object:
+            if arr.dtype != object:
+                if key not in infos:
+                    infos[key] = np.zeros((k, *arr.shape), dtype=arr.dtype)
+                    infos[f"_{key}"] = np.zeros(k, dtype=bool)
+                if infos[key].shape[1:] == arr.shape:
+                    infos[key][i] = arr
+                    infos[f"_{key}"][i] = True
                 continue
-            if key not in infos:
-                infos[key] = np.zeros((k, *arr.shape), dtype=arr.dtype)
-                infos[f"_{key}"] = np.zeros(k, dtype=bool)
-            if infos[key].shape[1:] != arr.shape:
-                continue
-            infos[key][i] = arr
+        try:
+            data = info_data(value)
+        except TypeError:
+            left_out.append(key)
+            continue
+        if key not in infos:
+            infos[key] = np.full(k, None, dtype=object)
+            infos[f"_{key}"] = np.zeros(k, dtype=bool)
+        if infos[key].dtype == object:  # a key that was a number in another env keeps its array
+            infos[key][i] = data
             infos[f"_{key}"][i] = True
+    return left_out
+
+
+def info_data(value: Any) -> Any:
+    """``value`` as JSON data (numpy scalars as numbers, arrays and tuples as lists); ``TypeError`` for anything
+    that is not data (an object, a dict with keys other than strings)."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, np.generic):
+        return info_data(value.item())
+    if isinstance(value, np.ndarray | list | tuple):
+        return [info_data(v) for v in (value.tolist() if isinstance(value, np.ndarray) else value)]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: info_data(v) for key, v in value.items()}
+    raise TypeError(f"{type(value).__name__} is not data")

@@ -7,6 +7,7 @@ rollout reply (which sizes the local backend's shared-memory arenas).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -110,6 +111,10 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
                 if key not in infos:
                     infos[key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
                 infos[key][base : base + k] = value
+        for key, by_env in reply.meta.get("info", {}).items():
+            for j, value in by_env.items():
+                put_info(infos, key, value, base + int(j), n)
+        _say_left_out(reply.meta.get("infos_left_out"))
         if "ep_r" not in a:
             continue
         ended_here = np.flatnonzero(a["terminations"] | a["truncations"])
@@ -138,7 +143,35 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
                     if key not in infos["final_info"]:
                         infos["final_info"][key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
                     infos["final_info"][key][base : base + k] = value
+            for key, by_env in reply.meta.get("finfo", {}).items():
+                for j, value in by_env.items():
+                    put_info(infos["final_info"], key, value, base + int(j), n)
     return infos
+
+
+def put_info(infos: dict[str, Any], key: str, value: Any, i: int, n: int, nested: bool = False) -> None:
+    """Env ``i``'s info ``key`` (JSON data from a worker) into vector ``infos`` as Gymnasium's ``_add_info`` puts
+    it: a dict as a dict of arrays; inside one, a number in an array of its Python type; anything else in an object
+    array (a worker sends a top-level number as an array, never as data)."""
+    if isinstance(value, dict):
+        sub = infos.get(key)
+        sub = sub if isinstance(sub, dict) else {}
+        for name, item in value.items():
+            put_info(sub, name, item, i, n, nested=True)
+        infos[key] = sub
+    else:
+        if key not in infos:
+            typed = nested and type(value) in (int, float, bool)
+            infos[key] = np.zeros(n, dtype=type(value)) if typed else np.full(n, None, dtype=object)
+        infos[key][i] = value
+    infos.setdefault(f"_{key}", np.zeros(n, dtype=bool))[i] = True
+
+
+def _say_left_out(keys: list[str] | None) -> None:
+    """Warn of infos a worker left out as not data (each worker names a key once; Python shows the warning once)."""
+    for key in keys or ():
+        warnings.warn(f"info {key!r} is not data (numbers, arrays, strings, None, lists or dicts of them) and cannot "
+                      "leave a worker: it is left out of infos", RuntimeWarning, stacklevel=2)
 
 
 def rollout_bound(obs_space: gym.spaces.Box, act_space: gym.spaces.Discrete | gym.spaces.Box, k: int, T: int) -> int:

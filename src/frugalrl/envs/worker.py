@@ -93,6 +93,7 @@ class EnvWorker:
         self.policy: ActorCritic | None = None
         self.policy_spec: dict[str, Any] | None = None
         self.held = HeldWeights()  # the code words of the weights it holds: what a delta applies to
+        self._named_left_out: set[str] = set()  # info keys already named to the head as not data
         self.version = -1
         self.generator = torch.Generator().manual_seed(_seed_for(seed, index))
         self._np_of: ActorCritic | None = None  # the policy _np_actor was built from, its tensors and their versions
@@ -168,17 +169,34 @@ class EnvWorker:
             # the statistics of the envs that ended only, in env order (the head finds which in the flags)
             arrays.update(**episode_stats(s.episode_returns, s.episode_lengths),
                           ep_t=np.array(s.episode_seconds, dtype=np.float64))
-            if group.autoreset == SAME_STEP:
-                if not self._tree_obs:
-                    arrays["final_obs"] = np.stack(s.final_obs)
-                arrays.update({f"finfo/{key}": v for key, v in s.final_infos.items()})
-        arrays.update({f"info/{key}": v for key, v in s.infos.items()})
+            if group.autoreset == SAME_STEP and not self._tree_obs:
+                arrays["final_obs"] = np.stack(s.final_obs)
         reply = Message("step", {"version": self.version}, arrays)
+        if s.ended and group.autoreset == SAME_STEP:
+            self._put_infos(reply, "finfo", s.final_infos)
+        self._put_infos(reply, "info", s.infos)
         if self._tree_obs:
             self._put_obs(reply, "obs", list(group.obs))
             if s.ended and group.autoreset == SAME_STEP:
                 self._put_obs(reply, "final_obs", s.final_obs)
         return reply
+
+    def _put_infos(self, msg: Message, prefix: str, infos: dict[str, np.ndarray]) -> None:
+        """Batched infos into ``msg``: numeric ones as ``prefix/key`` arrays, data (strings, dicts...) in the header
+        as ``meta[prefix]`` (key -> env index -> value); keys left out as not data are named once, in
+        ``meta["infos_left_out"]``, so that the head can say so."""
+        data: dict[str, dict[str, Any]] = {}
+        for key, arr in infos.items():
+            if arr.dtype == object:
+                data[key] = {str(i): arr[i] for i in np.flatnonzero(infos[f"_{key}"])}
+            else:
+                msg.arrays[f"{prefix}/{key}"] = arr
+        if data:
+            msg.meta[prefix] = data
+        new = self.group.left_out_infos - self._named_left_out
+        if new:
+            msg.meta["infos_left_out"] = sorted(new)
+            self._named_left_out |= new
 
     def _put_obs(self, msg: Message, prefix: str, values: list[Any]) -> None:
         """Observations of a space other than Box and Discrete, leaf by leaf (:mod:`frugalrl.envs.spaces`)."""
@@ -203,8 +221,8 @@ class EnvWorker:
             return Message("ok", {"worker": self.index})
         infos = self.group.reset_all(None if seed is None else int(seed) + self.first_env, msg.meta.get("options"),
                                      msg.meta.get("seeds"), msg.meta.get("mask"))
-        arrays = {f"info/{key}": v for key, v in infos.items()}
-        reply = Message("reset", {"worker": self.index}, arrays)
+        reply = Message("reset", {"worker": self.index})
+        self._put_infos(reply, "info", infos)
         if self._tree_obs:
             self._put_obs(reply, "obs", list(self.group.obs))
         else:
