@@ -180,7 +180,8 @@ class TextObservationEnv(CounterEnv):
 
 class InfoKindsEnv(CounterEnv):
     """A CounterEnv whose infos hold every kind of value Gymnasium batches: numbers, arrays, strings, None, lists,
-    numpy booleans, nested dicts (of numbers and strings) and, only with ``with_object``, an object."""
+    numpy booleans, nested dicts (of all of these, an int key too), a key that looks like a JSON list and, only with
+    ``with_object``, an object."""
 
     def __init__(self, horizon: int = 4, with_object: bool = False) -> None:
         super().__init__(horizon)
@@ -188,8 +189,9 @@ class InfoKindsEnv(CounterEnv):
 
     def _info(self) -> dict:
         info = {"count": self.t, "pos": np.full(2, self.t / 2), "stage": f"stage-{self.t % 3}", "none": None,
-                "trail": [self.t, "x"], "flag": np.bool_(self.t % 2), "nested": {"a": self.t, "b": 0.5, "c": "y",
-                                                                               "deeper": {"d": self.t * 2}}}
+                "trail": [self.t, "x"], "flag": np.bool_(self.t % 2), "[odd]": 1.5,
+                "nested": {"a": self.t, "b": np.float32(0.5), "c": "y", "v": np.arange(3, dtype=np.int16),
+                           "flag": np.bool_(True), 7: "int key", "deeper": {"d": self.t * 2}}}
         if self.t == 2:
             info["sometimes"] = "two"
         if self.with_object:

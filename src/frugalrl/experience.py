@@ -14,6 +14,7 @@ episodes on one env with their own seeds and keeps its short loop (:mod:`frugalr
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,8 +48,8 @@ class Stepped:
     episode_returns: list[float]
     episode_lengths: list[int]
     episode_seconds: list[float]
-    infos: dict[str, np.ndarray] = field(default_factory=dict)  # batched as Gymnasium does (with ``infos=True``)
-    final_infos: dict[str, np.ndarray] = field(default_factory=dict)  # the ended steps' infos (same-step autoreset)
+    infos: dict[str, Any] = field(default_factory=dict)  # batched as Gymnasium does (with ``infos=True``)
+    final_infos: dict[str, Any] = field(default_factory=dict)  # the ended steps' infos (same-step autoreset)
 
 
 class EnvGroup:
@@ -106,10 +107,10 @@ class EnvGroup:
         return info
 
     def reset_all(self, seed: int | None = None, options: dict | None = None, seeds: Sequence[int | None] | None = None,
-                  mask: Sequence[bool] | None = None) -> dict[str, np.ndarray]:
+                  mask: Sequence[bool] | None = None) -> dict[str, Any]:
         """Reset every env (env ``i`` with ``seed + i``, as Gymnasium's vector envs do, or with ``seeds[i]``), or only
         those ``mask`` picks; returns the batched infos."""
-        infos: dict[str, np.ndarray] = {}
+        infos: dict[str, Any] = {}
         for i in range(len(self.envs)):
             if mask is not None and not mask[i]:
                 continue
@@ -165,7 +166,7 @@ class EnvGroup:
         ended: list[int] = []
         finals: list[Any] = []
         step_infos: dict[int, dict[str, Any]] = {}
-        batched: dict[str, np.ndarray] = {}
+        batched: dict[str, Any] = {}
         try:
             for i in range(k):
                 if needs[i]:
@@ -391,39 +392,81 @@ def _float_row(values: list[Any]) -> np.ndarray | None:
     return row if row.ndim == 1 and np.isfinite(row).all() else None
 
 
-def add_info(infos: dict[str, np.ndarray], info: dict[str, Any], i: int, k: int) -> list[str]:
-    """Batch one env's infos into ``infos`` as Gymnasium does (value array + ``_key`` mask): numbers and arrays in
-    arrays of their dtype; strings, None, lists and dicts as data (:func:`info_data`) in object arrays. Returns
-    the keys of values that are neither, which are left out: only data leaves a worker."""
+def add_info(infos: dict[Any, Any], info: dict[Any, Any], i: int, k: int) -> list[str]:
+    """Batch one env's infos into ``infos`` as Gymnasium's ``_add_info`` does (value array + ``_key`` mask):
+    numbers and arrays in arrays of their dtype, nested dicts as dicts of the same; strings, None, lists and numpy
+    booleans as data (:func:`info_data`) in object arrays. Returns the keys of values that are none of these,
+    which are left out: only data leaves a worker."""
     left_out = []
     for key, value in info.items():
-        if isinstance(value, bool | int | float | np.number | np.ndarray):
+        if not isinstance(key, str | int) or (key in infos and isinstance(infos[key], dict) != isinstance(value, dict)):
+            left_out.append(str(key))  # a key JSON cannot name, or one whose kind changed between envs
+            continue
+        if isinstance(value, dict):
+            left_out += [f"{key}.{sub}" for sub in add_info(infos.setdefault(key, {}), value, i, k)]
+            _mask(infos, key, k)[i] = True
+            continue
+        if isinstance(value, bool | int | float | np.number | np.ndarray) and np.asarray(value).dtype != object:
             arr = np.asarray(value)
-            if arr.dtype != object:
-                if key not in infos:
-                    infos[key] = np.zeros((k, *arr.shape), dtype=arr.dtype)
-                    infos[f"_{key}"] = np.zeros(k, dtype=bool)
-                if infos[key].shape[1:] == arr.shape:
-                    infos[key][i] = arr
-                    infos[f"_{key}"][i] = True
-                continue
+            if key not in infos:
+                infos[key] = np.zeros((k, *arr.shape), dtype=arr.dtype)
+            if infos[key].shape[1:] == arr.shape:
+                infos[key][i] = arr
+                _mask(infos, key, k)[i] = True
+            continue
         try:
             data = info_data(value)
         except TypeError:
-            left_out.append(key)
+            left_out.append(str(key))
             continue
         if key not in infos:
             infos[key] = np.full(k, None, dtype=object)
-            infos[f"_{key}"] = np.zeros(k, dtype=bool)
         if infos[key].dtype == object:  # a key that was a number in another env keeps its array
             infos[key][i] = data
-            infos[f"_{key}"][i] = True
+            _mask(infos, key, k)[i] = True
     return left_out
+
+
+def _mask(infos: dict[Any, Any], key: str | int, k: int) -> np.ndarray:
+    mask = infos.get(f"_{key}")
+    if mask is None:
+        mask = infos[f"_{key}"] = np.zeros(k, dtype=bool)
+    return mask
+
+
+def info_arrays(infos: dict[Any, Any], path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], np.ndarray]]:
+    """Every array of batched ``infos`` with its key path (nested dicts walked in order)."""
+    out = []
+    for key, value in infos.items():
+        if isinstance(value, dict):
+            out += info_arrays(value, (*path, key))
+        else:
+            out.append(((*path, key), value))
+    return out
+
+
+def info_name(path: tuple[Any, ...]) -> str:
+    """The wire name of an info array: a top-level string key as it is, any other path as a JSON list (a key that
+    starts with ``[`` too, so that names never clash)."""
+    key = path[0]
+    return key if len(path) == 1 and isinstance(key, str) and not key.startswith("[") else json.dumps(list(path))
+
+
+def info_path(name: str) -> list[Any]:
+    """The key path :func:`info_name` gave ``name``."""
+    return json.loads(name) if name.startswith("[") else [name]
+
+
+def info_parent(infos: dict[Any, Any], path: tuple[Any, ...]) -> dict[Any, Any]:
+    """The dict of batched ``infos`` that holds the last key of ``path``."""
+    for key in path[:-1]:
+        infos = infos[key]
+    return infos
 
 
 def info_data(value: Any) -> Any:
     """``value`` as JSON data (numpy scalars as numbers, arrays and tuples as lists); ``TypeError`` for anything
-    that is not data (an object, a dict with keys other than strings)."""
+    that is not data (an object, a dict with keys other than strings, which only a list can hold here)."""
     if value is None or isinstance(value, str | bool | int | float):
         return value
     if isinstance(value, np.generic):

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from frugalrl.dists import DistKind
-from frugalrl.experience import space_shape
+from frugalrl.experience import info_path, space_shape
 from frugalrl.rollout import Rollout
 from frugalrl.wire.message import Message
 
@@ -105,15 +105,7 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
     for w, reply in replies.items():
         base = w * k
         a = reply.arrays
-        for name, value in a.items():
-            if name.startswith("info/"):
-                key = name[5:]
-                if key not in infos:
-                    infos[key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
-                infos[key][base : base + k] = value
-        for key, by_env in reply.meta.get("info", {}).items():
-            for j, value in by_env.items():
-                put_info(infos, key, value, base + int(j), n)
+        _put_infos(infos, reply, "info", base, k, n)
         _say_left_out(reply.meta.get("infos_left_out"))
         if "ep_r" not in a:
             continue
@@ -137,34 +129,34 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
                 infos["final_obs"][base + int(i)] = finals[j]
                 infos["_final_obs"][base + int(i)] = True
                 infos["_final_info"][base + int(i)] = True
-            for name, value in a.items():
-                if name.startswith("finfo/"):
-                    key = name[6:]
-                    if key not in infos["final_info"]:
-                        infos["final_info"][key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
-                    infos["final_info"][key][base : base + k] = value
-            for key, by_env in reply.meta.get("finfo", {}).items():
-                for j, value in by_env.items():
-                    put_info(infos["final_info"], key, value, base + int(j), n)
+            _put_infos(infos["final_info"], reply, "finfo", base, k, n)
     return infos
 
 
-def put_info(infos: dict[str, Any], key: str, value: Any, i: int, n: int, nested: bool = False) -> None:
-    """Env ``i``'s info ``key`` (JSON data from a worker) into vector ``infos`` as Gymnasium's ``_add_info`` puts
-    it: a dict as a dict of arrays; inside one, a number in an array of its Python type; anything else in an object
-    array (a worker sends a top-level number as an array, never as data)."""
-    if isinstance(value, dict):
-        sub = infos.get(key)
-        sub = sub if isinstance(sub, dict) else {}
-        for name, item in value.items():
-            put_info(sub, name, item, i, n, nested=True)
-        infos[key] = sub
-    else:
-        if key not in infos:
-            typed = nested and type(value) in (int, float, bool)
-            infos[key] = np.zeros(n, dtype=type(value)) if typed else np.full(n, None, dtype=object)
-        infos[key][i] = value
-    infos.setdefault(f"_{key}", np.zeros(n, dtype=bool))[i] = True
+def _put_infos(infos: dict[str, Any], reply: Message, prefix: str, base: int, k: int, n: int) -> None:
+    """A reply's batched infos (``prefix/name`` arrays and ``meta[prefix]`` data, :meth:`EnvWorker._put_infos`)
+    into the vector ``infos`` at envs ``base .. base + k - 1``, nested dicts rebuilt from the names' key paths."""
+    start = len(prefix) + 1
+    for name, value in reply.arrays.items():
+        if name.startswith(prefix) and name[len(prefix)] == "/":
+            node, key = _node(infos, name[start:])
+            if key not in node:
+                node[key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
+            node[key][base : base + k] = value
+    for name, by_env in reply.meta.get(prefix, {}).items():
+        node, key = _node(infos, name)
+        if key not in node:
+            node[key] = np.full(n, None, dtype=object)
+        for j, value in by_env.items():
+            node[key][base + int(j)] = value
+
+
+def _node(infos: dict[Any, Any], name: str) -> tuple[dict[Any, Any], Any]:
+    """The dict that holds the info a wire name stands for (made on the way), and its key there."""
+    *parents, key = info_path(name)
+    for parent in parents:
+        infos = infos.setdefault(parent, {})
+    return infos, key
 
 
 def _say_left_out(keys: list[str] | None) -> None:

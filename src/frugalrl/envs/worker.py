@@ -45,6 +45,9 @@ from frugalrl.experience import (
     EnvGroup,
     clip_actions,
     collect_fragment,
+    info_arrays,
+    info_name,
+    info_parent,
     space_shape,
 )
 from frugalrl.nets import ActorCritic, PolicySpec, acting_state, build_policy, load_acting_state
@@ -181,16 +184,18 @@ class EnvWorker:
                 self._put_obs(reply, "final_obs", s.final_obs)
         return reply
 
-    def _put_infos(self, msg: Message, prefix: str, infos: dict[str, np.ndarray]) -> None:
-        """Batched infos into ``msg``: numeric ones as ``prefix/key`` arrays, data (strings, dicts...) in the header
-        as ``meta[prefix]`` (key -> env index -> value); keys left out as not data are named once, in
-        ``meta["infos_left_out"]``, so that the head can say so."""
+    def _put_infos(self, msg: Message, prefix: str, infos: dict[str, Any]) -> None:
+        """Batched infos into ``msg`` (:func:`info_name` names each array, nested ones by their path): numbers as
+        ``prefix/name`` arrays, data (strings, lists...) in the header as ``meta[prefix]`` (name -> env index ->
+        value); keys left out as not data are named once, in ``meta["infos_left_out"]``, for the head to say so."""
         data: dict[str, dict[str, Any]] = {}
-        for key, arr in infos.items():
+        for path, arr in info_arrays(infos):
+            name = info_name(path)
             if arr.dtype == object:
-                data[key] = {str(i): arr[i] for i in np.flatnonzero(infos[f"_{key}"])}
+                mask = info_parent(infos, path)[f"_{path[-1]}"]
+                data[name] = {str(i): arr[i] for i in np.flatnonzero(mask)}
             else:
-                msg.arrays[f"{prefix}/{key}"] = arr
+                msg.arrays[f"{prefix}/{name}"] = arr
         if data:
             msg.meta[prefix] = data
         new = self.group.left_out_infos - self._named_left_out
