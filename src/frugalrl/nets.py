@@ -15,7 +15,6 @@ a user's module with those attributes works without deriving from :class:`ActorC
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar, cast, get_args
@@ -28,6 +27,7 @@ from torch import nn
 from frugalrl import dists
 from frugalrl.config import Net
 from frugalrl.dists import DistKind
+from frugalrl.lazy import import_string
 from frugalrl.normalize import ObsNormalizer
 
 
@@ -41,27 +41,6 @@ class PolicySpec:
     def to_json(self) -> dict[str, Any]:
         """JSON-ready form."""
         return asdict(self)
-
-
-def import_string(path: str) -> Any:
-    """Import ``"package.module:attr"``; raise a clear ``ValueError`` if that fails."""
-    if not isinstance(path, str) or ":" not in path:
-        raise ValueError(f"expected an import path of the form 'module:attribute', got {path!r}")
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        hint = ""
-        if isinstance(e, ModuleNotFoundError) and e.name == module_name.partition(".")[0]:
-            hint = " (run from the folder that holds it, or add that folder to PYTHONPATH)"
-        raise ValueError(f"cannot import module {module_name!r} from factory path {path!r}: {e}{hint}") from e
-    try:
-        obj = module
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError as e:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (factory path {path!r})") from e
-    return obj
 
 
 class ActorCritic(nn.Module):

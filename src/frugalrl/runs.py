@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 CHECKPOINT = "latest.pt"
 """The checkpoint ``--resume`` and ``frugalrl eval`` read, in ``<run>/checkpoints/``."""
@@ -154,6 +153,8 @@ class RunDirectory:
         if resume_step is None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.checkpoints.mkdir(exist_ok=True)
+            import torch  # here, not at the top: experience.py (worker processes) imports this module
+
             meta = {"python": platform.python_version(), "torch": torch.__version__,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
             write_json(self.dir / "config.json", {**config, "_meta": meta})
@@ -183,6 +184,8 @@ class RunDirectory:
         (torch.save of tensors and plain containers only, so that :func:`read_checkpoint` reads it with
         ``weights_only=True``)."""
         import io
+
+        import torch
 
         buf = io.BytesIO()
         torch.save(payload, buf)
@@ -218,6 +221,8 @@ def read_checkpoint(path: str | Path, name: str = CHECKPOINT) -> dict[str, Any]:
 def read_torch_file(path: Path) -> Any:
     """A torch file of frugalrl's (tensors and plain containers: ``weights_only=True``, nothing else unpickled); a
     truncated, foreign or random file raises one ``ValueError`` line naming it."""
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - whatever torch.load raised, one line naming the file

@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from frugalrl.nets import import_string
+from frugalrl.lazy import import_string
 
 
 @dataclass(frozen=True)

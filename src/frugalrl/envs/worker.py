@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
-from frugalrl import dists
 from frugalrl.envs.calls import call_envs
 from frugalrl.envs.spaces import batch, from_message, is_simple, item, same_spaces, to_message
 from frugalrl.envs.spec import EnvSpec
@@ -50,11 +48,28 @@ from frugalrl.experience import (
     info_parent,
     space_shape,
 )
-from frugalrl.nets import ActorCritic, PolicySpec, acting_state, build_policy, load_acting_state
-from frugalrl.npactor import NumpyActor
 from frugalrl.wire.delta import DeltaError, HeldWeights, from_words
 from frugalrl.wire.message import Message, decode_state_dict
 from frugalrl.wire.uplink import UplinkCodecs, UplinkOptions
+
+if TYPE_CHECKING:
+    import torch
+
+    from frugalrl.nets import ActorCritic
+    from frugalrl.npactor import NumpyActor
+
+#: Set in a worker process (not in the head, whose inline workers share its torch): its torch runs on one thread.
+ONE_TORCH_THREAD = False
+
+
+def _torch() -> Any:
+    """torch, imported when a worker first needs a policy or its sampling generator. A worker that only steps
+    envs (the head chooses the actions) never does: its process starts sooner and holds much less memory."""
+    import torch
+
+    if ONE_TORCH_THREAD and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+    return torch
 
 #: Replies that carry experience: their streams travel with the worker's uplink codecs.
 _EXPERIENCE_OPS = ("reset", "step", "rollout")
@@ -98,7 +113,8 @@ class EnvWorker:
         self.held = HeldWeights()  # the code words of the weights it holds: what a delta applies to
         self._named_left_out: set[str] = set()  # info keys already named to the head as not data
         self.version = -1
-        self.generator = torch.Generator().manual_seed(_seed_for(seed, index))
+        self._generator: torch.Generator | None = None  # made on first use (:attr:`generator`)
+        self._generator_seed = _seed_for(seed, index)
         self._np_of: ActorCritic | None = None  # the policy _np_actor was built from, its tensors and their versions
         self._np_tensors: list[torch.Tensor] = []
         self._np_held: tuple[int, ...] | None = None
@@ -128,12 +144,23 @@ class EnvWorker:
         """Close every environment."""
         self.group.close()
 
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator actions are sampled with, made on first use as the last seeded reset left it."""
+        if self._generator is None:
+            self._generator = _torch().Generator().manual_seed(self._generator_seed)
+        return self._generator
+
     # ------------------------------------------------------------------ helpers
     def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Actions sampled from the cached policy and its distribution's parameters (float32); a plain MLP agent
         runs in numpy (:mod:`frugalrl.npactor`), rebuilt whenever its weights change."""
         if self.policy is None:
             raise WorkerError(f"worker {self.index} has no policy yet: weights must be sent before acting")
+        torch = _torch()
+        from frugalrl import dists
+        from frugalrl.npactor import NumpyActor
+
         if self._np_of is not self.policy:  # a new policy object: its tensors, whose versions tell any change
             self._np_of, self._np_tensors = self.policy, list(itertools.chain(self.policy.parameters(),
                                                                                  self.policy.buffers()))
@@ -219,7 +246,9 @@ class EnvWorker:
     def _op_reset(self, msg: Message) -> Message:
         seed = msg.meta.get("seed")
         if seed is not None:
-            self.generator.manual_seed(_seed_for(seed, self.index))
+            self._generator_seed = _seed_for(seed, self.index)
+            if self._generator is not None:
+                self._generator.manual_seed(self._generator_seed)
         if msg.meta.get("defer"):
             # Used after a restart: envs reset on the next step, as after a truncation.
             self.group.needs_reset[:] = True
@@ -264,6 +293,9 @@ class EnvWorker:
     def _op_weights(self, msg: Message) -> Message:
         """Load a full copy or a delta (:mod:`frugalrl.wire.delta`); a delta against another copy than the one
         held is refused, never applied, and the head sends a full copy."""
+        torch = _torch()
+        from frugalrl.nets import PolicySpec, acting_state, build_policy, load_acting_state
+
         spec = msg.meta.get("spec")
         if self.policy is None or (spec is not None and spec != self.policy_spec):
             if spec is None:
@@ -302,6 +334,8 @@ class EnvWorker:
                 else np.zeros((0, *act_shape), dtype=act_dtype)
             )
         if self.policy is not None:
+            from frugalrl.nets import acting_state
+
             arrays.update({f"w/{k}": v.detach().numpy().copy() for k, v in acting_state(self.policy).items()})
         meta = {"began": list(group.began), "version": self.version, "spec": self.policy_spec}
         return Message("snapshot", meta, arrays, kinds={name: "checkpoint" for name in arrays})
@@ -339,6 +373,9 @@ class EnvWorker:
             if not ok:
                 group.ep_return[i], group.ep_length[i], group.needs_reset[i] = 0.0, 0, False
         group.ep_start[:] = time.perf_counter()
+        torch = _torch()
+        from frugalrl.nets import PolicySpec, build_policy, load_acting_state
+
         self.generator.set_state(torch.from_numpy(a["generator"].copy()))
         self.held.clear()  # the head assumes a restored worker holds no words: its next weights are a full copy
         if meta.get("spec") is not None:
@@ -368,6 +405,9 @@ class EnvWorker:
         elif msg.meta.get("behaviour") == "none":  # the head recomputes it from the words this worker holds
             behaviour = {}
         else:  # all the learner and AAPS need: log μ(a_t | s_t)
+            torch = _torch()
+            from frugalrl import dists
+
             with torch.inference_mode():
                 logp = dists.log_prob(self.policy.dist_kind, torch.from_numpy(f.params), torch.from_numpy(f.actions))
             behaviour = {"behaviour_logp": logp.float().numpy()}

@@ -24,7 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from frugalrl.envs.spec import EnvSpec
-from frugalrl.nets import import_string
+from frugalrl.lazy import import_string
 
 PER_ENV = "frugalrl.sb3/per_env"
 """The reset options key under which the head sends every env's own ``seeds`` and ``options`` lists."""

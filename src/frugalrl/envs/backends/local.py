@@ -160,9 +160,9 @@ class Codec:
 
 
 def _build_worker(config: dict[str, Any]) -> EnvWorker:
-    import torch
+    from frugalrl.envs import worker
 
-    torch.set_num_threads(1)
+    worker.ONE_TORCH_THREAD = True  # torch itself is imported only if this worker gets a policy
     return worker_from_json(config)
 
 

@@ -1,0 +1,82 @@
+"""What a worker process costs before it does any work: start-up time and memory, per env.
+
+For each env, ``--repeats`` times: build a ClusterEnv of ``--workers`` worker processes (``inline_workers=0``) and
+reset it (the start-up time, the head's own imports done beforehand), step it 20 times with head-chosen actions
+(the drop-in path), read each worker's resident memory (``VmRSS``) and whether it has mapped libtorch, then send it
+a policy (a 4-step ``rollout``) and read them again. Run it at two commits to compare (``PYTHONPATH``)::
+
+    python benchmarks/worker_footprint.py --envs CartPole-v1 LunarLander-v3 --out worker_footprint
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from frugalrl import ClusterEnv, make_agent
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _workers(env: ClusterEnv) -> dict[str, Any]:
+    rss, torch_loaded = [], []
+    for pid in env.backend.worker_pids().values():
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        rss += [int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS")]
+        torch_loaded.append("libtorch" in Path(f"/proc/{pid}/maps").read_text())
+    return {"rss_mb": round(statistics.mean(rss), 1), "torch_loaded": all(torch_loaded)}
+
+
+def measure(env_id: str, workers: int, repeats: int) -> dict[str, Any]:
+    """Start-up seconds (median of ``repeats``) and worker memory with head-side inference, then with a policy."""
+    starts, stepping, acting = [], {}, {}
+    for _ in range(repeats):
+        t = time.perf_counter()
+        env = ClusterEnv(env_id, num_workers=workers, envs_per_worker=2, seed=1, inline_workers=0)
+        try:
+            env.reset(seed=1)
+            starts.append(time.perf_counter() - t)
+            env.action_space.seed(1)
+            for _ in range(20):
+                env.step(env.action_space.sample())
+            stepping = _workers(env)
+            torch.manual_seed(0)
+            env.rollout(make_agent(env.single_observation_space, env.single_action_space), 4)
+            acting = _workers(env)
+        finally:
+            env.close()
+    return {"env": env_id, "workers": workers, "startup_s": round(statistics.median(starts), 3),
+            "startup_s_all": [round(s, 3) for s in starts], "stepping": stepping, "with_policy": acting}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3"])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="worker_footprint")
+    args = ap.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rows = []
+    for env_id in args.envs:
+        row = measure(env_id, args.workers, args.repeats)
+        print(f"{env_id}: start-up {row['startup_s']:.2f} s; worker {row['stepping']['rss_mb']} MB stepping "
+              f"(torch {row['stepping']['torch_loaded']}), {row['with_policy']['rss_mb']} MB with a policy")
+        rows.append(row)
+    out = {"command": "python benchmarks/worker_footprint.py " + " ".join(
+        ["--envs", *args.envs, "--workers", str(args.workers), "--repeats", str(args.repeats)]),
+        "date": time.strftime("%Y-%m-%d"), "commit": commit, "rows": rows}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))
+    print(f"wrote {RESULTS / (args.out + '.json')}")
+
+
+if __name__ == "__main__":
+    main()
