@@ -7,8 +7,8 @@ carry:
 
 * per-env reset seeds and options (SB3's ``seed`` / ``set_options`` lists), sent to every env in one options dict
   under :data:`PER_ENV`, each env taking its own entry;
-* nested infos such as ``Monitor``'s ``info["episode"]`` (the workers send numeric infos only), as flat keys that
-  :func:`nested_info` turns back into dicts on the head;
+* nested infos such as ``Monitor``'s ``info["episode"]``, as flat keys that :func:`nested_info` turns back into
+  dicts on the head (so that they never meet ClusterEnv's own ``episode`` statistics in its vector infos);
 * actions of spaces ClusterEnv does not take (MultiDiscrete, MultiBinary, Dict, Tuple), as one flat Box
   (:class:`ActionCodec`), decoded here before the env sees them.
 """
