@@ -145,7 +145,10 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The full argument parser; with the command line ``argv``, the help of ``train ALGO`` shows the defaults
     that its ``--env`` / ``--preset`` take effect with."""
-    parser = argparse.ArgumentParser(prog="frugalrl", description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="frugalrl", description="Distributed reinforcement learning that counts every byte (docs: "
+        "docs/getting-started.md).", epilog="examples:\n" + (__doc__ or "").split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train an agent (or continue a run with --resume)")
     algos = train.add_subparsers(dest="algo", required=True)
