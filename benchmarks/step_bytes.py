@@ -47,8 +47,8 @@ class FullHeaders(HeaderBook):
 class NumbersOnly(HeaderBook):
     """A book that numbers headers but no templates: what the books did before templates."""
 
-    def _see_template(self, header: bytes) -> tuple[int, list[int]] | None:
-        return None
+    def __init__(self) -> None:
+        super().__init__(templates=False)
 
 
 BOOKS: dict[str, type[HeaderBook]] = {"templated": HeaderBook, "numbers only": NumbersOnly, "full": FullHeaders}

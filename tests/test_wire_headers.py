@@ -70,6 +70,16 @@ def test_headers_that_never_repeat_are_never_numbered_and_the_book_stays_bounded
     assert not send.headers and len(send.exact.seen) == HeaderBook.MAX_SEEN and len(send.templates.items) == 1
 
 
+def test_a_book_without_templates_numbers_whole_headers_only():
+    """``HeaderBook(templates=False)`` (what the books did before templates; step_bytes.py's baseline): a header that
+    differs in its numbers crosses in full every time, a repeated one still by its number."""
+    send, receive = HeaderBook(templates=False), HeaderBook(templates=False)
+    for version in range(5):
+        assert _cross(Message("weights", {"version": version}), send, receive)[0][:4] != headers.TEMPLATED
+    assert not send.templates.items
+    assert [_cross(Message("step"), send, receive)[0][:4] == headers.NUMBERED for _ in range(3)] == [False, False, True]
+
+
 def test_a_rollout_reply_crosses_by_its_template_and_counts_its_control_arrays():
     """A rollout reply's header differs from the last in its version and in how many episodes ended; the arrays of
     kind control (``final_idx``) still count in full when the header goes short."""

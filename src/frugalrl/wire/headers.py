@@ -142,7 +142,8 @@ class HeaderBook:
     MAX_SEEN = 64
     MAX_HEADER = 4096  # longer headers (a policy spec) are rare: never numbered
 
-    def __init__(self) -> None:
+    def __init__(self, templates: bool = True) -> None:
+        self.use_templates = templates  # False: number whole headers only (as the books did before templates)
         self.exact = _Numbering(self.MAX_NUMBERS, self.MAX_SEEN, self.MAX_HEADER)
         self.templates = _Numbering(self.MAX_NUMBERS, self.MAX_SEEN, self.MAX_HEADER)
         self._notes: dict[bytes, bytes] = {}  # sender: a shared-frame note -> its numbered form, once numbered
@@ -167,7 +168,7 @@ class HeaderBook:
         return _TEMPLATED.pack(TEMPLATED_NOTE if note else TEMPLATED, number, len(data)) + data
 
     def _see_template(self, header: bytes) -> tuple[int, list[int]] | None:
-        if len(header) > self.MAX_HEADER or _HOLE in header:  # a JSON header has no hole; another is not cut
+        if not self.use_templates or len(header) > self.MAX_HEADER or _HOLE in header:  # no hole in JSON headers
             return None
         template, values = template_of(header)
         number = self.templates.see(template)
