@@ -529,7 +529,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"{summary['train_seconds']:.1f} s of training ({summary['steps_per_second']:.0f} steps/s), "
         f"{summary['updates']} update{'' if summary['updates'] == 1 else 's'}, stopped by {summary['stop_reason']}",
         f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f} "
-        f"({summary['eval_episodes']} {how} episodes)"
+        f"({summary['eval_episodes']} {how} episode{'' if summary['eval_episodes'] == 1 else 's'})"
         + ("" if summary.get("stochastic_return_mean") is None else
            f"; sampling actions {summary['stochastic_return_mean']:.1f} ± {summary['stochastic_return_std']:.1f}"),
     ]
