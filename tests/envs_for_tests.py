@@ -181,11 +181,11 @@ class TextObservationEnv(CounterEnv):
 class InfoKindsEnv(CounterEnv):
     """A CounterEnv whose infos hold every kind of value Gymnasium batches: numbers, arrays, strings, None, lists,
     numpy booleans, nested dicts (of all of these, an int key too), a key that looks like a JSON list and, only with
-    ``with_object``, an object."""
+    ``with_object``, an object; with ``ragged``, an array whose length differs between envs."""
 
-    def __init__(self, horizon: int = 4, with_object: bool = False) -> None:
+    def __init__(self, horizon: int = 4, with_object: bool = False, ragged: bool = False) -> None:
         super().__init__(horizon)
-        self.with_object = with_object
+        self.with_object, self.ragged = with_object, ragged
 
     def _info(self) -> dict:
         info = {"count": self.t, "pos": np.full(2, self.t / 2), "stage": f"stage-{self.t % 3}", "none": None,
@@ -196,6 +196,8 @@ class InfoKindsEnv(CounterEnv):
             info["sometimes"] = "two"
         if self.with_object:
             info["handle"] = object()
+        if self.ragged:  # an array whose length differs between envs (their tags differ)
+            info["path"] = np.zeros(int(self.tag) % 7 + 1)
         return info
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):

@@ -492,12 +492,22 @@ def test_an_info_that_is_not_data_is_left_out_and_named_once(closing):
 
     env = closing(ClusterEnv([lambda: InfoKindsEnv(with_object=True)] * N, num_workers=W, backend="local",
                              seed=SEED))
-    with pytest.warns(RuntimeWarning, match="info 'handle' is not data") as caught:
+    with pytest.warns(RuntimeWarning, match="info 'handle' is left out of infos: a value that is not data") as caught:
         infos = env.reset(seed=SEED)[1]
         for _ in range(3):
             infos = env.step(np.zeros(N, dtype=np.int64))[4]
     assert len([w for w in caught if "handle" in str(w.message)]) == W  # not once per step
     assert "handle" not in infos and infos["stage"].tolist() == ["stage-0"] * N
+
+
+def test_an_info_array_whose_shape_differs_between_envs_is_named(closing):
+    """Gymnasium cannot batch an info array whose shape differs between envs (SyncVectorEnv raises); the worker
+    keeps the first env's and names the key instead of dropping the others silently."""
+    from envs_for_tests import InfoKindsEnv
+
+    env = closing(ClusterEnv([lambda: InfoKindsEnv(ragged=True)] * 4, num_workers=1, backend="serial", seed=SEED))
+    with pytest.warns(RuntimeWarning, match="info 'path' is left out of infos"):
+        env.reset(seed=SEED)
 
 
 def test_a_worker_that_only_steps_envs_never_imports_torch(closing):

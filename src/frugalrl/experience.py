@@ -395,8 +395,8 @@ def _float_row(values: list[Any]) -> np.ndarray | None:
 def add_info(infos: dict[Any, Any], info: dict[Any, Any], i: int, k: int) -> list[str]:
     """Batch one env's infos into ``infos`` as Gymnasium's ``_add_info`` does (value array + ``_key`` mask):
     numbers and arrays in arrays of their dtype, nested dicts as dicts of the same; strings, None, lists and numpy
-    booleans as data (:func:`info_data`) in object arrays. Returns the keys of values that are none of these,
-    which are left out: only data leaves a worker."""
+    booleans as data (:func:`info_data`) in object arrays. Returns the keys of values that are none of these
+    (only data leaves a worker), or arrays of another shape than the key's first: they are left out."""
     left_out = []
     for key, value in info.items():
         if not isinstance(key, str | int) or (key in infos and isinstance(infos[key], dict) != isinstance(value, dict)):
@@ -413,6 +413,8 @@ def add_info(infos: dict[Any, Any], info: dict[Any, Any], i: int, k: int) -> lis
             if infos[key].shape[1:] == arr.shape:
                 infos[key][i] = arr
                 _mask(infos, key, k)[i] = True
+            else:  # Gymnasium's batch would fail here
+                left_out.append(str(key))
             continue
         try:
             data = info_data(value)

@@ -160,10 +160,11 @@ def _node(infos: dict[Any, Any], name: str) -> tuple[dict[Any, Any], Any]:
 
 
 def _say_left_out(keys: list[str] | None) -> None:
-    """Warn of infos a worker left out as not data (each worker names a key once; Python shows the warning once)."""
+    """Warn of infos a worker left out (each worker names a key once; Python shows the warning once)."""
     for key in keys or ():
-        warnings.warn(f"info {key!r} is not data (numbers, arrays, strings, None, lists or dicts of them) and cannot "
-                      "leave a worker: it is left out of infos", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"info {key!r} is left out of infos: a value that is not data (numbers, arrays, strings, None, "
+                      "lists or dicts of them) cannot leave a worker, nor an array of another shape than in the "
+                      "envs before", RuntimeWarning, stacklevel=2)
 
 
 def rollout_bound(obs_space: gym.spaces.Box, act_space: gym.spaces.Discrete | gym.spaces.Box, k: int, T: int) -> int:
