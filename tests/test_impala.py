@@ -38,6 +38,7 @@ def test_learns_cartpole_with_compressed_actors(tmp_path):
     assert s["bytes"]["weights"] > 0 and s["bytes"]["observations"] > 0
 
 
+@pytest.mark.slow  # ~40 s (two IMPALA runs): CI runs it in `make test-slow`; the default suite stays under 15 min
 def test_a_harmful_compression_is_noticed_and_backed_off(tmp_path):
     """No silent failure: actors pruned to 5 % of their neurons (no distillation) score far below the learner's
     sampling policy. The default Monitor's guard notices at two evaluations in a row, says so in the run's
