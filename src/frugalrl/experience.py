@@ -406,8 +406,8 @@ def add_info(infos: dict[Any, Any], info: dict[Any, Any], i: int, k: int) -> lis
             left_out += [f"{key}.{sub}" for sub in add_info(infos.setdefault(key, {}), value, i, k)]
             _mask(infos, key, k)[i] = True
             continue
-        if isinstance(value, bool | int | float | np.number | np.ndarray) and np.asarray(value).dtype != object:
-            arr = np.asarray(value)
+        arr = np.asarray(value) if isinstance(value, bool | int | float | np.number | np.ndarray) else None
+        if arr is not None and arr.dtype != object:
             if key not in infos:
                 infos[key] = np.zeros((k, *arr.shape), dtype=arr.dtype)
             if infos[key].shape[1:] == arr.shape:

@@ -136,10 +136,10 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
 def _put_infos(infos: dict[str, Any], reply: Message, prefix: str, base: int, k: int, n: int) -> None:
     """A reply's batched infos (``prefix/name`` arrays and ``meta[prefix]`` data, :meth:`EnvWorker._put_infos`)
     into the vector ``infos`` at envs ``base .. base + k - 1``, nested dicts rebuilt from the names' key paths."""
-    start = len(prefix) + 1
+    head = prefix + "/"
     for name, value in reply.arrays.items():
-        if name.startswith(prefix) and name[len(prefix)] == "/":
-            node, key = _node(infos, name[start:])
+        if name.startswith(head):
+            node, key = _node(infos, name[len(head):])
             if key not in node:
                 node[key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
             node[key][base : base + k] = value

@@ -26,6 +26,7 @@ env that raises) come back as an ``error`` message that the head turns into an e
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from typing import TYPE_CHECKING, Any
@@ -62,12 +63,14 @@ if TYPE_CHECKING:
 ONE_TORCH_THREAD = False
 
 
+@functools.cache
 def _torch() -> Any:
-    """torch, imported when a worker first needs a policy or its sampling generator. A worker that only steps
-    envs (the head chooses the actions) never does: its process starts sooner and holds much less memory."""
+    """torch, imported when a worker first needs a policy or its sampling generator (its threads set once). A
+    worker that only steps envs (the head chooses the actions) never does: its process starts sooner and holds
+    much less memory."""
     import torch
 
-    if ONE_TORCH_THREAD and torch.get_num_threads() != 1:
+    if ONE_TORCH_THREAD:
         torch.set_num_threads(1)
     return torch
 
@@ -157,20 +160,21 @@ class EnvWorker:
         runs in numpy (:mod:`frugalrl.npactor`), rebuilt whenever its weights change."""
         if self.policy is None:
             raise WorkerError(f"worker {self.index} has no policy yet: weights must be sent before acting")
-        torch = _torch()
-        from frugalrl import dists
-        from frugalrl.npactor import NumpyActor
-
         if self._np_of is not self.policy:  # a new policy object: its tensors, whose versions tell any change
             self._np_of, self._np_tensors = self.policy, list(itertools.chain(self.policy.parameters(),
                                                                                  self.policy.buffers()))
             self._np_held = None
         held = tuple(t._version for t in self._np_tensors)
         if held != self._np_held:
+            from frugalrl.npactor import NumpyActor
+
             self._np_held, self._np_actor = held, NumpyActor.of(self.policy)
-        if self._np_actor is not None:
+        if self._np_actor is not None:  # every step of a rollout: no import here
             np_params = self._np_actor.params(obs)
             return self._np_actor.sample(np_params, self.generator), np_params
+        torch = _torch()
+        from frugalrl import dists
+
         # inference_mode skips autograd's bookkeeping (version counters, views): same numbers, less time.
         with torch.inference_mode():
             params = self.policy.dist_params(torch.from_numpy(obs))
