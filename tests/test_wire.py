@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import struct
 import threading
 
@@ -496,3 +497,33 @@ def test_bytes_by_direction_are_the_summarys():
     assert split == {"up": {"observations": 40, "control": 3}, "down": {"weights": 100, "control": 5}}
     summary = meter.summary()
     assert (summary["up"], summary["down"]) == (split["up"], split["down"])
+
+
+def test_byte_meter_counts_as_if_each_message_were_added_at_once():
+    """Messages are tallied by their sizes and added up when read: any mix of reads, checkpoints and messages of
+    many sizes (more than the tally holds) reads as the plain sums."""
+    rng = random.Random(0)
+    m = ByteMeter()
+    by_kind: dict[str, int] = {}
+    per_worker: dict[str, dict[str, int]] = {}
+    for i in range(3 * ByteMeter.MAX_TALLY):
+        sizes = {"control": rng.randrange(3), "observations": rng.choice([0, 40, 41 + i])}
+        worker, direction = rng.choice([None, 0, 1]), rng.choice([UP, DOWN])
+        m.add_message(sizes, worker, direction)
+        for kind, n in sizes.items():
+            by_kind[kind] = by_kind.get(kind, 0) + n
+            if worker is not None:
+                per_worker.setdefault(str(worker), {}).setdefault(kind, 0)
+                per_worker[str(worker)][kind] += n
+        if i % 97 == 0:
+            assert m.total() == sum(by_kind.values())
+        if i == 400:
+            restored = ByteMeter()
+            restored.load_state_dict(json.loads(json.dumps(m.state_dict())))
+            assert restored.summary() == m.summary()
+    s = m.summary()
+    assert s["messages"] == 3 * ByteMeter.MAX_TALLY
+    assert {k: s[k] for k in by_kind} == by_kind and s["per_worker"] == per_worker
+    assert sum(s["up"].values()) + sum(s["down"].values()) == s["total"]
+    with pytest.raises(ValueError, match="negative byte count"):
+        m.add_message({"control": -1}, 0, UP)

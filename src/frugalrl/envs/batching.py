@@ -37,7 +37,7 @@ def check_actions(space: gym.spaces.Discrete | gym.spaces.Box, num_envs: int, ac
             )
         if arr.dtype.kind not in "iu":
             raise ValueError(f"actions for a Discrete action space must be integers, got dtype {arr.dtype}")
-        if (arr < space.start).any() or (arr >= space.start + space.n).any():
+        if arr.size and (arr.min() < space.start or arr.max() >= space.start + space.n):
             raise ValueError(f"actions out of range [{space.start}, {space.start + space.n}): {arr}")
         return arr.astype(np.int64)
     expected = (num_envs, *space.shape)
@@ -106,7 +106,8 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
         base = w * k
         a = reply.arrays
         _put_infos(infos, reply, "info", base, k, n)
-        _say_left_out(reply.meta.get("infos_left_out"))
+        if "infos_left_out" in reply.meta:
+            _say_left_out(reply.meta["infos_left_out"])
         if "ep_r" not in a:
             continue
         ended_here = np.flatnonzero(a["terminations"] | a["truncations"])

@@ -220,7 +220,7 @@ class EnvWorker:
         ``prefix/name`` arrays, data (strings, lists...) in the header as ``meta[prefix]`` (name -> env index ->
         value); keys left out as not data are named once, in ``meta["infos_left_out"]``, for the head to say so."""
         data: dict[str, dict[str, Any]] = {}
-        for path, arr in info_arrays(infos):
+        for path, arr in info_arrays(infos) if infos else ():
             name = info_name(path)
             if arr.dtype == object:
                 mask = info_parent(infos, path)[f"_{path[-1]}"]
@@ -229,8 +229,8 @@ class EnvWorker:
                 msg.arrays[f"{prefix}/{name}"] = arr
         if data:
             msg.meta[prefix] = data
-        new = self.group.left_out_infos - self._named_left_out
-        if new:
+        if len(self.group.left_out_infos) > len(self._named_left_out):  # the named ones are some of them
+            new = self.group.left_out_infos - self._named_left_out
             msg.meta["infos_left_out"] = sorted(new)
             self._named_left_out |= new
 

@@ -133,10 +133,12 @@ class WireCache:
 
 _PLAIN_META = (str, int, bool, float, type(None))
 _PLAIN_KEY = (str, int, bool, type(None))  # floats are left out: 0.0 == -0.0 but they encode differently
+_VARIABLE_CODECS = frozenset(_codecs.VARIABLE_CODECS)
 
 
 def shape_key(msg: Message) -> tuple | None:
-    """What a message's header is a function of, or None if the cache should not handle it."""
+    """What a message's header is a function of, or None if the cache should not handle it (called for every
+    message on a hot loop, hence the plain loops)."""
     if type(msg) is not Message or type(msg.op) is not str or type(msg.meta) is not dict:
         return None
     meta = []
@@ -145,19 +147,20 @@ def shape_key(msg: Message) -> tuple | None:
         if type(k) is not str or t not in _PLAIN_KEY:
             return None
         meta.append((k, t, v))
+    codecs, kinds = msg.codecs, msg.kinds
     arrays = []
     for name, arr in msg.arrays.items():
         if type(arr) is not np.ndarray or type(name) is not str:
             return None
-        arrays.append((name, arr.dtype.str, arr.shape, msg.codecs.get(name, "raw"), msg.kinds.get(name)))
-    if _variable(msg):
+        arrays.append((name, arr.dtype, arr.shape, codecs.get(name, "raw"), kinds.get(name)))  # equal dtypes: same str
+    if codecs and not _VARIABLE_CODECS.isdisjoint(codecs.values()):
         return None
     return (msg.op, tuple(meta), tuple(arrays))
 
 
 def _variable(msg: Message) -> bool:
     """True if an array of ``msg`` has a codec whose size depends on the data (its layout is not fixed)."""
-    return any(c in _codecs.VARIABLE_CODECS for c in msg.codecs.values())
+    return not _VARIABLE_CODECS.isdisjoint(msg.codecs.values())
 
 
 def _same_message(a: Message, b: Message) -> bool:

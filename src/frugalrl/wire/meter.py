@@ -38,12 +38,17 @@ class ByteMeter:
     1024
     """
 
+    MAX_TALLY = 256  # distinct (worker, direction, sizes) held before they are added up
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_kind: dict[str, int] = defaultdict(int)
         self._by_dir: dict[tuple[str, str], int] = defaultdict(int)
         self._by_worker: dict[tuple[int, str], int] = defaultdict(int)
         self._messages = 0
+        # Messages not yet added to the counters, by (worker, direction, sizes): a step's messages have the same
+        # sizes step after step, so recording one is a single dict update; the readers add them up first.
+        self._tally: dict[tuple[int | None, str, tuple[tuple[str, int], ...]], int] = {}
 
     def add(self, kind: str, nbytes: int, worker: int | None = None, direction: str = UP) -> None:
         """Record ``nbytes`` of ``kind`` moving in ``direction`` (to/from ``worker`` if known)."""
@@ -57,19 +62,33 @@ class ByteMeter:
 
     def add_message(self, sizes: dict[str, int], worker: int | None, direction: str) -> None:
         """Record one message whose encoded size split by kind is ``sizes``."""
-        if any(n < 0 for n in sizes.values()):
-            raise ValueError(f"negative byte count in {sizes}")
+        key = (worker, direction, tuple(sizes.items()))
         with self._lock:  # once per message: this runs on every step of every worker
-            self._messages += 1
-            for kind, n in sizes.items():
-                self._by_kind[kind] += n
-                self._by_dir[(direction, kind)] += n
+            count = self._tally.get(key)
+            if count is not None:
+                self._tally[key] = count + 1
+                return
+            if any(n < 0 for n in sizes.values()):
+                raise ValueError(f"negative byte count in {sizes}")
+            if len(self._tally) >= self.MAX_TALLY:
+                self._add_tally()
+            self._tally[key] = 1
+
+    def _add_tally(self) -> None:
+        """Add the tallied messages to the counters (the caller holds the lock)."""
+        for (worker, direction, sizes), count in self._tally.items():
+            self._messages += count
+            for kind, n in sizes:
+                self._by_kind[kind] += n * count
+                self._by_dir[(direction, kind)] += n * count
                 if worker is not None:
-                    self._by_worker[(worker, kind)] += n
+                    self._by_worker[(worker, kind)] += n * count
+        self._tally.clear()
 
     def by_kind(self) -> dict[str, int]:
         """Bytes per kind (every kind in :data:`KINDS` present, zero if unused)."""
         with self._lock:
+            self._add_tally()
             out = {k: 0 for k in KINDS}
             out.update(self._by_kind)
             return out
@@ -77,16 +96,19 @@ class ByteMeter:
     def total(self) -> int:
         """All bytes counted so far."""
         with self._lock:
+            self._add_tally()
             return sum(self._by_kind.values())
 
     def kind_total(self, kind: str) -> int:
         """Bytes counted for one kind."""
         with self._lock:
+            self._add_tally()
             return self._by_kind.get(kind, 0)
 
     def worker_bytes(self, worker: int, kind: str | None = None) -> int:
         """Bytes to and from ``worker`` (of one ``kind`` if given)."""
         with self._lock:
+            self._add_tally()
             if kind is not None:
                 return self._by_worker.get((worker, kind), 0)
             return sum(v for (w, _), v in self._by_worker.items() if w == worker)
@@ -94,6 +116,7 @@ class ByteMeter:
     def by_direction(self) -> dict[str, dict[str, int]]:
         """Bytes per kind in each direction: ``{"up": {kind: n, ...}, "down": {...}}`` (kinds seen so far)."""
         with self._lock:
+            self._add_tally()
             return {d: {k: v for (d_, k), v in self._by_dir.items() if d_ == d} for d in (UP, DOWN)}
 
     def summary(self) -> dict[str, Any]:
@@ -102,6 +125,7 @@ class ByteMeter:
         directions = self.by_direction()
         up, down = directions[UP], directions[DOWN]
         with self._lock:
+            self._add_tally()
             per_worker: dict[str, dict[str, int]] = defaultdict(dict)
             for (w, k), v in sorted(self._by_worker.items()):
                 per_worker[str(w)][k] = v
@@ -118,6 +142,7 @@ class ByteMeter:
     def state_dict(self) -> dict[str, Any]:
         """Every counter, as JSON (for checkpoints): :meth:`load_state_dict` continues counting from it."""
         with self._lock:
+            self._add_tally()
             return {
                 "by_kind": dict(self._by_kind),
                 "by_dir": [[d, k, v] for (d, k), v in self._by_dir.items()],
@@ -128,6 +153,7 @@ class ByteMeter:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace every counter by those of :meth:`state_dict`."""
         with self._lock:
+            self._add_tally()
             self._by_kind = defaultdict(int, {str(k): int(v) for k, v in state["by_kind"].items()})
             self._by_dir = defaultdict(int, {(str(d), str(k)): int(v) for d, k, v in state["by_dir"]})
             self._by_worker = defaultdict(int, {(int(w), str(k)): int(v) for w, k, v in state["by_worker"]})
@@ -136,6 +162,7 @@ class ByteMeter:
     def reset(self) -> None:
         """Forget everything counted so far."""
         with self._lock:
+            self._tally.clear()
             self._by_kind.clear()
             self._by_dir.clear()
             self._by_worker.clear()

@@ -38,6 +38,7 @@ from frugalrl.wire.message import (
 #: The first bytes of a note (a header whose arrays are in shared memory).
 MAGIC = b"SHR1"
 _ALIGN = 8
+_SMALL = 4096  # bytes: an array up to this size is written through a bytes copy
 _PLAIN = (str, int, bool, float, type(None))
 
 
@@ -81,8 +82,10 @@ class SharedFrames:
         if total > len(buf):
             return None
         for (offset, n), arr in zip(layout, msg.arrays.values(), strict=True):
-            if n:
+            if n > _SMALL:
                 buf[offset : offset + n] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
+            elif n:
+                buf[offset : offset + n] = arr.tobytes()  # a copy, but quicker than a view for a small array
         return note, dict(sizes)
 
     def read(self, note: bytes | memoryview, buf: Any) -> tuple[Message, dict[str, int]]:
@@ -96,9 +99,14 @@ class SharedFrames:
         op, meta, layout, msg_codecs, kinds, sizes, total = entry
         if total > len(buf):
             raise WireError(f"shared frame of {total} bytes does not fit the {len(buf)}-byte buffer")
-        data = np.frombuffer(buf, np.uint8, total).copy()  # one copy out of the buffer; the arrays are views of it
-        arrays = {name: data[offset : offset + dtype.itemsize * math.prod(shape)].view(dtype).reshape(shape)
-                  for name, dtype, shape, offset in layout}
+        if total <= _SMALL:  # bytes out, then arrays on a writable copy of them: quicker for a small frame
+            small = bytearray(buf[:total])
+            arrays = {name: np.frombuffer(small, dtype, math.prod(shape), offset).reshape(shape)
+                      for name, dtype, shape, offset in layout}
+        else:
+            data = np.frombuffer(buf, np.uint8, total).copy()  # one copy out of the buffer; the arrays are views of it
+            arrays = {name: data[offset : offset + dtype.itemsize * math.prod(shape)].view(dtype).reshape(shape)
+                      for name, dtype, shape, offset in layout}
         return Message(op, dict(meta), arrays, dict(msg_codecs), dict(kinds)), dict(sizes)
 
 

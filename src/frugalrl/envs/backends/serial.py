@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, build_worker
-from frugalrl.wire.cache import WireCache
-from frugalrl.wire.headers import HeaderBook, send_sizes
+from frugalrl.wire.cache import WireCache, shape_key
+from frugalrl.wire.headers import NUMBERED, HeaderBook, send_sizes
 from frugalrl.wire.message import Message
 from frugalrl.wire.meter import DOWN, UP, ByteMeter
 
@@ -31,6 +31,9 @@ class InProcessWorkers:
         self.posted: dict[int, tuple[Message, bool]] = {}  # worker -> (request, metered)
         self._wire = WireCache()
         self._books = {w: (HeaderBook(), HeaderBook()) for w in configs}  # down, up: as a link's two ends keep them
+        # Sizes as sent of the message shapes whose header a book has numbered (for good: numbers are never
+        # dropped), by (worker, direction, shape): such a message costs a lookup to meter.
+        self._numbered: dict[tuple[int, str, tuple], dict[str, int]] = {}
 
     def __contains__(self, worker: object) -> bool:
         return worker in self.configs
@@ -45,7 +48,7 @@ class InProcessWorkers:
         if worker in self.posted:
             raise RuntimeError(f"worker {worker} already has a request in flight")
         if meter:
-            self.meter.add_message(send_sizes(self._books[worker][0], *self._wire.sizes(msg))[1], worker, DOWN)
+            self._meter(worker, DOWN, msg)
         self.posted[worker] = (msg, meter)
 
     def answer(self, worker: int) -> Message:
@@ -53,8 +56,18 @@ class InProcessWorkers:
         msg, meter = self.posted.pop(worker)
         reply = self.workers[worker].handle(msg)
         if meter:
-            self.meter.add_message(send_sizes(self._books[worker][1], *self._wire.sizes(reply))[1], worker, UP)
+            self._meter(worker, UP, reply)
         return reply
+
+    def _meter(self, worker: int, direction: str, msg: Message) -> None:
+        """Count ``msg`` as the link's ``direction`` would carry it, its header numbered once the book has it."""
+        shape = shape_key(msg)
+        sent = None if shape is None else self._numbered.get((worker, direction, shape))
+        if sent is None:
+            short, sent = send_sizes(self._books[worker][direction == UP], *self._wire.sizes(msg))
+            if shape is not None and short is not None and short[:4] == NUMBERED and len(self._numbered) < 4096:
+                self._numbered[(worker, direction, shape)] = sent
+        self.meter.add_message(sent, worker, direction)
 
     def restart(self, worker: int) -> None:
         """Rebuild a worker in place (its posted request, if any, is forgotten)."""
@@ -64,6 +77,7 @@ class InProcessWorkers:
             old.close()
         self.workers[worker] = build_worker(self.configs[worker])
         self._books[worker] = (HeaderBook(), HeaderBook())
+        self._numbered = {key: sent for key, sent in self._numbered.items() if key[0] != worker}
 
     def close(self) -> None:
         """Close every env."""
