@@ -20,9 +20,10 @@ from frugalrl.rollout import Rollout
 from frugalrl.wire.message import Message
 
 
-def check_actions(space: gym.spaces.Discrete | gym.spaces.Box, num_envs: int, actions: Any) -> np.ndarray:
-    """``actions`` for ``num_envs`` envs with action space ``space``, as an array; ``ValueError`` naming what
-    is wrong (shape, dtype, range, NaN)."""
+def check_actions(space: gym.spaces.Discrete | gym.spaces.Box, num_envs: int, actions: Any,
+                  discrete_dtype: np.dtype | None = None) -> np.ndarray:
+    """``actions`` for ``num_envs`` envs with action space ``space``, as an array (Discrete ones in
+    ``discrete_dtype``, int64 by default); ``ValueError`` naming what is wrong (shape, dtype, range, NaN)."""
     try:
         arr = np.asarray(actions)
     except Exception as e:  # noqa: BLE001
@@ -39,7 +40,7 @@ def check_actions(space: gym.spaces.Discrete | gym.spaces.Box, num_envs: int, ac
             raise ValueError(f"actions for a Discrete action space must be integers, got dtype {arr.dtype}")
         if arr.size and (arr.min() < space.start or arr.max() >= space.start + space.n):
             raise ValueError(f"actions out of range [{space.start}, {space.start + space.n}): {arr}")
-        return arr.astype(np.int64)
+        return arr.astype(np.int64 if discrete_dtype is None else discrete_dtype)
     expected = (num_envs, *space.shape)
     if arr.shape != expected:
         raise ValueError(f"actions must have shape {expected} for this Box action space, got shape {arr.shape}")

@@ -189,6 +189,9 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             if isinstance(self.single_action_space, gym.spaces.Discrete)
             else None
         )
+        k = self.envs_per_worker  # a restarted worker's rows in a step (it reports its episodes as truncated)
+        self._no_rows = {"rewards": np.zeros(k), "terminations": np.zeros(k, dtype=bool),
+                         "truncations": np.zeros(k, dtype=bool)}
         self.observation_space = probed.observation_space
         self.action_space = probed.action_space
         self.autoreset_mode = mode
@@ -329,9 +332,9 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         if not self._act_batches.simple:  # leaf by leaf (frugalrl.envs.spaces)
             requests = self._act_batches.split(actions, "actions", "actions")
         else:
-            actions, k = check_actions(self.single_action_space, self.num_envs, actions), self.envs_per_worker
-            if self._action_wire_dtype is not None:
-                actions = actions.astype(self._action_wire_dtype)  # uint8 for most Discrete spaces
+            # Discrete actions in the smallest integer type that holds them (uint8 for most spaces)
+            actions = check_actions(self.single_action_space, self.num_envs, actions, self._action_wire_dtype)
+            k = self.envs_per_worker
             requests = {w: Message("step", {}, {"actions": actions[w * k : (w + 1) * k]}) for w in range(self.num_workers)}
         return lambda: self._finish_step(self._request_step(requests))
 
@@ -488,14 +491,12 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         n, k = self.num_envs, self.envs_per_worker
         assert self._obs is not None
         obs = self._obs_batches.update(self._obs, replies)
-        rewards = np.zeros(n, dtype=np.float64)
-        terms = np.zeros(n, dtype=bool)
-        truncs = np.zeros(n, dtype=bool)
-        for w, reply in replies.items():
-            sl = slice(w * k, (w + 1) * k)
-            rewards[sl] = reply.arrays["rewards"]
-            terms[sl] = reply.arrays["terminations"]
-            truncs[sl] = reply.arrays["truncations"]
+        # Each worker's rows in worker order (zeros for a restarted one): one concatenation per field.
+        rows = [replies[w].arrays if w in replies else self._no_rows for w in range(self.num_workers)]
+        rewards = np.concatenate([r["rewards"] for r in rows], dtype=np.float64)
+        terms = np.concatenate([r["terminations"] for r in rows], dtype=bool)
+        truncs = np.concatenate([r["truncations"] for r in rows], dtype=bool)
+        for reply in replies.values():
             self._note_codecs(reply)
         infos = merge_infos(replies, self.num_envs, self.envs_per_worker,
                             lambda m: self._obs_batches.values(m, "final_obs"),

@@ -100,11 +100,10 @@ class AsyncSteps:
         self._check_idle(workers)
         if self._obs is None:
             raise RuntimeError("call reset() or async_reset() before send()")
-        acts = check_actions(self.single_action_space, ids.size, actions)  # type: ignore[arg-type]
+        acts = check_actions(self.single_action_space, ids.size, actions,  # type: ignore[arg-type]
+                             self._action_wire_dtype)
         if order is not None:
             acts = acts[order]
-        if self._action_wire_dtype is not None:
-            acts = acts.astype(self._action_wire_dtype)
         self.backend.post({w: Message("step", {}, {"actions": acts[i * k : (i + 1) * k]})
                            for i, w in enumerate(workers)})
         self._in_flight.update(workers)

@@ -242,13 +242,10 @@ class Batches:
         """``current`` (None: nothing yet, every worker replied) with the envs of each replying worker replaced by
         its reply's values."""
         k = self.k
-        if self.simple:
-            if current is None:
-                return np.concatenate([replies[w].arrays[prefix] for w in range(len(replies))])
-            out = current.copy()
-            for w, reply in replies.items():
-                out[w * k : (w + 1) * k] = reply.arrays[prefix]
-            return out
+        if self.simple:  # one concatenation of each worker's rows, new or kept (in the dtype kept so far)
+            return np.concatenate([replies[w].arrays[prefix] if w in replies else current[w * k : (w + 1) * k]
+                                   for w in range(self.num_envs // k)],
+                                  dtype=None if current is None else current.dtype, casting="unsafe")
         parts = [from_message(replies[w], self.space, prefix) if w in replies
                  else take(self.space, current, w * k, (w + 1) * k) for w in range(self.num_envs // k)]
         return join(self.space, parts)
