@@ -49,6 +49,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vf-coef", type=float, default=0.5)
     p.add_argument("--max-grad-norm", type=float, default=0.5)
     p.add_argument("--sync-vector-env", action="store_true", help="use gym.vector.SyncVectorEnv instead")
+    p.add_argument("--inline-workers", type=int, default=None,
+                   help="ClusterEnv workers stepped in this process (default: ClusterEnv's own choice)")
     return p.parse_args()
 
 
@@ -94,7 +96,8 @@ def main() -> None:
         envs = gym.vector.SyncVectorEnv([lambda: gym.make(args.env_id) for _ in range(args.num_envs)])
     else:
         envs = frugalrl.ClusterEnv(args.env_id, num_workers=args.workers,
-                                   envs_per_worker=args.num_envs // args.workers, seed=args.seed)
+                                   envs_per_worker=args.num_envs // args.workers, seed=args.seed,
+                                   inline_workers=args.inline_workers)
     agent = Agent(envs)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
