@@ -107,8 +107,7 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
         base = w * k
         a = reply.arrays
         _put_infos(infos, reply, "info", base, k, n)
-        if "infos_left_out" in reply.meta:
-            _say_left_out(reply.meta["infos_left_out"])
+        _say_left_out(reply.meta.get("infos_left_out"))
         if "ep_r" not in a:
             continue
         ended_here = np.flatnonzero(a["terminations"] | a["truncations"])

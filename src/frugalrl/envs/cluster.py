@@ -189,9 +189,6 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             if isinstance(self.single_action_space, gym.spaces.Discrete)
             else None
         )
-        k = self.envs_per_worker  # a restarted worker's rows in a step (it reports its episodes as truncated)
-        self._no_rows = {"rewards": np.zeros(k), "terminations": np.zeros(k, dtype=bool),
-                         "truncations": np.zeros(k, dtype=bool)}
         self.observation_space = probed.observation_space
         self.action_space = probed.action_space
         self.autoreset_mode = mode
@@ -491,12 +488,14 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         n, k = self.num_envs, self.envs_per_worker
         assert self._obs is not None
         obs = self._obs_batches.update(self._obs, replies)
-        # Each worker's rows in worker order (zeros for a restarted one): one concatenation per field.
-        rows = [replies[w].arrays if w in replies else self._no_rows for w in range(self.num_workers)]
-        rewards = np.concatenate([r["rewards"] for r in rows], dtype=np.float64)
-        terms = np.concatenate([r["terminations"] for r in rows], dtype=bool)
-        truncs = np.concatenate([r["truncations"] for r in rows], dtype=bool)
-        for reply in replies.values():
+        rewards = np.zeros(n, dtype=np.float64)
+        terms = np.zeros(n, dtype=bool)
+        truncs = np.zeros(n, dtype=bool)
+        for w, reply in replies.items():
+            sl = slice(w * k, (w + 1) * k)
+            rewards[sl] = reply.arrays["rewards"]
+            terms[sl] = reply.arrays["terminations"]
+            truncs[sl] = reply.arrays["truncations"]
             self._note_codecs(reply)
         infos = merge_infos(replies, self.num_envs, self.envs_per_worker,
                             lambda m: self._obs_batches.values(m, "final_obs"),

@@ -99,14 +99,9 @@ class SharedFrames:
         op, meta, layout, msg_codecs, kinds, sizes, total = entry
         if total > len(buf):
             raise WireError(f"shared frame of {total} bytes does not fit the {len(buf)}-byte buffer")
-        if total <= _SMALL:  # bytes out, then arrays on a writable copy of them: quicker for a small frame
-            small = bytearray(buf[:total])
-            arrays = {name: np.frombuffer(small, dtype, math.prod(shape), offset).reshape(shape)
-                      for name, dtype, shape, offset in layout}
-        else:
-            data = np.frombuffer(buf, np.uint8, total).copy()  # one copy out of the buffer; the arrays are views of it
-            arrays = {name: data[offset : offset + dtype.itemsize * math.prod(shape)].view(dtype).reshape(shape)
-                      for name, dtype, shape, offset in layout}
+        data = np.frombuffer(buf, np.uint8, total).copy()  # one copy out of the buffer; the arrays are views of it
+        arrays = {name: data[offset : offset + dtype.itemsize * math.prod(shape)].view(dtype).reshape(shape)
+                  for name, dtype, shape, offset in layout}
         return Message(op, dict(meta), arrays, dict(msg_codecs), dict(kinds)), dict(sizes)
 
 
