@@ -20,7 +20,8 @@ worker count at which each saturates for links of 1, 10, 25 and 100 Gbit/s.
 a real worker's rate (``--pace worker``, the rate measured here) or a given one (env steps/s each, on cores of
 their own), each setting is first measured unpaced at two worker counts (``--calibrate``), and the model's seconds per
 iteration (rollout + update) from those runs are set against those measured at every worker count (see
-:func:`model_check`). Example::
+:func:`model_check`). ``--backend local --pace worker`` checks the same model, still fitted on emulated workers,
+against real worker processes (on a machine with a core for each). Example::
 
     python benchmarks/learner_capacity.py                      # → benchmarks/results/learner_capacity.json
     python benchmarks/learner_capacity.py --workers 1 8 64 --settings every-fp32 aaps-bf16
@@ -249,14 +250,21 @@ def model_check(calibration: list[dict[str, Any]], paced: dict[str, Any], rate: 
     from frugalrl.scale_model import predict
 
     first, second = calibration
+    updates = paced["env_steps"] / (paced["workers"] * K * T)
+    update_s = paced["update_us_per_step"] * 1e-6 * paced["env_steps"] / updates
     out: dict[str, Any] = {"calibration_workers": [first["workers"], second["workers"]],
-                           "measured_s_per_iter": paced["s_per_iter"]}
+                           "measured_s_per_iter": paced["s_per_iter"], "measured_update_s_per_iter": update_s,
+                           "measured_up_bytes_per_iter": sum(paced["bytes"]["up"].values()) / updates}
     for key, fig in (("model", _figures(first, rate, True).with_update_fit(_figures(second, rate, True))),
                      ("model_linear_update", _figures(first, rate, True)),
                      ("model_before", _figures(first, rate, False))):
         p = predict(fig, paced["workers"], None, overlap=overlap)
         out[key] = {"s_per_iter": p["s_per_iter"], "update_s": p["update_s"], "serve_s": p["serve_s"],
-                    "error": p["s_per_iter"] / paced["s_per_iter"] - 1}
+                    "error": p["s_per_iter"] / paced["s_per_iter"] - 1,
+                    "up_bytes_error": p["up_bytes_per_iter"] / out["measured_up_bytes_per_iter"] - 1}
+        if not overlap:  # an iteration is its rollout, then its update: each part's error on its own
+            out[key]["rollout_error"] = ((p["s_per_iter"] - p["update_s"]) / (paced["s_per_iter"] - update_s) - 1)
+            out[key]["update_error"] = p["update_s"] / update_s - 1
     return out
 
 
@@ -272,7 +280,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="local: real worker processes (on a small machine, few), to check the replayed bytes")
     ap.add_argument("--pace", default=None, metavar="RATE|worker",
                     help="emulated workers step at this many env steps/s each ('worker': a real worker's rate), and "
-                         "the scale model is checked against them (default: unpaced, they answer at once)")
+                         "the scale model is checked against them (default: unpaced, they answer at once); with "
+                         "--backend local only 'worker': the model is checked against real worker processes")
     ap.add_argument("--calibrate", nargs=2, type=int, default=[4, 16], metavar=("W1", "W2"),
                     help="with --pace: the two unpaced worker counts the model is fitted on (default: 4 16)")
     ap.add_argument("--out", default="learner_capacity")
@@ -281,8 +290,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rate = None if args.pace is None else float(args.pace)
         print(json.dumps(one(args.one[0], int(args.one[1]), args.updates, args.backend, rate)))
         return {}
-    if args.pace is not None and args.backend != "replay":
-        ap.error("--pace needs the replay backend")
+    if args.pace is not None and args.backend != "replay" and args.pace != "worker":
+        ap.error("--pace RATE needs the replay backend (real workers step at their own rate: --pace worker)")
     if args.settings is None:
         args.settings = [name for name, values in SETTINGS.items() if args.pace is not None or not values[-1]]
     t0 = time.time()
@@ -291,15 +300,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"a real worker: {worker_us:.1f} µs per env step ({K} {ENV} envs, numpy policy)", flush=True)
     pace = None if args.pace is None else 1e6 / worker_us if args.pace == "worker" else float(args.pace)
 
-    def run(setting: str, w: int, rate: float | None) -> dict[str, Any]:
+    def run(setting: str, w: int, rate: float | None, backend: str = args.backend) -> dict[str, Any]:
+        """One setting at ``w`` workers in a fresh interpreter; real workers (local) are never paced."""
+        paced = rate is not None and backend == "replay"
         cmd = [sys.executable, __file__, "--one", setting, str(w), "--updates", str(args.updates),
-               "--backend", args.backend, *([] if rate is None else ["--pace", repr(rate)])]
+               "--backend", backend, *(["--pace", repr(rate)] if paced else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     rows, calibrations = [], {}
     for setting in args.settings:
-        calibration = None if pace is None else [run(sequential_twin(setting), w, None) for w in args.calibrate]
+        # the model is fitted on unpaced emulated workers, whichever backend it is then checked against
+        calibration = None if pace is None else [run(sequential_twin(setting), w, None, "replay")
+                                                 for w in args.calibrate]
         if calibration is not None:
             calibrations[setting] = calibration
         for w in args.workers:
@@ -312,7 +325,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             check = "" if calibration is None else (
                 f" s/iter {row['s_per_iter']:.3f} model {row['model_check']['model']['error']:+.1%} "
                 f"(linear update {row['model_check']['model_linear_update']['error']:+.1%}, "
-                f"before {row['model_check']['model_before']['error']:+.1%})")
+                f"before {row['model_check']['model_before']['error']:+.1%}) "
+                f"up bytes {row['model_check']['model']['up_bytes_error']:+.1%}")
             print(f"{setting:16s} W={w:4d} serve {row['serve_us_per_step']:6.2f} µs/step "
                   f"({row['serve_vs_worker']:.3f} of a worker's) update {row['update_us_per_step']:6.1f} µs/step "
                   f"syncs {row['weight_syncs']:5d} down {row['model']['bytes_per_env_step']['down']:7.1f} B/step "

@@ -58,7 +58,7 @@ from tables_dpsgd import (  # noqa: E402
     t_lda_variants,
 )
 from tables_headline import t_headline  # noqa: E402
-from tables_scale import t_scale_model, t_scale_model_paced  # noqa: E402
+from tables_scale import t_scale_model, t_scale_model_paced, t_scale_model_parts  # noqa: E402
 
 __all__ = ["Cell", "Num", "Source", "Table", "cell_text", "cross", "join", "mean_std", "opt", "pm"]
 
@@ -412,8 +412,8 @@ def t_throughput(_: str) -> list[Table]:
     return [Table(["env steps/s", *envs], rows, [s.name], [s("machine", "command")], align="l" + "r" * len(envs))]
 
 
-def t_dropin_speed(_: str) -> list[Table]:
-    s = Source("dropin_speed")
+def t_dropin_speed(name: str) -> list[Table]:
+    s = Source(name)
     names = ("async", "step", "pool", "rollout", "floor")
     headers = ["AsyncVectorEnv (k per process)", "ClusterEnv step()", "send / recv", "rollout()",
                "floor (bare processes)"]
@@ -496,11 +496,13 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "family_defaults": t_family_defaults,
     "scale_model": t_scale_model,  # ARG: shaped_links.py's --out with several --workers
     "scale_model_paced": t_scale_model_paced,  # ARG: learner_capacity.py --pace's --out
+    "scale_model_parts": t_scale_model_parts,  # ARG: learner_capacity.py --backend local --pace worker's --out
 }
 DEFAULT_ARG = {"headline": "site", "aaps": "aaps_sweep", "pipeline_suite": "pipeline_suite", "dpsgd_speedup": "dpsgd_speedup_lda",
                "hsa2c_vs_sync": "hsa2c_vs_sync_defaults", "hsa2c_link": "hsa2c_link", "a2c_reference": "a2c_reference", "lda": "lda_baselines", "lda_seeds": "synthetic",
                "lda_variants": "large", "scale_model": "shaped_links_scale",
-               "scale_model_paced": "learner_capacity_paced"}
+               "scale_model_paced": "learner_capacity_paced", "scale_model_parts": "learner_capacity_local_16cores",
+               "dropin_speed": "dropin_speed"}
 
 
 def bench_tables(spec: str) -> list[Table]:

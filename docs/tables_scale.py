@@ -42,3 +42,21 @@ def t_scale_model_paced(arg: str) -> list[Table]:
     header = ["setting", "workers", "measured s/iter", "model", "error", "linear update", "error",
               "before (no serving, linear)", "error"]
     return [Table(header, rows, sources=[s.name], commands=[s.command()], align="llrrrrrrr")]
+
+
+def t_scale_model_parts(arg: str) -> list[Table]:
+    """The scale model against real worker processes (``learner_capacity.py --backend local --pace worker``): the
+    iteration's error split into its rollout (the workers' stepping and the head's serving) and its update."""
+    s = Source(arg)
+    rows: list[list[Cell]] = []
+    for i, r in enumerate(s("rows")):
+        c = ("rows", i, "model_check")
+        rows.append([[r["setting"]], [str(r["workers"])], [s.num("rows", i, "s_per_iter", fmt=".3f")],
+                     [s.num(*c, "model", "s_per_iter", fmt=".3f")], [s.num(*c, "model", "error", fmt="+.0%")],
+                     [s.num(*c, "model", "rollout_error", fmt="+.0%")],
+                     [s.num(*c, "measured_update_s_per_iter", fmt=".3f")],
+                     [s.num(*c, "model", "update_s", fmt=".3f")], [s.num(*c, "model", "update_error", fmt="+.0%")],
+                     [s.num(*c, "model", "up_bytes_error", fmt="+.1%")]])
+    header = ["setting", "workers", "measured s/iter", "model", "error", "rollout's error", "update s: measured",
+              "model", "error", "up bytes error"]
+    return [Table(header, rows, sources=[s.name], commands=[s.command()], align="ll" + "r" * 8)]
