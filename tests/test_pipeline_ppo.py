@@ -75,6 +75,24 @@ def test_a_split_policy_spec_rebuilds_it_under_its_old_name_too():
         assert isinstance(rebuilt, SplitPolicy) and torch.equal(rebuilt.dist_params(x), policy.dist_params(x))
 
 
+def test_small_grids_train_through_a_flattening_encoder_and_evaluate(tmp_path):
+    """MinAtar's 10×10×4 boolean planes are too small for the CNN: stage 0 runs its MLP on them flattened, with no
+    flag, and the saved policy rebuilds from its spec (a bool Box) for ``frugalrl eval``."""
+    pytest.importorskip("minatar")
+    from frugalrl.pipeline import load_policy
+
+    cfg = PipelinePPOConfig(env="MinAtar/Breakout-v1", num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1,
+                            total_timesteps=128, warmup_timesteps=64, run_dir=str(tmp_path), eval_episodes=1,
+                            eval_max_steps=50, **QUIET)
+    summary = train(cfg)
+    assert summary["bytes"]["gradients"] > 0
+    policy, _ = load_policy(summary["run_dir"])
+    obs, _ = gym.make("MinAtar/Breakout-v1").reset(seed=0)
+    assert obs.shape == (10, 10, 4) and obs.dtype == np.bool_
+    logits = policy.dist_params(torch.from_numpy(obs[None]))
+    assert logits.shape == (1, 3) and torch.isfinite(logits).all()
+
+
 @pytest.mark.parametrize("index", ["coo16", pytest.param("bitmask", marks=pytest.mark.slow)])
 def test_two_stage_carracing_bytes_equal_the_estimator(tmp_path, index):
     """A real two-process gloo run on CarRacing: dense warm start, then sparse; every byte predicted."""

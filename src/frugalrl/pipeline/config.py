@@ -29,8 +29,8 @@ class PipelinePPOConfig(NormConfig, PPOLossConfig, OptimConfig, RunConfig):
     """
 
     env: str = "frugalrl.envs.carracing:make_car_racing"
-    """Gymnasium id or 'module:function' env factory; observations (C, H, W) uint8 frames or flat vectors.
-    The default env has a preset (presets/pipeline_ppo.json): the paper's CarRacing settings."""
+    """Gymnasium id or 'module:function' env factory; observations uint8 frames (a CNN) or any other Box (an MLP on
+    it, flattened). The default env has a preset (presets/pipeline_ppo.json): the paper's CarRacing settings."""
     total_timesteps: int = 409_600
     """Env steps in all."""
     learning_rate: float = 1e-3

@@ -1,5 +1,5 @@
 """The split model of pipeline PPO: stage 0's encoder (:class:`PixelEncoder` for frames, :class:`VectorEncoder` for
-flat vectors), stage 1's :class:`Heads` on the cut features, and :class:`SplitPolicy`, both halves in one module to
+any other Box, flattened), stage 1's :class:`Heads` on the cut features, and :class:`SplitPolicy`, both halves in one module to
 act with outside the pipeline (``frugalrl eval``). Built from :mod:`frugalrl.nets`' layers.
 """
 
@@ -45,33 +45,34 @@ class PixelEncoder(nn.Module):
 
 
 class VectorEncoder(nn.Module):
-    """Stage 0's MLP of the split model for flat observations (tanh layers, as CleanRL's PPO trunk)."""
+    """Stage 0's MLP of the split model (tanh layers, as CleanRL's PPO trunk) on observations of ``obs_shape``,
+    flattened: vectors, and grids or frames too small for the CNN (MinAtar's 10×10 boolean planes)."""
 
-    def __init__(self, obs_dim: int, hidden: list[int] | tuple[int, ...], obs_norm: bool = False) -> None:
+    def __init__(self, obs_shape: tuple[int, ...], hidden: list[int] | tuple[int, ...], obs_norm: bool = False) -> None:
         super().__init__()
+        self.obs_ndim = len(obs_shape)
+        obs_dim = int(np.prod(obs_shape))
         layers, self.feature_dim = mlp_layers(obs_dim, hidden)
         self.net = nn.Sequential(*layers)
-        self.obs_norm = ObsNormalizer((int(obs_dim),)) if obs_norm else None
+        self.obs_norm = ObsNormalizer((obs_dim,)) if obs_norm else None
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Features of a batch of observations (normalised first with ``obs_norm``)."""
+        """Features of a batch of observations (flattened, then normalised with ``obs_norm``)."""
+        obs = obs.flatten(start_dim=obs.dim() - self.obs_ndim)
         return self.net(obs.float() if self.obs_norm is None else self.obs_norm(obs))
 
 
 def make_encoder(obs_space: gym.Space, hidden: list[int] | tuple[int, ...],
                  obs_norm: bool = False) -> PixelEncoder | VectorEncoder:
     """The encoder for ``obs_space``: the CNN for uint8 frames ((C, H, W) or (H, W, C): :func:`image_layout`), an MLP
-    for flat Box vectors (with an :class:`~frugalrl.normalize.ObsNormalizer` in front if ``obs_norm``; frames are
-    scaled, not normalised)."""
+    on any other Box, flattened (with an :class:`~frugalrl.normalize.ObsNormalizer` in front if ``obs_norm``; frames
+    are scaled, not normalised)."""
     if not isinstance(obs_space, gym.spaces.Box):
         raise ValueError(f"the split model needs a Box observation space, got {obs_space}")
     layout = image_layout(obs_space)
     if layout in ("frames", "frames_last"):
         return PixelEncoder(tuple(obs_space.shape), channels_last=layout == "frames_last")
-    if len(obs_space.shape) == 1:
-        return VectorEncoder(int(obs_space.shape[0]), list(hidden), obs_norm)
-    raise ValueError(f"the split model needs uint8 frames of at least 36x36 or flat vectors, got shape "
-                     f"{obs_space.shape} dtype {obs_space.dtype}")
+    return VectorEncoder(tuple(obs_space.shape), list(hidden), obs_norm)
 
 
 class Heads(nn.Module):
@@ -133,9 +134,10 @@ class SplitPolicy(ActorCritic):
     def __init__(self, obs_space: dict[str, Any], action: dict[str, Any], encoder_hidden: list[int],
                  head_hidden: int, obs_norm: bool = False) -> None:
         super().__init__()
-        dtype = np.dtype(obs_space["dtype"])
-        bound = 255 if dtype == np.uint8 else np.inf
-        space = gym.spaces.Box(0 if dtype == np.uint8 else -bound, bound, tuple(obs_space["shape"]), dtype=dtype)
+        dtype = np.dtype(obs_space["dtype"])  # the bounds only need to be valid: the encoder goes by shape and dtype
+        low, high = (0, 1) if dtype.kind == "b" else (
+            (np.iinfo(dtype).min, np.iinfo(dtype).max) if dtype.kind in "ui" else (-np.inf, np.inf))
+        space = gym.spaces.Box(low, high, tuple(obs_space["shape"]), dtype=dtype)
         self.encoder = make_encoder(space, encoder_hidden, obs_norm)
         self.heads = Heads(self.encoder.feature_dim, action, head_hidden)
         self.dist_kind = self.heads.dist_kind
