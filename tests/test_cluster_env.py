@@ -485,6 +485,27 @@ def test_infos_of_every_kind_are_laid_out_as_syncvectorenv_lays_them_out(closing
     ref.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_an_info_whose_dtype_differs_between_envs_takes_the_first_envs_as_syncvectorenv_does(closing, backend, mode):
+    """FrozenLake's ``prob`` is an int after a reset and a float after a slippery step: the vector env's first env
+    sets the array's dtype and the others are cast to it (Gymnasium's ``_add_info``). A worker holding a reset env
+    before a stepped one must not truncate the stepped one's 0.333 when the vector env's first env is a float."""
+    env = closing(ClusterEnv([lambda: gym.make("FrozenLake-v1")] * N, num_workers=W, backend=backend,
+                             autoreset_mode=mode, episode_statistics=False))
+    ref = SyncVectorEnv([lambda: gym.make("FrozenLake-v1")] * N, autoreset_mode=mode)
+    assert_same_infos(env.reset(seed=3)[1], ref.reset(seed=3)[1], "reset")
+    ref.action_space.seed(5)
+    mixed = 0
+    for t in range(120):
+        actions = ref.action_space.sample()
+        ours, theirs = env.step(actions)[4], ref.step(actions)[4]
+        assert_same_infos(ours, theirs, f"step {t}")
+        mixed += len({float(p) for p in theirs["prob"]}) > 1  # the case that needs the first env's dtype
+    ref.close()
+    assert mixed
+
+
 def test_an_info_that_is_not_data_is_left_out_and_named_once(closing):
     """An object in infos cannot leave a worker (nothing a worker sends is unpickled): it is left out, and each
     worker names the key once (a warning, which Python then shows once); every other info still arrives."""

@@ -50,6 +50,9 @@ class Stepped:
     episode_seconds: list[float]
     infos: dict[str, Any] = field(default_factory=dict)  # batched as Gymnasium does (with ``infos=True``)
     final_infos: dict[str, Any] = field(default_factory=dict)  # the ended steps' infos (same-step autoreset)
+    # by "infos" / "final_infos": key path -> the dtype of the first env's value, for arrays widened to hold a
+    # later env's value exactly (:func:`add_info`); whoever batches all the workers' envs casts to it
+    first_dtypes: dict[str, dict[tuple[Any, ...], np.dtype]] = field(default_factory=dict)
 
 
 class EnvGroup:
@@ -173,7 +176,7 @@ class EnvGroup:
                     info = self.reset(i)
                     reset_only.append(i)
                     if infos and info:
-                        self.left_out_infos.update(add_info(batched, info, i, k))
+                        step_infos[i] = info
                     continue
                 obs, r, te, tr, info = envs[i].step(actions[i])
                 if logs is not None:
@@ -216,16 +219,22 @@ class EnvGroup:
         out.episode_seconds = [round(now - float(self.ep_start[i]), 6) for i in ended]
         same_step = (autoreset or self.autoreset) == SAME_STEP
         finished = set(ended)
-        for i in step_infos:
-            into = out.final_infos if same_step and i in finished else batched
-            self.left_out_infos.update(add_info(into, step_infos[i], i, k))
-        for i in ended:
-            if same_step:
+        # Infos are batched in env order, as Gymnasium's _add_info: the first env with a key sets its array's dtype
+        # (an int from one env's reset info truncates a later env's float, as in SyncVectorEnv).
+        firsts: dict[tuple[Any, ...], np.dtype] = {}
+        final_firsts: dict[tuple[Any, ...], np.dtype] = {}
+        for i in sorted(finished.union(step_infos)) if same_step else step_infos:
+            if i in step_infos:  # its step's info (its final info where it ended), or its reset info
+                final = same_step and i in finished
+                self.left_out_infos.update(add_info(out.final_infos if final else batched, step_infos[i], i, k,
+                                                    final_firsts if final else firsts))
+            if same_step and i in finished:
                 info = self.reset(i)
                 if infos and info:
-                    self.left_out_infos.update(add_info(batched, info, i, k))
-            elif (autoreset or self.autoreset) == NEXT_STEP:
-                self.needs_reset[i] = True
+                    self.left_out_infos.update(add_info(batched, info, i, k, firsts))
+        out.first_dtypes = {name: d for name, d in (("infos", firsts), ("final_infos", final_firsts)) if d}
+        if (autoreset or self.autoreset) == NEXT_STEP:
+            self.needs_reset[ended] = True
         return out
 
 
@@ -392,24 +401,37 @@ def _float_row(values: list[Any]) -> np.ndarray | None:
     return row if row.ndim == 1 and np.isfinite(row).all() else None
 
 
-def add_info(infos: dict[Any, Any], info: dict[Any, Any], i: int, k: int) -> list[str]:
+def add_info(infos: dict[Any, Any], info: dict[Any, Any], i: int, k: int,
+             first_dtypes: dict[tuple[Any, ...], np.dtype] | None = None, path: tuple[Any, ...] = ()) -> list[str]:
     """Batch one env's infos into ``infos`` as Gymnasium's ``_add_info`` does (value array + ``_key`` mask):
     numbers and arrays in arrays of their dtype, nested dicts as dicts of the same; strings, None, lists and numpy
     booleans as data (:func:`info_data`) in object arrays. Returns the keys of values that are none of these
-    (only data leaves a worker), or arrays of another shape than the key's first: they are left out."""
+    (only data leaves a worker), or arrays of another shape than the key's first: they are left out.
+
+    The first env's value sets an array's dtype, and later ones are cast to it, as in Gymnasium; with
+    ``first_dtypes`` (a worker's, which holds some of the vector env's envs) an array is widened instead, so that
+    a value keeps what the vector env's first env may not truncate, and ``first_dtypes[path]`` keeps the dtype
+    that the first env set (FrozenLake's ``prob``: 1 from a reset, 0.333 from a step)."""
     left_out = []
     for key, value in info.items():
         if not isinstance(key, str | int) or (key in infos and isinstance(infos[key], dict) != isinstance(value, dict)):
             left_out.append(str(key))  # a key JSON cannot name, or one whose kind changed between envs
             continue
         if isinstance(value, dict):
-            left_out += [f"{key}.{sub}" for sub in add_info(infos.setdefault(key, {}), value, i, k)]
+            left_out += [f"{key}.{sub}" for sub in add_info(infos.setdefault(key, {}), value, i, k, first_dtypes,
+                                                            (*path, key))]
             _mask(infos, key, k)[i] = True
             continue
         arr = np.asarray(value) if isinstance(value, bool | int | float | np.number | np.ndarray) else None
         if arr is not None and arr.dtype != object:
-            if key not in infos:
+            held = infos.get(key)
+            if held is None:
                 infos[key] = np.zeros((k, *arr.shape), dtype=arr.dtype)
+            elif first_dtypes is not None and held.dtype != arr.dtype and held.dtype != object:
+                wider = np.result_type(held.dtype, arr.dtype)
+                if wider != held.dtype:
+                    first_dtypes.setdefault((*path, key), held.dtype)
+                    infos[key] = held.astype(wider)
             if infos[key].shape[1:] == arr.shape:
                 infos[key][i] = arr
                 _mask(infos, key, k)[i] = True

@@ -103,7 +103,8 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
     other than Box and Discrete) and infos."""
     n = num_envs
     infos: dict[str, Any] = {}
-    for w, reply in replies.items():
+    for w in sorted(replies):  # env order, whatever order the replies came in: the first env sets an info's dtype
+        reply = replies[w]
         base = w * k
         a = reply.arrays
         _put_infos(infos, reply, "info", base, k, n)
@@ -136,13 +137,17 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
 
 def _put_infos(infos: dict[str, Any], reply: Message, prefix: str, base: int, k: int, n: int) -> None:
     """A reply's batched infos (``prefix/name`` arrays and ``meta[prefix]`` data, :meth:`EnvWorker._put_infos`)
-    into the vector ``infos`` at envs ``base .. base + k - 1``, nested dicts rebuilt from the names' key paths."""
+    into the vector ``infos`` at envs ``base .. base + k - 1``, nested dicts rebuilt from the names' key paths. A new
+    array takes the dtype of the reply's first env (``meta[prefix + "_dtype"]`` where the worker widened it), and
+    later envs' values are cast to it, as Gymnasium batches them."""
     head = prefix + "/"
+    firsts = reply.meta.get(f"{prefix}_dtype") or {}
     for name, value in reply.arrays.items():
         if name.startswith(head):
             node, key = _node(infos, name[len(head):])
             if key not in node:
-                node[key] = np.zeros((n, *value.shape[1:]), dtype=value.dtype)
+                dtype = np.dtype(firsts[name[len(head):]]) if name[len(head):] in firsts else value.dtype
+                node[key] = np.zeros((n, *value.shape[1:]), dtype=dtype)
             node[key][base : base + k] = value
     for name, by_env in reply.meta.get(prefix, {}).items():
         node, key = _node(infos, name)

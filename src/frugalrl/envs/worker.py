@@ -207,18 +207,20 @@ class EnvWorker:
                 arrays["final_obs"] = np.stack(s.final_obs)
         reply = Message("step", {"version": self.version}, arrays)
         if s.ended and group.autoreset == SAME_STEP:
-            self._put_infos(reply, "finfo", s.final_infos)
-        self._put_infos(reply, "info", s.infos)
+            self._put_infos(reply, "finfo", s.final_infos, s.first_dtypes.get("final_infos"))
+        self._put_infos(reply, "info", s.infos, s.first_dtypes.get("infos"))
         if self._tree_obs:
             self._put_obs(reply, "obs", list(group.obs))
             if s.ended and group.autoreset == SAME_STEP:
                 self._put_obs(reply, "final_obs", s.final_obs)
         return reply
 
-    def _put_infos(self, msg: Message, prefix: str, infos: dict[str, Any]) -> None:
+    def _put_infos(self, msg: Message, prefix: str, infos: dict[str, Any],
+                   first_dtypes: dict[tuple[Any, ...], np.dtype] | None = None) -> None:
         """Batched infos into ``msg`` (:func:`info_name` names each array, nested ones by their path): numbers as
         ``prefix/name`` arrays, data (strings, lists...) in the header as ``meta[prefix]`` (name -> env index ->
-        value); keys left out as not data are named once, in ``meta["infos_left_out"]``, for the head to say so."""
+        value), the first env's dtype of an array widened for a later env's value as ``meta[prefix + "_dtype"]``;
+        keys left out as not data are named once, in ``meta["infos_left_out"]``, for the head to say so."""
         data: dict[str, dict[str, Any]] = {}
         for path, arr in info_arrays(infos) if infos else ():
             name = info_name(path)
@@ -229,6 +231,8 @@ class EnvWorker:
                 msg.arrays[f"{prefix}/{name}"] = arr
         if data:
             msg.meta[prefix] = data
+        if first_dtypes:
+            msg.meta[f"{prefix}_dtype"] = {info_name(path): dtype.str for path, dtype in first_dtypes.items()}
         if len(self.group.left_out_infos) > len(self._named_left_out):  # the named ones are some of them
             new = self.group.left_out_infos - self._named_left_out
             msg.meta["infos_left_out"] = sorted(new)
