@@ -117,6 +117,16 @@ def test_env_infos_and_reset_infos_like_dummy_vec_env(closing):
     assert venv.reset_infos == [{"start": 1}] * 3
 
 
+@pytest.mark.parametrize("backend", ["serial", "local"])
+def test_each_envs_info_keeps_its_own_dtype(backend, closing):
+    """FrozenLake's ``prob`` is an int after a reset and a float after a step. A Gymnasium vector env casts every
+    env's value to the first env's dtype (0.333 → 0 when env 0 just reset); SB3's envs each report their own,
+    and so does the adapter."""
+    venv = closing(make_sb3_vec_env("FrozenLake-v1", W, K, backend=backend))
+    ref = DummyVecEnv([lambda: Monitor(gym.make("FrozenLake-v1")) for _ in range(N)])
+    assert compare_with_dummy(venv, ref, steps=150, seed=7)["terminated"] >= 5
+
+
 def test_box_actions_like_dummy_vec_env(closing):
     venv = closing(make_sb3_vec_env("Pendulum-v1", 1, 2, backend="serial", env_kwargs={"max_episode_steps": 7}))
     ref = DummyVecEnv([lambda: Monitor(gym.make("Pendulum-v1", max_episode_steps=7)) for _ in range(2)])

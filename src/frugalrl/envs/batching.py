@@ -95,19 +95,21 @@ def reset_requests(num_envs: int, k: int, seed: Any, options: dict[str, Any] | N
 
 
 def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
-                final_obs: Callable[[Message], list[Any]] | None = None, same_step: bool = True) -> dict[str, Any]:
+                final_obs: Callable[[Message], list[Any]] | None = None, same_step: bool = True,
+                widen: bool = False) -> dict[str, Any]:
     """The workers' infos (``info/*``, episode statistics, final observations and infos) merged into one
     Gymnasium vector-env ``infos`` dict (value arrays with ``_key`` masks); worker ``w`` holds envs
     ``w·k .. w·k + k − 1``. A step reply with episode statistics lists them for the envs its flags say ended, in
     env order, and under ``same_step`` autoreset their final observations (``final_obs(reply)``: those of a space
-    other than Box and Discrete) and infos."""
+    other than Box and Discrete) and infos. An info whose dtype differs between envs takes the first env's, as
+    SyncVectorEnv casts it, or with ``widen`` one that holds every env's value."""
     n = num_envs
     infos: dict[str, Any] = {}
     for w in sorted(replies):  # env order, whatever order the replies came in: the first env sets an info's dtype
         reply = replies[w]
         base = w * k
         a = reply.arrays
-        _put_infos(infos, reply, "info", base, k, n)
+        _put_infos(infos, reply, "info", base, k, n, widen)
         _say_left_out(reply.meta.get("infos_left_out"))
         if "ep_r" not in a:
             continue
@@ -131,23 +133,26 @@ def merge_infos(replies: dict[int, Message], num_envs: int, k: int,
                 infos["final_obs"][base + int(i)] = finals[j]
                 infos["_final_obs"][base + int(i)] = True
                 infos["_final_info"][base + int(i)] = True
-            _put_infos(infos["final_info"], reply, "finfo", base, k, n)
+            _put_infos(infos["final_info"], reply, "finfo", base, k, n, widen)
     return infos
 
 
-def _put_infos(infos: dict[str, Any], reply: Message, prefix: str, base: int, k: int, n: int) -> None:
+def _put_infos(infos: dict[str, Any], reply: Message, prefix: str, base: int, k: int, n: int,
+               widen: bool = False) -> None:
     """A reply's batched infos (``prefix/name`` arrays and ``meta[prefix]`` data, :meth:`EnvWorker._put_infos`)
     into the vector ``infos`` at envs ``base .. base + k - 1``, nested dicts rebuilt from the names' key paths. A new
     array takes the dtype of the reply's first env (``meta[prefix + "_dtype"]`` where the worker widened it), and
-    later envs' values are cast to it, as Gymnasium batches them."""
+    later envs' values are cast to it, as Gymnasium batches them; with ``widen`` the array widens instead."""
     head = prefix + "/"
-    firsts = reply.meta.get(f"{prefix}_dtype") or {}
+    firsts = {} if widen else reply.meta.get(f"{prefix}_dtype") or {}
     for name, value in reply.arrays.items():
         if name.startswith(head):
             node, key = _node(infos, name[len(head):])
             if key not in node:
                 dtype = np.dtype(firsts[name[len(head):]]) if name[len(head):] in firsts else value.dtype
                 node[key] = np.zeros((n, *value.shape[1:]), dtype=dtype)
+            elif widen and node[key].dtype != value.dtype:
+                node[key] = node[key].astype(np.result_type(node[key].dtype, value.dtype))
             node[key][base : base + k] = value
     for name, by_env in reply.meta.get(prefix, {}).items():
         node, key = _node(infos, name)

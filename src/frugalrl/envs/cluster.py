@@ -24,7 +24,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -214,6 +214,9 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         self.backend_name = backend
         self.replayable = bool(replayable)
         self.episode_statistics = bool(episode_statistics)
+        # How an info key whose dtype differs between envs is batched: "first", the first env's dtype for all, as
+        # SyncVectorEnv casts them; "widest", one that holds every env's value (SB3VecEnv: per-env infos).
+        self.info_dtypes: Literal["first", "widest"] = "first"
 
         k = self.envs_per_worker
         configs = [
@@ -304,7 +307,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         def run() -> tuple[Any, dict]:
             replies = self._request(requests, on_failure=recover)
             self._obs = self._obs_batches.update(self._obs, replies)
-            return self._obs_batches.copy(self._obs), merge_infos(replies, self.num_envs, self.envs_per_worker)
+            return self._obs_batches.copy(self._obs), merge_infos(replies, self.num_envs, self.envs_per_worker,
+                                                                  widen=self.info_dtypes == "widest")
 
         return run
 
@@ -499,7 +503,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             self._note_codecs(reply)
         infos = merge_infos(replies, self.num_envs, self.envs_per_worker,
                             lambda m: self._obs_batches.values(m, "final_obs"),
-                            same_step=self.autoreset_mode == AutoresetMode.SAME_STEP)
+                            same_step=self.autoreset_mode == AutoresetMode.SAME_STEP,
+                            widen=self.info_dtypes == "widest")
         if not self.episode_statistics:  # SyncVectorEnv's exact layout (a RecordEpisodeStatistics may go on top)
             infos.pop("episode", None)
             infos.pop("_episode", None)

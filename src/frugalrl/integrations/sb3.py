@@ -150,6 +150,7 @@ class SB3VecEnv(VecEnv):
                 "make_sb3_vec_env(...) builds a suitable one."
             )
         self.cluster = cluster
+        cluster.info_dtypes = "widest"  # each env's info as it gave it, not cast to the first env's dtype
         self.record_episodes = bool(record_episodes)
         n = cluster.num_envs
         spec, fns = cluster.env_spec, cluster.env_spec.fns
