@@ -50,9 +50,10 @@ class Stepped:
     episode_seconds: list[float]
     infos: dict[str, Any] = field(default_factory=dict)  # batched as Gymnasium does (with ``infos=True``)
     final_infos: dict[str, Any] = field(default_factory=dict)  # the ended steps' infos (same-step autoreset)
-    # by "infos" / "final_infos": key path -> the dtype of the first env's value, for arrays widened to hold a
+    # key path -> the dtype of the first env's value, for arrays of ``infos`` / ``final_infos`` widened to hold a
     # later env's value exactly (:func:`add_info`); whoever batches all the workers' envs casts to it
-    first_dtypes: dict[str, dict[tuple[Any, ...], np.dtype]] = field(default_factory=dict)
+    info_dtypes: dict[tuple[Any, ...], np.dtype] = field(default_factory=dict)
+    final_info_dtypes: dict[tuple[Any, ...], np.dtype] = field(default_factory=dict)
 
 
 class EnvGroup:
@@ -221,18 +222,15 @@ class EnvGroup:
         finished = set(ended)
         # Infos are batched in env order, as Gymnasium's _add_info: the first env with a key sets its array's dtype
         # (an int from one env's reset info truncates a later env's float, as in SyncVectorEnv).
-        firsts: dict[tuple[Any, ...], np.dtype] = {}
-        final_firsts: dict[tuple[Any, ...], np.dtype] = {}
         for i in sorted(finished.union(step_infos)) if same_step else step_infos:
             if i in step_infos:  # its step's info (its final info where it ended), or its reset info
                 final = same_step and i in finished
                 self.left_out_infos.update(add_info(out.final_infos if final else batched, step_infos[i], i, k,
-                                                    final_firsts if final else firsts))
+                                                    out.final_info_dtypes if final else out.info_dtypes))
             if same_step and i in finished:
                 info = self.reset(i)
                 if infos and info:
-                    self.left_out_infos.update(add_info(batched, info, i, k, firsts))
-        out.first_dtypes = {name: d for name, d in (("infos", firsts), ("final_infos", final_firsts)) if d}
+                    self.left_out_infos.update(add_info(batched, info, i, k, out.info_dtypes))
         if (autoreset or self.autoreset) == NEXT_STEP:
             self.needs_reset[ended] = True
         return out
@@ -427,11 +425,10 @@ def add_info(infos: dict[Any, Any], info: dict[Any, Any], i: int, k: int,
             held = infos.get(key)
             if held is None:
                 infos[key] = np.zeros((k, *arr.shape), dtype=arr.dtype)
-            elif first_dtypes is not None and held.dtype != arr.dtype and held.dtype != object:
-                wider = np.result_type(held.dtype, arr.dtype)
-                if wider != held.dtype:
+            elif first_dtypes is not None and held.dtype != object:
+                infos[key] = widened(held, arr.dtype)
+                if infos[key] is not held:
                     first_dtypes.setdefault((*path, key), held.dtype)
-                    infos[key] = held.astype(wider)
             if infos[key].shape[1:] == arr.shape:
                 infos[key][i] = arr
                 _mask(infos, key, k)[i] = True
@@ -449,6 +446,12 @@ def add_info(infos: dict[Any, Any], info: dict[Any, Any], i: int, k: int,
             infos[key][i] = data
             _mask(infos, key, k)[i] = True
     return left_out
+
+
+def widened(held: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``held`` itself where its dtype holds ``dtype``'s values exactly, else a copy in the smallest one that does."""
+    wider = np.result_type(held.dtype, dtype)
+    return held if wider == held.dtype else held.astype(wider)
 
 
 def _mask(infos: dict[Any, Any], key: str | int, k: int) -> np.ndarray:

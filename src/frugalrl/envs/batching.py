@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from frugalrl.dists import DistKind
-from frugalrl.experience import info_path, space_shape
+from frugalrl.experience import info_path, space_shape, widened
 from frugalrl.rollout import Rollout
 from frugalrl.wire.message import Message
 
@@ -147,12 +147,12 @@ def _put_infos(infos: dict[str, Any], reply: Message, prefix: str, base: int, k:
     firsts = {} if widen else reply.meta.get(f"{prefix}_dtype") or {}
     for name, value in reply.arrays.items():
         if name.startswith(head):
-            node, key = _node(infos, name[len(head):])
+            sub = name[len(head):]
+            node, key = _node(infos, sub)
             if key not in node:
-                dtype = np.dtype(firsts[name[len(head):]]) if name[len(head):] in firsts else value.dtype
-                node[key] = np.zeros((n, *value.shape[1:]), dtype=dtype)
-            elif widen and node[key].dtype != value.dtype:
-                node[key] = node[key].astype(np.result_type(node[key].dtype, value.dtype))
+                node[key] = np.zeros((n, *value.shape[1:]), dtype=np.dtype(firsts.get(sub, value.dtype)))
+            elif widen:
+                node[key] = widened(node[key], value.dtype)
             node[key][base : base + k] = value
     for name, by_env in reply.meta.get(prefix, {}).items():
         node, key = _node(infos, name)

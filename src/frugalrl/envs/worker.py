@@ -207,8 +207,8 @@ class EnvWorker:
                 arrays["final_obs"] = np.stack(s.final_obs)
         reply = Message("step", {"version": self.version}, arrays)
         if s.ended and group.autoreset == SAME_STEP:
-            self._put_infos(reply, "finfo", s.final_infos, s.first_dtypes.get("final_infos"))
-        self._put_infos(reply, "info", s.infos, s.first_dtypes.get("infos"))
+            self._put_infos(reply, "finfo", s.final_infos, s.final_info_dtypes)
+        self._put_infos(reply, "info", s.infos, s.info_dtypes)
         if self._tree_obs:
             self._put_obs(reply, "obs", list(group.obs))
             if s.ended and group.autoreset == SAME_STEP:

@@ -1,6 +1,6 @@
 """The split model of pipeline PPO: stage 0's encoder (:class:`PixelEncoder` for frames, :class:`VectorEncoder` for
-any other Box, flattened), stage 1's :class:`Heads` on the cut features, and :class:`SplitPolicy`, both halves in one module to
-act with outside the pipeline (``frugalrl eval``). Built from :mod:`frugalrl.nets`' layers.
+any other Box, flattened), stage 1's :class:`Heads` on the cut features, and :class:`SplitPolicy`, both halves in
+one module to act with outside the pipeline (``frugalrl eval``). Built from :mod:`frugalrl.nets`' layers.
 """
 
 from __future__ import annotations

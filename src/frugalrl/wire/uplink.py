@@ -148,15 +148,15 @@ class UplinkCodecs:
                 probe = self.probes[name] = _Probe(candidates=candidates)
             if probe_now or fresh:  # the smallest candidate, timed by the faster of two encodings (the first may pay setup)
                 measured = []
-                for order, candidate in enumerate(candidates):
+                for candidate in candidates:
                     times = []
                     for _ in range(2):
                         started = time.perf_counter()
                         size = len(_codecs.encode(arr, candidate))
                         times.append(time.perf_counter() - started)
-                    measured.append((size, order, min(times), candidate))
-                # equal sizes: the first candidate (the plain codec), not whichever the clock favoured this time
-                size, _, probe.seconds, probe.codec = min(measured)
+                    measured.append((size, min(times), candidate))
+                # by size alone: of equal sizes the first (the plain codec), not whichever the clock favoured this time
+                size, probe.seconds, probe.codec = min(measured, key=lambda m: m[0])
                 probe.saved = arr.nbytes - size
                 link_s = probe.saved * 8 / (opt.link_mbps * 1e6)
                 probe.on = probe.saved > 0 and 2 * probe.seconds < link_s
