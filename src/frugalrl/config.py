@@ -257,11 +257,13 @@ class ClusterConfig(ConfigPart):
     always replaced."""
     inline_workers: int | None = None
     """Local backend: how many workers run in the learner's process (stepped while the other workers step theirs;
-    their envs share its fate: no isolation, memory limit or timeout). None: as many as keep the worker processes
-    fewer than the cores; 0: every worker in a process of its own."""
+    their envs share its fate: no isolation or timeout; they move to processes once the learner has grown by
+    worker_memory_mb). None: as many as keep the worker processes fewer than the cores; 0: every worker in a
+    process of its own."""
     worker_memory_mb: float | None = 2048.0
     """A worker process over this resident memory (MB) is replaced between two rollouts, its envs starting new
-    episodes, so that an env that leaks cannot take a long run down (local backend; None: never)."""
+    episodes, so that an env that leaks cannot take a long run down (local backend; inline workers move to
+    processes once the learner has grown by this much; None: never)."""
 
     if typing.TYPE_CHECKING:  # RunConfig's, which every config with a ClusterConfig also has
         total_timesteps: int

@@ -82,8 +82,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         env: a Gymnasium id (``"CartPole-v1"``), a ``"module:function"`` factory path, a callable
             returning a ``gymnasium.Env``, or an :class:`~frugalrl.envs.spec.EnvSpec`.
         num_workers: worker processes (or in-process workers for ``backend="serial"``).
-        inline_workers: ``backend="local"``: workers run in this process while the others step theirs (no isolation,
-            timeout or memory limit for them). None: as many as keep the worker processes fewer than the cores.
+        inline_workers: ``backend="local"``: workers run in this process while the others step theirs (no isolation
+            or timeout for them). None: as many as keep the worker processes fewer than the cores.
         envs_per_worker: environments stepped by each worker.
         backend: ``"local"`` (processes), ``"serial"`` (in-process reference), ``"ray"`` (Ray actors on a Ray
             cluster; ``pip install 'frugalrl[ray]'``) or ``"replay"`` (a load generator, :mod:`~.backends.replay`).
@@ -100,9 +100,9 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             behaviour stream holds, the link rate ``auto`` assumes); see :mod:`frugalrl.wire.uplink`.
         worker_timeout: seconds without a reply after which a worker is declared dead.
         check_finite: raise on NaN/inf observations or rewards.
-        worker_memory_mb: a worker process whose resident memory exceeds this (MB) is replaced at the start of
-            a rollout, its envs starting new episodes (a leaking env cannot take a long run down); checked on
-            this machine's workers (local backend) at most every 10 s; None: never.
+        worker_memory_mb: a worker process over this resident memory (MB) is replaced at the start of a rollout,
+            its envs starting new episodes (local backend, checked every 10 s at most); inline workers move to
+            processes once this process has grown by as much; None: never.
         crash_loop_tries: how many times in a row a worker that dies before completing a request is replaced
             (after 0, 0.25, 0.5, ... up to 4 s) before :class:`~frugalrl.envs.restarts.WorkersFailed`; one that
             dies after useful work is always replaced (:mod:`frugalrl.envs.restarts`).
@@ -211,6 +211,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         self.worker_memory_mb = worker_memory_mb
         self.recycle_events: list[dict[str, Any]] = []
         self._memory_checked = 0.0  # time.monotonic() of the last check
+        self._head_rss_base: float | None = None  # this process's memory at the first check (inline workers)
         self.backend_name = backend
         self.replayable = bool(replayable)
         self.episode_statistics = bool(episode_statistics)

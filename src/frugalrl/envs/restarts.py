@@ -14,11 +14,13 @@ deaths and are never retried.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from frugalrl.envs.backends.base import Backend, WorkerStartFailed
+from frugalrl.process import resident_mb
 from frugalrl.wire.message import Message
 
 if TYPE_CHECKING:
@@ -101,7 +103,9 @@ class Replacements:
     recycle_events: list[dict[str, Any]]
     worker_memory_mb: float | None
     policies: PolicySync
+    inline_workers: int
     _memory_checked: float
+    _head_rss_base: float | None
 
     if TYPE_CHECKING:  # ClusterEnv's methods, declared for the type checker only
         def close(self, **kwargs: Any) -> None: ...
@@ -146,3 +150,32 @@ class Replacements:
             self.policies.forget(w)
             self._reset_worker(w, seed=None)
             self.recycle_events.append({"worker": w, "rss_mb": round(rss, 1), "time": time.time()})
+        if self.backend.inline_ids():
+            self._move_out_if_head_grew()
+
+    def _move_out_if_head_grew(self) -> None:
+        """Inline workers have no process whose memory tells their envs' leaks apart: once this process has grown
+        by ``worker_memory_mb`` since its first check, they move to processes of their own, where the bound
+        applies to each (a leaking env stops growing the learner; what it leaked here stays)."""
+        rss = resident_mb(os.getpid())
+        if rss is None:
+            return
+        if self._head_rss_base is None:
+            self._head_rss_base = rss
+            return
+        grown = rss - self._head_rss_base
+        assert self.worker_memory_mb is not None, "checked by the caller"
+        if grown <= self.worker_memory_mb:
+            return
+        inline = self.backend.inline_ids()
+        log.warning("frugalrl: this process grew by %.0f MB (over worker_memory_mb=%.0f) while it ran worker(s) %s "
+                    "inline; moving them to processes of their own", grown, self.worker_memory_mb, inline)
+        for w in inline:
+            try:
+                self.backend.move_out(w)
+            except WorkerStartFailed as e:
+                self._restart(w, str(e))  # as a recycled worker that dies while starting
+            self.policies.forget(w)
+            self._reset_worker(w, seed=None)
+            self.recycle_events.append({"worker": w, "rss_mb": round(rss, 1), "inline": True, "time": time.time()})
+        self.inline_workers = len(self.backend.inline_ids())

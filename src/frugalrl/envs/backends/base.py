@@ -189,6 +189,16 @@ class Backend(ABC):
         """Replace worker ``worker`` by a fresh one built from the same config; :class:`WorkerStartFailed` if the
         new one dies or hangs while starting (the backend stays usable)."""
 
+    def inline_ids(self) -> list[int]:
+        """The workers that run in this process while others run in processes of their own (which
+        :meth:`move_out` can move there too)."""
+        return []
+
+    def move_out(self, worker: int) -> None:
+        """Run inline worker ``worker`` in a process of its own from now on, built afresh (its envs start anew);
+        :class:`WorkerStartFailed` if that process dies or hangs while starting."""
+        raise ValueError(f"worker {worker} does not run inline on the {self.name} backend")
+
     def reserve(self, up_bytes: int, down_bytes: int) -> None:  # noqa: B027 - optional hook
         """Hint the largest reply (``up``) and request (``down``) expected next; transports may pre-allocate."""
 

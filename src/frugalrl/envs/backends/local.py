@@ -307,11 +307,25 @@ class LocalBackend(Backend):
             self.inline.restart(worker)
             return
         self._stop(worker, grace=0.0)
+        self._start_process(worker, "after a restart")
+
+    def inline_ids(self) -> list[int]:
+        """The workers that run in this process (``inline``)."""
+        return sorted(self.inline.configs)
+
+    def move_out(self, worker: int) -> None:
+        """Close inline worker ``worker``'s envs here and start it in a process of its own (a fresh worker)."""
+        if worker not in self.inline:
+            raise ValueError(f"worker {worker} does not run inline")
+        self.inline.remove(worker)
+        self._start_process(worker, "after leaving the head's process")
+
+    def _start_process(self, worker: int, when: str) -> None:
         self._spawn(worker)
         self._await_ready(worker)
         if not self._attach(worker):
             self._child(worker).kill()
-            raise WorkerStartFailed(f"worker {worker} died while attaching shared memory after a restart")
+            raise WorkerStartFailed(f"worker {worker} died while attaching shared memory {when}")
 
     def close(self) -> None:
         """Ask every worker to exit, kill the ones that do not, free the shared memory."""

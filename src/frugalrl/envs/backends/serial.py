@@ -79,6 +79,15 @@ class InProcessWorkers:
         self._books[worker] = (HeaderBook(), HeaderBook())
         self._numbered = {key: sent for key, sent in self._numbered.items() if key[0] != worker}
 
+    def remove(self, worker: int) -> None:
+        """Close ``worker``'s envs and forget it (its posted request too): it runs elsewhere from now on."""
+        self.posted.pop(worker, None)
+        old = self.workers.pop(worker, None)
+        if old is not None:
+            old.close()
+        del self.configs[worker], self._books[worker]
+        self._numbered = {key: sent for key, sent in self._numbered.items() if key[0] != worker}
+
     def close(self) -> None:
         """Close every env."""
         self.posted.clear()
