@@ -179,11 +179,14 @@ class RewardGap:
 class Monitor:
     """Computes the indicators every ``every`` steps, runs the strategies and records what changed.
 
-    ``history`` holds one dict per check (``step`` and every indicator); ``events`` one dict per
+    ``history`` holds one dict per check (``step`` and every indicator), the last :attr:`HISTORY` of them (a
+    days-long run checks millions of times; ``metrics.jsonl`` keeps every one); ``events`` one dict per
     strategy change (``step``, ``strategy``, ``change`` and the triggering ``indicators``). Each change
     is also logged at INFO level on the ``"frugalrl.monitor"`` logger. Episode returns passed to
     :meth:`observe` are always recorded, also on steps where no check runs.
     """
+
+    HISTORY = 1000
 
     def __init__(self, strategies: Sequence[Strategy], every: int = 1, reward_window: int = 10):
         if int(every) < 1:
@@ -191,7 +194,7 @@ class Monitor:
         self.strategies = list(strategies)
         self.every = int(every)
         self.reward_gap = RewardGap(window=reward_window)
-        self.history: list[dict[str, Any]] = []
+        self.history: deque[dict[str, Any]] = deque(maxlen=self.HISTORY)
         self.events: list[dict[str, Any]] = []
         self._last_step: int | None = None
 

@@ -15,7 +15,9 @@ syncs over env steps, and the KL of AAPS runs against each run's δ; each run is
 ``config.json`` keys whose values differ between the runs (or by its directory name).
 
 Every figure is drawn from what the run's files hold (``metrics.jsonl``, ``summary.json``,
-``config.json``): a figure whose data is missing is skipped, not an error.
+``config.json``): a figure whose data is missing is skipped, not an error. A run of more than 20,000 metrics rows
+is drawn from every k-th row, every evaluation and the last row (:func:`~frugalrl.runs.read_metrics_thinned`):
+"update by update" then means over k updates.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from frugalrl.runs import read_metrics  # noqa: E402
+from frugalrl.runs import read_metrics_thinned  # noqa: E402
 
 KL_MEAN = "syncs/kl_mean"
 """Mean over the workers of the last AAPS KL estimate (a metrics column of ClusterEnv runs)."""
@@ -140,7 +142,7 @@ def make_plots(run_dir: str | Path, out_dir: str | Path | None = None) -> list[P
     run_dir = Path(run_dir)
     out = run_dir / "plots" if out_dir is None else Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = read_metrics(run_dir)
+    rows = read_metrics_thinned(run_dir)
     summary = _read_json(run_dir / "summary.json")
     config = _read_json(run_dir / "config.json")
     written: list[Path] = []
@@ -358,7 +360,7 @@ def make_overlay(run_dirs: Sequence[str | Path], out_path: str | Path,
         raise ValueError(f"{len(labels)} labels for {len(dirs)} runs")
     runs: list[tuple[list[dict[str, Any]], float | None]] = []  # (metrics rows, δ of an AAPS run)
     for d, config in zip(dirs, configs, strict=True):
-        runs.append((read_metrics(d), aaps_delta(config, _read_json(d / "summary.json"))))
+        runs.append((read_metrics_thinned(d), aaps_delta(config, _read_json(d / "summary.json"))))
     if not any(rows for rows, _ in runs):
         raise ValueError("none of the runs has metrics (metrics.jsonl): " + ", ".join(str(d) for d in dirs))
 

@@ -126,7 +126,12 @@ def write_atomic(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable."""
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
@@ -160,8 +165,7 @@ class RunDirectory:
             write_json(self.dir / "config.json", {**config, "_meta": meta})
             self._metrics = open(self.dir / "metrics.jsonl", "w")  # noqa: SIM115 - closed in close()
         else:
-            rows = [r for r in read_metrics(self.dir) if r["step"] <= resume_step]
-            write_atomic(self.dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+            keep_metrics_to(self.dir / "metrics.jsonl", resume_step)
             self._metrics = open(self.dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
         self._tb = None
         if tensorboard:
@@ -236,6 +240,66 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
     return json.loads(path.read_text())
+
+
+def _row_step(line: str) -> int:
+    """The ``step`` of one metrics line, read without parsing the row where it comes first (as
+    :meth:`RunDirectory.log` writes it)."""
+    if line.startswith('{"step": '):
+        end = line.find(",", 9)
+        if end > 9 and line[9:end].isdigit():
+            return int(line[9:end])
+    return int(json.loads(line)["step"])
+
+
+def keep_metrics_to(path: Path, step: int) -> None:
+    """Keep the rows of ``metrics.jsonl`` at ``path`` up to env step ``step`` (a torn last line dropped), line by line
+    into a new file that replaces it: a resumed days-long run's file is gigabytes, never read into memory."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        if path.exists():
+            with open(path, encoding="utf-8") as rows:
+                for line in rows:
+                    if not line.endswith("\n"):  # a row is written with its newline: only a kill tears one
+                        break
+                    if line.strip() and _row_step(line) <= step:
+                        out.write(line)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def read_metrics_thinned(run_dir: str | Path, max_rows: int = 20_000) -> list[dict[str, Any]]:
+    """About ``max_rows`` rows of ``metrics.jsonl`` at most, evenly spread over the run, with every evaluation row
+    and the last row: what plots draw of a days-long run (millions of rows) without reading it into memory."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    kept: list[tuple[int, dict[str, Any]]] = []  # (line number, row): every stride-th training row
+    evals: list[tuple[int, dict[str, Any]]] = []
+    stride, seen, last = 1, 0, (-1, "")
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            if not line.endswith("\n"):  # the last line: torn by a kill, unless it parses
+                try:
+                    json.loads(line)
+                except json.JSONDecodeError:
+                    break
+            is_eval = '"eval/' in line
+            if not is_eval:
+                last, seen = (i, line), seen + 1
+                if (seen - 1) % stride:
+                    continue
+            row = json.loads(line)
+            (evals if is_eval else kept).append((i, row))
+            if len(kept) > max_rows:  # every other one goes; from now on every (2 × stride)-th row is kept
+                kept, stride = kept[::2], stride * 2
+    if last[0] >= 0 and (not kept or kept[-1][0] != last[0]):
+        kept.append((last[0], json.loads(last[1])))
+    return [row for _, row in sorted(kept + evals, key=lambda pair: pair[0])]
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ import itertools
 import json
 import logging
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -366,8 +367,10 @@ class StallWatch:
     def __init__(self, window: int = 10, min_lag: float = 10.0) -> None:
         self.window = int(window)
         self.min_lag = float(min_lag)
-        self.lags: list[float] = []
-        self.returns: list[float | None] = []
+        # The last 2 × window updates (all that a stall is judged on: a days-long run's updates are millions).
+        self.lags: deque[float] = deque(maxlen=2 * self.window)
+        self.returns: deque[float | None] = deque(maxlen=2 * self.window)
+        self.updates = 0
         self.stalled = False
         self.events: list[dict[str, Any]] = []
         self.rule = ""  # the sync rule, as the last update named it
@@ -377,23 +380,25 @@ class StallWatch:
         self.rule = rule
         self.lags.append(float(lag))
         self.returns.append(train_return)
+        self.updates += 1
         w = self.window
         if len(self.lags) < 2 * w:
             return None
-        lagging = min(self.lags[-w:]) >= self.min_lag
+        lags, returns = list(self.lags), list(self.returns)
+        lagging = min(lags[-w:]) >= self.min_lag
         if not lagging:
             self.stalled = False
             return None
-        now = [r for r in self.returns[-w:] if r is not None]
-        before = [r for r in self.returns[-2 * w : -w] if r is not None]
+        now = [r for r in returns[-w:] if r is not None]
+        before = [r for r in returns[:w] if r is not None]
         improving = bool(now) and (not before or np.mean(now) > np.mean(before) + 0.01 * abs(np.mean(before)))
         if improving or self.stalled:
             return None
         self.stalled = True
         message = (f"training has not improved for {w} updates while the workers act with a policy "
-                   f"{np.mean(self.lags[-w:]):.0f} updates old: the sync rule {rule} is not sending weights "
+                   f"{np.mean(lags[-w:]):.0f} updates old: the sync rule {rule} is not sending weights "
                    "(set a max policy lag, a smaller KL threshold, or sync every update)")
-        self.events.append({"step": int(step), "lag": round(float(np.mean(self.lags[-w:])), 2),
+        self.events.append({"step": int(step), "lag": round(float(np.mean(lags[-w:])), 2),
                             "train_return": None if not now else round(float(np.mean(now)), 3), "message": message})
         return message
 
@@ -402,7 +407,7 @@ class StallWatch:
         the run (and 3 updates) old. A run of a few large updates is too short for the window above, and there
         AAPS's KL can stay under δ to the end with its lag guard out of reach: the workers keep their first policy
         while the learner moves on."""
-        n = len(self.lags)
+        n = self.updates
         if n < 3 or self.events or self.lags[-1] < max(3.0, n / 2):
             return None
         message = (f"the workers ended this {n}-update run acting with a policy {self.lags[-1]:.0f} updates old: the "
