@@ -257,3 +257,14 @@ def test_the_summary_shows_syncs_per_worker_briefly_when_workers_are_many():
     assert _per_worker([4] * 64) == " (4 per worker)"
     assert _per_worker([3, 5]) == " (per worker [3, 5])"
     assert _per_worker([5, 3, 4, 4, 4, 6, 4, 4, 4]) == " (per worker 3 to 6, median 4)"
+
+
+def test_a_run_stopped_before_its_final_evaluation_says_so_not_nan():
+    from frugalrl.cli import _evaluation_line
+
+    stopped = {"eval_episodes": 0, "eval_return_mean": float("nan"), "eval_return_std": float("nan"),
+               "eval_history": [{"step": 4096, "mean": 123.45}]}
+    assert _evaluation_line(stopped, "deterministic") == "  not evaluated at the end: the last one 123.5 at step 4096"
+    assert _evaluation_line({**stopped, "eval_history": []}, "deterministic") == "  not evaluated at the end"
+    done = {"eval_episodes": 2, "eval_return_mean": 10.0, "eval_return_std": 1.0}
+    assert _evaluation_line(done, "deterministic") == "  evaluation return 10.0 ± 1.0 (2 deterministic episodes)"

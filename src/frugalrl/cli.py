@@ -519,6 +519,18 @@ def _per_worker(counts: list[int]) -> str:
     return f" (per worker {ordered[0]} to {ordered[-1]}, median {ordered[len(ordered) // 2]})"
 
 
+def _evaluation_line(summary: dict[str, Any], how: str) -> str:
+    """The summary's evaluation; a run stopped before its final evaluation (a signal) names its last one instead."""
+    if not summary["eval_episodes"]:
+        history = summary.get("eval_history") or []
+        last = f": the last one {history[-1]['mean']:.1f} at step {history[-1]['step']}" if history else ""
+        return f"  not evaluated at the end{last}"
+    return (f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f} "
+            f"({summary['eval_episodes']} {how} episode{'' if summary['eval_episodes'] == 1 else 's'})"
+            + ("" if summary.get("stochastic_return_mean") is None else
+               f"; sampling actions {summary['stochastic_return_mean']:.1f} ± {summary['stochastic_return_std']:.1f}"))
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     nbytes = {k: v for k, v in summary.get("bytes", {}).items()
               if k not in ("total", "messages") and isinstance(v, int | float) and v}  # kinds only
@@ -528,10 +540,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"\n{summary['algo']} on {summary['env_id']} (seed {summary['seed']}): {summary['env_steps']} steps in "
         f"{summary['train_seconds']:.1f} s of training ({summary['steps_per_second']:.0f} steps/s), "
         f"{summary['updates']} update{'' if summary['updates'] == 1 else 's'}, stopped by {summary['stop_reason']}",
-        f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f} "
-        f"({summary['eval_episodes']} {how} episode{'' if summary['eval_episodes'] == 1 else 's'})"
-        + ("" if summary.get("stochastic_return_mean") is None else
-           f"; sampling actions {summary['stochastic_return_mean']:.1f} ± {summary['stochastic_return_std']:.1f}"),
+        _evaluation_line(summary, how),
     ]
     syncs = summary.get("weight_syncs") or {}
     if syncs.get("total"):
