@@ -7,6 +7,7 @@ that hangs, a constructor that only fails inside a worker process.
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import time
@@ -113,18 +114,22 @@ class DiesAfterEnv(CounterEnv):
         return super().step(action)
 
 
-_LEAKED: list[bytes] = []
+_LEAKED: list[mmap.mmap] = []
 
 
 class LeakyEnv(CounterEnv):
-    """Keeps ``leak_kb`` KiB of written memory per step for the life of its process, as a leaking simulator."""
+    """Keeps ``leak_kb`` KiB of written memory per step for the life of its process, as a leaking simulator: in new
+    anonymous mappings, so that resident memory grows in any process (a heap with free space, e.g. a test process
+    after many tests, would take a leak from the heap without growing)."""
 
     def __init__(self, leak_kb: int = 1024) -> None:
         super().__init__()
         self.leak = int(leak_kb) * 1024
 
     def step(self, action):
-        _LEAKED.append(b"\x01" * self.leak)
+        pages = mmap.mmap(-1, self.leak)
+        pages.write(b"\x01" * self.leak)
+        _LEAKED.append(pages)
         return super().step(action)
 
 
