@@ -333,6 +333,36 @@ def t_throughput(_: str) -> list[Table]:
     return [Table(["env steps/s", *envs], rows, [s.name], [s("machine", "command")], align="l" + "r" * len(envs))]
 
 
+def t_long_runs(name: str) -> list[Table]:
+    """``benchmarks/long_runs.py``: each process's memory over a run with no faults, then what a long run's metrics
+    file costs at a resume and in the end-of-run plots, before and after a change."""
+    s = Source(name)
+    rows: list[list[Cell]] = []
+    for i, run in enumerate(s("runs")):
+        workers = 0
+        for key in run["memory"]:
+            role = key.split(":")[0]
+            workers += role == "worker"
+            p = ("runs", i, "memory", key)
+            first = key == next(iter(run["memory"]))  # the run's own figures on its first row
+            rows.append([[f"`{run['run']}`" if first else ""], [role if role != "worker" else f"worker {workers}"],
+                         [s.num("runs", i, "env_steps", fmt=",.0f")] if first else [""],
+                         [s.num("runs", i, "metrics_rows", fmt=",.0f")] if first else [""],
+                         [s.num(*p, "warm_mb")], [s.num(*p, "peak_mb")], [s.num(*p, "end_mb")],
+                         [s.num(*p, "growth_mb_per_min", fmt=".2f")]])
+    memory = Table(["run (algo:env:inline workers)", "process", "env steps", "metrics rows", "MB a third in", "peak MB",
+                    "end MB", "MB / min after"], rows, [s.name], [s.command()], align="llrrrrrr")
+    m = ("metrics",)
+    cost_rows: list[list[Cell]] = []
+    for what, label in (("resume", "resume: cut to the checkpoint's step"), ("plots", "end-of-run plots")):
+        cost_rows.append([[s.num(*m, "rows", fmt=",.0f"), " rows (", s.num(*m, "file_mb", fmt=".0f"), " MB)"], [label],
+                          *[[s.num(*m, side, what, key, fmt=fmt)] for side in ("before", "now")
+                            for key, fmt in (("seconds", ".1f"), ("peak_mb", ",.0f"))]])
+    costs = Table(["metrics.jsonl", "what the run does with it", "before: s", "peak MB", "now: s", "peak MB"],
+                  cost_rows, [s.name], [s.command()], align="llrrrr")
+    return [memory, costs]
+
+
 def t_dropin_speed(name: str) -> list[Table]:
     s = Source(name)
     names = ("async", "step", "pool", "rollout", "floor")
@@ -414,6 +444,7 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "ray_overhead": t_ray_overhead,
     "throughput": t_throughput,
     "dropin_speed": t_dropin_speed,
+    "long_runs": t_long_runs,  # ARG: long_runs.py's --out
     "family_defaults": t_family_defaults,
     "scale_model": t_scale_model,  # ARG: shaped_links.py's --out with several --workers
     "scale_model_paced": t_scale_model_paced,  # ARG: learner_capacity.py --pace's --out
@@ -423,7 +454,7 @@ DEFAULT_ARG = {"headline": "site", "aaps": "aaps_sweep", "pipeline_suite": "pipe
                "hsa2c_vs_sync": "hsa2c_vs_sync_defaults", "hsa2c_link": "hsa2c_link", "a2c_reference": "a2c_reference", "lda": "lda_baselines", "lda_seeds": "synthetic",
                "lda_variants": "large", "scale_model": "shaped_links_scale",
                "scale_model_paced": "learner_capacity_paced", "scale_model_parts": "learner_capacity_local_16cores",
-               "dropin_speed": "dropin_speed"}
+               "dropin_speed": "dropin_speed", "long_runs": "long_runs"}
 
 
 def bench_tables(spec: str) -> list[Table]:
