@@ -297,6 +297,22 @@ def test_inline_workers_leave_the_head_once_it_outgrows_the_memory_bound(closing
         envs_for_tests._LEAKED.clear()  # this process's leak, unmapped
 
 
+def test_an_inline_worker_whose_new_process_dies_while_starting_is_replaced(closing, monkeypatch, tmp_path):
+    """Moving out is a start like any other: a process that dies while starting goes to the crash-loop rule and is
+    replaced; the rollout that follows is whole. (The head's base is set low: the move, not a leak, is tested.)"""
+    monkeypatch.setattr(ClusterEnv, "memory_check_s", 0.0)
+    env = closing(ClusterEnv("envs_for_tests:DiesWhileStartingEnv", 1, 1, backend="local", inline_workers=1, seed=0,
+                             worker_memory_mb=100, env_kwargs={"head_pid": os.getpid(),
+                                                               "marker": str(tmp_path / "died")}))
+    agent = agent_for(env)
+    env.rollout(agent, 4)  # the first check takes the head's base
+    env._head_rss_base -= 1000.0
+    assert env.rollout(agent, 8).obs.shape == (8, 1, 2)
+    assert [(e["worker"], e["inline"]) for e in env.recycle_events] == [(0, True)]
+    assert [e["worker"] for e in env.restart_events] == [0] and "died" in env.restart_events[0]["reason"]
+    assert env.backend.inline_ids() == [] and list(env.backend.worker_pids()) == [0]
+
+
 def test_a_run_whose_worker_never_starts_ends_in_one_line_with_a_summary(tmp_path, capsys):
     """Every start of the worker dies: one line (nothing to resume), a summary that says why, no checkpoint."""
     from frugalrl.cli import main as cli_main
