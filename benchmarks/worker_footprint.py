@@ -3,7 +3,8 @@
 For each env, ``--repeats`` times: build a ClusterEnv of ``--workers`` worker processes (``inline_workers=0``) and
 reset it (the start-up time, the head's own imports done beforehand), step it 20 times with head-chosen actions
 (the drop-in path), read each worker's resident memory (``VmRSS``) and whether it has mapped libtorch, then send it
-a policy (a 4-step ``rollout``) and read them again. Run it at two commits to compare (``PYTHONPATH``)::
+a policy (a 4-step ``rollout``, timed) and read them again; then SIGKILL one worker and time the next rollout, which
+replaces it, sends it the weights and runs. Run it at two commits to compare (``PYTHONPATH``)::
 
     python benchmarks/worker_footprint.py --envs CartPole-v1 LunarLander-v3 --out worker_footprint
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import subprocess
 import time
@@ -20,6 +23,7 @@ from typing import Any
 
 import torch
 
+import frugalrl
 from frugalrl import ClusterEnv, make_agent
 
 RESULTS = Path(__file__).parent / "results"
@@ -35,8 +39,9 @@ def _workers(env: ClusterEnv) -> dict[str, Any]:
 
 
 def measure(env_id: str, workers: int, repeats: int) -> dict[str, Any]:
-    """Start-up seconds (median of ``repeats``) and worker memory with head-side inference, then with a policy."""
-    starts, stepping, acting = [], {}, {}
+    """Start-up seconds (median of ``repeats``) and worker memory with head-side inference, then with a policy;
+    the first rollout's seconds (the workers build the policy) and a rollout's after a worker was killed."""
+    starts, firsts, recoveries, stepping, acting = [], [], [], {}, {}
     for _ in range(repeats):
         t = time.perf_counter()
         env = ClusterEnv(env_id, num_workers=workers, envs_per_worker=2, seed=1, inline_workers=0)
@@ -48,12 +53,22 @@ def measure(env_id: str, workers: int, repeats: int) -> dict[str, Any]:
                 env.step(env.action_space.sample())
             stepping = _workers(env)
             torch.manual_seed(0)
-            env.rollout(make_agent(env.single_observation_space, env.single_action_space), 4)
+            agent = make_agent(env.single_observation_space, env.single_action_space)
+            t = time.perf_counter()
+            env.rollout(agent, 4)
+            firsts.append(time.perf_counter() - t)
             acting = _workers(env)
+            os.kill(env.backend.worker_pids()[0], signal.SIGKILL)
+            time.sleep(0.2)  # dead before the next request: the rollout replaces it, syncs it and runs
+            t = time.perf_counter()
+            env.rollout(agent, 4)
+            recoveries.append(time.perf_counter() - t)
         finally:
             env.close()
     return {"env": env_id, "workers": workers, "startup_s": round(statistics.median(starts), 3),
-            "startup_s_all": [round(s, 3) for s in starts], "stepping": stepping, "with_policy": acting}
+            "startup_s_all": [round(s, 3) for s in starts], "stepping": stepping, "with_policy": acting,
+            "first_rollout_s": round(statistics.median(firsts), 3),
+            "rollout_after_a_kill_s": round(statistics.median(recoveries), 3)}
 
 
 def main() -> None:
@@ -63,12 +78,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="worker_footprint")
     args = ap.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    src = Path(frugalrl.__file__).parent  # the checkout measured (another one's on PYTHONPATH for "before")
+    commit = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    if subprocess.run(["git", "-C", str(src), "status", "--porcelain", "."], capture_output=True, text=True).stdout:
+        commit += " (with uncommitted changes)"
     rows = []
     for env_id in args.envs:
         row = measure(env_id, args.workers, args.repeats)
         print(f"{env_id}: start-up {row['startup_s']:.2f} s; worker {row['stepping']['rss_mb']} MB stepping "
-              f"(torch {row['stepping']['torch_loaded']}), {row['with_policy']['rss_mb']} MB with a policy")
+              f"(torch {row['stepping']['torch_loaded']}), {row['with_policy']['rss_mb']} MB with a policy "
+              f"(torch {row['with_policy']['torch_loaded']}); first rollout {row['first_rollout_s']:.2f} s, "
+              f"after a kill {row['rollout_after_a_kill_s']:.2f} s")
         rows.append(row)
     out = {"command": "python benchmarks/worker_footprint.py " + " ".join(
         ["--envs", *args.envs, "--workers", str(args.workers), "--repeats", str(args.repeats)]),

@@ -531,17 +531,23 @@ def test_an_info_array_whose_shape_differs_between_envs_is_named(closing):
         env.reset(seed=SEED)
 
 
-def test_a_worker_that_only_steps_envs_never_imports_torch(closing):
-    """Head-side inference (``step(actions)``) needs no policy in the workers: their processes never load torch
-    (they start in a fraction of the time and hold ~40 MB instead of ~230 MB); the first policy loads it."""
-    env = closing(ClusterEnv("CartPole-v1", W, K, backend="local", seed=SEED, inline_workers=0))
+def test_workers_import_torch_only_for_policies_numpy_does_not_run(closing):
+    """Head-side inference (``step(actions)``) needs no policy in the workers, and an MLP agent runs in numpy: their
+    processes never load torch (they start in a fraction of the time and hold ~40 MB instead of ~230 MB,
+    docs/benchmarks.md#worker-footprint); a policy numpy does not run (gSDE here) loads it."""
+    env = closing(ClusterEnv("CartPole-v1", W, K, backend="local", seed=SEED, inline_workers=0,
+                             uplink={"behaviour": "logprob"}))
 
-    def torch_loaded() -> list[bool]:
+    def torch_loaded(env: ClusterEnv) -> list[bool]:
         return ["libtorch" in open(f"/proc/{pid}/maps").read() for pid in env.backend.worker_pids().values()]
 
     env.reset(seed=SEED)
     for _ in range(3):
         env.step(np.zeros(N, dtype=np.int64))
-    assert torch_loaded() == [False] * W
-    env.rollout(fresh_agent(env), 4)
-    assert torch_loaded() == [True] * W
+    assert torch_loaded(env) == [False] * W
+    ro = env.rollout(fresh_agent(env), 4)  # the workers decode, act and send log μ(a|s) in numpy
+    assert ro.behaviour_logp.shape == (4, N)
+    assert torch_loaded(env) == [False] * W
+    pendulum = closing(ClusterEnv("Pendulum-v1", 1, 1, backend="local", seed=SEED, inline_workers=0))
+    pendulum.rollout(make_agent(pendulum.single_observation_space, pendulum.single_action_space, sde=True), 4)
+    assert torch_loaded(pendulum) == [True]

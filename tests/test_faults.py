@@ -114,13 +114,13 @@ def test_kill_mid_rollout(closing):
     env = closing(ClusterEnv("CartPole-v1", W, 1, backend="local", inline_workers=0, seed=3))
     pids = set(env.backend.worker_pids().values())
     agent = agent_for(env)
-    T = 4000
+    T = 20_000  # ~0.5 s of CartPole steps (numpy acting): the kill lands mid-rollout
     env.rollout(agent, T)  # warm up: weights sent, shared memory sized: the next call only rolls out
     victim = env.backend.worker_pids()[1]
     killed_at: list[float] = []
 
     def killer() -> None:
-        time.sleep(0.15)
+        time.sleep(0.1)
         os.kill(victim, signal.SIGKILL)
         killed_at.append(time.monotonic())
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from frugalrl import ClusterEnv, make_agent
-from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic
-from frugalrl.npactor import NumpyActor, one_blas_thread
+from frugalrl import ClusterEnv, dists, make_agent
+from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic, acting_state, build_policy
+from frugalrl.npactor import NumpyActor, acting_like, one_blas_thread, rng_state, runs_in_numpy, set_rng_state
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,7 +55,7 @@ def test_other_agents_keep_pytorch():
 
 
 def test_samples_follow_the_distribution():
-    g = torch.Generator().manual_seed(0)
+    g = np.random.default_rng(0)
     logits = np.array([[2.0, 0.0, -1.0, -30.0, 0.5]], dtype=np.float32).repeat(40_000, 0)
     actor = NumpyActor([], "categorical", None, None)
     draws = actor.sample(logits, g)
@@ -71,6 +71,77 @@ def test_samples_follow_the_distribution():
     assert draws.dtype == np.float32 and draws.shape == (40_000, 2)
     np.testing.assert_allclose(draws.mean(0), [1.0, -2.0], atol=0.05)
     np.testing.assert_allclose(draws.std(0), [0.5, 3.0], rtol=0.03)
+
+
+SPECS = [make_agent(OBS, action, **options).spec.to_json() for action in (gym.spaces.Discrete(4), BOX)
+         for options in ({}, {"activation": "relu", "hidden": (32, 16, 8)}, {"obs_norm": True}, {"hidden": ()})]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: str(s["kwargs"]))
+def test_the_shapes_a_worker_decodes_against_are_the_agents(spec):
+    """A worker decodes weights against :func:`acting_like` of the spec, without building the torch module: the same
+    keys, shapes and dtypes as the module's acting state (a contract over every MLP layout)."""
+    assert runs_in_numpy(spec)
+    agent = build_policy(spec)
+    expected = {k: (tuple(t.shape), t.numpy().dtype) for k, t in acting_state(agent).items()}
+    assert acting_like(spec) == expected
+
+
+def test_specs_numpy_does_not_run():
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    assert not runs_in_numpy(make_agent(OBS, BOX, sde=True).spec.to_json())
+    assert not runs_in_numpy(make_agent(frames, gym.spaces.Discrete(3)).spec.to_json())
+    assert not runs_in_numpy({"factory": "my.module:Agent", "kwargs": {}})
+
+
+def test_normalised_observations_are_clipped_as_pytorchs():
+    agent = make_agent(OBS, BOX, obs_norm=True)
+    with torch.no_grad():
+        agent.obs_norm.var.fill_(1e-6)  # every observation far outside ±10 standard deviations
+    obs = _obs(32)
+    with torch.no_grad():
+        expected = agent.dist_params(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(NumpyActor.of(agent).params(obs), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("action", [gym.spaces.Discrete(4), BOX])
+def test_log_probabilities_are_pytorchs(action):
+    agent = make_agent(OBS, action)
+    actor = NumpyActor.of(agent)
+    params = actor.params(_obs(256))
+    actions = actor.sample(params, np.random.default_rng(3))
+    expected = dists.log_prob(agent.dist_kind, torch.from_numpy(params), torch.from_numpy(actions)).numpy()
+    got = actor.log_prob(params, actions)
+    assert got.dtype == np.float32 and got.shape == (256,)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_restored_generator_continues_its_stream():
+    rng = np.random.default_rng(12345)
+    rng.random(3)
+    rng.standard_normal(1, dtype=np.float32)  # a half-used 64-bit word: has_uint32 is part of the state
+    saved = rng_state(rng)
+    assert saved.dtype == np.uint64 and saved.shape == (6,)
+    expected = (rng.random(5), rng.standard_normal(5, dtype=np.float32))
+    other = np.random.default_rng(0)
+    set_rng_state(other, saved)
+    got = (other.random(5), other.standard_normal(5, dtype=np.float32))
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_actor_is_a_copy_of_the_weights():
+    """The head caches the actor of each version it recomputes behaviour with: training the agent in place after
+    must not change it."""
+    agent = make_agent(OBS, BOX, obs_norm=True)
+    actor = NumpyActor.of(agent)
+    obs = _obs(8)
+    before = actor.params(obs)
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.add_(1.0)
+        agent.obs_norm.mean.add_(1.0)
+    np.testing.assert_array_equal(actor.params(obs), before)
 
 
 def test_a_worker_acts_with_the_weights_it_holds():

@@ -287,8 +287,9 @@ def test_force_sync_and_new_agent_objects(aaps_env):
         a1 = _agent(env, seed=seed)
         env.send_weights(a1, force=True)
         for w in range(W):
-            held = env.backend.workers[w].policy.state_dict()
-            assert all(torch.equal(held[k], v) for k, v in acting_state(a1).items()), f"seed {seed}, worker {w}"
+            held = env.backend.workers[w].held_state()
+            assert set(held) == set(acting_state(a1))
+            assert all(torch.equal(torch.from_numpy(held[k]), v) for k, v in acting_state(a1).items()), (seed, w)
 
 
 @pytest.mark.parametrize("codec, ratio", [("bf16", 2), ("fp16", 2)])
@@ -301,9 +302,10 @@ def test_weights_codec_shrinks_weight_bytes(codec, ratio):
         full, small = (envs[c].meter.kind_total("weights") for c in ("fp32", codec))
         assert full == ratio * small
         obs = torch.randn(16, 4)
-        held = envs[codec].backend.workers[0].policy
+        held = envs[codec].backend.workers[0].actor  # an MLP agent: the worker holds it as numpy arrays
         with torch.no_grad():
-            torch.testing.assert_close(held.dist_params(obs), agent.dist_params(obs), atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(torch.from_numpy(held.params(obs.numpy())), agent.dist_params(obs),
+                                       atol=2e-2, rtol=2e-2)
     finally:
         for env in envs.values():
             env.close()

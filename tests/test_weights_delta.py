@@ -208,7 +208,8 @@ def _record_requests(env: ClusterEnv) -> list[tuple[int, Message]]:
 def test_workers_hold_what_full_copies_give(backend, codec, closing):
     """AAPS syncs each worker on its own: deltas against several bases. Every worker's weights equal, bit for bit,
     those of the same run sent full copies, the rollouts are the same, and the deltas cost fewer bytes."""
-    envs = {d: closing(ClusterEnv("CartPole-v1", 2, 2, backend=backend, seed=5, weights_codec=codec,
+    # seed 1: AAPS leaves the two workers at different versions in 4 of the 8 rollouts (with fp32 and bf16)
+    envs = {d: closing(ClusterEnv("CartPole-v1", 2, 2, backend=backend, seed=1, weights_codec=codec,
                                   sync=AAPS(0.03, max_lag=3), weights_delta=d, replayable=True))
             for d in (True, False)}
     outs = {}
@@ -260,10 +261,10 @@ def test_a_refused_delta_is_followed_by_a_full_copy_and_the_spec_goes_once(closi
     expected = from_words(to_words({k: t.numpy() for k, t in agent.state_dict().items()}, "bf16"),
                           {k: (tuple(t.shape), t.numpy().dtype) for k, t in agent.state_dict().items()}, "bf16")
     for worker in _workers(env):
-        acting = acting_state(worker.policy)
+        acting = worker.held_state()
         assert acting and not any(k.startswith("critic.") for k in acting)  # workers are sent the actor alone
-        for key, t in acting.items():
-            np.testing.assert_array_equal(_bits(t.numpy()), _bits(expected[key]), err_msg=key)
+        for key, a in acting.items():
+            np.testing.assert_array_equal(_bits(a), _bits(expected[key]), err_msg=key)
     assert env.stats()["weight_syncs"]["delta"] == 2 * 2 + 1  # worker 1's last sync was a full copy
     # A replaced worker gets a full copy with the spec again.
     env._restart(0, "test")
@@ -288,8 +289,10 @@ def test_resume_sends_full_copies(closing):
     assert [(w, "spec" in m.meta, "base" in m.meta) for w, m in weights] == [
         (0, True, False), (1, True, False), *[(0, False, True), (1, False, True)] * 2]
     for worker in _workers(resumed):
-        for key, t in acting_state(worker.policy).items():
-            assert torch.equal(t, agent.state_dict()[key]), key
+        held = worker.held_state()
+        assert set(held) == set(acting_state(agent))
+        for key, a in held.items():
+            assert torch.equal(torch.from_numpy(a), agent.state_dict()[key]), key
 
 
 def test_policy_sync_keeps_only_the_words_workers_hold():

@@ -1,24 +1,30 @@
-"""A small MLP actor's forward pass and sampling in numpy, for worker-side inference.
+"""A small MLP actor's forward pass, sampling and log-probabilities in numpy, for worker-side inference.
 
 A worker acts on a handful of observations per step (its own envs). There, PyTorch's per-call overhead dominates:
 a 64×64 MLP's ``dist_params`` plus ``sample`` on 8 observations costs about ten times what the same arithmetic
-costs in numpy. :class:`NumpyActor` takes the actor of an :class:`~frugalrl.nets.MLPActorCritic` (Linear layers
-with tanh or ReLU, an optional :class:`~frugalrl.normalize.ObsNormalizer` in front, a categorical or state-independent
-Gaussian head) and computes the same distribution parameters in float32 (equal to PyTorch's up to the rounding of
-a different summation order), then samples with uniforms or normals drawn from the worker's own
-``torch.Generator``, so that a checkpointed worker resumes its random stream exactly as before. Other agents (CNNs,
-gSDE, user modules) keep PyTorch (:meth:`NumpyActor.of` returns None for them).
+costs in numpy. :class:`NumpyActor` is the actor of an :class:`~frugalrl.nets.MLPActorCritic` (Linear layers with
+tanh or ReLU, an optional :class:`~frugalrl.normalize.ObsNormalizer` in front, a categorical or state-independent
+Gaussian head), built from the policy spec and the weights as they arrive (:meth:`NumpyActor.from_state`), so that
+a worker acting with it never imports PyTorch (~190 MB and ~1 s less per worker process). It computes the same
+distribution parameters in float32 (equal to PyTorch's up to the rounding of a different summation order) and
+samples with a NumPy generator, whose state a checkpointed worker saves and restores. Other agents (CNNs, gSDE,
+user modules) keep PyTorch (:func:`runs_in_numpy` is False for their specs).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
+
+MLP_FACTORY = "frugalrl.nets:MLPActorCritic"
+_MLP_DEFAULTS = {"hidden": (64, 64), "activation": "tanh", "obs_norm": False, "sde": False}  # MLPActorCritic's
+_OBS_CLIP = 10.0  # ObsNormalizer's default clip, the one MLPActorCritic's normaliser has
 
 
 @functools.cache
@@ -36,6 +42,35 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
     return _blas_controller().limit(limits=1, user_api="blas")
 
 
+def runs_in_numpy(spec: Mapping[str, Any]) -> bool:
+    """Whether a policy spec (:class:`~frugalrl.nets.PolicySpec` as JSON) builds an agent :class:`NumpyActor` runs:
+    an :class:`~frugalrl.nets.MLPActorCritic` without gSDE, with tanh or ReLU layers (a worker builds exactly the
+    spec's class, so the spec decides)."""
+    kwargs = spec.get("kwargs", {})
+    return (spec.get("factory") == MLP_FACTORY and not kwargs.get("sde", False)
+            and kwargs.get("activation", "tanh") in ("tanh", "relu")
+            and kwargs.get("action", {}).get("type") in ("discrete", "box"))
+
+
+def acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The keys, shapes and dtypes of :func:`frugalrl.nets.acting_state` of the agent ``spec`` builds (one that
+    :func:`runs_in_numpy`), without building it: what a weights message is decoded against."""
+    kw = {**_MLP_DEFAULTS, **spec["kwargs"]}
+    action, f32, f64 = kw["action"], np.dtype(np.float32), np.dtype(np.float64)
+    out = int(action["n"]) if action["type"] == "discrete" else int(np.prod(action["shape"]))
+    like: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    if kw["obs_norm"]:
+        like.update({"obs_norm.mean": ((int(kw["obs_dim"]),), f64), "obs_norm.var": ((int(kw["obs_dim"]),), f64),
+                     "obs_norm.count": ((), f64)})
+    widths = [int(kw["obs_dim"]), *(int(h) for h in kw["hidden"]), out]
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(widths)):
+        like[f"actor.{2 * i}.weight"] = ((n_out, n_in), f32)
+        like[f"actor.{2 * i}.bias"] = ((n_out,), f32)
+    if action["type"] == "box":
+        like["log_std"] = ((out,), f32)
+    return like
+
+
 class NumpyActor:
     """The actor of an MLP agent as numpy arrays (a copy: rebuild it after the agent's weights change)."""
 
@@ -47,29 +82,31 @@ class NumpyActor:
         self.norm = norm  # (mean, 1 / sqrt(var + 1e-8), clip), float64 as ObsNormalizer computes
 
     @classmethod
-    def of(cls, agent: Any) -> NumpyActor | None:
-        """The numpy actor of ``agent``, or None if it is not a plain MLP agent this module reproduces."""
-        from frugalrl.nets import MLPActorCritic
-
-        if type(agent) is not MLPActorCritic or agent.sde or not isinstance(agent.actor, nn.Sequential):
-            return None
-        layers: list[tuple[np.ndarray, np.ndarray, str | None]] = []
-        for module in agent.actor:
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                layers.append((module.weight.detach().numpy().T.astype(np.float32, order="C"),
-                               module.bias.detach().numpy().astype(np.float32), None))
-            elif isinstance(module, nn.Tanh | nn.ReLU) and layers and layers[-1][2] is None:
-                w, b, _ = layers[-1]
-                layers[-1] = (w, b, "tanh" if isinstance(module, nn.Tanh) else "relu")
-            else:
-                return None
+    def from_state(cls, spec: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> NumpyActor:
+        """The actor of the agent ``spec`` builds (one that :func:`runs_in_numpy`), holding ``state`` (its
+        :func:`~frugalrl.nets.acting_state` as arrays, copied: the actor does not change with them)."""
+        kw = {**_MLP_DEFAULTS, **spec["kwargs"]}
+        n = len(kw["hidden"])
+        layers = [(np.array(state[f"actor.{2 * i}.weight"].T, dtype=np.float32, order="C"),
+                   np.array(state[f"actor.{2 * i}.bias"], dtype=np.float32), kw["activation"] if i < n else None)
+                  for i in range(n + 1)]
         norm = None
-        if agent.obs_norm is not None:
-            n = agent.obs_norm
-            norm = (n.mean.detach().numpy().astype(np.float64),
-                    1.0 / np.sqrt(n.var.detach().numpy().astype(np.float64) + 1e-8), float(n.clip))
-        log_std = None if agent.dist_kind != "gaussian" else agent.log_std.detach().numpy().astype(np.float32)
-        return cls(layers, agent.dist_kind, log_std, norm)
+        if kw["obs_norm"]:
+            var = np.array(state["obs_norm.var"], dtype=np.float64)
+            norm = (np.array(state["obs_norm.mean"], dtype=np.float64), 1.0 / np.sqrt(var + 1e-8),
+                    _OBS_CLIP)
+        gaussian = kw["action"]["type"] == "box"
+        log_std = np.array(state["log_std"], dtype=np.float32) if gaussian else None
+        return cls(layers, "gaussian" if gaussian else "categorical", log_std, norm)
+
+    @classmethod
+    def of(cls, agent: Any) -> NumpyActor | None:
+        """The numpy actor of ``agent`` (a module), or None if it is not a plain MLP agent this module reproduces."""
+        from frugalrl.nets import MLPActorCritic, acting_state
+
+        if type(agent) is not MLPActorCritic or not runs_in_numpy(agent.spec.to_json()):
+            return None
+        return cls.from_state(agent.spec.to_json(), {k: t.detach().numpy() for k, t in acting_state(agent).items()})
 
     def params(self, obs: np.ndarray) -> np.ndarray:
         """The distribution parameters of ``dist_params`` (logits; or mean, then log-std), float32."""
@@ -89,13 +126,43 @@ class NumpyActor:
             x = np.concatenate([x, np.broadcast_to(self.log_std, x.shape)], axis=-1)
         return x
 
-    def sample(self, params: np.ndarray, generator: torch.Generator) -> np.ndarray:
+    def sample(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """One action per row (categorical: int64 indices, by inverting the CDF at a uniform; Gaussian: float32)."""
         if self.kind == "categorical":
             z = np.exp(params - params.max(axis=-1, keepdims=True), dtype=np.float64)
             cdf = np.cumsum(z, axis=-1)
-            u = torch.rand(params.shape[0], 1, generator=generator, dtype=torch.float64).numpy() * cdf[:, -1:]
+            u = rng.random((params.shape[0], 1)) * cdf[:, -1:]
             return np.minimum((cdf <= u).sum(axis=-1), params.shape[-1] - 1).astype(np.int64)
         d = params.shape[-1] // 2
-        noise = torch.randn(params.shape[0], d, generator=generator).numpy()
+        noise = rng.standard_normal((params.shape[0], d), dtype=np.float32)
         return (params[:, :d] + noise * np.exp(params[:, d:])).astype(np.float32)
+
+    def log_prob(self, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """log π(a | params) of each row's action, float32 (:func:`frugalrl.dists.log_prob`'s formula; summed over
+        the action dimensions for the Gaussian)."""
+        params = np.asarray(params, dtype=np.float32)
+        if self.kind == "categorical":
+            top = params.max(axis=-1, keepdims=True)
+            shifted = params - top
+            logp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+            idx = np.asarray(actions, dtype=np.int64)[..., None]
+            return np.take_along_axis(logp, idx, axis=-1)[..., 0]
+        d = params.shape[-1] // 2
+        mean, log_std = params[..., :d], params[..., d:]
+        z = (np.asarray(actions, dtype=np.float32).reshape(mean.shape) - mean) / np.exp(log_std)
+        return (-0.5 * z * z - log_std - np.float32(0.5 * math.log(2 * math.pi))).sum(-1, dtype=np.float32)
+
+
+def rng_state(rng: np.random.Generator) -> np.ndarray:
+    """A PCG64 generator's state as six uint64 (for a snapshot: :func:`set_rng_state` restores it)."""
+    s = rng.bit_generator.state
+    state, inc, mask = int(s["state"]["state"]), int(s["state"]["inc"]), (1 << 64) - 1
+    return np.array([state >> 64, state & mask, inc >> 64, inc & mask, s["has_uint32"], s["uinteger"]],
+                    dtype=np.uint64)
+
+
+def set_rng_state(rng: np.random.Generator, words: np.ndarray) -> None:
+    """Put ``rng`` (a PCG64 generator) in the state :func:`rng_state` gave."""
+    w = [int(x) for x in np.asarray(words, dtype=np.uint64)]
+    rng.bit_generator.state = {"bit_generator": "PCG64", "has_uint32": w[4], "uinteger": w[5],
+                               "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]}}

@@ -27,7 +27,6 @@ env that raises) come back as an ``error`` message that the head turns into an e
 from __future__ import annotations
 
 import functools
-import itertools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -49,15 +48,15 @@ from frugalrl.experience import (
     info_parent,
     space_shape,
 )
+from frugalrl.npactor import NumpyActor, acting_like, rng_state, runs_in_numpy, set_rng_state
 from frugalrl.wire.delta import DeltaError, HeldWeights, from_words
-from frugalrl.wire.message import Message, decode_state_dict
+from frugalrl.wire.message import Message, state_arrays
 from frugalrl.wire.uplink import UplinkCodecs, UplinkOptions
 
 if TYPE_CHECKING:
     import torch
 
     from frugalrl.nets import ActorCritic
-    from frugalrl.npactor import NumpyActor
 
 #: Set in a worker process (not in the head, whose inline workers share its torch): its torch runs on one thread.
 ONE_TORCH_THREAD = False
@@ -65,9 +64,9 @@ ONE_TORCH_THREAD = False
 
 @functools.cache
 def _torch() -> Any:
-    """torch, imported when a worker first needs a policy or its sampling generator (its threads set once). A
-    worker that only steps envs (the head chooses the actions) never does: its process starts sooner and holds
-    much less memory."""
+    """torch, imported when a worker first gets a policy that numpy does not run (a CNN, gSDE, a user's module;
+    its threads set once). A worker that only steps envs (the head chooses the actions) or acts with an MLP agent
+    (:mod:`frugalrl.npactor`) never does: its process starts sooner and holds much less memory."""
     import torch
 
     if ONE_TORCH_THREAD:
@@ -111,17 +110,18 @@ class EnvWorker:
                               where=lambda i: f"worker {self.index}, env {self.first_env + i} ({self.env_name})")
         self.obs_space = self.group.observation_space
         self.act_space = self.group.action_space
+        # The policy held: an MLP agent as numpy arrays (``actor``, from the weights ``acting``), any other agent
+        # as a torch module (``policy``); one of the two once weights have come, the other None.
+        self.actor: NumpyActor | None = None
+        self.acting: dict[str, np.ndarray] | None = None
         self.policy: ActorCritic | None = None
         self.policy_spec: dict[str, Any] | None = None
         self.held = HeldWeights()  # the code words of the weights it holds: what a delta applies to
         self._named_left_out: set[str] = set()  # info keys already named to the head as not data
         self.version = -1
-        self._generator: torch.Generator | None = None  # made on first use (:attr:`generator`)
         self._generator_seed = _seed_for(seed, index)
-        self._np_of: ActorCritic | None = None  # the policy _np_actor was built from, its tensors and their versions
-        self._np_tensors: list[torch.Tensor] = []
-        self._np_held: tuple[int, ...] | None = None
-        self._np_actor: NumpyActor | None = None
+        self.rng = np.random.Generator(np.random.PCG64(self._generator_seed))  # the numpy actor samples with it
+        self._generator: torch.Generator | None = None  # a torch policy's: made on first use (:attr:`generator`)
         self._box = isinstance(self.act_space, gym.spaces.Box)
         # Discrete actions travel in the smallest integer type that holds them (uint8 for most envs).
         self._action_wire_dtype = (compact_int_dtype(self.act_space) if isinstance(self.act_space, gym.spaces.Discrete)
@@ -149,29 +149,47 @@ class EnvWorker:
 
     @property
     def generator(self) -> torch.Generator:
-        """The generator actions are sampled with, made on first use as the last seeded reset left it."""
+        """The generator a torch policy samples actions with, made on first use as the last seeded reset left it."""
         if self._generator is None:
             self._generator = _torch().Generator().manual_seed(self._generator_seed)
         return self._generator
 
+    def held_state(self) -> dict[str, np.ndarray]:
+        """The acting weights this worker holds, as arrays (:func:`frugalrl.nets.acting_state`'s keys)."""
+        if self.acting is not None:
+            return self.acting
+        if self.policy is None:
+            return {}
+        from frugalrl.nets import acting_state
+
+        return {k: v.detach().numpy() for k, v in acting_state(self.policy).items()}
+
+    def _hold(self, spec: dict[str, Any], state: dict[str, np.ndarray] | None) -> None:
+        """Hold the policy ``spec`` builds, with the acting weights ``state`` (its initial ones if None)."""
+        if runs_in_numpy(spec):
+            if state is None:
+                raise WorkerError("a policy run in numpy must come with its weights")
+            self.actor, self.acting, self.policy = NumpyActor.from_state(spec, state), state, None
+        else:
+            from frugalrl.nets import PolicySpec, build_policy, load_acting_state
+
+            if self.policy is None or spec != self.policy_spec:
+                self.policy = build_policy(PolicySpec(**spec))
+                self.policy.eval()
+            if state is not None:
+                load_acting_state(self.policy, {k: _torch().from_numpy(a) for k, a in state.items()})
+            self.actor = self.acting = None
+        self.policy_spec = spec
+
     # ------------------------------------------------------------------ helpers
     def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Actions sampled from the cached policy and its distribution's parameters (float32); a plain MLP agent
-        runs in numpy (:mod:`frugalrl.npactor`), rebuilt whenever its weights change."""
+        """Actions sampled from the cached policy and its distribution's parameters (float32); an MLP agent runs in
+        numpy (:mod:`frugalrl.npactor`)."""
+        if self.actor is not None:  # every step of a rollout: numpy only
+            np_params = self.actor.params(obs)
+            return self.actor.sample(np_params, self.rng), np_params
         if self.policy is None:
             raise WorkerError(f"worker {self.index} has no policy yet: weights must be sent before acting")
-        if self._np_of is not self.policy:  # a new policy object: its tensors, whose versions tell any change
-            self._np_of, self._np_tensors = self.policy, list(itertools.chain(self.policy.parameters(),
-                                                                                 self.policy.buffers()))
-            self._np_held = None
-        held = tuple(t._version for t in self._np_tensors)
-        if held != self._np_held:
-            from frugalrl.npactor import NumpyActor
-
-            self._np_held, self._np_actor = held, NumpyActor.of(self.policy)
-        if self._np_actor is not None:  # every step of a rollout: no import here
-            np_params = self._np_actor.params(obs)
-            return self._np_actor.sample(np_params, self.generator), np_params
         torch = _torch()
         from frugalrl import dists
 
@@ -255,6 +273,7 @@ class EnvWorker:
         seed = msg.meta.get("seed")
         if seed is not None:
             self._generator_seed = _seed_for(seed, self.index)
+            self.rng = np.random.Generator(np.random.PCG64(self._generator_seed))
             if self._generator is not None:
                 self._generator.manual_seed(self._generator_seed)
         if msg.meta.get("defer"):
@@ -301,24 +320,26 @@ class EnvWorker:
     def _op_weights(self, msg: Message) -> Message:
         """Load a full copy or a delta (:mod:`frugalrl.wire.delta`); a delta against another copy than the one
         held is refused, never applied, and the head sends a full copy."""
-        torch = _torch()
-        from frugalrl.nets import PolicySpec, acting_state, build_policy, load_acting_state
-
         spec = msg.meta.get("spec")
-        if self.policy is None or (spec is not None and spec != self.policy_spec):
+        if self.policy_spec is None or (spec is not None and spec != self.policy_spec):
             if spec is None:
                 raise WorkerError("first weights message must carry the policy spec")
-            self.policy = build_policy(PolicySpec(**spec))
-            self.policy.eval()
+            if not runs_in_numpy(spec):
+                self._hold(spec, None)  # the module, to decode its weights against
             self.policy_spec = spec
             self.held.clear()
         try:
             words = self.held.resolve(msg)
         except DeltaError as e:
             return Message("refused", {"worker": self.index, "error": str(e)})
-        like = {k: (tuple(t.shape), t.numpy().dtype) for k, t in acting_state(self.policy).items()}
-        state = from_words(words, like, msg.meta["codec"])
-        load_acting_state(self.policy, {k: torch.from_numpy(a) for k, a in state.items()})
+        if runs_in_numpy(self.policy_spec):
+            like = acting_like(self.policy_spec)
+        else:
+            from frugalrl.nets import acting_state
+
+            assert self.policy is not None
+            like = {k: (tuple(t.shape), t.numpy().dtype) for k, t in acting_state(self.policy).items()}
+        self._hold(self.policy_spec, from_words(words, like, msg.meta["codec"]))
         self.version = int(msg.meta["version"])
         self.held.keep(self.version, words)
         return Message("ok", {"worker": self.index, "version": self.version})
@@ -332,8 +353,10 @@ class EnvWorker:
             "ep_return": group.ep_return.copy(),
             "ep_length": group.ep_length.copy(),
             "needs_reset": group.needs_reset.copy(),
-            "generator": self.generator.get_state().numpy(),
+            "rng": rng_state(self.rng),
         }
+        if self._generator is not None:  # a torch policy's
+            arrays["generator"] = self._generator.get_state().numpy()
         act_shape = space_shape(self.act_space)
         act_dtype = self.act_space.dtype if self._box else np.int64
         for i, actions in enumerate(group.actions):
@@ -341,10 +364,7 @@ class EnvWorker:
                 np.stack([np.asarray(a, dtype=act_dtype) for a in actions]) if actions
                 else np.zeros((0, *act_shape), dtype=act_dtype)
             )
-        if self.policy is not None:
-            from frugalrl.nets import acting_state
-
-            arrays.update({f"w/{k}": v.detach().numpy().copy() for k, v in acting_state(self.policy).items()})
+        arrays.update({f"w/{k}": v.copy() for k, v in self.held_state().items()})
         meta = {"began": list(group.began), "version": self.version, "spec": self.policy_spec}
         return Message("snapshot", meta, arrays, kinds={name: "checkpoint" for name in arrays})
 
@@ -381,16 +401,13 @@ class EnvWorker:
             if not ok:
                 group.ep_return[i], group.ep_length[i], group.needs_reset[i] = 0.0, 0, False
         group.ep_start[:] = time.perf_counter()
-        torch = _torch()
-        from frugalrl.nets import PolicySpec, build_policy, load_acting_state
-
-        self.generator.set_state(torch.from_numpy(a["generator"].copy()))
+        if "rng" in a:
+            set_rng_state(self.rng, a["rng"])
+        if "generator" in a:  # a torch policy's (or a snapshot from before numpy actors, whose stream it was)
+            self.generator.set_state(_torch().from_numpy(a["generator"].copy()))
         self.held.clear()  # the head assumes a restored worker holds no words: its next weights are a full copy
         if meta.get("spec") is not None:
-            self.policy = build_policy(PolicySpec(**meta["spec"]))
-            self.policy.eval()
-            self.policy_spec = meta["spec"]
-            load_acting_state(self.policy, decode_state_dict(msg))
+            self._hold(meta["spec"], {k: v.copy() for k, v in state_arrays(msg).items()})
         self.version = int(meta["version"])
         return Message("restored", {"worker": self.index, "exact": exact}, {"obs": group.obs.copy()})
 
@@ -407,12 +424,15 @@ class EnvWorker:
         self._check_inference()
         version = self.version
         f = collect_fragment(self.group, self._policy, int(msg.meta["num_steps"]))  # it checks num_steps
-        assert f.params is not None and self.policy is not None
+        assert f.params is not None
         if self.uplink.options.behaviour == "params":
             behaviour = {"dist_params": f.params}
         elif msg.meta.get("behaviour") == "none":  # the head recomputes it from the words this worker holds
             behaviour = {}
-        else:  # all the learner and AAPS need: log μ(a_t | s_t)
+        elif self.actor is not None:  # all the learner and AAPS need: log μ(a_t | s_t)
+            behaviour = {"behaviour_logp": self.actor.log_prob(f.params, f.actions)}
+        else:
+            assert self.policy is not None
             torch = _torch()
             from frugalrl import dists
 

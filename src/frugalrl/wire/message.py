@@ -222,8 +222,13 @@ def encode_state_dict(state: dict[str, Any], codec: str = "fp32", exact: tuple[s
     return Message("weights", {}, arrays, msg_codecs)
 
 
+def state_arrays(msg: Message) -> dict[str, np.ndarray]:
+    """The state dict carried by a message from :func:`encode_state_dict`, as arrays."""
+    return {name[2:]: arr for name, arr in msg.arrays.items() if name.startswith("w/")}
+
+
 def decode_state_dict(msg: Message) -> dict[str, Any]:
     """The state dict (of torch tensors) carried by a message from :func:`encode_state_dict`."""
     import torch
 
-    return {name[2:]: torch.from_numpy(arr) for name, arr in msg.arrays.items() if name.startswith("w/")}
+    return {name: torch.from_numpy(arr) for name, arr in state_arrays(msg).items()}
