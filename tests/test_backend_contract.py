@@ -13,6 +13,7 @@ import importlib.util
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ import torch
 from conftest import pid_alive, pid_exists, wait_dead, worker_children
 from test_cluster_env import fresh_agent, random_actions
 
-from frugalrl import ClusterEnv
+from frugalrl import ClusterEnv, make_agent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,6 +67,19 @@ def kill(env: ClusterEnv, w: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- results
+@pytest.mark.parametrize("backend", WITH_PROCESSES, indirect=True)
+def test_worker_processes_act_with_an_mlp_without_torch(backend, closing):
+    """An MLP agent is decoded, run and sampled in numpy in every worker process, and its log-probabilities are
+    computed there (uplink 'logprob'): the process never loads torch (~190 MB each, docs/benchmarks.md#worker-footprint)."""
+    env = closing(make(backend, "CartPole-v1", W, K, seed=7, uplink={"behaviour": "logprob"}))
+    torch.manual_seed(0)
+    ro = env.rollout(make_agent(env.single_observation_space, env.single_action_space), 8)
+    assert ro.behaviour_logp.shape == (8, N)
+    pids = env.backend.worker_pids()
+    assert len(pids) == W
+    assert ["libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in pids.values()] == [False] * W
+
+
 @pytest.mark.parametrize("backend", WITH_PROCESSES, indirect=True)
 def test_same_rollouts_and_bytes_as_serial(backend, closing):
     """Same seed, same agent: the serial reference's observations, actions, behaviour log-probabilities,

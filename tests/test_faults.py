@@ -268,6 +268,41 @@ def test_a_worker_over_its_memory_bound_is_recycled_between_rollouts(closing, mo
     assert env.backend.worker_rss_mb()[0] < start + 25 and env.stats()["restarts"] == 0
 
 
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_the_drop_in_step_recycles_a_worker_over_its_memory_bound(closing, monkeypatch, mode):
+    """step(actions), a user's loop on a leaking env: the worker over its bound is replaced between two steps; that
+    step reports its env truncated (``worker_restarted``), as for a worker that fails during it, and the env starts
+    a new episode (next step, or at once with same-step autoreset); a worker under its bound goes on."""
+    monkeypatch.setattr(ClusterEnv, "memory_check_s", 0.0)
+    env = closing(ClusterEnv("envs_for_tests:LeakyEnv", 2, 1, backend="local", inline_workers=0, seed=0,
+                             autoreset_mode=mode, env_kwargs={"leak_kb": 1024}))
+    env.reset(seed=0)
+    start = max(env.backend.worker_rss_mb().values())
+    env.worker_memory_mb = start + 12
+    pids = env.backend.worker_pids()
+    actions = np.zeros(2, dtype=np.int64)
+    for t in range(1, 40):
+        obs, rewards, terms, truncs, infos = env.step(actions)
+        if env.recycle_events:
+            break
+        assert obs[:, 0].tolist() == [t, t] and not truncs.any()
+    assert env.recycle_events, "no worker passed its bound"
+    cut = sorted({e["worker"] for e in env.recycle_events})
+    assert truncs[cut].all() and infos["worker_restarted"][cut].all() and rewards[cut].tolist() == [0.0] * len(cut)
+    assert all(env.backend.worker_pids()[w] != pids[w] for w in cut) and env.stats()["restarts"] == 0
+    kept = [w for w in range(2) if w not in cut]  # (both may pass the bound at the same check)
+    assert (obs[kept, 0] == t).all() and not truncs[kept].any()
+    if mode == "SameStep":
+        assert (obs[cut, 0] == 0).all() and (infos["final_obs"][cut[0]][0] == t - 1)  # the new episode, at once
+    else:
+        assert (obs[cut, 0] == t - 1).all()  # the last observation; the new episode starts on the next step
+        obs, *_ = env.step(actions)
+        assert (obs[cut, 0] == 0).all()
+    env.worker_memory_mb = None
+    obs, *_ = env.step(actions)
+    assert (obs[cut, 0] == 1).all()
+
+
 def test_inline_workers_leave_the_head_once_it_outgrows_the_memory_bound(closing, monkeypatch):
     """An inline worker's leaking env grows the head, which no process bound can replace: once the head has grown by
     ``worker_memory_mb`` since its first check, the worker moves to a process of its own (rollouts stay whole), and

@@ -261,8 +261,8 @@ class ClusterConfig(ConfigPart):
     worker_memory_mb). None: as many as keep the worker processes fewer than the cores; 0: every worker in a
     process of its own."""
     worker_memory_mb: float | None = 2048.0
-    """A worker process over this resident memory (MB) is replaced between two rollouts, its envs starting new
-    episodes, so that an env that leaks cannot take a long run down (local backend; inline workers move to
+    """A worker process over this resident memory (MB) is replaced between two rollouts (or steps), its envs starting
+    new episodes, so that an env that leaks cannot take a long run down (local backend; inline workers move to
     processes once the learner has grown by this much; None: never)."""
 
     if typing.TYPE_CHECKING:  # RunConfig's, which every config with a ClusterConfig also has

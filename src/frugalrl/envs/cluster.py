@@ -23,7 +23,7 @@ import atexit
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -100,8 +100,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             behaviour stream holds, the link rate ``auto`` assumes); see :mod:`frugalrl.wire.uplink`.
         worker_timeout: seconds without a reply after which a worker is declared dead.
         check_finite: raise on NaN/inf observations or rewards.
-        worker_memory_mb: a worker process over this resident memory (MB) is replaced at the start of a rollout,
-            its envs starting new episodes (local backend, checked every 10 s at most); inline workers move to
+        worker_memory_mb: a worker process over this resident memory (MB) is replaced at the start of a rollout
+            or step, its envs starting new episodes (a step reports them truncated) (local backend, checked every 10 s at most); inline workers move to
             processes once this process has grown by as much; None: never.
         crash_loop_tries: how many times in a row a worker that dies before completing a request is replaced
             (after 0, 0.25, 0.5, ... up to 4 s) before :class:`~frugalrl.envs.restarts.WorkersFailed`; one that
@@ -338,7 +338,11 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             actions = check_actions(self.single_action_space, self.num_envs, actions, self._action_wire_dtype)
             k = self.envs_per_worker
             requests = {w: Message("step", {}, {"actions": actions[w * k : (w + 1) * k]}) for w in range(self.num_workers)}
-        return lambda: self._finish_step(self._request_step(requests))
+        cut = self._recycle_large_workers(reset=False)  # mostly [] at once: checked every memory_check_s
+        if cut:
+            cut = self._cut_before_step(cut)
+            requests = {w: msg for w, msg in requests.items() if w not in cut}
+        return lambda: self._finish_step(self._request_step(requests, cut))
 
     def rollout(self, agent: torch.nn.Module, num_steps: int) -> Rollout:
         """Every worker runs ``num_steps`` steps of its envs with its cached policy; returns one batch.
@@ -473,8 +477,20 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         msg = Message("reset", {"seed": seed, "defer": defer})
         return self._request({w: msg}, on_failure=fail)[w]
 
-    def _request_step(self, requests: dict[int, Message]) -> tuple[dict[int, Message], list[int]]:
-        restarted: list[int] = []
+    def _cut_before_step(self, replaced: Collection[int]) -> list[int]:
+        """Workers ``replaced`` before this step (while syncing, or recycled over ``worker_memory_mb``) lost their
+        episodes and skip the step, reported like a worker that fails during it: truncated, their envs reset on
+        the next step (with same-step autoreset, at once); returns them in order."""
+        cut = sorted(replaced)
+        if self.autoreset_mode != AutoresetMode.SAME_STEP:
+            for w in cut:
+                self._reset_worker(w, seed=None, defer=True)
+        return cut
+
+    def _request_step(self, requests: dict[int, Message], cut: Collection[int] = ()
+                      ) -> tuple[dict[int, Message], list[int]]:
+        """Send a step's requests; the replies, and the workers replaced during it or ``cut`` before it."""
+        restarted: list[int] = list(cut)
 
         def recover(w: int, reason: str) -> None:
             restarted.append(w)
@@ -484,7 +500,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             return None
 
         replies = self._request(requests, on_failure=recover)
-        return replies, restarted
+        return replies, sorted(set(restarted))
 
     def _finish_step(
         self, result: tuple[dict[int, Message], list[int]]
@@ -531,18 +547,13 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
     def _step_agent(self, agent: ActorCritic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         self._check_inference()
         first_event = len(self.restart_events)
+        recycled = self._recycle_large_workers(reset=False)
         self.send_weights(agent)
-        # A worker replaced while syncing lost its episodes: it is reported like one that fails
-        # during the step (truncated; NEXT_STEP: its envs reset on the next step), and skips this one.
-        cut = sorted({e["worker"] for e in self.restart_events[first_event:]})
-        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
-            for w in cut:
-                self._reset_worker(w, seed=None, defer=True)
+        cut = self._cut_before_step({e["worker"] for e in self.restart_events[first_event:]} | set(recycled))
         msg = Message("act_step")
         states = self._obs
         assert states is not None, "step() checked that reset() was called"
-        replies, restarted = self._request_step({w: msg for w in range(self.num_workers) if w not in cut})
-        restarted = sorted(set(restarted) | set(cut))
+        replies, restarted = self._request_step({w: msg for w in range(self.num_workers) if w not in cut}, cut)
         # A replaced worker needs weights again before its next act_step.
         for w in restarted:
             if self.worker_versions[w] != self.learner_version:

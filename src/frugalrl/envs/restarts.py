@@ -131,13 +131,15 @@ class Replacements:
         self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
                                     "seconds": round(time.monotonic() - t0, 3)})
 
-    def _recycle_large_workers(self) -> None:
-        """Replace the workers over ``worker_memory_mb`` (between fragments: nothing is lost but their episodes in
-        progress, which start anew, as after a truncation)."""
+    def _recycle_large_workers(self, reset: bool = True) -> list[int]:
+        """Replace the workers over ``worker_memory_mb`` (between fragments or steps: nothing is lost but their
+        episodes in progress, which start anew, as after a truncation); returns them. ``reset``: reset their envs
+        here (else the caller does, as for a worker that failed during a step)."""
         now = time.monotonic()
         if self.worker_memory_mb is None or now - self._memory_checked < self.memory_check_s:
-            return
+            return []
         self._memory_checked = now
+        replaced: list[int] = []
         for w, rss in self.backend.worker_rss_mb().items():
             if rss <= self.worker_memory_mb:
                 continue
@@ -148,25 +150,28 @@ class Replacements:
             except WorkerStartFailed as e:
                 self._restart(w, str(e))  # the replacement died while starting: the crash-loop rule decides
             self.policies.forget(w)
-            self._reset_worker(w, seed=None)
+            if reset:
+                self._reset_worker(w, seed=None)
             self.recycle_events.append({"worker": w, "rss_mb": round(rss, 1), "time": time.time()})
+            replaced.append(w)
         if self.backend.inline_ids():
-            self._move_out_if_head_grew()
+            replaced += self._move_out_if_head_grew(reset)
+        return replaced
 
-    def _move_out_if_head_grew(self) -> None:
+    def _move_out_if_head_grew(self, reset: bool) -> list[int]:
         """Inline workers have no process whose memory tells their envs' leaks apart: once this process has grown
         by ``worker_memory_mb`` since its first check, they move to processes of their own, where the bound
         applies to each (a leaking env stops growing the learner; what it leaked here stays)."""
         rss = resident_mb(os.getpid())
         if rss is None:
-            return
+            return []
         if self._head_rss_base is None:
             self._head_rss_base = rss
-            return
+            return []
         grown = rss - self._head_rss_base
         assert self.worker_memory_mb is not None, "checked by the caller"
         if grown <= self.worker_memory_mb:
-            return
+            return []
         inline = self.backend.inline_ids()
         log.warning("frugalrl: this process grew by %.0f MB (over worker_memory_mb=%.0f) while it ran worker(s) %s "
                     "inline; moving them to processes of their own", grown, self.worker_memory_mb, inline)
@@ -176,6 +181,8 @@ class Replacements:
             except WorkerStartFailed as e:
                 self._restart(w, str(e))  # as a recycled worker that dies while starting
             self.policies.forget(w)
-            self._reset_worker(w, seed=None)
+            if reset:
+                self._reset_worker(w, seed=None)
             self.recycle_events.append({"worker": w, "rss_mb": round(rss, 1), "inline": True, "time": time.time()})
         self.inline_workers = len(self.backend.inline_ids())
+        return inline

@@ -44,10 +44,11 @@ class EnvActor(ActorBody["EnvWorker"]):
     """The body of a worker actor: an :class:`~frugalrl.envs.worker.EnvWorker` answering encoded requests."""
 
     def build(self, config: dict[str, Any]) -> EnvWorker:
-        """The worker of a :func:`~frugalrl.envs.backends.base.config_to_json` config (one torch thread)."""
-        import torch
+        """The worker of a :func:`~frugalrl.envs.backends.base.config_to_json` config (one torch thread, if it ever
+        imports torch: as a local worker process, only for a policy numpy does not run)."""
+        from frugalrl.envs import worker
 
-        torch.set_num_threads(1)
+        worker.ONE_TORCH_THREAD = True
         self.books = (HeaderBook(), HeaderBook())  # down, up: this link's, as the head keeps them
         return worker_from_json(config)
 
