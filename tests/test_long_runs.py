@@ -75,3 +75,12 @@ def test_the_stall_watch_keeps_two_windows_of_updates():
     for i in range(10_000):
         watch.observe(i, lag=1.0, train_return=float(i), rule="aaps")
     assert len(watch.lags) == len(watch.returns) == 20 and watch.updates == 10_000
+
+
+def test_both_readers_keep_a_whole_last_row_without_its_newline_and_drop_a_torn_one(tmp_path):
+    assert read_metrics(tmp_path) == read_metrics_thinned(tmp_path) == []  # no file yet
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n\n{"step": 2}')  # a blank line; the last row whole, its newline not yet written
+    assert read_metrics(tmp_path) == read_metrics_thinned(tmp_path) == [{"step": 1}, {"step": 2}]
+    path.write_text('{"step": 1}\n{"step": 2, "tr')
+    assert read_metrics(tmp_path) == read_metrics_thinned(tmp_path) == [{"step": 1}]

@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -273,46 +274,42 @@ def keep_metrics_to(path: Path, step: int) -> None:
 def read_metrics_thinned(run_dir: str | Path, max_rows: int = 20_000) -> list[dict[str, Any]]:
     """About ``max_rows`` rows of ``metrics.jsonl`` at most, evenly spread over the run, with every evaluation row
     and the last row: what plots draw of a days-long run (millions of rows) without reading it into memory."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
     kept: list[tuple[int, dict[str, Any]]] = []  # (line number, row): every stride-th training row
     evals: list[tuple[int, dict[str, Any]]] = []
     stride, seen, last = 1, 0, (-1, "")
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
+    for i, line in _metric_lines(Path(run_dir) / "metrics.jsonl"):
+        is_eval = '"eval/' in line
+        if not is_eval:
+            last, seen = (i, line), seen + 1
+            if (seen - 1) % stride:
                 continue
-            if not line.endswith("\n"):  # the last line: torn by a kill, unless it parses
-                try:
-                    json.loads(line)
-                except json.JSONDecodeError:
-                    break
-            is_eval = '"eval/' in line
-            if not is_eval:
-                last, seen = (i, line), seen + 1
-                if (seen - 1) % stride:
-                    continue
-            row = json.loads(line)
-            (evals if is_eval else kept).append((i, row))
-            if len(kept) > max_rows:  # every other one goes; from now on every (2 × stride)-th row is kept
-                kept, stride = kept[::2], stride * 2
+        row = json.loads(line)
+        (evals if is_eval else kept).append((i, row))
+        if len(kept) > max_rows:  # every other one goes; from now on every (2 × stride)-th row is kept
+            kept, stride = kept[::2], stride * 2
     if last[0] >= 0 and (not kept or kept[-1][0] != last[0]):
         kept.append((last[0], json.loads(last[1])))
     return [row for _, row in sorted(kept + evals, key=lambda pair: pair[0])]
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of ``metrics.jsonl`` (a torn last line, from a killed run, is skipped)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    """The rows of ``metrics.jsonl`` (a torn last line, from a killed run, is skipped); every one, in memory: for
+    tests and short runs (plots read :func:`read_metrics_thinned`)."""
+    return [json.loads(line) for _, line in _metric_lines(Path(run_dir) / "metrics.jsonl")]
+
+
+def _metric_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every row of the metrics file ``path``, read line by line; blank lines skipped, and
+    the last line if a kill tore it (a row is written with its newline: one without is whole only if it parses)."""
     if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # only the last line can be torn
-    return rows
+        return
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            if not line.endswith("\n"):
+                try:
+                    json.loads(line)
+                except json.JSONDecodeError:
+                    return
+            yield i, line
