@@ -38,13 +38,14 @@ def _workers(env: ClusterEnv) -> dict[str, Any]:
     return {"rss_mb": round(statistics.mean(rss), 1), "torch_loaded": all(torch_loaded)}
 
 
-def measure(env_id: str, workers: int, repeats: int) -> dict[str, Any]:
+def measure(env_id: str, workers: int, repeats: int, backend: str = "local") -> dict[str, Any]:
     """Start-up seconds (median of ``repeats``) and worker memory with head-side inference, then with a policy;
     the first rollout's seconds (the workers build the policy) and a rollout's after a worker was killed."""
     starts, firsts, recoveries, stepping, acting = [], [], [], {}, {}
     for _ in range(repeats):
         t = time.perf_counter()
-        env = ClusterEnv(env_id, num_workers=workers, envs_per_worker=2, seed=1, inline_workers=0)
+        where = {"inline_workers": 0} if backend == "local" else {"ray_num_cpus": 0}
+        env = ClusterEnv(env_id, num_workers=workers, envs_per_worker=2, seed=1, backend=backend, **where)
         try:
             env.reset(seed=1)
             starts.append(time.perf_counter() - t)
@@ -65,7 +66,7 @@ def measure(env_id: str, workers: int, repeats: int) -> dict[str, Any]:
             recoveries.append(time.perf_counter() - t)
         finally:
             env.close()
-    return {"env": env_id, "workers": workers, "startup_s": round(statistics.median(starts), 3),
+    return {"env": env_id, "backend": backend, "workers": workers, "startup_s": round(statistics.median(starts), 3),
             "startup_s_all": [round(s, 3) for s in starts], "stepping": stepping, "with_policy": acting,
             "first_rollout_s": round(statistics.median(firsts), 3),
             "rollout_after_a_kill_s": round(statistics.median(recoveries), 3)}
@@ -76,8 +77,14 @@ def main() -> None:
     ap.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3"])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--backend", choices=["local", "ray"], default="local",
+                    help="ray: a local Ray instance, started before the clock (its actors are the workers)")
     ap.add_argument("--out", default="worker_footprint")
     args = ap.parse_args()
+    if args.backend == "ray":
+        import ray
+
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     src = Path(frugalrl.__file__).parent  # the checkout measured (another one's on PYTHONPATH for "before")
     commit = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -85,14 +92,15 @@ def main() -> None:
         commit += " (with uncommitted changes)"
     rows = []
     for env_id in args.envs:
-        row = measure(env_id, args.workers, args.repeats)
+        row = measure(env_id, args.workers, args.repeats, args.backend)
         print(f"{env_id}: start-up {row['startup_s']:.2f} s; worker {row['stepping']['rss_mb']} MB stepping "
               f"(torch {row['stepping']['torch_loaded']}), {row['with_policy']['rss_mb']} MB with a policy "
               f"(torch {row['with_policy']['torch_loaded']}); first rollout {row['first_rollout_s']:.2f} s, "
               f"after a kill {row['rollout_after_a_kill_s']:.2f} s")
         rows.append(row)
     out = {"command": "python benchmarks/worker_footprint.py " + " ".join(
-        ["--envs", *args.envs, "--workers", str(args.workers), "--repeats", str(args.repeats)]),
+        ["--envs", *args.envs, "--workers", str(args.workers), "--repeats", str(args.repeats),
+         *(["--backend", args.backend] if args.backend != "local" else [])]),
         "date": time.strftime("%Y-%m-%d"), "commit": commit, "rows": rows}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))

@@ -5,10 +5,11 @@ a 64×64 MLP's ``dist_params`` plus ``sample`` on 8 observations costs about ten
 costs in numpy. :class:`NumpyActor` is the actor of an :class:`~frugalrl.nets.MLPActorCritic` (Linear layers with
 tanh or ReLU, an optional :class:`~frugalrl.normalize.ObsNormalizer` in front, a categorical or state-independent
 Gaussian head), built from the policy spec and the weights as they arrive (:meth:`NumpyActor.from_state`), so that
-a worker acting with it never imports PyTorch (~190 MB and ~1 s less per worker process). It computes the same
-distribution parameters in float32 (equal to PyTorch's up to the rounding of a different summation order) and
-samples with a NumPy generator, whose state a checkpointed worker saves and restores. Other agents (CNNs, gSDE,
-user modules) keep PyTorch (:func:`runs_in_numpy` is False for their specs).
+a worker acting with it never imports PyTorch (a smaller process that acts sooner after a start,
+docs/benchmarks.md#worker-footprint). It computes the same distribution parameters in float32 (equal to PyTorch's
+up to the rounding of a different summation order) and samples with a NumPy generator, whose state a checkpointed
+worker saves and restores. Other agents (CNNs, gSDE, user modules) keep PyTorch (:func:`runs_in_numpy` is False for
+their specs).
 """
 
 from __future__ import annotations
