@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import frugalrl
@@ -72,6 +73,29 @@ def measure(env_id: str, workers: int, repeats: int, backend: str = "local") -> 
             "rollout_after_a_kill_s": round(statistics.median(recoveries), 3)}
 
 
+def measure_sb3(env_id: str, workers: int, repeats: int) -> dict[str, Any]:
+    """Start-up seconds (median) and worker memory of ``make_sb3_vec_env`` (SB3's recipe: Monitor on every env)
+    stepped 20 times by the head, as SB3's algorithms step it."""
+    from frugalrl.integrations.sb3 import make_sb3_vec_env
+
+    starts, stepping = [], {}
+    for _ in range(repeats):
+        t = time.perf_counter()
+        venv = make_sb3_vec_env(env_id, workers, backend="local", n_envs=2 * workers, seed=1,
+                                vec_env_kwargs={"inline_workers": 0})
+        try:
+            venv.reset()
+            starts.append(time.perf_counter() - t)
+            for _ in range(20):
+                venv.step(np.array([venv.action_space.sample() for _ in range(venv.num_envs)]))
+            stepping = _workers(venv.cluster)
+        finally:
+            venv.close()
+    return {"env": env_id, "backend": "local", "adapter": "sb3", "workers": workers,
+            "startup_s": round(statistics.median(starts), 3), "startup_s_all": [round(s, 3) for s in starts],
+            "stepping": stepping}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3"])
@@ -79,6 +103,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--backend", choices=["local", "ray"], default="local",
                     help="ray: a local Ray instance, started before the clock (its actors are the workers)")
+    ap.add_argument("--sb3", action="store_true", help="measure make_sb3_vec_env's workers (SB3's recipe) instead")
     ap.add_argument("--out", default="worker_footprint")
     args = ap.parse_args()
     if args.backend == "ray":
@@ -92,6 +117,12 @@ def main() -> None:
         commit += " (with uncommitted changes)"
     rows = []
     for env_id in args.envs:
+        if args.sb3:
+            row = measure_sb3(env_id, args.workers, args.repeats)
+            print(f"{env_id} (make_sb3_vec_env): start-up {row['startup_s']:.2f} s; worker {row['stepping']['rss_mb']} "
+                  f"MB stepping (torch {row['stepping']['torch_loaded']})")
+            rows.append(row)
+            continue
         row = measure(env_id, args.workers, args.repeats, args.backend)
         print(f"{env_id}: start-up {row['startup_s']:.2f} s; worker {row['stepping']['rss_mb']} MB stepping "
               f"(torch {row['stepping']['torch_loaded']}), {row['with_policy']['rss_mb']} MB with a policy "
@@ -100,7 +131,7 @@ def main() -> None:
         rows.append(row)
     out = {"command": "python benchmarks/worker_footprint.py " + " ".join(
         ["--envs", *args.envs, "--workers", str(args.workers), "--repeats", str(args.repeats),
-         *(["--backend", args.backend] if args.backend != "local" else [])]),
+         *(["--backend", args.backend] if args.backend != "local" else []), *(["--sb3"] if args.sb3 else [])]),
         "date": time.strftime("%Y-%m-%d"), "commit": commit, "rows": rows}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))

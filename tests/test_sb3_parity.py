@@ -162,3 +162,34 @@ def test_subproc_vec_env_drop_in(closing):
     assert mixed.env_is_wrapped(Monitor) == [False, True] and mixed.cluster.num_workers == 2
     with pytest.raises(ValueError, match="cannot find context for 'nope'"):
         ClusterSubprocVecEnv([lambda: Echo(spaces.Discrete(2))], start_method="nope")
+
+
+def test_make_sb3_vec_env_workers_do_not_import_torch(closing):
+    """The workers build SB3's Monitor without Stable-Baselines3's package (whose ``__init__`` imports torch): on a
+    plain env their processes never map libtorch (docs/benchmarks.md#worker-footprint)."""
+    from pathlib import Path
+
+    venv = closing(make_sb3_vec_env("CartPole-v1", 2, backend="local", n_envs=2, seed=0,
+                                    vec_env_kwargs={"inline_workers": 0}))
+    venv.reset()
+    for _ in range(3):
+        venv.step(np.zeros(2, dtype=np.int64))
+    pids = venv.cluster.backend.worker_pids().values()
+    assert len(pids) == 2 and not any("libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in pids)
+
+
+def test_the_monitor_loaded_on_its_own_is_the_one_sb3_imports_later():
+    """A worker loads SB3's monitor module from its file; a user's wrapper that imports Stable-Baselines3 afterwards
+    in that process gets the same module and class (and torch only then)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from frugalrl.integrations.sb3_envs import sb3_monitor\n"
+            "Monitor = sb3_monitor()\n"
+            "assert 'torch' not in sys.modules and 'stable_baselines3' not in sys.modules\n"
+            "from stable_baselines3.common.monitor import Monitor as Later\n"
+            "import stable_baselines3.common.env_util as util\n"
+            "assert Later is Monitor and util.Monitor is Monitor and 'torch' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
