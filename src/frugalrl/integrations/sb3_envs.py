@@ -228,7 +228,7 @@ MONITOR_MODULE = "stable_baselines3.common.monitor"
 
 def sb3_monitor() -> Any:
     """SB3's ``Monitor`` class, without importing Stable-Baselines3 where it is not imported yet: the package's
-    ``__init__`` imports its algorithms, and so torch (a worker process ~190 MB larger), while the module of
+    ``__init__`` imports its algorithms, and so torch (a much larger worker process), while the module of
     ``Monitor`` needs only the standard library and Gymnasium. It is then loaded from its file under its own name,
     so that a later ``import stable_baselines3`` in the process (a user's SB3 wrapper) uses the same module; where
     SB3 is imported already or its files are laid out otherwise, the plain import."""
