@@ -25,3 +25,16 @@ def test_ppo_runs_on_ray(tmp_path):
     assert summary["env_steps"] >= 2048
     assert summary["bytes"]["weights"] > 0 and summary["bytes"]["observations"] > 0
     assert min(summary["weight_syncs"]["per_worker"]) >= 1
+
+
+def test_only_actors_on_this_node_are_read_for_the_memory_bound():
+    """An actor's pid on another node would name some other process here: worker_memory_mb reads this node's."""
+    from frugalrl import ClusterEnv
+
+    env = ClusterEnv("CartPole-v1", 2, 1, backend="ray", ray_num_cpus=0, seed=0)
+    try:
+        assert sorted(env.backend.worker_rss_mb()) == [0, 1]
+        env.backend._info[1]["node_id"] = "another node"
+        assert sorted(env.backend.worker_rss_mb()) == [0]
+    finally:
+        env.close()

@@ -142,6 +142,13 @@ class RayBackend(Backend):
         """Process id of each live actor (on its own node)."""
         return {w: info["pid"] for w, info in enumerate(self._info) if "pid" in info}
 
+    def worker_rss_mb(self) -> dict[int, float]:
+        """Resident memory (MB) of the actors on this node only: an actor's pid on another node names some other
+        process here (its memory bound then does not apply; Ray's own memory monitor watches each node)."""
+        here = ray.get_runtime_context().get_node_id()
+        local = {w for w, info in enumerate(self._info) if info.get("node_id") == here}
+        return {w: mb for w, mb in super().worker_rss_mb().items() if w in local}
+
     def worker_nodes(self) -> dict[int, dict[str, str]]:
         """Ray node id and IP address of each live actor."""
         return {w: {"node_id": i["node_id"], "node_ip": i["node_ip"]} for w, i in enumerate(self._info) if "pid" in i}
