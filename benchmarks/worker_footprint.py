@@ -39,7 +39,18 @@ def _workers(env: ClusterEnv) -> dict[str, Any]:
     return {"rss_mb": round(statistics.mean(rss), 1), "torch_loaded": all(torch_loaded)}
 
 
-def measure(env_id: str, workers: int, repeats: int, backend: str = "local") -> dict[str, Any]:
+def _agent(env: ClusterEnv, kind: str) -> torch.nn.Module:
+    """``make_agent``'s MLP, or (``onnx``) it exported as AcceRL's static-graph actor."""
+    agent = make_agent(env.single_observation_space, env.single_action_space)
+    if kind == "mlp":
+        return agent
+    from frugalrl.compress import OnnxPolicy, export_onnx
+
+    probe = torch.zeros((4, *env.single_observation_space.shape))
+    return OnnxPolicy.from_bytes(export_onnx(agent, probe), agent.dist_kind)
+
+
+def measure(env_id: str, workers: int, repeats: int, backend: str = "local", kind: str = "mlp") -> dict[str, Any]:
     """Start-up seconds (median of ``repeats``) and worker memory with head-side inference, then with a policy;
     the first rollout's seconds (the workers build the policy) and a rollout's after a worker was killed."""
     starts, firsts, recoveries, stepping, acting = [], [], [], {}, {}
@@ -55,7 +66,7 @@ def measure(env_id: str, workers: int, repeats: int, backend: str = "local") -> 
                 env.step(env.action_space.sample())
             stepping = _workers(env)
             torch.manual_seed(0)
-            agent = make_agent(env.single_observation_space, env.single_action_space)
+            agent = _agent(env, kind)
             t = time.perf_counter()
             env.rollout(agent, 4)
             firsts.append(time.perf_counter() - t)
@@ -67,7 +78,7 @@ def measure(env_id: str, workers: int, repeats: int, backend: str = "local") -> 
             recoveries.append(time.perf_counter() - t)
         finally:
             env.close()
-    return {"env": env_id, "backend": backend, "workers": workers, "startup_s": round(statistics.median(starts), 3),
+    return {"env": env_id, "backend": backend, "agent": kind, "workers": workers, "startup_s": round(statistics.median(starts), 3),
             "startup_s_all": [round(s, 3) for s in starts], "stepping": stepping, "with_policy": acting,
             "first_rollout_s": round(statistics.median(firsts), 3),
             "rollout_after_a_kill_s": round(statistics.median(recoveries), 3)}
@@ -103,6 +114,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--backend", choices=["local", "ray"], default="local",
                     help="ray: a local Ray instance, started before the clock (its actors are the workers)")
+    ap.add_argument("--agent", choices=["mlp", "onnx"], default="mlp",
+                    help="onnx: the MLP exported as AcceRL's ONNX actor (OnnxPolicy)")
     ap.add_argument("--sb3", action="store_true", help="measure make_sb3_vec_env's workers (SB3's recipe) instead")
     ap.add_argument("--out", default="worker_footprint")
     args = ap.parse_args()
@@ -123,7 +136,7 @@ def main() -> None:
                   f"MB stepping (torch {row['stepping']['torch_loaded']})")
             rows.append(row)
             continue
-        row = measure(env_id, args.workers, args.repeats, args.backend)
+        row = measure(env_id, args.workers, args.repeats, args.backend, args.agent)
         print(f"{env_id}: start-up {row['startup_s']:.2f} s; worker {row['stepping']['rss_mb']} MB stepping "
               f"(torch {row['stepping']['torch_loaded']}), {row['with_policy']['rss_mb']} MB with a policy "
               f"(torch {row['with_policy']['torch_loaded']}); first rollout {row['first_rollout_s']:.2f} s, "
@@ -131,7 +144,8 @@ def main() -> None:
         rows.append(row)
     out = {"command": "python benchmarks/worker_footprint.py " + " ".join(
         ["--envs", *args.envs, "--workers", str(args.workers), "--repeats", str(args.repeats),
-         *(["--backend", args.backend] if args.backend != "local" else []), *(["--sb3"] if args.sb3 else [])]),
+         *(["--backend", args.backend] if args.backend != "local" else []), *(["--sb3"] if args.sb3 else []),
+         *(["--agent", args.agent] if args.agent != "mlp" else [])]),
         "date": time.strftime("%Y-%m-%d"), "commit": commit, "rows": rows}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))

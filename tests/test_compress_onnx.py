@@ -267,3 +267,20 @@ def test_onnx_actor_in_cluster_env(cartpole: tuple[nn.Module, torch.Tensor]) -> 
         assert stats["bytes"]["weights"] == 2 * agent.model.numel()
         ro2 = envs.rollout(agent, 4)  # unchanged agent: no new weights
         assert ro2.num_steps == 4 and envs.stats()["bytes"]["weights"] == 2 * agent.model.numel()
+
+
+def test_an_onnx_actor_runs_in_worker_processes_without_torch(cartpole: tuple[nn.Module, torch.Tensor]) -> None:
+    """AcceRL's compressed actor in a worker process: the graph runs on ONNX Runtime and is sampled and scored in
+    numpy (uplink 'logprob'), the process never loads torch, and the log-probabilities are the agent's."""
+    from pathlib import Path
+
+    net, states = cartpole
+    agent = OnnxPolicy.from_bytes(export_onnx(net, states[:4]), "categorical")
+    with closing(ClusterEnv("CartPole-v1", num_workers=1, envs_per_worker=3, backend="local", seed=0,
+                            inline_workers=0, uplink={"behaviour": "logprob"})) as envs:
+        ro = envs.rollout(agent, 12)
+        (pid,) = envs.backend.worker_pids().values()
+        assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text()
+        flat = torch.from_numpy(ro.obs.reshape(-1, 4))
+        logp = torch.log_softmax(agent.dist_params(flat), -1).gather(-1, torch.from_numpy(ro.actions.reshape(-1, 1)))
+        np.testing.assert_allclose(ro.behaviour_logp.reshape(-1), logp[:, 0].numpy(), rtol=1e-5, atol=1e-5)

@@ -128,30 +128,40 @@ class NumpyActor:
         return x
 
     def sample(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One action per row (categorical: int64 indices, by inverting the CDF at a uniform; Gaussian: float32)."""
-        if self.kind == "categorical":
-            z = np.exp(params - params.max(axis=-1, keepdims=True), dtype=np.float64)
-            cdf = np.cumsum(z, axis=-1)
-            u = rng.random((params.shape[0], 1)) * cdf[:, -1:]
-            return np.minimum((cdf <= u).sum(axis=-1), params.shape[-1] - 1).astype(np.int64)
-        d = params.shape[-1] // 2
-        noise = rng.standard_normal((params.shape[0], d), dtype=np.float32)
-        return (params[:, :d] + noise * np.exp(params[:, d:])).astype(np.float32)
+        """One action per row (:func:`sample`)."""
+        return sample(self.kind, params, rng)
 
     def log_prob(self, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        """log π(a | params) of each row's action, float32 (:func:`frugalrl.dists.log_prob`'s formula; summed over
-        the action dimensions for the Gaussian)."""
-        params = np.asarray(params, dtype=np.float32)
-        if self.kind == "categorical":
-            top = params.max(axis=-1, keepdims=True)
-            shifted = params - top
-            logp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-            idx = np.asarray(actions, dtype=np.int64)[..., None]
-            return np.take_along_axis(logp, idx, axis=-1)[..., 0]
-        d = params.shape[-1] // 2
-        mean, log_std = params[..., :d], params[..., d:]
-        z = (np.asarray(actions, dtype=np.float32).reshape(mean.shape) - mean) / np.exp(log_std)
-        return (-0.5 * z * z - log_std - np.float32(0.5 * math.log(2 * math.pi))).sum(-1, dtype=np.float32)
+        """log π(a | params) of each row's action (:func:`log_prob`)."""
+        return log_prob(self.kind, params, actions)
+
+
+def sample(kind: str, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One action per row of distribution parameters (categorical: int64 indices, by inverting the CDF at a uniform;
+    Gaussian, mean then log-std: float32)."""
+    if kind == "categorical":
+        z = np.exp(params - params.max(axis=-1, keepdims=True), dtype=np.float64)
+        cdf = np.cumsum(z, axis=-1)
+        u = rng.random((params.shape[0], 1)) * cdf[:, -1:]
+        return np.minimum((cdf <= u).sum(axis=-1), params.shape[-1] - 1).astype(np.int64)
+    d = params.shape[-1] // 2
+    noise = rng.standard_normal((params.shape[0], d), dtype=np.float32)
+    return (params[:, :d] + noise * np.exp(params[:, d:])).astype(np.float32)
+
+
+def log_prob(kind: str, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
+    """log π(a | params) of each row's action, float32 (:func:`frugalrl.dists.log_prob`'s formula; summed over the
+    action dimensions for the Gaussian)."""
+    params = np.asarray(params, dtype=np.float32)
+    if kind == "categorical":
+        shifted = params - params.max(axis=-1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        idx = np.asarray(actions, dtype=np.int64)[..., None]
+        return np.take_along_axis(logp, idx, axis=-1)[..., 0]
+    d = params.shape[-1] // 2
+    mean, log_std = params[..., :d], params[..., d:]
+    z = (np.asarray(actions, dtype=np.float32).reshape(mean.shape) - mean) / np.exp(log_std)
+    return (-0.5 * z * z - log_std - np.float32(0.5 * math.log(2 * math.pi))).sum(-1, dtype=np.float32)
 
 
 def rng_state(rng: np.random.Generator) -> np.ndarray:

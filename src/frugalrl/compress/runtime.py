@@ -3,9 +3,9 @@
 An :class:`OnnxPolicy` is an ordinary frugalrl agent: a ``torch.nn.Module`` with ``spec``,
 ``dist_kind``, ``dist_params(obs)`` and ``value(obs)``. Its only state is the buffer ``model``, a
 uint8 tensor holding the serialized ONNX graph (weights included), so it travels to workers as an
-ordinary weights message (the graph bytes go raw, whatever the float codec) and a worker rebuilds it
-from its spec with :func:`frugalrl.nets.build_policy` and then ``load_state_dict``. Loading a graph
-of another size replaces the buffer and rebuilds the inference session.
+ordinary weights message (the graph bytes go raw, whatever the float codec); a worker runs it as an
+:class:`~frugalrl.onnxactor.OnnxActor`, without torch. Loading a graph of another size into an
+``OnnxPolicy`` replaces the buffer and rebuilds the inference session.
 
 The graph is parsed by ONNX Runtime (protobuf, no pickle). Sessions run on the CPU execution
 provider with ``threads`` intra-op threads, one inter-op thread and every graph optimisation
@@ -23,6 +23,9 @@ import torch
 
 from frugalrl.dists import KINDS, DistKind
 from frugalrl.nets import ActorCritic, PolicySpec
+from frugalrl.onnxactor import DIST_OUTPUT, VALUE_OUTPUT, check_graph, graph_bytes, make_session
+
+__all__ = ["DIST_OUTPUT", "PRECISIONS", "VALUE_OUTPUT", "OnnxPolicy", "Precision", "check_precision", "make_session"]
 
 Precision = Literal["fp32", "fp16", "int8"]
 """Precision of an exported graph's weights (what :mod:`frugalrl.compress.quantize` produces)."""
@@ -35,44 +38,6 @@ def check_precision(precision: str) -> Precision:
         if precision == known:
             return known
     raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-
-# ONNX Runtime's input type names -> NumPy dtypes the graph input may expect.
-_ORT_DTYPES: dict[str, np.dtype] = {
-    "tensor(float)": np.dtype(np.float32),
-    "tensor(double)": np.dtype(np.float64),
-    "tensor(float16)": np.dtype(np.float16),
-    "tensor(uint8)": np.dtype(np.uint8),
-    "tensor(int8)": np.dtype(np.int8),
-    "tensor(int32)": np.dtype(np.int32),
-    "tensor(int64)": np.dtype(np.int64),
-    "tensor(bool)": np.dtype(np.bool_),
-}
-
-DIST_OUTPUT = "dist_params"
-"""Name of the graph output holding the distribution parameters."""
-VALUE_OUTPUT = "value"
-"""Name of the graph output holding the state value."""
-
-
-def make_session(data: bytes, threads: int = 1) -> Any:
-    """An ``onnxruntime.InferenceSession`` over the serialized graph ``data``.
-
-    CPU execution provider, ``threads`` intra-op threads, one inter-op thread, sequential execution,
-    ``ORT_ENABLE_ALL`` graph optimisation. Raises ``ValueError`` if ``data`` is not a valid ONNX model.
-    """
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = int(threads)
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3
-    try:
-        return ort.InferenceSession(bytes(data), sess_options=opts, providers=["CPUExecutionProvider"])
-    except Exception as e:  # onnxruntime raises its own pybind exception types
-        raise ValueError(f"not a valid ONNX model ({len(data)} bytes): {type(e).__name__}: {e}") from e
-
 
 class OnnxPolicy(ActorCritic):
     """An agent that runs a serialized ONNX graph (inputs ``obs``; outputs ``dist_params``, ``value``).
@@ -120,11 +85,7 @@ class OnnxPolicy(ActorCritic):
     @property
     def onnx_bytes(self) -> bytes:
         """The serialized graph this agent runs (empty before weights arrive)."""
-        packed = self.model.detach().cpu().numpy().tobytes()
-        try:
-            return zlib.decompress(packed) if packed else packed
-        except zlib.error:  # a graph stored uncompressed (checkpoints written before compression)
-            return packed
+        return graph_bytes(self.model.detach().cpu().numpy().tobytes())
 
     def set_model(self, data: bytes) -> None:
         """Replace the graph with ``data`` and rebuild the session (``ValueError`` if invalid)."""
@@ -143,18 +104,8 @@ class OnnxPolicy(ActorCritic):
         if not data:
             raise ValueError("OnnxPolicy: empty model bytes; expected a serialized ONNX graph")
         session = make_session(data, self.threads)
-        inputs = session.get_inputs()
-        outputs = tuple(o.name for o in session.get_outputs())
-        if len(inputs) != 1 or DIST_OUTPUT not in outputs:
-            raise ValueError(
-                f"OnnxPolicy needs a graph with one input and a {DIST_OUTPUT!r} output; got inputs "
-                f"{[i.name for i in inputs]} and outputs {list(outputs)} (use frugalrl.compress.export.export_onnx)"
-            )
-        dtype = _ORT_DTYPES.get(inputs[0].type)
-        if dtype is None:
-            raise ValueError(f"OnnxPolicy: unsupported graph input type {inputs[0].type}")
+        self._input_name, self._input_dtype, self._outputs = check_graph(session)
         self._session, self._loaded = session, data
-        self._input_name, self._input_dtype, self._outputs = inputs[0].name, dtype, outputs
 
     def _load_from_state_dict(
         self,

@@ -49,6 +49,8 @@ from frugalrl.experience import (
     space_shape,
 )
 from frugalrl.npactor import NumpyActor, acting_like, rng_state, runs_in_numpy, set_rng_state
+from frugalrl.onnxactor import ACTING_LIKE as ONNX_ACTING_LIKE
+from frugalrl.onnxactor import OnnxActor, runs_on_onnxruntime
 from frugalrl.wire.delta import DeltaError, HeldWeights, from_words
 from frugalrl.wire.message import Message, state_arrays
 from frugalrl.wire.uplink import UplinkCodecs, UplinkOptions
@@ -110,9 +112,10 @@ class EnvWorker:
                               where=lambda i: f"worker {self.index}, env {self.first_env + i} ({self.env_name})")
         self.obs_space = self.group.observation_space
         self.act_space = self.group.action_space
-        # The policy held: an MLP agent as numpy arrays (``actor``, from the weights ``acting``), any other agent
-        # as a torch module (``policy``); one of the two once weights have come, the other None.
-        self.actor: NumpyActor | None = None
+        # The policy held: an MLP agent as numpy arrays or an exported graph on ONNX Runtime (``actor``, from the
+        # weights ``acting``), any other agent as a torch module (``policy``); one of the two once weights have
+        # come, the other None.
+        self.actor: NumpyActor | OnnxActor | None = None
         self.acting: dict[str, np.ndarray] | None = None
         self.policy: ActorCritic | None = None
         self.policy_spec: dict[str, Any] | None = None
@@ -166,10 +169,11 @@ class EnvWorker:
 
     def _hold(self, spec: dict[str, Any], state: dict[str, np.ndarray] | None) -> None:
         """Hold the policy ``spec`` builds, with the acting weights ``state`` (its initial ones if None)."""
-        if runs_in_numpy(spec):
+        if _torch_free(spec):
             if state is None:
-                raise WorkerError("a policy run in numpy must come with its weights")
-            self.actor, self.acting, self.policy = NumpyActor.from_state(spec, state), state, None
+                raise WorkerError("a policy run without torch must come with its weights")
+            actor = (NumpyActor.from_state(spec, state) if runs_in_numpy(spec) else OnnxActor.from_state(spec, state))
+            self.actor, self.acting, self.policy = actor, state, None
         else:
             from frugalrl.nets import PolicySpec, build_policy, load_acting_state
 
@@ -324,7 +328,7 @@ class EnvWorker:
         if self.policy_spec is None or (spec is not None and spec != self.policy_spec):
             if spec is None:
                 raise WorkerError("first weights message must carry the policy spec")
-            if not runs_in_numpy(spec):
+            if not _torch_free(spec):
                 self._hold(spec, None)  # the module, to decode its weights against
             self.policy_spec = spec
             self.held.clear()
@@ -334,6 +338,8 @@ class EnvWorker:
             return Message("refused", {"worker": self.index, "error": str(e)})
         if runs_in_numpy(self.policy_spec):
             like = acting_like(self.policy_spec)
+        elif runs_on_onnxruntime(self.policy_spec):
+            like = ONNX_ACTING_LIKE
         else:
             from frugalrl.nets import acting_state
 
@@ -451,6 +457,11 @@ class EnvWorker:
             **episode_stats(f.episode_returns, f.episode_lengths),
         }
         return Message("rollout", {"version": version, "worker": self.index}, arrays)
+
+
+def _torch_free(spec: dict[str, Any]) -> bool:
+    """Whether a worker runs the policy of ``spec`` without torch (an MLP agent in numpy, an exported graph)."""
+    return runs_in_numpy(spec) or runs_on_onnxruntime(spec)
 
 
 def _set_rng_state(env: gym.Env, state: dict[str, Any]) -> None:
