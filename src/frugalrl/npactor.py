@@ -8,8 +8,9 @@ Gaussian head), built from the policy spec and the weights as they arrive (:meth
 a worker acting with it never imports PyTorch (a smaller process that acts sooner after a start,
 docs/benchmarks.md#worker-footprint). It computes the same distribution parameters in float32 (equal to PyTorch's
 up to the rounding of a different summation order) and samples with a NumPy generator, whose state a checkpointed
-worker saves and restores. Other agents (CNNs, gSDE, user modules) keep PyTorch (:func:`runs_in_numpy` is False for
-their specs).
+worker saves and restores. :func:`sample` and :func:`log_prob` serve AcceRL's exported graphs too
+(:mod:`frugalrl.onnxactor`); other agents (CNNs, gSDE, user modules) keep PyTorch (:func:`runs_in_numpy` is False
+for their specs).
 """
 
 from __future__ import annotations
