@@ -9,7 +9,7 @@ import torch
 
 from frugalrl import ClusterEnv, dists, make_agent
 from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic, acting_state, build_policy
-from frugalrl.npactor import NumpyActor, acting_like, one_blas_thread, rng_state, runs_in_numpy, set_rng_state
+from frugalrl.npactor import NumpyActor, acting_like, one_blas_thread, runs_in_numpy
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,18 +116,22 @@ def test_log_probabilities_are_pytorchs(action):
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
 
 
-def test_a_restored_generator_continues_its_stream():
-    rng = np.random.default_rng(12345)
-    rng.random(3)
-    rng.standard_normal(1, dtype=np.float32)  # a half-used 64-bit word: has_uint32 is part of the state
-    saved = rng_state(rng)
-    assert saved.dtype == np.uint64 and saved.shape == (6,)
-    expected = (rng.random(5), rng.standard_normal(5, dtype=np.float32))
-    other = np.random.default_rng(0)
-    set_rng_state(other, saved)
-    got = (other.random(5), other.standard_normal(5, dtype=np.float32))
-    for a, b in zip(got, expected, strict=True):
-        np.testing.assert_array_equal(a, b)
+def test_a_restored_worker_continues_its_sampling_stream():
+    """A checkpoint carries each worker's NumPy generator (in its snapshot, as the envs' generators): a run restored
+    from it samples the very actions the original run samples next, a half-used 64-bit word included (Gaussian
+    actions draw float32 normals)."""
+    for env_id in ("CartPole-v1", "Pendulum-v1"):
+        first, second = (ClusterEnv(env_id, 2, 2, backend="serial", seed=3, replayable=True) for _ in range(2))
+        try:
+            agent = make_agent(first.single_observation_space, first.single_action_space)
+            first.rollout(agent, 5)
+            second.load_state_dict(first.state_dict())
+            a, b = first.rollout(agent, 8), second.rollout(agent, 8)
+            np.testing.assert_array_equal(a.actions, b.actions, err_msg=env_id)
+            np.testing.assert_array_equal(a.obs, b.obs, err_msg=env_id)
+        finally:
+            first.close()
+            second.close()
 
 
 def test_an_actor_is_a_copy_of_the_weights():

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 MLP_FACTORY = "frugalrl.nets:MLPActorCritic"
-_MLP_DEFAULTS = {"hidden": (64, 64), "activation": "tanh", "obs_norm": False, "sde": False}  # MLPActorCritic's
 _OBS_CLIP = 10.0  # ObsNormalizer's default clip, the one MLPActorCritic's normaliser has
 
 
@@ -46,18 +45,15 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
 
 def runs_in_numpy(spec: Mapping[str, Any]) -> bool:
     """Whether a policy spec (:class:`~frugalrl.nets.PolicySpec` as JSON) builds an agent :class:`NumpyActor` runs:
-    an :class:`~frugalrl.nets.MLPActorCritic` without gSDE, with tanh or ReLU layers (a worker builds exactly the
-    spec's class, so the spec decides)."""
-    kwargs = spec.get("kwargs", {})
-    return (spec.get("factory") == MLP_FACTORY and not kwargs.get("sde", False)
-            and kwargs.get("activation", "tanh") in ("tanh", "relu")
-            and kwargs.get("action", {}).get("type") in ("discrete", "box"))
+    an :class:`~frugalrl.nets.MLPActorCritic` without gSDE (a worker builds exactly the spec's class, so the spec
+    decides; the class's spec names every option and accepts only tanh or ReLU layers)."""
+    return spec.get("factory") == MLP_FACTORY and not spec.get("kwargs", {}).get("sde", False)
 
 
 def acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """The keys, shapes and dtypes of :func:`frugalrl.nets.acting_state` of the agent ``spec`` builds (one that
     :func:`runs_in_numpy`), without building it: what a weights message is decoded against."""
-    kw = {**_MLP_DEFAULTS, **spec["kwargs"]}
+    kw = spec["kwargs"]
     action, f32, f64 = kw["action"], np.dtype(np.float32), np.dtype(np.float64)
     out = int(action["n"]) if action["type"] == "discrete" else int(np.prod(action["shape"]))
     like: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -83,11 +79,13 @@ class NumpyActor:
         self.log_std = log_std
         self.norm = norm  # (mean, 1 / sqrt(var + 1e-8), clip), float64 as ObsNormalizer computes
 
+    acting_like = staticmethod(acting_like)
+
     @classmethod
     def from_state(cls, spec: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> NumpyActor:
         """The actor of the agent ``spec`` builds (one that :func:`runs_in_numpy`), holding ``state`` (its
         :func:`~frugalrl.nets.acting_state` as arrays, copied: the actor does not change with them)."""
-        kw = {**_MLP_DEFAULTS, **spec["kwargs"]}
+        kw = spec["kwargs"]
         n = len(kw["hidden"])
         layers = [(np.array(state[f"actor.{2 * i}.weight"].T, dtype=np.float32, order="C"),
                    np.array(state[f"actor.{2 * i}.bias"], dtype=np.float32), kw["activation"] if i < n else None)
@@ -163,18 +161,3 @@ def log_prob(kind: str, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
     mean, log_std = params[..., :d], params[..., d:]
     z = (np.asarray(actions, dtype=np.float32).reshape(mean.shape) - mean) / np.exp(log_std)
     return (-0.5 * z * z - log_std - np.float32(0.5 * math.log(2 * math.pi))).sum(-1, dtype=np.float32)
-
-
-def rng_state(rng: np.random.Generator) -> np.ndarray:
-    """A PCG64 generator's state as six uint64 (for a snapshot: :func:`set_rng_state` restores it)."""
-    s = rng.bit_generator.state
-    state, inc, mask = int(s["state"]["state"]), int(s["state"]["inc"]), (1 << 64) - 1
-    return np.array([state >> 64, state & mask, inc >> 64, inc & mask, s["has_uint32"], s["uinteger"]],
-                    dtype=np.uint64)
-
-
-def set_rng_state(rng: np.random.Generator, words: np.ndarray) -> None:
-    """Put ``rng`` (a PCG64 generator) in the state :func:`rng_state` gave."""
-    w = [int(x) for x in np.asarray(words, dtype=np.uint64)]
-    rng.bit_generator.state = {"bit_generator": "PCG64", "has_uint32": w[4], "uinteger": w[5],
-                               "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]}}

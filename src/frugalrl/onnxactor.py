@@ -102,6 +102,11 @@ class OnnxActor:
         self.session = make_session(graph, threads)
         self.input_name, self.input_dtype, _ = check_graph(self.session)
 
+    @staticmethod
+    def acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """What a weights message for ``spec`` is decoded against (:data:`ACTING_LIKE`, whatever the spec)."""
+        return dict(ACTING_LIKE)
+
     @classmethod
     def from_state(cls, spec: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> OnnxActor:
         """The actor of the ``OnnxPolicy`` ``spec`` describes, running the graph in ``state["model"]``."""

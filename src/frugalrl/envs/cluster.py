@@ -101,8 +101,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         worker_timeout: seconds without a reply after which a worker is declared dead.
         check_finite: raise on NaN/inf observations or rewards.
         worker_memory_mb: a worker process over this resident memory (MB) is replaced at the start of a rollout
-            or step, its envs starting new episodes (a step reports them truncated) (local backend, checked every 10 s at most); inline workers move to
-            processes once this process has grown by as much; None: never.
+            or step, its envs starting new episodes (a step reports them truncated; local backend, checked every
+            10 s at most); inline workers move to processes once this process has grown by as much; None: never.
         crash_loop_tries: how many times in a row a worker that dies before completing a request is replaced
             (after 0, 0.25, 0.5, ... up to 4 s) before :class:`~frugalrl.envs.restarts.WorkersFailed`; one that
             dies after useful work is always replaced (:mod:`frugalrl.envs.restarts`).
@@ -338,7 +338,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             actions = check_actions(self.single_action_space, self.num_envs, actions, self._action_wire_dtype)
             k = self.envs_per_worker
             requests = {w: Message("step", {}, {"actions": actions[w * k : (w + 1) * k]}) for w in range(self.num_workers)}
-        cut = self._recycle_large_workers(reset=False)  # mostly [] at once: checked every memory_check_s
+        cut = self._recycle_large_workers()  # mostly [] at once: checked every memory_check_s
         if cut:
             cut = self._cut_before_step(cut)
             requests = {w: msg for w, msg in requests.items() if w not in cut}
@@ -356,7 +356,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         first_event = len(self.restart_events)
         if self._obs is None:
             self.reset(seed=self.seed)
-        self._recycle_large_workers()
+        for w in self._recycle_large_workers():
+            self._reset_worker(w, seed=None)
         self.send_weights(agent)
         self.backend.reserve(
             rollout_bound(self.single_observation_space, self.single_action_space, self.envs_per_worker, num_steps), 0
@@ -547,7 +548,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
     def _step_agent(self, agent: ActorCritic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         self._check_inference()
         first_event = len(self.restart_events)
-        recycled = self._recycle_large_workers(reset=False)
+        recycled = self._recycle_large_workers()
         self.send_weights(agent)
         cut = self._cut_before_step({e["worker"] for e in self.restart_events[first_event:]} | set(recycled))
         msg = Message("act_step")

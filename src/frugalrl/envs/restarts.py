@@ -131,10 +131,10 @@ class Replacements:
         self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
                                     "seconds": round(time.monotonic() - t0, 3)})
 
-    def _recycle_large_workers(self, reset: bool = True) -> list[int]:
+    def _recycle_large_workers(self) -> list[int]:
         """Replace the workers over ``worker_memory_mb`` (between fragments or steps: nothing is lost but their
-        episodes in progress, which start anew, as after a truncation); returns them. ``reset``: reset their envs
-        here (else the caller does, as for a worker that failed during a step)."""
+        episodes in progress, which start anew, as after a truncation); returns them, for the caller to reset their
+        envs (at once before a rollout; as for a worker that failed during a step before a step)."""
         now = time.monotonic()
         if self.worker_memory_mb is None or now - self._memory_checked < self.memory_check_s:
             return []
@@ -150,15 +150,13 @@ class Replacements:
             except WorkerStartFailed as e:
                 self._restart(w, str(e))  # the replacement died while starting: the crash-loop rule decides
             self.policies.forget(w)
-            if reset:
-                self._reset_worker(w, seed=None)
             self.recycle_events.append({"worker": w, "rss_mb": round(rss, 1), "time": time.time()})
             replaced.append(w)
         if self.backend.inline_ids():
-            replaced += self._move_out_if_head_grew(reset)
+            replaced += self._move_out_if_head_grew()
         return replaced
 
-    def _move_out_if_head_grew(self, reset: bool) -> list[int]:
+    def _move_out_if_head_grew(self) -> list[int]:
         """Inline workers have no process whose memory tells their envs' leaks apart: once this process has grown
         by ``worker_memory_mb`` since its first check, they move to processes of their own, where the bound
         applies to each (a leaking env stops growing the learner; what it leaked here stays)."""
@@ -181,8 +179,6 @@ class Replacements:
             except WorkerStartFailed as e:
                 self._restart(w, str(e))  # as a recycled worker that dies while starting
             self.policies.forget(w)
-            if reset:
-                self._reset_worker(w, seed=None)
             self.recycle_events.append({"worker": w, "rss_mb": round(rss, 1), "inline": True, "time": time.time()})
         self.inline_workers = len(self.backend.inline_ids())
         return inline

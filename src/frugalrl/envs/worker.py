@@ -48,9 +48,9 @@ from frugalrl.experience import (
     info_parent,
     space_shape,
 )
-from frugalrl.npactor import NumpyActor, acting_like, rng_state, runs_in_numpy, set_rng_state
-from frugalrl.onnxactor import ACTING_LIKE as ONNX_ACTING_LIKE
+from frugalrl.npactor import NumpyActor, runs_in_numpy
 from frugalrl.onnxactor import OnnxActor, runs_on_onnxruntime
+from frugalrl.runs import jsonable
 from frugalrl.wire.delta import DeltaError, HeldWeights, from_words
 from frugalrl.wire.message import Message, state_arrays
 from frugalrl.wire.uplink import UplinkCodecs, UplinkOptions
@@ -123,7 +123,7 @@ class EnvWorker:
         self._named_left_out: set[str] = set()  # info keys already named to the head as not data
         self.version = -1
         self._generator_seed = _seed_for(seed, index)
-        self.rng = np.random.Generator(np.random.PCG64(self._generator_seed))  # the numpy actor samples with it
+        self.rng = np.random.default_rng(self._generator_seed)  # what a torch-free actor samples with
         self._generator: torch.Generator | None = None  # a torch policy's: made on first use (:attr:`generator`)
         self._box = isinstance(self.act_space, gym.spaces.Box)
         # Discrete actions travel in the smallest integer type that holds them (uint8 for most envs).
@@ -169,11 +169,11 @@ class EnvWorker:
 
     def _hold(self, spec: dict[str, Any], state: dict[str, np.ndarray] | None) -> None:
         """Hold the policy ``spec`` builds, with the acting weights ``state`` (its initial ones if None)."""
-        if _torch_free(spec):
+        torch_free = _torch_free_actor(spec)
+        if torch_free is not None:
             if state is None:
                 raise WorkerError("a policy run without torch must come with its weights")
-            actor = (NumpyActor.from_state(spec, state) if runs_in_numpy(spec) else OnnxActor.from_state(spec, state))
-            self.actor, self.acting, self.policy = actor, state, None
+            self.actor, self.acting, self.policy = torch_free.from_state(spec, state), state, None
         else:
             from frugalrl.nets import PolicySpec, build_policy, load_acting_state
 
@@ -277,7 +277,7 @@ class EnvWorker:
         seed = msg.meta.get("seed")
         if seed is not None:
             self._generator_seed = _seed_for(seed, self.index)
-            self.rng = np.random.Generator(np.random.PCG64(self._generator_seed))
+            self.rng = np.random.default_rng(self._generator_seed)
             if self._generator is not None:
                 self._generator.manual_seed(self._generator_seed)
         if msg.meta.get("defer"):
@@ -328,7 +328,7 @@ class EnvWorker:
         if self.policy_spec is None or (spec is not None and spec != self.policy_spec):
             if spec is None:
                 raise WorkerError("first weights message must carry the policy spec")
-            if not _torch_free(spec):
+            if _torch_free_actor(spec) is None:
                 self._hold(spec, None)  # the module, to decode its weights against
             self.policy_spec = spec
             self.held.clear()
@@ -336,10 +336,9 @@ class EnvWorker:
             words = self.held.resolve(msg)
         except DeltaError as e:
             return Message("refused", {"worker": self.index, "error": str(e)})
-        if runs_in_numpy(self.policy_spec):
-            like = acting_like(self.policy_spec)
-        elif runs_on_onnxruntime(self.policy_spec):
-            like = ONNX_ACTING_LIKE
+        torch_free = _torch_free_actor(self.policy_spec)
+        if torch_free is not None:
+            like = torch_free.acting_like(self.policy_spec)
         else:
             from frugalrl.nets import acting_state
 
@@ -359,7 +358,6 @@ class EnvWorker:
             "ep_return": group.ep_return.copy(),
             "ep_length": group.ep_length.copy(),
             "needs_reset": group.needs_reset.copy(),
-            "rng": rng_state(self.rng),
         }
         if self._generator is not None:  # a torch policy's
             arrays["generator"] = self._generator.get_state().numpy()
@@ -371,7 +369,8 @@ class EnvWorker:
                 else np.zeros((0, *act_shape), dtype=act_dtype)
             )
         arrays.update({f"w/{k}": v.copy() for k, v in self.held_state().items()})
-        meta = {"began": list(group.began), "version": self.version, "spec": self.policy_spec}
+        meta = {"began": list(group.began), "version": self.version, "spec": self.policy_spec,
+                "rng": jsonable(self.rng.bit_generator.state)}  # as the envs' generators in ``began``
         return Message("snapshot", meta, arrays, kinds={name: "checkpoint" for name in arrays})
 
     def _op_restore(self, msg: Message) -> Message:
@@ -407,8 +406,8 @@ class EnvWorker:
             if not ok:
                 group.ep_return[i], group.ep_length[i], group.needs_reset[i] = 0.0, 0, False
         group.ep_start[:] = time.perf_counter()
-        if "rng" in a:
-            set_rng_state(self.rng, a["rng"])
+        if meta.get("rng") is not None:
+            self.rng.bit_generator.state = meta["rng"]
         if "generator" in a:  # a torch policy's (or a snapshot from before numpy actors, whose stream it was)
             self.generator.set_state(_torch().from_numpy(a["generator"].copy()))
         self.held.clear()  # the head assumes a restored worker holds no words: its next weights are a full copy
@@ -459,9 +458,12 @@ class EnvWorker:
         return Message("rollout", {"version": version, "worker": self.index}, arrays)
 
 
-def _torch_free(spec: dict[str, Any]) -> bool:
-    """Whether a worker runs the policy of ``spec`` without torch (an MLP agent in numpy, an exported graph)."""
-    return runs_in_numpy(spec) or runs_on_onnxruntime(spec)
+def _torch_free_actor(spec: dict[str, Any]) -> type[NumpyActor] | type[OnnxActor] | None:
+    """The class a worker runs the policy of ``spec`` with, without torch (an MLP agent in numpy, an exported graph
+    on ONNX Runtime); None: the policy is a torch module."""
+    if runs_in_numpy(spec):
+        return NumpyActor
+    return OnnxActor if runs_on_onnxruntime(spec) else None
 
 
 def _set_rng_state(env: gym.Env, state: dict[str, Any]) -> None:
