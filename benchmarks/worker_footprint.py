@@ -16,15 +16,14 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from _commit import measured_commit
 
-import frugalrl
 from frugalrl import ClusterEnv, make_agent
 
 RESULTS = Path(__file__).parent / "results"
@@ -123,11 +122,7 @@ def main() -> None:
         import ray
 
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    src = Path(frugalrl.__file__).parent  # the checkout measured (another one's on PYTHONPATH for "before")
-    commit = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    if subprocess.run(["git", "-C", str(src), "status", "--porcelain", "."], capture_output=True, text=True).stdout:
-        commit += " (with uncommitted changes)"
+    commit = measured_commit()  # the checkout measured (another one's on PYTHONPATH for "before")
     rows = []
     for env_id in args.envs:
         if args.sb3:

@@ -66,9 +66,9 @@ ONE_TORCH_THREAD = False
 
 @functools.cache
 def _torch() -> Any:
-    """torch, imported when a worker first gets a policy that numpy does not run (a CNN, gSDE, a user's module;
-    its threads set once). A worker that only steps envs (the head chooses the actions) or acts with an MLP agent
-    (:mod:`frugalrl.npactor`) never does: its process starts sooner and holds much less memory."""
+    """torch, imported when a worker first gets a policy that numpy does not run (a CNN on frames, gSDE, a user's
+    module; its threads set once). A worker that only steps envs (the head chooses the actions) or acts with an MLP
+    or grid CNN agent (:mod:`frugalrl.npactor`) never does: its process starts sooner and holds much less memory."""
     import torch
 
     if ONE_TORCH_THREAD:
@@ -112,7 +112,7 @@ class EnvWorker:
                               where=lambda i: f"worker {self.index}, env {self.first_env + i} ({self.env_name})")
         self.obs_space = self.group.observation_space
         self.act_space = self.group.action_space
-        # The policy held: an MLP agent as numpy arrays or an exported graph on ONNX Runtime (``actor``, from the
+        # The policy held: an agent numpy runs, as arrays, or an exported graph on ONNX Runtime (``actor``, from the
         # weights ``acting``), any other agent as a torch module (``policy``); one of the two once weights have
         # come, the other None.
         self.actor: NumpyActor | OnnxActor | None = None
@@ -187,8 +187,8 @@ class EnvWorker:
 
     # ------------------------------------------------------------------ helpers
     def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Actions sampled from the cached policy and its distribution's parameters (float32); an MLP agent runs in
-        numpy (:mod:`frugalrl.npactor`)."""
+        """Actions sampled from the cached policy and its distribution's parameters (float32); an agent
+        :func:`~frugalrl.npactor.runs_in_numpy` runs in numpy."""
         if self.actor is not None:  # every step of a rollout: numpy only
             np_params = self.actor.params(obs)
             return self.actor.sample(np_params, self.rng), np_params
@@ -459,8 +459,8 @@ class EnvWorker:
 
 
 def _torch_free_actor(spec: dict[str, Any]) -> type[NumpyActor] | type[OnnxActor] | None:
-    """The class a worker runs the policy of ``spec`` with, without torch (an MLP agent in numpy, an exported graph
-    on ONNX Runtime); None: the policy is a torch module."""
+    """The class a worker runs the policy of ``spec`` with, without torch (an MLP or grid CNN agent in numpy, an
+    exported graph on ONNX Runtime); None: the policy is a torch module."""
     if runs_in_numpy(spec):
         return NumpyActor
     return OnnxActor if runs_on_onnxruntime(spec) else None

@@ -250,7 +250,8 @@ class LocalBackend(Backend):
         return failed
 
     def _spawn(self, w: int) -> None:
-        self.children[w] = spawn(_ENTRY, self._config_json[w], name=f"worker {w}")
+        # One BLAS thread, as the worker's torch: a process per core, and no BLAS thread spinning on another's.
+        self.children[w] = spawn(_ENTRY, self._config_json[w], name=f"worker {w}", one_blas_thread=True)
         self._books[w] = (HeaderBook(), HeaderBook())  # a new link: both ends start with empty books
 
     def _child(self, w: int) -> Child:

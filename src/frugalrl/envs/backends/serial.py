@@ -9,9 +9,11 @@ with it, which is why only the local backend's ``inline_workers`` (and this back
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, build_worker
+from frugalrl.npactor import one_blas_thread
 from frugalrl.wire.cache import WireCache, shape_key
 from frugalrl.wire.headers import NUMBERED, HeaderBook, send_sizes
 from frugalrl.wire.message import Message
@@ -54,7 +56,10 @@ class InProcessWorkers:
     def answer(self, worker: int) -> Message:
         """Run ``worker`` on its posted request; its reply (an ``error`` reply if the request raised)."""
         msg, meter = self.posted.pop(worker)
-        reply = self.workers[worker].handle(msg)
+        # A rollout's inference on one BLAS thread, as a worker process's: not the head's threads, spinning on the
+        # cores the worker processes step on (the limit costs tens of µs: a rollout's, not every step's).
+        with one_blas_thread() if msg.op == "rollout" else contextlib.nullcontext():
+            reply = self.workers[worker].handle(msg)
         if meter:
             self._meter(worker, UP, reply)
         return reply

@@ -1,0 +1,124 @@
+"""Where a worker's policy runs faster: numpy (``frugalrl.npactor``) or PyTorch, per network and batch; and rollouts.
+
+Part 1, ``--inference``: for an MLP (LunarLander's 8 inputs), the MinAtar paper's grid CNN (10×10×4) and the
+Nature-CNN (4×84×84 uint8 frames), the time of one action step as a worker takes it (distribution parameters, then
+a sampled action) with :class:`~frugalrl.npactor.NumpyActor` and with the torch module (``inference_mode``, its
+generator), both on one thread, for batches of 1, 8 and 16 observations; the median of ``--repeats`` rounds of 200
+calls. This is what ``npactor.runs_in_numpy`` decides on (frames keep PyTorch).
+
+Part 2, ``--rollout ENV``: seconds for ``--rollouts`` rollouts of 128 steps on a ClusterEnv of 2 workers × 8 envs
+(the local backend's default layout), the head's own imports and the first rollout left out; medians of
+``--repeats``. Run it at two commits (``PYTHONPATH``) to compare::
+
+    python benchmarks/actor_speed.py --inference --out actor_speed
+    python benchmarks/actor_speed.py --rollout MinAtar/Breakout-v1 --out actor_speed_rollout
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from _commit import measured_commit
+from threadpoolctl import threadpool_limits
+
+from frugalrl import ClusterEnv, dists, make_agent
+from frugalrl.nets import acting_state
+from frugalrl.npactor import NumpyActor, runs_in_numpy
+
+RESULTS = Path(__file__).parent / "results"
+SPACES = {
+    "mlp (8 inputs)": gym.spaces.Box(-np.inf, np.inf, (8,), np.float32),
+    "grid cnn (10x10x4)": gym.spaces.Box(0, 1, (10, 10, 4), np.float32),
+    "nature cnn (4x84x84)": gym.spaces.Box(0, 255, (4, 84, 84), np.uint8),
+}
+
+
+def _per_call_us(fn: Any, repeats: int, calls: int = 200) -> float:
+    rounds = []
+    for _ in range(repeats):
+        fn()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        rounds.append((time.perf_counter() - t) / calls * 1e6)
+    return round(statistics.median(rounds), 1)
+
+
+def inference(repeats: int) -> list[dict[str, Any]]:
+    """Per network and batch: µs per action step in numpy and in torch, one thread each."""
+    torch.set_num_threads(1)
+    rows = []
+    with threadpool_limits(1):
+        for name, space in SPACES.items():
+            torch.manual_seed(0)
+            agent = make_agent(space, gym.spaces.Discrete(6))
+            spec = agent.spec.to_json()
+            actor = NumpyActor.from_state(spec, {k: t.numpy() for k, t in acting_state(agent).items()})
+            rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
+            for batch in (1, 8, 16):
+                obs = np.random.default_rng(batch).integers(0, 2, (batch, *space.shape)).astype(space.dtype)
+
+                def numpy_step(obs: np.ndarray = obs, actor: NumpyActor = actor, rng: Any = rng) -> Any:
+                    return actor.sample(actor.params(obs), rng)
+
+                def torch_step(obs: np.ndarray = obs, agent: Any = agent, gen: Any = gen) -> Any:
+                    with torch.inference_mode():
+                        return dists.sample(agent.dist_kind, agent.dist_params(torch.from_numpy(obs)), gen).numpy()
+
+                np_us, torch_us = _per_call_us(numpy_step, repeats), _per_call_us(torch_step, repeats)
+                rows.append({"network": name, "batch": batch, "numpy_us": np_us, "torch_us": torch_us,
+                             "numpy_over_torch": round(np_us / torch_us, 3), "runs_in_numpy": runs_in_numpy(spec)})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def rollout(env_id: str, rollouts: int, repeats: int) -> dict[str, Any]:
+    """Seconds for ``rollouts`` rollouts of 128 steps, 2 workers × 8 envs (the default backend and layout)."""
+    seconds = []
+    for _ in range(repeats):
+        env = ClusterEnv(env_id, num_workers=2, envs_per_worker=8, seed=1)
+        try:
+            env.reset(seed=1)
+            torch.manual_seed(0)
+            agent = make_agent(env.single_observation_space, env.single_action_space)
+            env.rollout(agent, 16)
+            t = time.perf_counter()
+            for _ in range(rollouts):
+                env.rollout(agent, 128)
+            seconds.append(time.perf_counter() - t)
+        finally:
+            env.close()
+        print(f"{env_id}: {seconds[-1]:.3f} s", flush=True)
+    return {"env": env_id, "rollouts": rollouts, "steps": rollouts * 128 * 16, "seconds": round(statistics.median(seconds), 3),
+            "seconds_all": [round(s, 3) for s in seconds]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--inference", action="store_true", help="time numpy against torch per network and batch")
+    ap.add_argument("--rollout", nargs="*", default=[], metavar="ENV", help="time rollouts on these envs")
+    ap.add_argument("--rollouts", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="actor_speed")
+    args = ap.parse_args()
+    out: dict[str, Any] = {"command": " ".join(["python benchmarks/actor_speed.py", *sys.argv[1:]]),
+                           "date": time.strftime("%Y-%m-%d"), "commit": measured_commit()}
+    if args.inference:
+        out["inference"] = inference(args.repeats)
+    if args.rollout:
+        out["rollout"] = [rollout(e, args.rollouts, args.repeats) for e in args.rollout]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
