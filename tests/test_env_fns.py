@@ -157,7 +157,8 @@ def test_minigrid_missions_travel_as_strings_and_step_as_sync_vector_env(backend
 
 def test_a_minatar_id_registers_minatars_own_envs_in_every_worker():
     """MinAtar's package defines ``MinAtar/<Game>-v1`` ids but registers them only when asked: frugalrl reads the id
-    as ``frugalrl.envs.minatar:MinAtar/...``, whose import registers them, in a worker process too."""
+    as ``frugalrl.envs.minatar:MinAtar/...``, whose import registers them (for its own MinAtarEnv, the same game
+    without minatar's display libraries), in a worker process too."""
     from frugalrl.envs.spec import to_env_spec
 
     assert to_env_spec("MinAtar/Freeway-v1").id == "frugalrl.envs.minatar:MinAtar/Freeway-v1"

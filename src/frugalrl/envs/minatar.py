@@ -6,40 +6,104 @@ for an MLP. Actions are the game's minimal set. Episodes are capped at ``max_epi
 truncation), as Atari's are. The games draw their randomness from their own NumPy ``RandomState``, seeded
 by ``reset(seed=...)``.
 
-Importing this module also registers MinAtar's own Gymnasium ids (``MinAtar/Breakout-v1``: the minimal action
-set; ``-v0``: all six actions; no time limit), which the minatar package defines but registers only when asked:
+:class:`MinAtarEnv` runs a game as minatar's own Gymnasium env does (``minatar.gym.BaseEnv``: the same
+observations, rewards and sticky actions for a seed), from the game's module alone: the minatar package's
+``__init__`` imports seaborn, pandas, scipy and matplotlib for its display, about 1 s and 120 MB in every worker
+process (docs/benchmarks.md#worker-footprint).
+
+Importing this module also registers MinAtar's Gymnasium ids (``MinAtar/Breakout-v1``: the minimal action
+set; ``-v0``: all six actions; no time limit) for :class:`MinAtarEnv`, where nothing registered them before:
 ``--env MinAtar/Breakout-v1`` reads as ``frugalrl.envs.minatar:MinAtar/Breakout-v1``
 (:data:`frugalrl.envs.spec.NAMESPACE_MODULES`), so that every worker registers them too.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from typing import Any
+
 import gymnasium as gym
+import numpy as np
+
+from frugalrl.lazy import import_without_package
 
 GAMES = ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
 
 
-def make_minatar(game: str = "breakout", max_episode_steps: int = 10_000, sticky_action_prob: float = 0.1) -> gym.Env:
-    """One MinAtar game (``GAMES``) with its minimal action set, bool observations (10, 10, C)."""
+def _game(game: str) -> Any:
+    """The module of a MinAtar game (it imports numpy only), without the minatar package's ``__init__``."""
     if game not in GAMES:
         raise ValueError(f"unknown MinAtar game {game!r}; expected one of {GAMES}")
-    try:
-        from minatar.gym import BaseEnv
-    except ImportError as e:
-        raise ImportError(f"MinAtar envs need the minatar package: pip install 'frugalrl[suite]' ({e})") from e
-    env: gym.Env = BaseEnv(game, use_minimal_action_set=True, sticky_action_prob=sticky_action_prob)
+    if importlib.util.find_spec("minatar") is None:
+        raise ImportError("MinAtar envs need the minatar package: pip install 'frugalrl[suite]'")
+    return import_without_package(f"minatar.environments.{game}")
+
+
+class MinAtarEnv(gym.Env):
+    """One MinAtar game with minatar's ``BaseEnv`` interface and dynamics: the action is looked up in the action
+    set, then repeated from the last step with probability ``sticky_action_prob`` (a draw every step, from the
+    game's own ``RandomState``, which ``reset(seed=...)`` replaces); observations are the game's bool grid."""
+
+    metadata = {"render_modes": ["array", "rgb_array"]}
+
+    def __init__(self, game: str = "breakout", use_minimal_action_set: bool = False, sticky_action_prob: float = 0.1,
+                 difficulty_ramping: bool = True, render_mode: str | None = None) -> None:
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self.game = _game(game).Env(ramping=difficulty_ramping)
+        self.random = np.random.RandomState()  # the sticky actions' draws; the game's own until the first seed
+        self.sticky_action_prob = float(sticky_action_prob)
+        self.last_action = 0
+        self.render_mode = render_mode
+        self.action_set = list(self.game.minimal_action_set()) if use_minimal_action_set else list(range(6))
+        self.action_space = gym.spaces.Discrete(len(self.action_set))
+        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=self.game.state_shape(), dtype=bool)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        if seed is not None:  # one generator for the game and the sticky actions, as minatar's Environment.seed
+            self.random = self.game.random = np.random.RandomState(seed)
+        self.game.reset()
+        return self.game.state(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        a = self.action_set[action]
+        if self.random.rand() < self.sticky_action_prob:
+            a = self.last_action
+        self.last_action = a
+        reward, done = self.game.act(a)
+        return self.game.state(), reward, done, False, {}
+
+    def render(self) -> np.ndarray | None:
+        """``array``: the grid; ``rgb_array``: each cell in the colour of its highest channel (seaborn's cubehelix
+        palette, as minatar draws it; seaborn is imported here only)."""
+        if self.render_mode == "array":
+            return self.game.state()
+        if self.render_mode == "rgb_array":
+            import seaborn as sns
+
+            state = self.game.state()
+            palette = np.array([(0.0, 0.0, 0.0), *sns.color_palette("cubehelix", state.shape[-1])])
+            return palette[np.amax(state * np.arange(1, state.shape[-1] + 1), axis=2)]
+        return None
+
+
+def make_minatar(game: str = "breakout", max_episode_steps: int = 10_000, sticky_action_prob: float = 0.1) -> gym.Env:
+    """One MinAtar game (``GAMES``) with its minimal action set, bool observations (10, 10, C)."""
+    env: gym.Env = MinAtarEnv(game, use_minimal_action_set=True, sticky_action_prob=sticky_action_prob)
     return gym.wrappers.TimeLimit(env, max_episode_steps=int(max_episode_steps))
 
 
 def register_ids() -> None:
-    """Register MinAtar's ``MinAtar/<Game>-v0`` and ``-v1`` ids with Gymnasium (once; nothing without minatar)."""
-    if "MinAtar/Breakout-v1" in gym.registry:
+    """Register ``MinAtar/<Game>-v0`` and ``-v1`` with Gymnasium for :class:`MinAtarEnv` (once; nothing without
+    minatar, or where minatar's own ``register_envs`` registered them first)."""
+    if "MinAtar/Breakout-v1" in gym.registry or importlib.util.find_spec("minatar") is None:
         return
-    try:
-        from minatar.gym import register_envs
-    except ImportError:
-        return
-    register_envs()
+    for game in GAMES:
+        name = game.title().replace("_", "")
+        for version, minimal in (("v0", False), ("v1", True)):
+            gym.register(f"MinAtar/{name}-{version}", entry_point="frugalrl.envs.minatar:MinAtarEnv",
+                         kwargs={"game": game, "use_minimal_action_set": minimal})
 
 
 register_ids()

@@ -15,11 +15,8 @@ carry:
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -27,7 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from frugalrl.envs.spec import EnvSpec
-from frugalrl.lazy import import_string
+from frugalrl.lazy import import_string, import_without_package
 
 PER_ENV = "frugalrl.sb3/per_env"
 """The reset options key under which the head sends every env's own ``seeds`` and ``options`` lists."""
@@ -227,30 +224,10 @@ MONITOR_MODULE = "stable_baselines3.common.monitor"
 
 
 def sb3_monitor() -> Any:
-    """SB3's ``Monitor`` class, without importing Stable-Baselines3 where it is not imported yet: the package's
-    ``__init__`` imports its algorithms, and so torch (a much larger worker process), while the module of
-    ``Monitor`` needs only the standard library and Gymnasium. It is then loaded from its file under its own name,
-    so that a later ``import stable_baselines3`` in the process (a user's SB3 wrapper) uses the same module; where
-    SB3 is imported already or its files are laid out otherwise, the plain import."""
-    module = sys.modules.get(MONITOR_MODULE)
-    if module is None and "stable_baselines3" not in sys.modules:
-        package = importlib.util.find_spec("stable_baselines3")  # found, not imported
-        paths = list(package.submodule_search_locations or []) if package is not None else []
-        path = Path(paths[0]) / "common" / "monitor.py" if paths else None
-        spec = importlib.util.spec_from_file_location(MONITOR_MODULE, path) if path and path.is_file() else None
-        if spec is not None and spec.loader is not None:
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[MONITOR_MODULE] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[MONITOR_MODULE]
-                raise
-    if module is None:
-        from stable_baselines3.common import monitor
-
-        module = monitor
-    return module.Monitor
+    """SB3's ``Monitor`` class, without importing Stable-Baselines3 where it is not imported yet (its package's
+    ``__init__`` imports torch; the module of ``Monitor`` needs only the standard library and Gymnasium:
+    :func:`~frugalrl.lazy.import_without_package`)."""
+    return import_without_package(MONITOR_MODULE).Monitor
 
 
 def raw_env(spec: EnvSpec, index: int = 0) -> gym.Env:
