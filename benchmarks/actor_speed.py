@@ -2,9 +2,10 @@
 
 Part 1, ``--inference``: for an MLP (LunarLander's 8 inputs), the MinAtar paper's grid CNN (10×10×4) and the
 Nature-CNN (4×84×84 uint8 frames), the time of one action step as a worker takes it (distribution parameters, then
-a sampled action) with :class:`~frugalrl.npactor.NumpyActor` and with the torch module (``inference_mode``, its
-generator), both on one thread, for batches of 1, 8 and 16 observations; the median of ``--repeats`` rounds of 200
-calls. This is what ``npactor.runs_in_numpy`` decides on (frames keep PyTorch).
+a sampled action) with :class:`~frugalrl.npactor.NumpyActor`, with the torch module (``inference_mode``, its
+generator) and, for the CNNs, with :class:`~frugalrl.onnxactor.OnnxCnnActor` (the graph built from the weights), all
+on one thread, for batches of 1, 8 and 16 observations; the median of ``--repeats`` rounds of 200 calls. This is
+what ``npactor.runs_in_numpy`` and ``onnxactor.cnn_on_onnxruntime`` decide on.
 
 Part 2, ``--rollout ENV``: seconds for ``--rollouts`` rollouts of 128 steps on a ClusterEnv of 2 workers × 8 envs
 (the local backend's default layout), the head's own imports and the first rollout left out; medians of
@@ -33,6 +34,7 @@ from threadpoolctl import threadpool_limits
 from frugalrl import ClusterEnv, dists, make_agent
 from frugalrl.nets import acting_state
 from frugalrl.npactor import NumpyActor, runs_in_numpy
+from frugalrl.onnxactor import OnnxCnnActor, cnn_on_onnxruntime
 
 RESULTS = Path(__file__).parent / "results"
 SPACES = {
@@ -62,7 +64,9 @@ def inference(repeats: int) -> list[dict[str, Any]]:
             torch.manual_seed(0)
             agent = make_agent(space, gym.spaces.Discrete(6))
             spec = agent.spec.to_json()
-            actor = NumpyActor.from_state(spec, {k: t.numpy() for k, t in acting_state(agent).items()})
+            state = {k: t.numpy() for k, t in acting_state(agent).items()}
+            actor = NumpyActor.from_state(spec, state)
+            graph = OnnxCnnActor(spec, state) if "cnn" in name else None
             rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
             for batch in (1, 8, 16):
                 obs = np.random.default_rng(batch).integers(0, 2, (batch, *space.shape)).astype(space.dtype)
@@ -74,9 +78,16 @@ def inference(repeats: int) -> list[dict[str, Any]]:
                     with torch.inference_mode():
                         return dists.sample(agent.dist_kind, agent.dist_params(torch.from_numpy(obs)), gen).numpy()
 
+                def graph_step(obs: np.ndarray = obs, actor: Any = graph, rng: Any = rng) -> Any:
+                    return actor.sample(actor.params(obs), rng)
+
                 np_us, torch_us = _per_call_us(numpy_step, repeats), _per_call_us(torch_step, repeats)
+                ort_us = _per_call_us(graph_step, repeats) if graph is not None else None
+                runs = "numpy" if runs_in_numpy(spec) else "onnxruntime" if cnn_on_onnxruntime(spec) else "torch"
                 rows.append({"network": name, "batch": batch, "numpy_us": np_us, "torch_us": torch_us,
-                             "numpy_over_torch": round(np_us / torch_us, 3), "runs_in_numpy": runs_in_numpy(spec)})
+                             "onnxruntime_us": ort_us, "numpy_over_torch": round(np_us / torch_us, 3),
+                             "onnxruntime_over_torch": None if ort_us is None else round(ort_us / torch_us, 3),
+                             "a_worker_runs": runs})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -68,11 +68,12 @@ def kill(env: ClusterEnv, w: int) -> int:
 
 # ---------------------------------------------------------------------------------------------- results
 @pytest.mark.parametrize("backend", WITH_PROCESSES, indirect=True)
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "MinAtar/Breakout-v1"])
-def test_worker_processes_act_with_an_mlp_without_torch(backend, env_id, closing):
-    """An MLP agent (and the grid CNN on MinAtar's 10×10 cells) is decoded, run and sampled in numpy in every
-    worker process, and its log-probabilities are computed there (uplink 'logprob'): the process never loads torch
-    (~190 MB each, docs/benchmarks.md#worker-footprint)."""
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "MinAtar/Breakout-v1", "frugalrl.envs.atari:make_atari"])
+def test_worker_processes_act_without_torch(backend, env_id, closing):
+    """``make_agent``'s agent (an MLP; the grid CNN on MinAtar's 10×10 cells, in numpy; the Nature-CNN on Atari's
+    frames, on ONNX Runtime) is decoded, run and sampled in every worker process, and its log-probabilities are
+    computed there (uplink 'logprob'): the process never loads torch (~190 MB each,
+    docs/benchmarks.md#worker-footprint)."""
     env = closing(make(backend, env_id, W, K, seed=7, uplink={"behaviour": "logprob"}))
     torch.manual_seed(0)
     ro = env.rollout(make_agent(env.single_observation_space, env.single_action_space), 8)

@@ -1,9 +1,11 @@
-"""An exported ONNX graph as a worker's actor, without PyTorch: the session, and :class:`OnnxActor`.
+"""Actors on ONNX Runtime, without PyTorch: the session, :class:`OnnxActor` and :class:`OnnxCnnActor`.
 
 :class:`~frugalrl.compress.runtime.OnnxPolicy` (AcceRL's static-graph actor) is a ``torch.nn.Module`` on the learner;
 its only state is the zlib-compressed graph. A worker that gets one builds an :class:`OnnxActor` from its spec and
 that buffer instead, runs the graph with ONNX Runtime and samples with :func:`frugalrl.npactor.sample`, so a
-compressed actor's process never imports torch. This module imports neither torch nor ONNX Runtime until a
+compressed actor's process never imports torch. A CNN agent (Atari's Nature-CNN, MinAtar's grid CNN) reaches a
+worker as its spec and weights like any other; the worker builds the actor's graph from them (:func:`cnn_graph`)
+and runs it as an :class:`OnnxCnnActor`, faster than PyTorch or numpy there. This module imports neither torch nor ONNX Runtime until a
 session is made (:func:`make_session`).
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from frugalrl.npactor import log_prob, sample
+from frugalrl.npactor import NumpyActor, log_prob, sample
 
 ONNX_FACTORY = "frugalrl.compress.runtime:OnnxPolicy"
 """The spec factory of :class:`~frugalrl.compress.runtime.OnnxPolicy`."""
@@ -127,3 +129,146 @@ class OnnxActor:
     def log_prob(self, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """log π(a | params) of each row's action (:func:`frugalrl.npactor.log_prob`)."""
         return log_prob(self.kind, params, actions)
+
+
+CNN_FACTORY = "frugalrl.nets:NatureCNNActorCritic"
+"""The spec factory of :class:`~frugalrl.nets.NatureCNNActorCritic` (the Nature-CNN, and MinAtar's grid CNN)."""
+NATURE_CONVS = ((8, 4), (4, 2), (3, 1))  # its (kernel, stride) pairs where its spec names none (nets.NATURE_CONVS)
+
+
+def cnn_on_onnxruntime(spec: Mapping[str, Any]) -> bool:
+    """Whether a worker runs the agent of ``spec`` as an :class:`OnnxCnnActor`: a
+    :class:`~frugalrl.nets.NatureCNNActorCritic` (on frames or grids alike: ONNX Runtime's convolutions take a
+    half to a quarter of PyTorch's time on a worker's few observations, docs/benchmarks.md#actor-speed)."""
+    return spec.get("factory") == CNN_FACTORY
+
+
+def cnn_layout(kw: Mapping[str, Any]) -> tuple[list[tuple[int, int, int, int]], tuple[int, int, int]]:
+    """(in channels, out channels, kernel, stride) of each convolution of a CNN spec's kwargs, and the (C, H, W)
+    they leave (no padding, as :func:`frugalrl.nets.conv_layers`)."""
+    shape = [int(x) for x in kw["obs_shape"]]
+    c, h, w = (shape[2], shape[0], shape[1]) if kw.get("channels_last", False) else shape
+    layout = []
+    for out, (kernel, stride) in zip(kw["channels"], kw.get("convs", NATURE_CONVS), strict=False):
+        layout.append((c, int(out), int(kernel), int(stride)))
+        c, h, w = int(out), (h - int(kernel)) // int(stride) + 1, (w - int(kernel)) // int(stride) + 1
+    return layout, (c, h, w)
+
+
+def cnn_acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The keys, shapes and dtypes of :func:`frugalrl.nets.acting_state` of the CNN agent ``spec`` builds, without
+    building it: what a weights message is decoded against."""
+    kw, f32 = spec["kwargs"], np.dtype(np.float32)
+    action = kw["action"]
+    out = int(action["n"]) if action["type"] == "discrete" else int(np.prod(action["shape"]))
+    layout, (c, h, w) = cnn_layout(kw)
+    like: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    for i, (c_in, c_out, k, _) in enumerate(layout):
+        like[f"trunk.{2 * i}.weight"] = ((c_out, c_in, k, k), f32)
+        like[f"trunk.{2 * i}.bias"] = ((c_out,), f32)
+    fc, hidden = f"trunk.{2 * len(layout) + 1}", int(kw["hidden"])  # after the ReLUs and the Flatten
+    like.update({f"{fc}.weight": ((hidden, c * h * w), f32), f"{fc}.bias": ((hidden,), f32),
+                 "actor.weight": ((out, hidden), f32), "actor.bias": ((out,), f32)})
+    if action["type"] == "box":
+        like["log_std"] = ((out,), f32)
+    return like
+
+
+def cnn_graph(spec: Mapping[str, Any], state: Mapping[str, np.ndarray], input_dtype: np.dtype) -> bytes:
+    """The ONNX graph of the actor of the CNN agent ``spec`` describes, holding the weights ``state`` (its acting
+    state): ``input_dtype`` frames in, scaled and (channels last) transposed as the module does, its convolutions
+    and ReLUs, the fully connected layer, the actor head out (logits, or the Gaussian's mean)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    kw = spec["kwargs"]
+    layout, _ = cnn_layout(kw)
+    weights = [numpy_helper.from_array(np.asarray(a, dtype=np.float32), name) for name, a in state.items()
+               if name != "log_std"]
+    nodes = [helper.make_node("Cast", ["obs"], ["x"], to=TensorProto.FLOAT)]
+    x, scale = "x", float(kw.get("scale", 1.0 / 255.0))
+    if scale != 1.0:
+        weights.append(numpy_helper.from_array(np.array(scale, dtype=np.float32), "scale"))
+        nodes.append(helper.make_node("Mul", [x, "scale"], ["scaled"]))
+        x = "scaled"
+    if kw.get("channels_last", False):
+        nodes.append(helper.make_node("Transpose", [x], ["chw"], perm=[0, 3, 1, 2]))
+        x = "chw"
+    for i, (_, _, k, s) in enumerate(layout):
+        nodes += [helper.make_node("Conv", [x, f"trunk.{2 * i}.weight", f"trunk.{2 * i}.bias"], [f"conv{i}"],
+                                   kernel_shape=[k, k], strides=[s, s]),
+                  helper.make_node("Relu", [f"conv{i}"], [f"relu{i}"])]
+        x = f"relu{i}"
+    fc = f"trunk.{2 * len(layout) + 1}"
+    nodes += [helper.make_node("Flatten", [x], ["flat"], axis=1),
+              helper.make_node("Gemm", ["flat", f"{fc}.weight", f"{fc}.bias"], ["fc"], transB=1),
+              helper.make_node("Relu", ["fc"], ["hidden"]),
+              helper.make_node("Gemm", ["hidden", "actor.weight", "actor.bias"], [DIST_OUTPUT], transB=1)]
+    out = int(np.asarray(state["actor.bias"]).shape[0])
+    graph = helper.make_graph(
+        nodes, "actor", [helper.make_tensor_value_info(
+            "obs", helper.np_dtype_to_tensor_dtype(np.dtype(input_dtype)), [None, *(int(d) for d in kw["obs_shape"])])],
+        [helper.make_tensor_value_info(DIST_OUTPUT, TensorProto.FLOAT, [None, out])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", GRAPH_OPSET)])
+    model.ir_version = GRAPH_IR_VERSION
+    return bytes(model.SerializeToString())
+
+
+GRAPH_OPSET = 17
+"""The ONNX operator set of :func:`cnn_graph` (every onnxruntime this library accepts runs it)."""
+GRAPH_IR_VERSION = 8
+"""The ONNX IR version of :func:`cnn_graph` (newer onnx packages write newer ones than older runtimes read)."""
+
+
+class OnnxCnnActor:
+    """The actor of a CNN agent on ONNX Runtime: its graph built from the spec and the weights (:func:`cnn_graph`; a
+    session for each observation dtype it meets, made on first use, a few ms), sampled in numpy. ONNX Runtime and
+    onnx add ~30 MB to a process, torch ~190 MB (docs/benchmarks.md#actor-speed)."""
+
+    acting_like = staticmethod(cnn_acting_like)
+
+    def __init__(self, spec: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> None:
+        self.spec = spec
+        self.state = {k: np.array(v, dtype=np.float32) for k, v in state.items()}  # a copy
+        self.kind = "gaussian" if spec["kwargs"]["action"]["type"] == "box" else "categorical"
+        self.log_std = self.state.get("log_std")
+        self._sessions: dict[np.dtype, Any] = {}
+
+    @classmethod
+    def from_state(cls, spec: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> OnnxCnnActor:
+        """The actor of the CNN agent ``spec`` builds (one :func:`cnn_on_onnxruntime`), holding ``state``."""
+        return cls(spec, state)
+
+    @classmethod
+    def of(cls, agent: Any) -> OnnxCnnActor | None:
+        """The actor a worker runs for ``agent`` (a module), or None if a worker does not run it as this class."""
+        from frugalrl.nets import NatureCNNActorCritic, acting_state
+
+        spec = agent.spec.to_json()
+        if type(agent) is not NatureCNNActorCritic or not cnn_on_onnxruntime(spec):
+            return None
+        return cls(spec, {k: t.detach().numpy() for k, t in acting_state(agent).items()})
+
+    def params(self, obs: np.ndarray) -> np.ndarray:
+        """The distribution parameters (float32), as the module's ``dist_params`` gives them."""
+        session = self._sessions.get(obs.dtype)
+        if session is None:
+            session = self._sessions[obs.dtype] = make_session(cnn_graph(self.spec, self.state, obs.dtype))
+        (out,) = session.run([DIST_OUTPUT], {"obs": np.ascontiguousarray(obs)})
+        if self.log_std is not None:
+            out = np.concatenate([out, np.broadcast_to(self.log_std, out.shape)], axis=-1)
+        return np.asarray(out, dtype=np.float32)
+
+    def sample(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One action per row (:func:`frugalrl.npactor.sample`)."""
+        return sample(self.kind, params, rng)
+
+    def log_prob(self, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """log π(a | params) of each row's action (:func:`frugalrl.npactor.log_prob`)."""
+        return log_prob(self.kind, params, actions)
+
+
+def worker_actor(agent: Any) -> NumpyActor | OnnxCnnActor | None:
+    """The actor a worker runs ``agent`` (a module) with where it is one built from the weights (an MLP agent in
+    numpy, a CNN agent on ONNX Runtime), for the head to recompute the workers' behaviour with the same arithmetic;
+    None for any other agent."""
+    return NumpyActor.of(agent) or OnnxCnnActor.of(agent)

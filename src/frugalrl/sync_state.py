@@ -33,7 +33,7 @@ import torch
 
 from frugalrl import dists
 from frugalrl.nets import ActorCritic, PolicySpec, acting_state, load_acting_state
-from frugalrl.npactor import NumpyActor
+from frugalrl.onnxactor import worker_actor
 from frugalrl.sync import SyncContext, SyncRule
 from frugalrl.wire.delta import Words, from_words, full_message, to_words, weights_update
 from frugalrl.wire.message import Message
@@ -84,7 +84,7 @@ class PolicySync:
         self._messages: dict[tuple[str, int | bool], Message] = {}  # the learner's version's, by base or spec
         self._held: ActorCritic | None = None
         self._older: dict[int, ActorCritic] = {}  # the policies of older versions that workers hold, decoded
-        self._numpy: dict[int, NumpyActor | None] = {}  # by version: the actor workers run in numpy, if any
+        self._actors: dict[int, Any] = {}  # by version: the actor workers run without torch, if any
         # What a worker restored from a checkpoint acts with (version, spec, acting state), until its next sync.
         self._restored: list[tuple[int, str, dict[str, np.ndarray]] | None] = [None] * num_workers
         self._spec_memo: tuple[PolicySpec, dict[str, Any], str] | None = None  # see _spec_forms
@@ -176,7 +176,7 @@ class PolicySync:
         kept = {*self._bases, self.learner_version, *(r[0] for r in self._restored if r is not None)}
         self._words = {v: words for v, words in self._words.items() if v in kept}
         self._older = {v: policy for v, policy in self._older.items() if v in kept}
-        self._numpy = {v: actor for v, actor in self._numpy.items() if v in kept}
+        self._actors = {v: actor for v, actor in self._actors.items() if v in kept}
         if any(self.recent[w] is not None for w in workers):
             held = self._held_policy(agent)
             for w in workers:
@@ -288,9 +288,9 @@ class PolicySync:
                 self._older[version] = (self._decoded(agent, source[1]) if held_words
                                         else self._decoded(agent, None, source[1]))
             policy = self._older[version]
-        if version not in self._numpy:  # the workers' own numpy actor where they use one (and 3x faster here)
-            self._numpy[version] = NumpyActor.of(policy)
-        actor = self._numpy[version]
+        if version not in self._actors:  # the workers' own actor where they use one (and faster here)
+            self._actors[version] = worker_actor(policy)
+        actor = self._actors[version]
         with torch.no_grad():
             if actor is not None:
                 params = torch.from_numpy(actor.params(states.numpy()))
@@ -347,7 +347,7 @@ class PolicySync:
         self.last_kl = list(state["last_kl"])
         self.recent = [None if r is None else Evidence(*r) for r in state["recent"]]
         self._fingerprint = self._tracked = self._held = self._spec = None
-        self._older, self._numpy = {}, {}
+        self._older, self._actors = {}, {}
         self._restored = [None] * len(self.worker_versions)
         n = len(self.worker_versions)
         self._bases, self._specs, self._words, self._messages = [None] * n, [None] * n, {}, {}

@@ -49,7 +49,7 @@ from frugalrl.experience import (
     space_shape,
 )
 from frugalrl.npactor import NumpyActor, runs_in_numpy
-from frugalrl.onnxactor import OnnxActor, runs_on_onnxruntime
+from frugalrl.onnxactor import OnnxActor, OnnxCnnActor, cnn_on_onnxruntime, runs_on_onnxruntime
 from frugalrl.runs import jsonable
 from frugalrl.wire.delta import DeltaError, HeldWeights, from_words
 from frugalrl.wire.message import Message, state_arrays
@@ -66,9 +66,9 @@ ONE_TORCH_THREAD = False
 
 @functools.cache
 def _torch() -> Any:
-    """torch, imported when a worker first gets a policy that numpy does not run (a CNN on frames, gSDE, a user's
-    module; its threads set once). A worker that only steps envs (the head chooses the actions) or acts with an MLP
-    or grid CNN agent (:mod:`frugalrl.npactor`) never does: its process starts sooner and holds much less memory."""
+    """torch, imported when a worker first gets a policy that needs it (gSDE, AcceRL's alpha mix, a user's module;
+    its threads set once). A worker that only steps envs (the head chooses the actions) or acts with an MLP or CNN
+    agent (:mod:`frugalrl.npactor`, :mod:`frugalrl.onnxactor`) never does: its process starts sooner and holds much less memory."""
     import torch
 
     if ONE_TORCH_THREAD:
@@ -112,10 +112,10 @@ class EnvWorker:
                               where=lambda i: f"worker {self.index}, env {self.first_env + i} ({self.env_name})")
         self.obs_space = self.group.observation_space
         self.act_space = self.group.action_space
-        # The policy held: an agent numpy runs, as arrays, or an exported graph on ONNX Runtime (``actor``, from the
+        # The policy held: an agent that runs without torch, in numpy or on ONNX Runtime (``actor``, from the
         # weights ``acting``), any other agent as a torch module (``policy``); one of the two once weights have
         # come, the other None.
-        self.actor: NumpyActor | OnnxActor | None = None
+        self.actor: NumpyActor | OnnxActor | OnnxCnnActor | None = None
         self.acting: dict[str, np.ndarray] | None = None
         self.policy: ActorCritic | None = None
         self.policy_spec: dict[str, Any] | None = None
@@ -187,9 +187,9 @@ class EnvWorker:
 
     # ------------------------------------------------------------------ helpers
     def _policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Actions sampled from the cached policy and its distribution's parameters (float32); an agent
-        :func:`~frugalrl.npactor.runs_in_numpy` runs in numpy."""
-        if self.actor is not None:  # every step of a rollout: numpy only
+        """Actions sampled from the cached policy and its distribution's parameters (float32); an MLP or CNN agent
+        runs without torch (:func:`_torch_free_actor`)."""
+        if self.actor is not None:  # every step of a rollout: numpy (and ONNX Runtime) only
             np_params = self.actor.params(obs)
             return self.actor.sample(np_params, self.rng), np_params
         if self.policy is None:
@@ -458,11 +458,13 @@ class EnvWorker:
         return Message("rollout", {"version": version, "worker": self.index}, arrays)
 
 
-def _torch_free_actor(spec: dict[str, Any]) -> type[NumpyActor] | type[OnnxActor] | None:
-    """The class a worker runs the policy of ``spec`` with, without torch (an MLP or grid CNN agent in numpy, an
-    exported graph on ONNX Runtime); None: the policy is a torch module."""
+def _torch_free_actor(spec: dict[str, Any]) -> type[NumpyActor] | type[OnnxActor] | type[OnnxCnnActor] | None:
+    """The class a worker runs the policy of ``spec`` with, without torch (an MLP agent in numpy; a CNN agent as a
+    graph built from its weights, or an exported graph, on ONNX Runtime); None: the policy is a torch module."""
     if runs_in_numpy(spec):
         return NumpyActor
+    if cnn_on_onnxruntime(spec):
+        return OnnxCnnActor
     return OnnxActor if runs_on_onnxruntime(spec) else None
 
 
