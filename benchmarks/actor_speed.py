@@ -1,10 +1,10 @@
-"""Where a worker's policy runs faster: numpy (``frugalrl.npactor``) or PyTorch, per network and batch; and rollouts.
+"""A worker's actor (numpy, ONNX Runtime) against PyTorch, per network and batch; and rollouts at two commits.
 
 Part 1, ``--inference``: for an MLP (LunarLander's 8 inputs), the MinAtar paper's grid CNN (10×10×4) and the
 Nature-CNN (4×84×84 uint8 frames), the time of one action step as a worker takes it (distribution parameters, then
-a sampled action) with :class:`~frugalrl.npactor.NumpyActor`, with the torch module (``inference_mode``, its
-generator) and, for the CNNs, with :class:`~frugalrl.onnxactor.OnnxCnnActor` (the graph built from the weights), all
-on one thread, for batches of 1, 8 and 16 observations; the median of ``--repeats`` rounds of 200 calls. This is
+a sampled action) with the torch module (``inference_mode``, its generator) and with the actor a worker runs
+instead (the MLP's :class:`~frugalrl.npactor.NumpyActor`, the CNNs' :class:`~frugalrl.onnxactor.OnnxCnnActor`, a
+graph built from the weights), all on one thread, for batches of 1, 8 and 16 observations; the median of ``--repeats`` rounds of 200 calls. This is
 what ``npactor.runs_in_numpy`` and ``onnxactor.cnn_on_onnxruntime`` decide on.
 
 Part 2, ``--rollout ENV``: seconds for ``--rollouts`` rollouts of 128 steps on a ClusterEnv of 2 workers × 8 envs
@@ -56,7 +56,7 @@ def _per_call_us(fn: Any, repeats: int, calls: int = 200) -> float:
 
 
 def inference(repeats: int) -> list[dict[str, Any]]:
-    """Per network and batch: µs per action step in numpy and in torch, one thread each."""
+    """Per network and batch: µs per action step with the worker's actor and with torch, one thread each."""
     torch.set_num_threads(1)
     rows = []
     with threadpool_limits(1):
@@ -65,29 +65,22 @@ def inference(repeats: int) -> list[dict[str, Any]]:
             agent = make_agent(space, gym.spaces.Discrete(6))
             spec = agent.spec.to_json()
             state = {k: t.numpy() for k, t in acting_state(agent).items()}
-            actor = NumpyActor.from_state(spec, state)
-            graph = OnnxCnnActor(spec, state) if "cnn" in name else None
+            actor = NumpyActor.from_state(spec, state) if runs_in_numpy(spec) else OnnxCnnActor(spec, state)
             rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
             for batch in (1, 8, 16):
                 obs = np.random.default_rng(batch).integers(0, 2, (batch, *space.shape)).astype(space.dtype)
 
-                def numpy_step(obs: np.ndarray = obs, actor: NumpyActor = actor, rng: Any = rng) -> Any:
+                def worker_step(obs: np.ndarray = obs, actor: Any = actor, rng: Any = rng) -> Any:
                     return actor.sample(actor.params(obs), rng)
 
                 def torch_step(obs: np.ndarray = obs, agent: Any = agent, gen: Any = gen) -> Any:
                     with torch.inference_mode():
                         return dists.sample(agent.dist_kind, agent.dist_params(torch.from_numpy(obs)), gen).numpy()
 
-                def graph_step(obs: np.ndarray = obs, actor: Any = graph, rng: Any = rng) -> Any:
-                    return actor.sample(actor.params(obs), rng)
-
-                np_us, torch_us = _per_call_us(numpy_step, repeats), _per_call_us(torch_step, repeats)
-                ort_us = _per_call_us(graph_step, repeats) if graph is not None else None
+                worker_us, torch_us = _per_call_us(worker_step, repeats), _per_call_us(torch_step, repeats)
                 runs = "numpy" if runs_in_numpy(spec) else "onnxruntime" if cnn_on_onnxruntime(spec) else "torch"
-                rows.append({"network": name, "batch": batch, "numpy_us": np_us, "torch_us": torch_us,
-                             "onnxruntime_us": ort_us, "numpy_over_torch": round(np_us / torch_us, 3),
-                             "onnxruntime_over_torch": None if ort_us is None else round(ort_us / torch_us, 3),
-                             "a_worker_runs": runs})
+                rows.append({"network": name, "batch": batch, "a_worker_runs": runs, "worker_us": worker_us,
+                             "torch_us": torch_us, "worker_over_torch": round(worker_us / torch_us, 3)})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -115,7 +108,7 @@ def rollout(env_id: str, rollouts: int, repeats: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--inference", action="store_true", help="time numpy against torch per network and batch")
+    ap.add_argument("--inference", action="store_true", help="time workers' actors against torch per network")
     ap.add_argument("--rollout", nargs="*", default=[], metavar="ENV", help="time rollouts on these envs")
     ap.add_argument("--rollouts", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=5)

@@ -11,6 +11,8 @@ session is made (:func:`make_session`).
 
 from __future__ import annotations
 
+import functools
+import json
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -39,8 +41,9 @@ ORT_DTYPES: dict[str, np.dtype] = {
 }
 
 
-def make_session(data: bytes, threads: int = 1) -> Any:
-    """An ``onnxruntime.InferenceSession`` over the serialized graph ``data``.
+def make_session(data: bytes, threads: int = 1, weights: Mapping[str, np.ndarray] | None = None) -> Any:
+    """An ``onnxruntime.InferenceSession`` over the serialized graph ``data``, with ``weights`` for its initializers
+    stored as external data (:func:`cnn_graph`'s: no copy of them through protobuf, ~25 MB less for the Nature-CNN).
 
     CPU execution provider, ``threads`` intra-op threads, one inter-op thread, sequential execution,
     ``ORT_ENABLE_ALL`` graph optimisation. Raises ``ValueError`` if ``data`` is not a valid ONNX model.
@@ -48,6 +51,9 @@ def make_session(data: bytes, threads: int = 1) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    if weights:
+        opts.add_external_initializers(list(weights), [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+                                                       for a in weights.values()])
     opts.intra_op_num_threads = int(threads)
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -174,16 +180,21 @@ def cnn_acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...],
     return like
 
 
-def cnn_graph(spec: Mapping[str, Any], state: Mapping[str, np.ndarray], input_dtype: np.dtype) -> bytes:
-    """The ONNX graph of the actor of the CNN agent ``spec`` describes, holding the weights ``state`` (its acting
-    state): ``input_dtype`` frames in, scaled and (channels last) transposed as the module does, its convolutions
-    and ReLUs, the fully connected layer, the actor head out (logits, or the Gaussian's mean)."""
+def cnn_graph(spec: Mapping[str, Any], input_dtype: np.dtype) -> bytes:
+    """The ONNX graph of the actor of the CNN agent ``spec`` describes, its weights left out (initializers of the
+    acting state's names, shapes and dtypes whose data a session is given: :meth:`OnnxCnnActor.params`):
+    ``input_dtype`` frames in, scaled and (channels last) transposed as the module does, its convolutions and ReLUs,
+    the fully connected layer, the actor head out (logits, or the Gaussian's mean). A few kB; built once a spec."""
     from onnx import TensorProto, helper, numpy_helper
 
     kw = spec["kwargs"]
     layout, _ = cnn_layout(kw)
-    weights = [numpy_helper.from_array(np.asarray(a, dtype=np.float32), name) for name, a in state.items()
-               if name != "log_std"]
+    weights = []
+    for name, (shape, dtype) in cnn_acting_like(spec).items():
+        if name != "log_std":  # data the session gets (external), not in the graph's bytes
+            weights.append(TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(dtype), dims=shape,
+                                       data_location=TensorProto.EXTERNAL))
+            weights[-1].external_data.add(key="location", value=name)
     nodes = [helper.make_node("Cast", ["obs"], ["x"], to=TensorProto.FLOAT)]
     x, scale = "x", float(kw.get("scale", 1.0 / 255.0))
     if scale != 1.0:
@@ -203,7 +214,7 @@ def cnn_graph(spec: Mapping[str, Any], state: Mapping[str, np.ndarray], input_dt
               helper.make_node("Gemm", ["flat", f"{fc}.weight", f"{fc}.bias"], ["fc"], transB=1),
               helper.make_node("Relu", ["fc"], ["hidden"]),
               helper.make_node("Gemm", ["hidden", "actor.weight", "actor.bias"], [DIST_OUTPUT], transB=1)]
-    out = int(np.asarray(state["actor.bias"]).shape[0])
+    out = cnn_acting_like(spec)["actor.bias"][0][0]
     graph = helper.make_graph(
         nodes, "actor", [helper.make_tensor_value_info(
             "obs", helper.np_dtype_to_tensor_dtype(np.dtype(input_dtype)), [None, *(int(d) for d in kw["obs_shape"])])],
@@ -213,6 +224,11 @@ def cnn_graph(spec: Mapping[str, Any], state: Mapping[str, np.ndarray], input_dt
     return bytes(model.SerializeToString())
 
 
+@functools.lru_cache(maxsize=8)
+def _cnn_graph_of(spec_json: str, input_dtype: str) -> bytes:
+    return cnn_graph(json.loads(spec_json), np.dtype(input_dtype))
+
+
 GRAPH_OPSET = 17
 """The ONNX operator set of :func:`cnn_graph` (every onnxruntime this library accepts runs it)."""
 GRAPH_IR_VERSION = 8
@@ -220,7 +236,7 @@ GRAPH_IR_VERSION = 8
 
 
 class OnnxCnnActor:
-    """The actor of a CNN agent on ONNX Runtime: its graph built from the spec and the weights (:func:`cnn_graph`; a
+    """The actor of a CNN agent on ONNX Runtime: the graph of its spec (:func:`cnn_graph`) with its weights (a
     session for each observation dtype it meets, made on first use, a few ms), sampled in numpy. ONNX Runtime and
     onnx add ~30 MB to a process, torch ~190 MB (docs/benchmarks.md#actor-speed)."""
 
@@ -228,9 +244,10 @@ class OnnxCnnActor:
 
     def __init__(self, spec: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> None:
         self.spec = spec
-        self.state = {k: np.array(v, dtype=np.float32) for k, v in state.items()}  # a copy
+        self.state = {k: np.array(v, dtype=np.float32) for k, v in state.items()}  # a copy, which sessions read
         self.kind = "gaussian" if spec["kwargs"]["action"]["type"] == "box" else "categorical"
         self.log_std = self.state.get("log_std")
+        self._spec_json = json.dumps(spec, sort_keys=True)
         self._sessions: dict[np.dtype, Any] = {}
 
     @classmethod
@@ -252,7 +269,9 @@ class OnnxCnnActor:
         """The distribution parameters (float32), as the module's ``dist_params`` gives them."""
         session = self._sessions.get(obs.dtype)
         if session is None:
-            session = self._sessions[obs.dtype] = make_session(cnn_graph(self.spec, self.state, obs.dtype))
+            weights = {k: v for k, v in self.state.items() if k != "log_std"}
+            session = self._sessions[obs.dtype] = make_session(_cnn_graph_of(self._spec_json, obs.dtype.str),
+                                                               weights=weights)
         (out,) = session.run([DIST_OUTPUT], {"obs": np.ascontiguousarray(obs)})
         if self.log_std is not None:
             out = np.concatenate([out, np.broadcast_to(self.log_std, out.shape)], axis=-1)
