@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -33,8 +34,6 @@ from threadpoolctl import threadpool_limits
 
 from frugalrl import ClusterEnv, dists, make_agent
 from frugalrl.nets import acting_state
-from frugalrl.npactor import NumpyActor, runs_in_numpy
-from frugalrl.onnxactor import OnnxCnnActor, cnn_on_onnxruntime
 
 RESULTS = Path(__file__).parent / "results"
 SPACES = {
@@ -57,6 +56,10 @@ def _per_call_us(fn: Any, repeats: int, calls: int = 200) -> float:
 
 def inference(repeats: int) -> list[dict[str, Any]]:
     """Per network and batch: µs per action step with the worker's actor and with torch, one thread each."""
+    # Imported here: older commits, which --rollout also measures, have no OnnxCnnActor.
+    from frugalrl.npactor import NumpyActor, runs_in_numpy
+    from frugalrl.onnxactor import OnnxCnnActor, cnn_on_onnxruntime
+
     torch.set_num_threads(1)
     rows = []
     with threadpool_limits(1):
@@ -114,7 +117,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="actor_speed")
     args = ap.parse_args()
-    out: dict[str, Any] = {"command": " ".join(["python benchmarks/actor_speed.py", *sys.argv[1:]]),
+    omp = os.environ.get("OMP_NUM_THREADS")  # the head's torch threads (rollouts leave them as they are)
+    command = [*([f"OMP_NUM_THREADS={omp}"] if omp else []), "python benchmarks/actor_speed.py", *sys.argv[1:]]
+    out: dict[str, Any] = {"command": " ".join(command), "head_torch_threads": torch.get_num_threads(),
                            "date": time.strftime("%Y-%m-%d"), "commit": measured_commit()}
     if args.inference:
         out["inference"] = inference(args.repeats)
