@@ -56,27 +56,29 @@ def import_string(path: str) -> Any:
     return obj
 
 
-def import_without_package(name: str) -> ModuleType:
-    """Module ``name`` (``"package.sub.module"``), loaded from its file under its own name without running its
-    package's ``__init__`` where the package is not imported yet: Stable-Baselines3's imports its algorithms and so
-    torch, MinAtar's seaborn, pandas and scipy for its display, while the module asked for needs only numpy or
-    Gymnasium (a worker process then holds ~120–190 MB less). A later import of the package in the process uses the
-    same module. Where the package is imported already, or its files are laid out otherwise, the plain import."""
-    module = sys.modules.get(name)
+def import_without_package(name: str, alias: str | None = None) -> ModuleType:
+    """Module ``name`` (``"package.sub.module"``), loaded from its file without running its package's ``__init__``
+    where the package is not imported yet: Stable-Baselines3's imports its algorithms and so torch, MinAtar's
+    seaborn, pandas and scipy for its display, while the module asked for needs only numpy or Gymnasium (a worker
+    process then holds ~120–190 MB less). It is kept in ``sys.modules`` under ``name`` (a later import of the
+    package uses the same module: SB3's ``Monitor`` stays one class) or under ``alias`` (the package's own import of
+    ``name`` stays untouched: ``import package.sub.module`` would find a child whose parents were never imported).
+    Where the package is imported already, or its files are laid out otherwise, the plain import."""
+    module = sys.modules.get(alias or name)
     if module is not None:
         return module
     top, *parts = name.split(".")
     package = importlib.util.find_spec(top) if parts and top not in sys.modules else None  # found, not imported
     paths = list(package.submodule_search_locations or []) if package is not None else []
     path = Path(paths[0], *parts[:-1], f"{parts[-1]}.py") if paths else None
-    spec = importlib.util.spec_from_file_location(name, path) if path is not None and path.is_file() else None
+    spec = importlib.util.spec_from_file_location(alias or name, path) if path is not None and path.is_file() else None
     if spec is None or spec.loader is None:
         return importlib.import_module(name)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[alias or name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[name]
+        del sys.modules[alias or name]
         raise
     return module

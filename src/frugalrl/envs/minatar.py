@@ -36,7 +36,7 @@ def _game(game: str) -> Any:
         raise ValueError(f"unknown MinAtar game {game!r}; expected one of {GAMES}")
     if importlib.util.find_spec("minatar") is None:
         raise ImportError("MinAtar envs need the minatar package: pip install 'frugalrl[suite]'")
-    return import_without_package(f"minatar.environments.{game}")
+    return import_without_package(f"minatar.environments.{game}", alias=f"frugalrl.envs._minatar_{game}")
 
 
 class MinAtarEnv(gym.Env):
