@@ -21,8 +21,12 @@ def _obs(n: int, seed: int = 0) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal((n, 5)) * 3).astype(np.float32)
 
 
-@pytest.mark.parametrize("action", [gym.spaces.Discrete(4), BOX])
-@pytest.mark.parametrize("options", [{}, {"activation": "relu", "hidden": (32, 16, 8)}, {"obs_norm": True}])
+LAYOUTS = [{}, {"activation": "relu", "hidden": (32, 16, 8)}, {"obs_norm": True}]
+GSDE = [{"sde": True}, {"sde": True, "obs_norm": True, "hidden": (32,)}]  # Box actions only
+
+
+@pytest.mark.parametrize(("action", "options"), [(a, o) for a in (gym.spaces.Discrete(4), BOX) for o in LAYOUTS]
+                         + [(BOX, o) for o in GSDE])
 def test_parameters_are_pytorchs(action, options):
     agent = make_agent(OBS, action, **options)
     with torch.no_grad():
@@ -43,7 +47,6 @@ def test_parameters_are_pytorchs(action, options):
 
 
 def test_other_agents_keep_pytorch():
-    assert NumpyActor.of(make_agent(OBS, BOX, sde=True)) is None
     frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     assert NumpyActor.of(NatureCNNActorCritic((4, 84, 84), {"type": "discrete", "n": 3})) is None
     assert NumpyActor.of(make_agent(frames, gym.spaces.Discrete(3))) is None
@@ -75,6 +78,7 @@ def test_samples_follow_the_distribution():
 
 SPECS = [make_agent(OBS, action, **options).spec.to_json() for action in (gym.spaces.Discrete(4), BOX)
          for options in ({}, {"activation": "relu", "hidden": (32, 16, 8)}, {"obs_norm": True}, {"hidden": ()})]
+SPECS += [make_agent(OBS, BOX, sde=True, **options).spec.to_json() for options in ({}, {"hidden": (32, 16, 8)})]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: str(s["kwargs"]))
@@ -89,7 +93,6 @@ def test_the_shapes_a_worker_decodes_against_are_the_agents(spec):
 
 def test_specs_numpy_does_not_run():
     frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    assert not runs_in_numpy(make_agent(OBS, BOX, sde=True).spec.to_json())
     assert not runs_in_numpy(make_agent(frames, gym.spaces.Discrete(3)).spec.to_json())
     assert not runs_in_numpy({"factory": "my.module:Agent", "kwargs": {}})
 
@@ -182,3 +185,9 @@ def test_one_blas_thread_holds_inside_and_gives_back_the_limits_after():
         a = np.ones((512, 64), np.float32)
         assert float((a @ a.T)[0, 0]) == 64.0
     assert blas_threads() == before
+
+
+def test_gsde_constants_are_the_modules():
+    from frugalrl import nets, npactor
+
+    assert npactor.SDE_EPS == nets.SDE_EPS

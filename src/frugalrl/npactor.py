@@ -3,13 +3,14 @@
 A worker acts on a handful of observations per step (its own envs). There, PyTorch's per-call overhead dominates:
 a 64×64 MLP's ``dist_params`` plus ``sample`` on 8 observations costs about ten times what the same arithmetic
 costs in numpy. :class:`NumpyActor` is the actor of an :class:`~frugalrl.nets.MLPActorCritic` (Linear layers with
-tanh or ReLU, an optional :class:`~frugalrl.normalize.ObsNormalizer` in front, a categorical or state-independent
-Gaussian head), built from the policy spec and the weights as they arrive (:meth:`NumpyActor.from_state`), so that
-a worker acting with it never imports PyTorch (a smaller process that acts sooner after a start,
+tanh or ReLU, an optional :class:`~frugalrl.normalize.ObsNormalizer` in front, a categorical, state-independent
+Gaussian or gSDE head), built from the policy spec and the weights as they arrive (:meth:`NumpyActor.from_state`),
+so that a worker acting with it never imports PyTorch (a smaller process that acts sooner after a start,
 docs/benchmarks.md#worker-footprint). It computes the same distribution parameters in float32 (equal to PyTorch's
 up to the rounding of a different summation order) and samples with a NumPy generator, whose state a checkpointed
 worker saves and restores. :func:`sample` and :func:`log_prob` serve the actors on ONNX Runtime too
-(:mod:`frugalrl.onnxactor`: AcceRL's exported graphs, CNN agents); other agents (gSDE, user modules) keep PyTorch.
+(:mod:`frugalrl.onnxactor`: AcceRL's exported graphs, CNN agents); other agents (AcceRL's alpha mix, user
+modules) keep PyTorch.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 MLP_FACTORY = "frugalrl.nets:MLPActorCritic"
 _OBS_CLIP = 10.0  # ObsNormalizer's default clip, the one MLPActorCritic's normaliser has
+SDE_EPS = 1e-6  # added to the variance of a gSDE step's noise (nets.SDE_EPS)
 
 
 @functools.cache
@@ -44,9 +46,9 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
 
 def runs_in_numpy(spec: Mapping[str, Any]) -> bool:
     """Whether a policy spec (:class:`~frugalrl.nets.PolicySpec` as JSON) builds an agent :class:`NumpyActor` runs:
-    an :class:`~frugalrl.nets.MLPActorCritic` without gSDE (a worker builds exactly the spec's class, so the spec
-    decides; the class's spec names every option and accepts only tanh or ReLU layers)."""
-    return spec.get("factory") == MLP_FACTORY and not spec.get("kwargs", {}).get("sde", False)
+    an :class:`~frugalrl.nets.MLPActorCritic`, gSDE's included (a worker builds exactly the spec's class, so the
+    spec decides; the class's spec names every option and accepts only tanh or ReLU layers)."""
+    return spec.get("factory") == MLP_FACTORY
 
 
 def acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -63,8 +65,8 @@ def acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.
     for i, (n_in, n_out) in enumerate(itertools.pairwise(widths)):
         like[f"actor.{2 * i}.weight"] = ((n_out, n_in), f32)
         like[f"actor.{2 * i}.bias"] = ((n_out,), f32)
-    if action["type"] == "box":
-        like["log_std"] = ((out,), f32)
+    if action["type"] == "box":  # gSDE's: one log-σ per feature of the last hidden layer and action dimension
+        like["log_std"] = ((widths[-2], out) if kw.get("sde", False) else (out,), f32)
     return like
 
 
@@ -108,19 +110,24 @@ class NumpyActor:
         return cls.from_state(agent.spec.to_json(), {k: t.detach().numpy() for k, t in acting_state(agent).items()})
 
     def params(self, obs: np.ndarray) -> np.ndarray:
-        """The distribution parameters of ``dist_params`` (logits; or mean, then log-std), float32."""
+        """The distribution parameters of ``dist_params`` (logits; or mean, then log-std: with gSDE, of one step's
+        noise, the variance :meth:`~frugalrl.nets.MLPActorCritic.dist_params` gives), float32."""
         x = obs.reshape(obs.shape[0], -1)
         if self.norm is not None:
             mean, inv_std, clip = self.norm
             x = np.clip((x.astype(np.float64) - mean) * inv_std, -clip, clip)
         x = x.astype(np.float32, copy=False)
         for w, b, act in self.layers:
+            features = x  # the last hidden layer's, once the loop ends
             x = x @ w
             x += b
             if act == "tanh":
                 np.tanh(x, out=x)
             elif act == "relu":
                 np.maximum(x, 0.0, out=x)
+        if self.log_std is not None and self.log_std.ndim == 2:  # gSDE: one step's noise φ(s) ε has this variance
+            variance = np.square(features) @ np.exp(2 * self.log_std)
+            return np.concatenate([x, 0.5 * np.log(variance + np.float32(SDE_EPS))], axis=-1)
         if self.log_std is not None:
             x = np.concatenate([x, np.broadcast_to(self.log_std, x.shape)], axis=-1)
         return x

@@ -66,9 +66,10 @@ ONE_TORCH_THREAD = False
 
 @functools.cache
 def _torch() -> Any:
-    """torch, imported when a worker first gets a policy that needs it (gSDE, AcceRL's alpha mix, a user's module;
-    its threads set once). A worker that only steps envs (the head chooses the actions) or acts with an MLP or CNN
-    agent (:mod:`frugalrl.npactor`, :mod:`frugalrl.onnxactor`) never does: its process starts sooner and holds much less memory."""
+    """torch, imported when a worker first gets a policy that needs it (AcceRL's alpha mix, a user's module; its
+    threads set once). A worker that only steps envs (the head chooses the actions) or acts with an MLP or CNN agent
+    (:mod:`frugalrl.npactor`, :mod:`frugalrl.onnxactor`) never does: its process starts sooner and holds much less
+    memory."""
     import torch
 
     if ONE_TORCH_THREAD:
