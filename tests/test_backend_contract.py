@@ -70,7 +70,7 @@ def kill(env: ClusterEnv, w: int) -> int:
 @pytest.mark.parametrize("backend", WITH_PROCESSES, indirect=True)
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "MinAtar/Breakout-v1", "frugalrl.envs.atari:make_atari"])
 def test_worker_processes_act_without_torch(backend, env_id, closing):
-    """``make_agent``'s agent (an MLP; the grid CNN on MinAtar's 10×10 cells, in numpy; the Nature-CNN on Atari's
+    """``make_agent``'s agent (an MLP, in numpy; the grid CNN on MinAtar's 10×10 cells and the Nature-CNN on Atari's
     frames, on ONNX Runtime) is decoded, run and sampled in every worker process, and its log-probabilities are
     computed there (uplink 'logprob'): the process never loads torch (~190 MB each,
     docs/benchmarks.md#worker-footprint)."""

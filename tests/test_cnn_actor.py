@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,15 @@ import torch
 from frugalrl import nets
 from frugalrl.nets import MLPActorCritic, NatureCNNActorCritic, acting_state, build_policy, grid_cnn
 from frugalrl.npactor import NumpyActor
-from frugalrl.onnxactor import NATURE_CONVS, OnnxCnnActor, cnn_acting_like, cnn_on_onnxruntime, worker_actor
+from frugalrl.onnxactor import (
+    NATURE_CHANNELS,
+    NATURE_CONVS,
+    NATURE_HIDDEN,
+    OnnxCnnActor,
+    cnn_acting_like,
+    cnn_on_onnxruntime,
+    worker_actor,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,10 +74,12 @@ def test_the_shapes_a_worker_decodes_against_are_the_agents(cnn, action):
 
 
 def test_which_agents_run_on_onnxruntime():
-    assert NATURE_CONVS == nets.NATURE_CONVS
+    defaults = inspect.signature(NatureCNNActorCritic).parameters
+    assert (nets.NATURE_CONVS, defaults["channels"].default,
+                                                              defaults["hidden"].default) == (NATURE_CONVS, NATURE_CHANNELS, NATURE_HIDDEN)
     assert not cnn_on_onnxruntime(MLPActorCritic(5, DISCRETE).spec.to_json())
     assert isinstance(worker_actor(MLPActorCritic(5, DISCRETE)), NumpyActor)
-    assert worker_actor(MLPActorCritic(5, BOX, sde=True)) is None
+    assert isinstance(worker_actor(MLPActorCritic(5, BOX, sde=True)), NumpyActor)  # gSDE too
 
     class Custom(NatureCNNActorCritic):
         pass
@@ -87,3 +99,19 @@ def test_an_actor_is_a_copy_of_the_weights():
             p.add_(1.0)
     np.testing.assert_array_equal(worker_actor(agent).params(obs) != before, True)
     np.testing.assert_array_equal(actor.params(obs), before)
+
+
+def test_a_spec_that_leaves_defaults_out_and_weights_that_do_not_fit():
+    """A hand-written spec may leave the Nature-CNN's defaults out (as ``build_policy`` accepts it); weights of other
+    shapes are refused at once, naming what does not fit."""
+    agent = _agent(0, DISCRETE)
+    state = {k: t.numpy() for k, t in acting_state(agent).items()}
+    bare = {"factory": "frugalrl.nets:NatureCNNActorCritic", "kwargs": {"obs_shape": [4, 84, 84], "action": DISCRETE,
+                                                                        "convs": None}}
+    frames = np.zeros((2, 4, 84, 84), dtype=np.uint8)
+    np.testing.assert_array_equal(OnnxCnnActor.from_state(bare, state).params(frames),
+                                  OnnxCnnActor.from_state(agent.spec.to_json(), state).params(frames))
+    with pytest.raises(ValueError, match=r"wrong shapes \{'actor.bias': \(3,\)\}"):
+        OnnxCnnActor.from_state(bare, {**state, "actor.bias": np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match=r"missing \['actor.weight'\]"):
+        OnnxCnnActor.from_state(bare, {k: v for k, v in state.items() if k != "actor.weight"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 
@@ -49,6 +50,7 @@ def test_no_display_libraries_in_a_process_that_plays():
     assert out.stdout.split() == ["[]", "minatar.environments.breakout"], out.stdout + out.stderr
 
 
+@pytest.mark.filterwarnings("ignore:.*seed. function is dropped")  # BaseEnv has seed() too: kept for its users
 def test_renders_and_checks():
     env = MinAtarEnv("breakout", render_mode="array")
     obs, _ = env.reset(seed=0)
@@ -59,5 +61,31 @@ def test_renders_and_checks():
     with pytest.raises(ValueError, match="unknown MinAtar game 'pong'"):
         make_minatar("pong")
     with pytest.raises(ValueError, match="render_mode"):
-        MinAtarEnv("breakout", render_mode="human")
+        MinAtarEnv("breakout", render_mode="rgb")
+    with pytest.warns(UserWarning, match="render_mode"):  # as BaseEnv
+        assert MinAtarEnv("breakout").render() is None
     check_env(make_minatar("freeway").unwrapped, skip_render_check=True)
+
+
+def test_a_game_pickles_into_another_process_and_plays_on():
+    """Its game's class lives in a privately named module: the env pickles as the game's name and attributes, and
+    plays on in a fresh process as the original does (its random stream included)."""
+    env = MinAtarEnv("seaquest", use_minimal_action_set=True)
+    env.reset(seed=5)
+    for action in (1, 2, 3):
+        env.step(action)
+    code = ("import pickle, sys\nenv = pickle.loads(sys.stdin.buffer.read())\n"
+            "print([int(env.step(a)[0].sum()) for a in (0, 1, 2, 3, 4) * 4])")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(env), capture_output=True, timeout=60,
+                         check=True)
+    assert out.stdout.decode().strip() == str([int(env.step(a)[0].sum()) for a in (0, 1, 2, 3, 4) * 4])
+
+
+def test_seed_is_minatars():
+    """``seed()`` as ``BaseEnv.seed``: the next unseeded reset starts from it."""
+    a, b = MinAtarEnv("asterix"), MinAtarEnv("asterix")
+    a.seed(7)
+    b.reset(seed=7)
+    np.testing.assert_array_equal(a.reset()[0], b.game.state())
+    for action in (1, 2, 3, 4, 5):
+        np.testing.assert_array_equal(a.step(action)[0], b.step(action)[0])

@@ -51,18 +51,20 @@ def make_session(data: bytes, threads: int = 1, weights: Mapping[str, np.ndarray
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    if weights:
-        opts.add_external_initializers(list(weights), [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
-                                                       for a in weights.values()])
+    arrays = [np.ascontiguousarray(a) for a in (weights or {}).values()]  # alive until the session has copied them
+    if arrays:
+        opts.add_external_initializers(list(weights or {}), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
     opts.intra_op_num_threads = int(threads)
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
     try:
-        return ort.InferenceSession(bytes(data), sess_options=opts, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(bytes(data), sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises its own pybind exception types
         raise ValueError(f"not a valid ONNX model ({len(data)} bytes): {type(e).__name__}: {e}") from e
+    del arrays
+    return session
 
 
 def graph_bytes(packed: bytes) -> bytes:
@@ -139,7 +141,8 @@ class OnnxActor:
 
 CNN_FACTORY = "frugalrl.nets:NatureCNNActorCritic"
 """The spec factory of :class:`~frugalrl.nets.NatureCNNActorCritic` (the Nature-CNN, and MinAtar's grid CNN)."""
-NATURE_CONVS = ((8, 4), (4, 2), (3, 1))  # its (kernel, stride) pairs where its spec names none (nets.NATURE_CONVS)
+# Its (kernel, stride) pairs, channels and hidden width where a spec names none (NatureCNNActorCritic's defaults).
+NATURE_CONVS, NATURE_CHANNELS, NATURE_HIDDEN = ((8, 4), (4, 2), (3, 1)), (32, 64, 64), 512
 
 
 def cnn_on_onnxruntime(spec: Mapping[str, Any]) -> bool:
@@ -155,7 +158,8 @@ def cnn_layout(kw: Mapping[str, Any]) -> tuple[list[tuple[int, int, int, int]], 
     shape = [int(x) for x in kw["obs_shape"]]
     c, h, w = (shape[2], shape[0], shape[1]) if kw.get("channels_last", False) else shape
     layout = []
-    for out, (kernel, stride) in zip(kw["channels"], kw.get("convs", NATURE_CONVS), strict=False):
+    for out, (kernel, stride) in zip(kw.get("channels", NATURE_CHANNELS), kw.get("convs") or NATURE_CONVS,
+                                     strict=False):
         layout.append((c, int(out), int(kernel), int(stride)))
         c, h, w = int(out), (h - int(kernel)) // int(stride) + 1, (w - int(kernel)) // int(stride) + 1
     return layout, (c, h, w)
@@ -172,7 +176,7 @@ def cnn_acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...],
     for i, (c_in, c_out, k, _) in enumerate(layout):
         like[f"trunk.{2 * i}.weight"] = ((c_out, c_in, k, k), f32)
         like[f"trunk.{2 * i}.bias"] = ((c_out,), f32)
-    fc, hidden = f"trunk.{2 * len(layout) + 1}", int(kw["hidden"])  # after the ReLUs and the Flatten
+    fc, hidden = f"trunk.{2 * len(layout) + 1}", int(kw.get("hidden", NATURE_HIDDEN))  # after the ReLUs, Flatten
     like.update({f"{fc}.weight": ((hidden, c * h * w), f32), f"{fc}.bias": ((hidden,), f32),
                  "actor.weight": ((out, hidden), f32), "actor.bias": ((out,), f32)})
     if action["type"] == "box":
@@ -243,6 +247,11 @@ class OnnxCnnActor:
     acting_like = staticmethod(cnn_acting_like)
 
     def __init__(self, spec: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> None:
+        like = cnn_acting_like(spec)
+        wrong = {k: np.shape(state[k]) for k in like if k in state and np.shape(state[k]) != like[k][0]}
+        if set(state) != set(like) or wrong:
+            raise ValueError(f"CNN weights do not fit the spec: missing {sorted(set(like) - set(state))}, unexpected "
+                             f"{sorted(set(state) - set(like))}, wrong shapes {wrong}")
         self.spec = spec
         self.state = {k: np.array(v, dtype=np.float32) for k, v in state.items()}  # a copy, which sessions read
         self.kind = "gaussian" if spec["kwargs"]["action"]["type"] == "box" else "categorical"

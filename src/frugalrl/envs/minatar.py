@@ -42,28 +42,38 @@ def _game(game: str) -> Any:
 class MinAtarEnv(gym.Env):
     """One MinAtar game with minatar's ``BaseEnv`` interface and dynamics: the action is looked up in the action
     set, then repeated from the last step with probability ``sticky_action_prob`` (a draw every step, from the
-    game's own ``RandomState``, which ``reset(seed=...)`` replaces); observations are the game's bool grid."""
+    game's own ``RandomState``, which ``reset(seed=...)`` or :meth:`seed` replaces); observations are the game's bool
+    grid. ``game`` is the game's own object (``BaseEnv.game`` is minatar's wrapper of it)."""
 
-    metadata = {"render_modes": ["array", "rgb_array"]}
+    metadata = {"render_modes": ["human", "array", "rgb_array"], "render_fps": 20}
 
-    def __init__(self, game: str = "breakout", use_minimal_action_set: bool = False, sticky_action_prob: float = 0.1,
-                 difficulty_ramping: bool = True, render_mode: str | None = None) -> None:
+    def __init__(self, game: str = "breakout", render_mode: str | None = None, display_time: int = 50,
+                 use_minimal_action_set: bool = False, sticky_action_prob: float = 0.1,
+                 difficulty_ramping: bool = True) -> None:
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self.game_name = game
         self.game = _game(game).Env(ramping=difficulty_ramping)
         self.random = np.random.RandomState()  # the sticky actions' draws; the game's own until the first seed
         self.sticky_action_prob = float(sticky_action_prob)
         self.last_action = 0
         self.render_mode = render_mode
+        self.display_time = int(display_time)
         self.action_set = list(self.game.minimal_action_set()) if use_minimal_action_set else list(range(6))
         self.action_space = gym.spaces.Discrete(len(self.action_set))
         self.observation_space = gym.spaces.Box(0.0, 1.0, shape=self.game.state_shape(), dtype=bool)
 
+    def seed(self, seed: int | None = None) -> None:
+        """One generator for the game and the sticky actions, as minatar's ``Environment.seed`` (None: unchanged)."""
+        if seed is not None:
+            self.random = self.game.random = np.random.RandomState(seed)
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
-        if seed is not None:  # one generator for the game and the sticky actions, as minatar's Environment.seed
-            self.random = self.game.random = np.random.RandomState(seed)
+        self.seed(seed)
         self.game.reset()
+        if self.render_mode == "human":
+            self.render()
         return self.game.state(), {}
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
@@ -72,20 +82,45 @@ class MinAtarEnv(gym.Env):
             a = self.last_action
         self.last_action = a
         reward, done = self.game.act(a)
+        if self.render_mode == "human":
+            self.render()
         return self.game.state(), reward, done, False, {}
 
     def render(self) -> np.ndarray | None:
         """``array``: the grid; ``rgb_array``: each cell in the colour of its highest channel (seaborn's cubehelix
-        palette, as minatar draws it; seaborn is imported here only)."""
+        palette, as minatar draws it); ``human``: that frame in a matplotlib window for ``display_time`` ms. The
+        display libraries are imported here only."""
+        if self.render_mode is None:
+            gym.logger.warn("render() without a render_mode: make the env with render_mode='rgb_array' or 'human'")
+            return None
+        state = self.game.state()
         if self.render_mode == "array":
-            return self.game.state()
-        if self.render_mode == "rgb_array":
-            import seaborn as sns
+            return state
+        import seaborn as sns
 
-            state = self.game.state()
-            palette = np.array([(0.0, 0.0, 0.0), *sns.color_palette("cubehelix", state.shape[-1])])
-            return palette[np.amax(state * np.arange(1, state.shape[-1] + 1), axis=2)]
+        palette = np.array([(0.0, 0.0, 0.0), *sns.color_palette("cubehelix", state.shape[-1])])
+        frame = palette[np.amax(state * np.arange(1, state.shape[-1] + 1), axis=2)]
+        if self.render_mode == "rgb_array":
+            return frame
+        from matplotlib import pyplot as plt
+
+        plt.imshow(frame, interpolation="none")
+        plt.pause(self.display_time / 1000)
+        plt.cla()
         return None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable: the game's class lives in a module loaded under a private name, so the game travels as its
+        name and attributes (restored by :meth:`__setstate__`)."""
+        state = dict(self.__dict__)
+        state["game"] = dict(vars(state["game"]))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        game_cls = _game(state["game_name"]).Env
+        game = game_cls.__new__(game_cls)
+        game.__dict__.update(state["game"])
+        self.__dict__.update({**state, "game": game})
 
 
 def make_minatar(game: str = "breakout", max_episode_steps: int = 10_000, sticky_action_prob: float = 0.1) -> gym.Env:
