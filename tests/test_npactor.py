@@ -154,6 +154,7 @@ def test_an_actor_is_a_copy_of_the_weights():
 def test_a_worker_acts_with_the_weights_it_holds():
     """New weights (a new version) are what the workers' next actions come from."""
     env = ClusterEnv("CartPole-v1", 1, 4, backend="serial", seed=0)
+    torch.manual_seed(0)
     agent = make_agent(env.single_observation_space, env.single_action_space)
     obs, _ = env.reset(seed=0)
     try:
@@ -164,7 +165,9 @@ def test_a_worker_acts_with_the_weights_it_holds():
             obs, *_, infos = env.step(agent)
             with torch.no_grad():
                 expected = agent.dist_params(torch.from_numpy(before)).numpy()
-            np.testing.assert_allclose(infos["dist_params"], expected, rtol=1e-5, atol=1e-5)
+            # float32 sums in another order: errors scale with the largest logits (thousands by the third version)
+            np.testing.assert_allclose(infos["dist_params"], expected, rtol=1e-5,
+                                       atol=1e-6 * max(1.0, float(np.abs(expected).max())))
     finally:
         env.close()
 
