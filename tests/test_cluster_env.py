@@ -12,6 +12,7 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from frugalrl import ClusterEnv, make_agent
+from frugalrl.monitor import MixPolicy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -532,9 +533,9 @@ def test_an_info_array_whose_shape_differs_between_envs_is_named(closing):
 
 
 def test_workers_import_torch_only_for_policies_numpy_does_not_run(closing):
-    """Head-side inference (``step(actions)``) needs no policy in the workers, and an MLP agent runs in numpy: their
-    processes never load torch (they start in a fraction of the time and hold ~40 MB instead of ~230 MB,
-    docs/benchmarks.md#worker-footprint); a policy numpy does not run (gSDE here) loads it."""
+    """Head-side inference (``step(actions)``) needs no policy in the workers, and an MLP agent runs in numpy (gSDE's
+    too): their processes never load torch (they start in a fraction of the time and hold ~40 MB instead of ~230 MB,
+    docs/benchmarks.md#worker-footprint); a policy that needs torch (AcceRL's alpha mix here) loads it."""
     env = closing(ClusterEnv("CartPole-v1", W, K, backend="local", seed=SEED, inline_workers=0,
                              uplink={"behaviour": "logprob"}))
 
@@ -549,5 +550,8 @@ def test_workers_import_torch_only_for_policies_numpy_does_not_run(closing):
     assert ro.behaviour_logp.shape == (4, N)
     assert torch_loaded(env) == [False] * W
     pendulum = closing(ClusterEnv("Pendulum-v1", 1, 1, backend="local", seed=SEED, inline_workers=0))
-    pendulum.rollout(make_agent(pendulum.single_observation_space, pendulum.single_action_space, sde=True), 4)
+    spaces = (pendulum.single_observation_space, pendulum.single_action_space)
+    pendulum.rollout(make_agent(*spaces, sde=True), 4)
+    assert torch_loaded(pendulum) == [False]
+    pendulum.rollout(MixPolicy(make_agent(*spaces, hidden=(16,)), make_agent(*spaces), alpha=0.5), 4)
     assert torch_loaded(pendulum) == [True]
