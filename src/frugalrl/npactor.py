@@ -70,7 +70,28 @@ def acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.
     return like
 
 
-class NumpyActor:
+class SampledActor:
+    """What every actor a worker runs without torch shares (this one, :mod:`frugalrl.onnxactor`'s): a distribution
+    ``kind``, sampled and scored by this module's functions; a subclass gives the parameters (``params``)."""
+
+    kind: str
+
+    def sample(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One action per row (:func:`sample`)."""
+        return sample(self.kind, params, rng)
+
+    def log_prob(self, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """log π(a | params) of each row's action (:func:`log_prob`)."""
+        return log_prob(self.kind, params, actions)
+
+
+def with_log_std(out: np.ndarray, log_std: np.ndarray | None) -> np.ndarray:
+    """A head's output with a state-independent Gaussian's log-std after each row (as ``dist_params``); as it is
+    for a categorical head (``log_std`` None)."""
+    return out if log_std is None else np.concatenate([out, np.broadcast_to(log_std, out.shape)], axis=-1)
+
+
+class NumpyActor(SampledActor):
     """The actor of an MLP agent as numpy arrays (a copy: rebuild it after the agent's weights change)."""
 
     def __init__(self, layers: list[tuple[np.ndarray, np.ndarray, str | None]], kind: str,
@@ -128,17 +149,7 @@ class NumpyActor:
         if self.log_std is not None and self.log_std.ndim == 2:  # gSDE: one step's noise φ(s) ε has this variance
             variance = np.square(features) @ np.exp(2 * self.log_std)
             return np.concatenate([x, 0.5 * np.log(variance + np.float32(SDE_EPS))], axis=-1)
-        if self.log_std is not None:
-            x = np.concatenate([x, np.broadcast_to(self.log_std, x.shape)], axis=-1)
-        return x
-
-    def sample(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One action per row (:func:`sample`)."""
-        return sample(self.kind, params, rng)
-
-    def log_prob(self, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        """log π(a | params) of each row's action (:func:`log_prob`)."""
-        return log_prob(self.kind, params, actions)
+        return with_log_std(x, self.log_std)
 
 
 def sample(kind: str, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:

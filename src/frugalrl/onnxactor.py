@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from frugalrl.npactor import NumpyActor, log_prob, sample
+from frugalrl.npactor import NumpyActor, SampledActor, with_log_std
 
 ONNX_FACTORY = "frugalrl.compress.runtime:OnnxPolicy"
 """The spec factory of :class:`~frugalrl.compress.runtime.OnnxPolicy`."""
@@ -102,7 +102,7 @@ ACTING_LIKE: dict[str, tuple[tuple[int, ...], np.dtype]] = {"model": ((0,), np.d
 length)."""
 
 
-class OnnxActor:
+class OnnxActor(SampledActor):
     """The actor of an ``OnnxPolicy``: its graph in an ONNX Runtime session, sampled in numpy."""
 
     def __init__(self, graph: bytes, kind: str, threads: int = 1) -> None:
@@ -129,14 +129,6 @@ class OnnxActor:
         arr = np.ascontiguousarray(obs, dtype=self.input_dtype)
         (out,) = self.session.run([DIST_OUTPUT], {self.input_name: arr})
         return np.asarray(out, dtype=np.float32)
-
-    def sample(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One action per row (:func:`frugalrl.npactor.sample`)."""
-        return sample(self.kind, params, rng)
-
-    def log_prob(self, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        """log π(a | params) of each row's action (:func:`frugalrl.npactor.log_prob`)."""
-        return log_prob(self.kind, params, actions)
 
 
 CNN_FACTORY = "frugalrl.nets:NatureCNNActorCritic"
@@ -191,10 +183,10 @@ def cnn_graph(spec: Mapping[str, Any], input_dtype: np.dtype) -> bytes:
     the fully connected layer, the actor head out (logits, or the Gaussian's mean). A few kB; built once a spec."""
     from onnx import TensorProto, helper, numpy_helper
 
-    kw = spec["kwargs"]
+    kw, like = spec["kwargs"], cnn_acting_like(spec)
     layout, _ = cnn_layout(kw)
     weights = []
-    for name, (shape, dtype) in cnn_acting_like(spec).items():
+    for name, (shape, dtype) in like.items():
         if name != "log_std":  # data the session gets (external), not in the graph's bytes
             weights.append(TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(dtype), dims=shape,
                                        data_location=TensorProto.EXTERNAL))
@@ -218,7 +210,7 @@ def cnn_graph(spec: Mapping[str, Any], input_dtype: np.dtype) -> bytes:
               helper.make_node("Gemm", ["flat", f"{fc}.weight", f"{fc}.bias"], ["fc"], transB=1),
               helper.make_node("Relu", ["fc"], ["hidden"]),
               helper.make_node("Gemm", ["hidden", "actor.weight", "actor.bias"], [DIST_OUTPUT], transB=1)]
-    out = cnn_acting_like(spec)["actor.bias"][0][0]
+    out = like["actor.bias"][0][0]
     graph = helper.make_graph(
         nodes, "actor", [helper.make_tensor_value_info(
             "obs", helper.np_dtype_to_tensor_dtype(np.dtype(input_dtype)), [None, *(int(d) for d in kw["obs_shape"])])],
@@ -239,7 +231,7 @@ GRAPH_IR_VERSION = 8
 """The ONNX IR version of :func:`cnn_graph` (newer onnx packages write newer ones than older runtimes read)."""
 
 
-class OnnxCnnActor:
+class OnnxCnnActor(SampledActor):
     """The actor of a CNN agent on ONNX Runtime: the graph of its spec (:func:`cnn_graph`) with its weights (a
     session for each observation dtype it meets, made on first use, a few ms), sampled in numpy. ONNX Runtime and
     onnx add ~30 MB to a process, torch ~190 MB (docs/benchmarks.md#actor-speed)."""
@@ -282,17 +274,7 @@ class OnnxCnnActor:
             session = self._sessions[obs.dtype] = make_session(_cnn_graph_of(self._spec_json, obs.dtype.str),
                                                                weights=weights)
         (out,) = session.run([DIST_OUTPUT], {"obs": np.ascontiguousarray(obs)})
-        if self.log_std is not None:
-            out = np.concatenate([out, np.broadcast_to(self.log_std, out.shape)], axis=-1)
-        return np.asarray(out, dtype=np.float32)
-
-    def sample(self, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One action per row (:func:`frugalrl.npactor.sample`)."""
-        return sample(self.kind, params, rng)
-
-    def log_prob(self, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        """log π(a | params) of each row's action (:func:`frugalrl.npactor.log_prob`)."""
-        return log_prob(self.kind, params, actions)
+        return with_log_std(np.asarray(out, dtype=np.float32), self.log_std)
 
 
 def worker_actor(agent: Any) -> NumpyActor | OnnxCnnActor | None:
