@@ -115,3 +115,35 @@ def test_a_spec_that_leaves_defaults_out_and_weights_that_do_not_fit():
         OnnxCnnActor.from_state(bare, {**state, "actor.bias": np.zeros(3, np.float32)})
     with pytest.raises(ValueError, match=r"missing \['actor.weight'\]"):
         OnnxCnnActor.from_state(bare, {k: v for k, v in state.items() if k != "actor.weight"})
+
+
+@pytest.mark.parametrize("backend", ["serial", "local"])
+def test_a_restored_cnn_worker_continues_exactly(backend):
+    """A checkpoint of workers that act on ONNX Runtime (MinAtar's grid CNN, its weights bf16 delta-coded as by
+    default): workers restored from it, in other processes, step and sample exactly what the original ones do next,
+    and take the learner's next weights as a full copy."""
+    from frugalrl import ClusterEnv, make_agent
+
+    kwargs = {"backend": backend, "seed": 5, "replayable": True, "weights_codec": "bf16", "inline_workers": 0}
+    if backend == "serial":
+        del kwargs["inline_workers"]
+    first, second = (ClusterEnv("MinAtar/Breakout-v1", 2, 2, **kwargs) for _ in range(2))
+    try:
+        torch.manual_seed(0)
+        agent = make_agent(first.single_observation_space, first.single_action_space)
+        assert isinstance(worker_actor(agent), OnnxCnnActor)
+        first.rollout(agent, 6)
+        with torch.no_grad():
+            agent.actor.weight.mul_(1.5)  # a new version, sent as a delta to the first run's workers
+        first.rollout(agent, 3)
+        second.load_state_dict(first.state_dict())
+        for _ in range(2):
+            a, b = first.rollout(agent, 8), second.rollout(agent, 8)
+            np.testing.assert_array_equal(a.actions, b.actions)
+            np.testing.assert_array_equal(a.obs, b.obs)
+            np.testing.assert_array_equal(a.rewards, b.rewards)
+            with torch.no_grad():
+                agent.actor.weight.mul_(1.5)
+    finally:
+        first.close()
+        second.close()

@@ -89,3 +89,4 @@ def test_seed_is_minatars():
     np.testing.assert_array_equal(a.reset()[0], b.game.state())
     for action in (1, 2, 3, 4, 5):
         np.testing.assert_array_equal(a.step(action)[0], b.step(action)[0])
+

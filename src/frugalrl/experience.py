@@ -98,8 +98,7 @@ class EnvGroup:
     def reset(self, i: int, seed: int | None = None, options: dict | None = None) -> dict[str, Any]:
         """Start a new episode in env ``i``; returns its info."""
         if self.actions is not None:
-            rng = None if seed is not None else jsonable(self.envs[i].unwrapped.np_random.bit_generator.state)
-            self.began[i] = {"seed": seed, "options": options, "rng": rng}
+            self.began[i] = {"seed": seed, "options": options, **start_state(self.envs[i], seeded=seed is not None)}
             self.actions[i] = []
         obs, info = self.envs[i].reset(seed=seed, options=options)
         self.check(i, obs)
@@ -357,6 +356,74 @@ def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: i
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def start_state(env: gym.Env, seeded: bool) -> dict[str, Any]:
+    """What the episode ``env`` begins now starts from besides its reset's arguments, JSON-able: unless ``seeded``,
+    the state of its ``np_random`` (``rng``); and where the env or a wrapper of it carries state from one episode
+    into the next (generators of its own, the last action, running statistics), that state, by the layer's depth in
+    the wrapper chain (``env_state``, :func:`_reset_state_hooks`). A checkpoint replays the episode from them
+    (:func:`restore_start_state`)."""
+    out: dict[str, Any] = {} if seeded else {"rng": jsonable(env.unwrapped.np_random.bit_generator.state)}
+    states = {str(depth): jsonable(hooks[0]()) for depth, layer in enumerate(_layers(env))
+              if (hooks := _reset_state_hooks(layer)) is not None}
+    if states:
+        out["env_state"] = states
+    return out
+
+
+def restore_start_state(env: gym.Env, began: dict[str, Any]) -> None:
+    """Put ``env`` back in the state :func:`start_state` recorded in ``began``, before its reset."""
+    if began.get("rng") is not None:
+        env.unwrapped.np_random.bit_generator.state = began["rng"]
+    layers = _layers(env)
+    for depth, state in (began.get("env_state") or {}).items():
+        hooks = _reset_state_hooks(layers[int(depth)]) if int(depth) < len(layers) else None
+        if hooks is not None:
+            hooks[1](state)
+
+
+def _layers(env: gym.Env) -> list[gym.Env]:
+    """``env`` and every env it wraps, outermost first."""
+    layers = [env]
+    while isinstance(layers[-1], gym.Wrapper):
+        layers.append(layers[-1].env)
+    return layers
+
+
+def _reset_state_hooks(layer: gym.Env) -> tuple[Callable[[], Any], Callable[[Any], None]] | None:
+    """How to read and set the state one layer of an env (the env or a wrapper) carries into its next episode: its
+    own ``get_reset_state()`` and ``set_reset_state(state)`` (MinAtar's games; an env or wrapper of yours can define
+    them), ALE's emulator state for Atari, the running statistics of Gymnasium's ``NormalizeObservation`` and
+    ``NormalizeReward``; None for a layer that carries nothing."""
+    if callable(getattr(layer, "get_reset_state", None)) and callable(getattr(layer, "set_reset_state", None)):
+        return layer.get_reset_state, layer.set_reset_state  # type: ignore[attr-defined]
+    if type(layer).__module__.startswith("ale_py"):
+        from frugalrl.envs.atari import ale_reset_state, set_ale_reset_state
+
+        return functools.partial(ale_reset_state, layer), functools.partial(set_ale_reset_state, layer)
+    if isinstance(layer, gym.wrappers.NormalizeObservation):
+        return functools.partial(_moments, layer, "obs_rms"), functools.partial(_set_moments, layer, "obs_rms")
+    if isinstance(layer, gym.wrappers.NormalizeReward):
+        return functools.partial(_moments, layer, "return_rms"), functools.partial(_set_moments, layer, "return_rms")
+    return None
+
+
+def _moments(layer: gym.Env, name: str) -> dict[str, Any]:
+    rms = getattr(layer, name)
+    out = {"mean": jsonable(rms.mean), "var": jsonable(rms.var), "count": float(rms.count)}
+    if hasattr(layer, "discounted_reward"):  # NormalizeReward's accumulator, kept across episodes
+        out["discounted"] = jsonable(layer.discounted_reward)
+    return out
+
+
+def _set_moments(layer: gym.Env, name: str, state: dict[str, Any]) -> None:
+    rms = getattr(layer, name)
+    rms.mean = np.asarray(state["mean"], dtype=np.asarray(rms.mean).dtype)
+    rms.var = np.asarray(state["var"], dtype=np.asarray(rms.var).dtype)
+    rms.count = state["count"]
+    if "discounted" in state:
+        layer.discounted_reward = np.asarray(state["discounted"], dtype=np.float64)  # type: ignore[attr-defined]
+
+
 def clip_actions(space: gym.Space, actions: np.ndarray) -> np.ndarray:
     """Sampled Box actions clipped to the space's bounds; other actions unchanged."""
     if isinstance(space, gym.spaces.Box):

@@ -39,3 +39,26 @@ def make_atari(
         grayscale_obs=True,
     )
     return gym.wrappers.FrameStackObservation(env, frame_stack)
+
+
+def ale_reset_state(env: gym.Env) -> str:
+    """What an unseeded reset of the ALE env ``env`` (its ``unwrapped``) starts an episode from besides
+    ``np_random``: the emulator's state with its random generator (sticky actions), serialised by ALE and
+    compressed, as base64 text (~10 kB), for a checkpoint to replay the episode
+    (:func:`frugalrl.experience.start_state`)."""
+    import base64
+    import zlib
+
+    ale = env.unwrapped.ale  # type: ignore[attr-defined]
+    return base64.b64encode(zlib.compress(ale.cloneState(include_rng=True).serialize())).decode()
+
+
+def set_ale_reset_state(env: gym.Env, state: str) -> None:
+    """Put the ALE env ``env`` back in an :func:`ale_reset_state` state (ALE's own decoder, no pickle)."""
+    import base64
+    import zlib
+
+    import ale_py
+
+    data = zlib.decompress(base64.b64decode(state))
+    env.unwrapped.ale.restoreState(ale_py.ALEState(data))  # type: ignore[attr-defined]

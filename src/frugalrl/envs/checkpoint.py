@@ -3,7 +3,7 @@
 
 A worker's snapshot is how its envs' episodes began and the actions taken since, its sampling generator and the
 policy it holds; restoring replays the episodes, so the envs continue exactly where they were whenever the env is
-deterministic given its ``np_random``. Both directions cross the wire as ``checkpoint`` bytes.
+deterministic given its ``np_random`` and the reset state it declares (:func:`frugalrl.experience.start_state`). Both directions cross the wire as ``checkpoint`` bytes.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ class Checkpoints:
         """Continue from :meth:`state_dict`: every worker rebuilds its envs by replaying their episodes.
 
         Returns the envs that could not be rebuilt exactly (their replay did not reproduce the
-        observation: the env is not deterministic given its ``np_random``); those start a new episode,
-        with a warning. Restoring is counted as ``checkpoint`` bytes.
+        observation: the env depends on more than its ``np_random`` and its reset state,
+        :func:`frugalrl.experience.start_state`); those start a new episode, with a warning. Restoring is counted as ``checkpoint`` bytes.
         """
         self._check_open()
         if state["workers"] is None:  # the books only (state_dict(workers=False)): the envs start anew
@@ -125,7 +125,7 @@ class Checkpoints:
                    if not ok]
         self._obs = np.concatenate([replies[w].arrays["obs"] for w in range(self.num_workers)])
         if inexact:
-            log.warning("frugalrl: envs %s could not be rebuilt exactly from the checkpoint (%s is not "
-                        "deterministic given its np_random); they start new episodes", inexact,
-                        self.env_spec.describe())
+            log.warning("frugalrl: envs %s could not be rebuilt exactly from the checkpoint (%s depends on more than "
+                        "its np_random: its env can say on what with get_reset_state() and set_reset_state(), "
+                        "docs/clusterenv.md); they start new episodes", inexact, self.env_spec.describe())
         return inexact

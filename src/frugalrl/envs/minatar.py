@@ -68,6 +68,27 @@ class MinAtarEnv(gym.Env):
         if seed is not None:
             self.random = self.game.random = np.random.RandomState(seed)
 
+    def get_reset_state(self) -> dict[str, Any]:
+        """What an unseeded :meth:`reset` starts an episode from besides ``np_random``, which this env does not draw
+        from (JSON-able): the sticky actions' and the game's generators (one since the first seed), and the last
+        action (minatar carries it into the next episode). A checkpoint records it to replay the episode
+        (:mod:`frugalrl.envs.checkpoint`)."""
+        shared = self.random is self.game.random
+        return {"random": _jsonable_state(self.random),
+                "game_random": None if shared else _jsonable_state(self.game.random),
+                "last_action": int(self.last_action)}
+
+    def set_reset_state(self, state: dict[str, Any]) -> None:
+        """Put the env back in a :meth:`get_reset_state` state."""
+        self.random = np.random.RandomState()
+        self.random.set_state(_generator_state(state["random"]))
+        if state["game_random"] is None:
+            self.game.random = self.random
+        else:
+            self.game.random = np.random.RandomState()
+            self.game.random.set_state(_generator_state(state["game_random"]))
+        self.last_action = int(state["last_action"])
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         self.seed(seed)
@@ -121,6 +142,16 @@ class MinAtarEnv(gym.Env):
         game = game_cls.__new__(game_cls)
         game.__dict__.update(state["game"])
         self.__dict__.update({**state, "game": game})
+
+
+def _jsonable_state(generator: np.random.RandomState) -> list[Any]:
+    name, key, pos, has_gauss, cached = generator.get_state(legacy=True)
+    return [name, np.asarray(key).tolist(), int(pos), int(has_gauss), float(cached)]
+
+
+def _generator_state(state: list[Any]) -> tuple[Any, ...]:
+    name, key, pos, has_gauss, cached = state
+    return name, np.asarray(key, dtype=np.uint32), int(pos), int(has_gauss), float(cached)
 
 
 def make_minatar(game: str = "breakout", max_episode_steps: int = 10_000, sticky_action_prob: float = 0.1) -> gym.Env:

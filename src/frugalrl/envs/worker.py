@@ -46,6 +46,7 @@ from frugalrl.experience import (
     info_arrays,
     info_name,
     info_parent,
+    restore_start_state,
     space_shape,
 )
 from frugalrl.npactor import NumpyActor, runs_in_numpy
@@ -388,8 +389,7 @@ class EnvWorker:
             if not began:  # never reset: nothing to rebuild
                 exact.append(True)
                 continue
-            if began.get("rng") is not None:
-                _set_rng_state(env, began["rng"])
+            restore_start_state(env, began)
             group.reset(i, seed=began.get("seed"), options=began.get("options"))
             group.began[i] = began
             for action in a[f"actions/{i}"]:
@@ -467,11 +467,6 @@ def _torch_free_actor(spec: dict[str, Any]) -> type[NumpyActor] | type[OnnxActor
     if cnn_on_onnxruntime(spec):
         return OnnxCnnActor
     return OnnxActor if runs_on_onnxruntime(spec) else None
-
-
-def _set_rng_state(env: gym.Env, state: dict[str, Any]) -> None:
-    """Put ``env``'s ``np_random`` generator in ``state`` (as :meth:`EnvGroup.reset` recorded it)."""
-    env.unwrapped.np_random.bit_generator.state = state
 
 
 def episode_stats(returns: list[float], lengths: list[int]) -> dict[str, np.ndarray]:
