@@ -41,8 +41,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from _commit import measured_commit
 
-import frugalrl
 from frugalrl import ClusterEnv, dists, make_agent
 
 RESULTS = Path(__file__).parent / "results"
@@ -268,12 +268,6 @@ def cleanrl(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _commit_of(path: Path) -> str:
-    out = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--", "."], capture_output=True, text=True)
-    return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3", "HalfCheetah-v5"])
@@ -300,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "command": "python benchmarks/dropin_speed.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "commit": _commit_of(Path(frugalrl.__file__).parent),  # of the frugalrl imported (PYTHONPATH may point elsewhere)
+        "commit": measured_commit(),  # of the frugalrl imported (PYTHONPATH may point elsewhere)
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": os.getloadavg()},
         "torch_threads": 1, "rows": rows,
     }

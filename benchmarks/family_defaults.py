@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _commit import measured_commit
 from _sb3 import EVAL_EPISODES
 from learning_suite import ENVS as SUITE_ENVS
 from learning_suite import MINATAR, return_ratio
@@ -212,11 +213,6 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str:
-    root = Path(__file__).resolve().parent.parent
-    return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--envs", nargs="+", default=ENVS)
@@ -247,7 +243,7 @@ def main() -> int:
     runs = {p.stem: json.loads(p.read_text()) for p in sorted(CACHE.glob("*.json"))}
     rows = table(runs)
     result = {
-        "commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": measured_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version()},
         "torch_threads": 1, "eval_episodes": EVAL_EPISODES, "deterministic": True,

@@ -43,6 +43,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from _commit import measured_commit
+
 RESULTS = Path(__file__).parent / "results"
 ENV, K, T = "LunarLander-v3", 8, 64
 SETTINGS = {  # sync rule, weights codec, delta-coded syncs, the learner's update, the next rollout during it
@@ -331,8 +333,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"({row['serve_vs_worker']:.3f} of a worker's) update {row['update_us_per_step']:6.1f} µs/step "
                   f"syncs {row['weight_syncs']:5d} down {row['model']['bytes_per_env_step']['down']:7.1f} B/step "
                   f"rss {row['rss_mb']:6.1f} MB{check}", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    commit = measured_commit()
     out = {"command": "python benchmarks/learner_capacity.py " + " ".join(argv or sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit, "torch_threads": 1,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": start_load,

@@ -19,7 +19,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import ray
 import torch
+from _commit import measured_commit
 
 from frugalrl import netem
 from frugalrl.ray_hosts import RayCluster
@@ -120,18 +120,12 @@ def remodel(path: Path) -> None:
     as measured; ``model_from`` records the recomputation)."""
     out = json.loads(path.read_text())
     out["model"] = model_check(out["runs"])
-    out["model_from"] = {"command": " ".join(shlex.quote(a) for a in sys.argv), "commit": _commit(),
+    out["model_from"] = {"command": " ".join(shlex.quote(a) for a in sys.argv), "commit": measured_commit(),
                          "date": time.strftime("%Y-%m-%d")}
     if len({r["workers"] for r in out["runs"]}) > 1:
         plot_model(out["model"], path.with_suffix(".png"))
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"rewrote the model of {path}")
-
-
-def _commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).parent)
-    return done.stdout.strip() or "unknown"
 
 
 def main() -> None:

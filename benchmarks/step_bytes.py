@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+from _commit import measured_commit
 
 from frugalrl import ClusterEnv
 from frugalrl.envs.backends import serial
@@ -139,7 +140,7 @@ def main() -> None:
             f"{name} {r['total_per_step']} B per env step (control up {r['up'].get('control', 0)}, down "
             f"{r['down'].get('control', 0)})" for name, r in row["runs"].items()) + f"; the same run: {row['same_run']}",
             flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = measured_commit()
     out = {"command": "python benchmarks/step_bytes.py " + " ".join(
                ["--envs", *args.envs, "--layouts", *args.layouts, "--steps", str(args.steps),
                 *(["--train", *args.train, "--train-steps", str(args.train_steps)] if args.train else [])]),

@@ -43,7 +43,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -356,13 +355,9 @@ def machine_info() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+    from _commit import measured_commit
+
+    commit = measured_commit()
     try:
         load = os.getloadavg()
     except OSError:
