@@ -49,6 +49,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vf-coef", type=float, default=0.5)
     p.add_argument("--max-grad-norm", type=float, default=0.5)
     p.add_argument("--sync-vector-env", action="store_true", help="use gym.vector.SyncVectorEnv instead")
+    p.add_argument("--torch-threads", type=int, default=1,
+                   help="torch threads in this process (0: torch's default; one leaves the workers their cores)")
     p.add_argument("--inline-workers", type=int, default=None,
                    help="ClusterEnv workers stepped in this process (default: ClusterEnv's own choice)")
     return p.parse_args()
@@ -90,7 +92,8 @@ def main() -> None:
     num_iterations = args.total_timesteps // batch_size
     np.random.seed(args.seed)  # the minibatch shuffles (CleanRL seeds it too)
     torch.manual_seed(args.seed)
-    torch.set_num_threads(1)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
 
     if args.sync_vector_env:
         envs = gym.vector.SyncVectorEnv([lambda: gym.make(args.env_id) for _ in range(args.num_envs)])

@@ -32,7 +32,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from frugalrl.envs.asynccalls import AsyncCalls
-from frugalrl.envs.backends import BACKENDS, make_backend
+from frugalrl.envs.backends import BACKENDS, make_backend, note_torch_threads
 from frugalrl.envs.backends import inline_workers as inline_workers_of
 from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
 from frugalrl.envs.batching import (
@@ -226,6 +226,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             for w in range(self.num_workers)
         ]
         self.inline_workers = inline_workers_of(backend, self.num_workers, inline_workers)
+        note_torch_threads(backend, self.num_workers, self.inline_workers)
         self.backend = make_backend(backend, configs, self.meter, float(worker_timeout), inline=self.inline_workers,
                                     ray_address=ray_address, ray_num_cpus=ray_num_cpus)
         died = self.backend.start()

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from typing import Any
 
 from frugalrl.envs.backends.base import Backend, WorkerConfig
@@ -25,8 +27,33 @@ def inline_workers(backend: str, num_workers: int, inline: int | None) -> int:
         return inline
     if backend != "local":
         return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(0, num_workers - (cores - 1))
+    return max(0, num_workers - (_cores() - 1))
+
+
+def note_torch_threads(backend: str, num_workers: int, inline: int) -> None:
+    """Say once per process, in one logged line, when torch (already imported here) runs more threads than the cores
+    a ClusterEnv's worker processes leave it: its idle threads spin on the cores the workers step on."""
+    global _threads_noted
+    torch = sys.modules.get("torch")
+    processes = num_workers - inline if backend == "local" else 0
+    if _threads_noted or torch is None or processes <= 0:
+        return
+    threads, cores = torch.get_num_threads(), _cores()
+    if threads <= 1 or threads + processes <= cores:
+        return
+    _threads_noted = True
+    logging.getLogger("frugalrl").warning(
+        "frugalrl: torch runs %d threads in this process while %d ClusterEnv worker process(es) step envs on its %d "
+        "cores; torch.set_num_threads(%d) before your loop leaves them their cores (docs/clusterenv.md#head-threads)",
+        threads, processes, cores, max(1, cores - processes))
+
+
+_threads_noted = False
+
+
+def _cores() -> int:
+    """The cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def make_backend(
