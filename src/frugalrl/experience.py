@@ -360,14 +360,20 @@ def start_state(env: gym.Env, seeded: bool) -> dict[str, Any]:
     """What the episode ``env`` begins now starts from besides its reset's arguments, JSON-able: unless ``seeded``,
     the state of its ``np_random`` (``rng``); and where the env or a wrapper of it carries state from one episode
     into the next (generators of its own, the last action, running statistics), that state, by the layer's depth in
-    the wrapper chain (``env_state``, :func:`_reset_state_hooks`). A checkpoint replays the episode from them
-    (:func:`restore_start_state`)."""
+    the wrapper chain (``env_state``, :func:`_reset_state_hooks`; JSON-able once :func:`jsonable_began` has made
+    numpy arrays lists). A checkpoint replays the episode from them (:func:`restore_start_state`)."""
     out: dict[str, Any] = {} if seeded else {"rng": jsonable(env.unwrapped.np_random.bit_generator.state)}
-    states = {str(depth): jsonable(hooks[0]()) for depth, layer in enumerate(_layers(env))
-              if (hooks := _reset_state_hooks(layer)) is not None}
+    states = {str(depth): hooks[0]() for depth, layer in enumerate(_layers(env))  # made JSON when a snapshot is
+              if (hooks := _reset_state_hooks(layer)) is not None}                # taken (:func:`jsonable_began`)
     if states:
         out["env_state"] = states
     return out
+
+
+def jsonable_began(began: dict[str, Any]) -> dict[str, Any]:
+    """An episode's :func:`start_state` record as it travels in a snapshot: its env states made JSON (numpy arrays
+    as lists), the rest as recorded."""
+    return {**began, "env_state": jsonable(began["env_state"])} if began.get("env_state") else began
 
 
 def restore_start_state(env: gym.Env, began: dict[str, Any]) -> None:
@@ -409,9 +415,9 @@ def _reset_state_hooks(layer: gym.Env) -> tuple[Callable[[], Any], Callable[[Any
 
 def _moments(layer: gym.Env, name: str) -> dict[str, Any]:
     rms = getattr(layer, name)
-    out = {"mean": jsonable(rms.mean), "var": jsonable(rms.var), "count": float(rms.count)}
+    out = {"mean": np.array(rms.mean), "var": np.array(rms.var), "count": float(rms.count)}
     if hasattr(layer, "discounted_reward"):  # NormalizeReward's accumulator, kept across episodes
-        out["discounted"] = jsonable(layer.discounted_reward)
+        out["discounted"] = np.array(layer.discounted_reward)
     return out
 
 

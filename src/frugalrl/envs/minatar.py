@@ -70,16 +70,16 @@ class MinAtarEnv(gym.Env):
 
     def get_reset_state(self) -> dict[str, Any]:
         """What an unseeded :meth:`reset` starts an episode from besides ``np_random``, which this env does not draw
-        from (JSON-able): the sticky actions' and the game's generators (one since the first seed), and the last
-        action (minatar carries it into the next episode). A checkpoint records it to replay the episode
+        from: the sticky actions' and the game's generators (one since the first seed), and the last action
+        (minatar carries it into the next episode). A checkpoint records it to replay the episode
         (:mod:`frugalrl.envs.checkpoint`)."""
         shared = self.random is self.game.random
-        return {"random": _jsonable_state(self.random),
-                "game_random": None if shared else _jsonable_state(self.game.random),
+        return {"random": self.random.get_state(legacy=True),
+                "game_random": None if shared else self.game.random.get_state(legacy=True),
                 "last_action": int(self.last_action)}
 
     def set_reset_state(self, state: dict[str, Any]) -> None:
-        """Put the env back in a :meth:`get_reset_state` state."""
+        """Put the env back in a :meth:`get_reset_state` state (as recorded, or through JSON)."""
         self.random = np.random.RandomState()
         self.random.set_state(_generator_state(state["random"]))
         if state["game_random"] is None:
@@ -144,12 +144,7 @@ class MinAtarEnv(gym.Env):
         self.__dict__.update({**state, "game": game})
 
 
-def _jsonable_state(generator: np.random.RandomState) -> list[Any]:
-    name, key, pos, has_gauss, cached = generator.get_state(legacy=True)
-    return [name, np.asarray(key).tolist(), int(pos), int(has_gauss), float(cached)]
-
-
-def _generator_state(state: list[Any]) -> tuple[Any, ...]:
+def _generator_state(state: Any) -> tuple[Any, ...]:
     name, key, pos, has_gauss, cached = state
     return name, np.asarray(key, dtype=np.uint32), int(pos), int(has_gauss), float(cached)
 

@@ -46,6 +46,7 @@ from frugalrl.experience import (
     info_arrays,
     info_name,
     info_parent,
+    jsonable_began,
     restore_start_state,
     space_shape,
 )
@@ -371,7 +372,7 @@ class EnvWorker:
                 else np.zeros((0, *act_shape), dtype=act_dtype)
             )
         arrays.update({f"w/{k}": v.copy() for k, v in self.held_state().items()})
-        meta = {"began": list(group.began), "version": self.version, "spec": self.policy_spec,
+        meta = {"began": [jsonable_began(b) for b in group.began], "version": self.version, "spec": self.policy_spec,
                 "rng": jsonable(self.rng.bit_generator.state)}  # as the envs' generators in ``began``
         return Message("snapshot", meta, arrays, kinds={name: "checkpoint" for name in arrays})
 
