@@ -8,8 +8,8 @@ graph built from the weights), all on one thread, for batches of 1, 8 and 16 obs
 what ``npactor.runs_in_numpy`` and ``onnxactor.cnn_on_onnxruntime`` decide on.
 
 Part 2, ``--rollout ENV``: seconds for ``--rollouts`` rollouts of 128 steps on a ClusterEnv of 2 workers × 8 envs
-(the local backend's default layout), the head's own imports and the first rollout left out; medians of
-``--repeats``. Run it at two commits (``PYTHONPATH``) to compare::
+(the local backend's default layout, or ``--backend ray``: two Ray actors), the head's own imports and the first
+rollout left out; medians of ``--repeats``. Run it at two commits (``PYTHONPATH``) to compare::
 
     python benchmarks/actor_speed.py --inference --out actor_speed
     python benchmarks/actor_speed.py --rollout MinAtar/Breakout-v1 --out actor_speed_rollout
@@ -88,11 +88,12 @@ def inference(repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def rollout(env_id: str, rollouts: int, repeats: int) -> dict[str, Any]:
-    """Seconds for ``rollouts`` rollouts of 128 steps, 2 workers × 8 envs (the default backend and layout)."""
+def rollout(env_id: str, rollouts: int, repeats: int, backend: str = "local") -> dict[str, Any]:
+    """Seconds for ``rollouts`` rollouts of 128 steps, 2 workers × 8 envs (the local backend's default layout, or
+    two Ray actors on a private single-machine Ray, its start-up left out)."""
     seconds = []
     for _ in range(repeats):
-        env = ClusterEnv(env_id, num_workers=2, envs_per_worker=8, seed=1)
+        env = ClusterEnv(env_id, num_workers=2, envs_per_worker=8, seed=1, backend=backend)
         try:
             env.reset(seed=1)
             torch.manual_seed(0)
@@ -105,7 +106,7 @@ def rollout(env_id: str, rollouts: int, repeats: int) -> dict[str, Any]:
         finally:
             env.close()
         print(f"{env_id}: {seconds[-1]:.3f} s", flush=True)
-    return {"env": env_id, "rollouts": rollouts, "steps": rollouts * 128 * 16, "seconds": round(statistics.median(seconds), 3),
+    return {"env": env_id, "backend": backend, "rollouts": rollouts, "steps": rollouts * 128 * 16, "seconds": round(statistics.median(seconds), 3),
             "seconds_all": [round(s, 3) for s in seconds]}
 
 
@@ -115,6 +116,7 @@ def main() -> None:
     ap.add_argument("--rollout", nargs="*", default=[], metavar="ENV", help="time rollouts on these envs")
     ap.add_argument("--rollouts", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--backend", default="local", choices=["local", "ray"], help="where the rollouts' workers run")
     ap.add_argument("--out", default="actor_speed")
     args = ap.parse_args()
     omp = os.environ.get("OMP_NUM_THREADS")  # the head's torch threads (rollouts leave them as they are)
@@ -124,7 +126,7 @@ def main() -> None:
     if args.inference:
         out["inference"] = inference(args.repeats)
     if args.rollout:
-        out["rollout"] = [rollout(e, args.rollouts, args.repeats) for e in args.rollout]
+        out["rollout"] = [rollout(e, args.rollouts, args.repeats, args.backend) for e in args.rollout]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1) + "\n")
 
