@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -84,6 +85,17 @@ def test_worker_side_inference_needs_box_observations_and_box_or_discrete_action
             env.rollout(torch.nn.Linear(2, 2), 4)
     finally:
         env.close()
+
+
+def test_an_action_space_no_agent_takes_is_named_as_the_agents_limit():
+    """A MultiDiscrete env under ``frugalrl train`` first meets the checkpoints' check: the line says that the
+    agents are what does not take it, and what does."""
+    with pytest.raises(TypeError, match=r"replayable=True \(checkpoints\) needs .* frugalrl's agents act in Box and "
+                                        r"Discrete action spaces only \(MultiDiscrete and MultiBinary are not supported "
+                                        r"yet\): step\(actions\) with a policy of your own takes any space"):
+        ClusterEnv("envs_for_tests:MultiDiscreteEnv", 1, backend="serial", replayable=True)
+    with pytest.raises(TypeError, match=r"MultiDiscrete and MultiBinary are not supported yet"):
+        make_agent(gym.spaces.Box(-1, 1, (3,)), gym.spaces.MultiBinary(4))
 
 
 # ---------------------------------------------------------------------------------------------- config

@@ -129,7 +129,8 @@ def action_desc(space: gym.Space) -> dict[str, Any]:
             "low": np.asarray(space.low, dtype=np.float64).reshape(-1).tolist(),
             "high": np.asarray(space.high, dtype=np.float64).reshape(-1).tolist(),
         }
-    raise TypeError(f"unsupported action space {space}; frugalrl supports Discrete and Box")
+    raise TypeError(f"unsupported action space {space}; frugalrl's agents act in Discrete and Box action spaces only "
+                    "(MultiDiscrete and MultiBinary are not supported yet)")
 
 
 def box_log_half_width(action: dict[str, Any]) -> torch.Tensor:

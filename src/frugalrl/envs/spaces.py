@@ -47,6 +47,9 @@ def check_inference(obs_space: gym.Space, act_space: gym.Space,
     if not (isinstance(obs_space, S.Box) and is_simple(act_space)):
         hint = ("; wrap the env into Box observations (env_wrappers, --env-wrappers: e.g. minigrid.wrappers."
                 "ImgObsWrapper, gymnasium.wrappers.FlattenObservation)") if isinstance(obs_space, S.Dict | S.Tuple) else ""
+        if not is_simple(act_space):
+            hint += ("; frugalrl's agents act in Box and Discrete action spaces only (MultiDiscrete and MultiBinary "
+                     "are not supported yet): step(actions) with a policy of your own takes any space")
         raise TypeError(f"{what} needs Box observations and Box or Discrete actions, not {obs_space} and "
                         f"{act_space}{hint}")
 
