@@ -160,3 +160,23 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical(tmp_path):
     a, b = read_checkpoint(tmp_path / "straight")["parts"], read_checkpoint(run)["parts"]
     for key in a["agent"]:
         assert torch.equal(a["agent"][key], b["agent"][key]), key
+
+
+@pytest.mark.timeout(300)
+def test_a_minatar_run_killed_and_resumed_ends_bit_identical(tmp_path):
+    """MinAtar's games draw from generators of their own and carry the last action into the next episode: the
+    workers' checkpoint records both, so that a killed run's envs continue exactly (``"envs": "restored"``) and
+    the resumed run ends with the weights of the run left alone. CNN agents, acting on ONNX Runtime."""
+    pytest.importorskip("minatar")
+    cfg = {**SMALL, "env": "MinAtar/Breakout-v1", "backend": "serial", "total_timesteps": 128 * 40, "seed": 5,
+           "run_dir": str(tmp_path), "uplink": "zstd", "eval_every": 20}
+    straight = train(PPOConfig(**cfg, run_name="straight", tensorboard=False))
+    killed = tmp_path / "killed"
+    step = _start_and_kill([*_flags(cfg), "--run-name", "killed", "--no-tensorboard", "--preset", "none"], killed)
+    assert 0 < step < cfg["total_timesteps"]
+    resumed = resume(killed)
+    assert resumed["env_steps"] == straight["env_steps"]
+    assert [r["envs"] for r in resumed["resumes"]] == ["restored"]
+    a, b = read_checkpoint(tmp_path / "straight")["parts"], read_checkpoint(killed)["parts"]
+    for key in a["agent"]:
+        assert torch.equal(a["agent"][key], b["agent"][key]), key
