@@ -168,11 +168,50 @@ class HangingEnv(CounterEnv):
 
 
 class MultiDiscreteEnv(CounterEnv):
-    """A CounterEnv with a MultiDiscrete action space (not supported by ClusterEnv)."""
+    """A CounterEnv with a two-dimensional MultiDiscrete action space (which frugalrl's agents do not act in)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.action_space = gym.spaces.MultiDiscrete([2, 3])
+        self.action_space = gym.spaces.MultiDiscrete([[2, 3], [2, 2]])
+
+
+class MatchEnv(gym.Env):
+    """Say the target back: each step shows a random target (one-hot per sub-action, or bits) and pays the share of
+    the action's parts that match it. MultiDiscrete(``nvec``) actions, or MultiBinary(``bits``) with ``bits``;
+    ``horizon`` steps an episode, so a perfect policy returns ``horizon`` and a random one
+    ``horizon * mean(1 / nvec)`` (half of it for bits)."""
+
+    def __init__(self, nvec: tuple[int, ...] = (3, 4, 2), bits: int = 0, horizon: int = 8) -> None:
+        self.nvec = [int(n) for n in nvec]
+        self.bits, self.horizon = int(bits), int(horizon)
+        if self.bits:
+            self.action_space: gym.Space = gym.spaces.MultiBinary(self.bits)
+            size = self.bits
+        else:
+            self.action_space = gym.spaces.MultiDiscrete(self.nvec)
+            size = sum(self.nvec)
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (size,), np.float32)
+        self.t = 0
+
+    def _draw(self) -> np.ndarray:
+        if self.bits:
+            self.target = self.np_random.integers(0, 2, self.bits)
+            return self.target.astype(np.float32)
+        self.target = np.array([self.np_random.integers(0, n) for n in self.nvec])
+        obs = np.zeros(sum(self.nvec), np.float32)
+        obs[np.cumsum([0, *self.nvec[:-1]]) + self.target] = 1.0
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._draw(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action, dtype=self.action_space.dtype)), action
+        reward = float(np.mean(np.asarray(action) == self.target))
+        self.t += 1
+        return self._draw(), reward, False, self.t >= self.horizon, {}
 
 
 class TextObservationEnv(CounterEnv):

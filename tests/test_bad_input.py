@@ -88,14 +88,15 @@ def test_worker_side_inference_needs_box_observations_and_box_or_discrete_action
 
 
 def test_an_action_space_no_agent_takes_is_named_as_the_agents_limit():
-    """A MultiDiscrete env under ``frugalrl train`` first meets the checkpoints' check: the line says that the
-    agents are what does not take it, and what does."""
-    with pytest.raises(TypeError, match=r"replayable=True \(checkpoints\) needs .* frugalrl's agents act in Box and "
-                                        r"Discrete action spaces only \(MultiDiscrete and MultiBinary are not supported "
-                                        r"yet\): step\(actions\) with a policy of your own takes any space"):
+    """A MultiDiscrete env of two dimensions under ``frugalrl train`` first meets the checkpoints' check: the line
+    says that the agents are what does not take it, which spaces they take, and what takes any."""
+    with pytest.raises(TypeError, match=r"replayable=True \(checkpoints\) needs .* frugalrl's agents act in Box, "
+                                        r"Discrete, MultiDiscrete \(of one dimension, from 0\) and MultiBinary \(of "
+                                        r"one dimension\) action spaces: step\(actions\) with a policy of your own "
+                                        r"takes any"):
         ClusterEnv("envs_for_tests:MultiDiscreteEnv", 1, backend="serial", replayable=True)
-    with pytest.raises(TypeError, match=r"MultiDiscrete and MultiBinary are not supported yet"):
-        make_agent(gym.spaces.Box(-1, 1, (3,)), gym.spaces.MultiBinary(4))
+    with pytest.raises(TypeError, match=r"frugalrl's agents take MultiBinary spaces of one dimension"):
+        make_agent(gym.spaces.Box(-1, 1, (3,)), gym.spaces.MultiBinary((2, 2)))
 
 
 # ---------------------------------------------------------------------------------------------- config

@@ -32,7 +32,10 @@ CNNS = [lambda a: NatureCNNActorCritic((4, 84, 84), a),
         lambda a: NatureCNNActorCritic((3, 40, 36), a, channels=(8, 16), hidden=32, convs=((4, 2), (3, 2))),
         lambda a: NatureCNNActorCritic((2, 12, 12), a, channels=(4, 5, 6), hidden=16, convs=((3, 1), (2, 2), (2, 1)),
                                        scale=0.5)]
-ACTIONS = pytest.mark.parametrize("action", [DISCRETE, BOX], ids=["discrete", "box"])
+MULTI_DISCRETE = {"type": "multidiscrete", "nvec": [3, 5, 2]}
+MULTI_BINARY = {"type": "multibinary", "n": 4}
+ACTIONS = pytest.mark.parametrize("action", [DISCRETE, BOX, MULTI_DISCRETE, MULTI_BINARY],
+                                  ids=["discrete", "box", "multidiscrete", "multibinary"])
 
 
 def _agent(cnn: int, action: dict) -> NatureCNNActorCritic:

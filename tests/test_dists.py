@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch.distributions import Categorical, Independent, Normal, kl_divergence
+from torch.distributions import Bernoulli, Categorical, Independent, Normal, kl_divergence
 
-from frugalrl import dists
+from frugalrl import dists, npactor
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,20 +22,44 @@ def _gaussian_params(g: torch.Generator, rows: int, d: int, spread: float) -> to
     return torch.cat([mean, log_std], -1)
 
 
+def _nvec(size: int) -> list[int]:
+    """The sub-action sizes of a multi-categorical test distribution: rows of different widths, so some are padded."""
+    return [2, size, 3]
+
+
+def _multi_params(g: torch.Generator, rows: int, size: int, spread: float) -> torch.Tensor:
+    nvec = _nvec(size)
+    params = torch.full((rows, len(nvec), max(nvec)), dists.PAD_LOGIT, dtype=torch.float64)
+    for i, n in enumerate(nvec):
+        params[:, i, :n] = torch.randn(rows, n, generator=g, dtype=torch.float64) * spread
+    return params
+
+
 def _params(kind: str, g: torch.Generator, rows: int, size: int, spread: float) -> torch.Tensor:
-    if kind == "categorical":
+    if kind in ("categorical", "bernoulli"):
         return _categorical_params(g, rows, size, spread)
+    if kind == "multi_categorical":
+        return _multi_params(g, rows, size, spread)
     return _gaussian_params(g, rows, size, spread)
 
 
 def _reference(kind: str, params: torch.Tensor):
     if kind == "categorical":
         return Categorical(logits=params)
+    if kind == "multi_categorical":
+        return Independent(Categorical(logits=params), 1)
+    if kind == "bernoulli":
+        return Independent(Bernoulli(logits=params), 1)
     d = params.shape[-1] // 2
     return Independent(Normal(params[..., :d], params[..., d:].exp()), 1)
 
 
-@pytest.mark.parametrize("kind, size", [("categorical", 2), ("categorical", 6), ("gaussian", 1), ("gaussian", 3)])
+EVERY_KIND = [("categorical", 5), ("gaussian", 4), ("multi_categorical", 5), ("bernoulli", 4)]
+
+
+@pytest.mark.parametrize("kind, size", [("categorical", 2), ("categorical", 6), ("gaussian", 1), ("gaussian", 3),
+                                        ("multi_categorical", 2), ("multi_categorical", 6), ("bernoulli", 1),
+                                        ("bernoulli", 3)])
 @pytest.mark.parametrize("set_index", range(3))
 def test_closed_form_kl_matches_monte_carlo(kind, size, set_index):
     """The MC estimate lies within 5 standard errors of the closed form (error from the sample spread)."""
@@ -55,7 +79,7 @@ def test_closed_form_kl_matches_monte_carlo(kind, size, set_index):
     assert torch.all((mc - closed).abs() <= 5 * stderr + 1e-9), (mc, closed, stderr)
 
 
-@pytest.mark.parametrize("kind, size", [("categorical", 5), ("gaussian", 4)])
+@pytest.mark.parametrize("kind, size", EVERY_KIND)
 def test_kl_of_a_distribution_with_itself_is_zero(kind, size):
     g = torch.Generator().manual_seed(1)
     for spread in (0.1, 1.0, 5.0):
@@ -65,7 +89,7 @@ def test_kl_of_a_distribution_with_itself_is_zero(kind, size):
         assert dists.kl(kind, p32, p32).abs().max() < 1e-6
 
 
-@pytest.mark.parametrize("kind, size", [("categorical", 5), ("gaussian", 4)])
+@pytest.mark.parametrize("kind, size", EVERY_KIND)
 def test_kl_is_non_negative(kind, size):
     g = torch.Generator().manual_seed(2)
     for spread in (0.01, 0.5, 3.0, 20.0):
@@ -143,6 +167,47 @@ def test_gaussian_log_prob_entropy_mode_vs_torch(d):
     torch.testing.assert_close(dists.log_prob("gaussian", params, actions), ref.log_prob(actions))
     torch.testing.assert_close(dists.entropy("gaussian", params), ref.entropy())
     torch.testing.assert_close(dists.mode("gaussian", params), params[:, :d])
+
+
+@pytest.mark.parametrize("kind, size", EVERY_KIND[2:])
+def test_multi_action_log_prob_entropy_mode_vs_torch(kind, size):
+    """MultiDiscrete's sub-actions and MultiBinary's bits: independent parts, scored as their product; the padding
+    of a shorter row is never the mode."""
+    g = torch.Generator().manual_seed(12)
+    params = _params(kind, g, 64, size, 2.0)
+    ref = _reference(kind, params)
+    actions = ref.sample()
+    torch.testing.assert_close(dists.log_prob(kind, params, actions), ref.log_prob(actions))
+    torch.testing.assert_close(dists.entropy(kind, params), ref.entropy())
+    torch.testing.assert_close(dists.mode(kind, params).to(actions.dtype),
+                               ref.base_dist.probs.argmax(-1).to(actions.dtype) if kind == "multi_categorical"
+                               else (ref.base_dist.probs > 0.5).to(actions.dtype))
+    # the workers' numpy arithmetic (float32) scores the same
+    np.testing.assert_allclose(npactor.log_prob(kind, params.float().numpy(), actions.numpy()),
+                               ref.log_prob(actions).numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("sampler", ["torch", "numpy"])
+def test_multi_action_sampling_frequencies(sampler):
+    """Each sub-action (each bit) is drawn with its own probabilities, the padding never, in torch and numpy."""
+    n = 100_000
+    rows = torch.tensor([[[0.0, 1.0, -1.0], [2.0, 0.0, dists.PAD_LOGIT]]])
+    bits = torch.tensor([[1.5, -0.5, 0.0]])
+    if sampler == "torch":
+        a = dists.sample("multi_categorical", rows.expand(n, 2, 3), torch.Generator().manual_seed(13))
+        b = dists.sample("bernoulli", bits.expand(n, 3), torch.Generator().manual_seed(14))
+    else:
+        rng = np.random.default_rng(13)
+        a = torch.from_numpy(npactor.sample("multi_categorical", rows.expand(n, 2, 3).numpy(), rng))
+        b = torch.from_numpy(npactor.sample("bernoulli", bits.expand(n, 3).numpy(), rng))
+    assert a.shape == (n, 2) and a.dtype == torch.int64 and b.shape == (n, 3) and b.dtype == torch.int8
+    assert int(a[:, 1].max()) <= 1  # the padded third choice of the second row
+    for i in range(2):
+        probs = torch.softmax(rows[0, i].double(), -1)
+        freq = torch.bincount(a[:, i], minlength=3).double() / n
+        assert torch.all((freq - probs).abs() < 5 * (probs * (1 - probs) / n).sqrt() + 1e-9)
+    p = torch.sigmoid(bits[0].double())
+    assert torch.all((b.double().mean(0) - p).abs() < 5 * (p * (1 - p) / n).sqrt())
 
 
 def test_categorical_sampling_frequencies():

@@ -23,10 +23,12 @@ def _obs(n: int, seed: int = 0) -> np.ndarray:
 
 LAYOUTS = [{}, {"activation": "relu", "hidden": (32, 16, 8)}, {"obs_norm": True}]
 GSDE = [{"sde": True}, {"sde": True, "obs_norm": True, "hidden": (32,)}]  # Box actions only
+# every action space the agents act in: Discrete, Box, MultiDiscrete (rows of unequal width), MultiBinary
+ACTION_SPACES = (gym.spaces.Discrete(4), BOX, gym.spaces.MultiDiscrete([3, 5, 2]), gym.spaces.MultiBinary(4))
 
 
-@pytest.mark.parametrize(("action", "options"), [(a, o) for a in (gym.spaces.Discrete(4), BOX) for o in LAYOUTS]
-                         + [(BOX, o) for o in GSDE])
+@pytest.mark.parametrize(("action", "options"), [(a, o) for a in ACTION_SPACES for o in LAYOUTS]
+                         + [(BOX, o) for o in GSDE], ids=str)
 def test_parameters_are_pytorchs(action, options):
     agent = make_agent(OBS, action, **options)
     with torch.no_grad():
@@ -76,7 +78,7 @@ def test_samples_follow_the_distribution():
     np.testing.assert_allclose(draws.std(0), [0.5, 3.0], rtol=0.03)
 
 
-SPECS = [make_agent(OBS, action, **options).spec.to_json() for action in (gym.spaces.Discrete(4), BOX)
+SPECS = [make_agent(OBS, action, **options).spec.to_json() for action in ACTION_SPACES
          for options in ({}, {"activation": "relu", "hidden": (32, 16, 8)}, {"obs_norm": True}, {"hidden": ()})]
 SPECS += [make_agent(OBS, BOX, sde=True, **options).spec.to_json() for options in ({}, {"hidden": (32, 16, 8)})]
 
@@ -107,7 +109,7 @@ def test_normalised_observations_are_clipped_as_pytorchs():
     np.testing.assert_allclose(NumpyActor.of(agent).params(obs), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("action", [gym.spaces.Discrete(4), BOX])
+@pytest.mark.parametrize("action", ACTION_SPACES, ids=str)
 def test_log_probabilities_are_pytorchs(action):
     agent = make_agent(OBS, action)
     actor = NumpyActor.of(agent)

@@ -1,9 +1,12 @@
 """Action distributions as plain functions of their parameters, with closed-form KL.
 
-A policy's output is a flat parameter tensor ``params`` of shape ``(..., P)``:
+A policy's output is a parameter tensor ``params``, of shape ``(..., P)`` but for the multi-categorical's rows:
 
 - ``"categorical"``: ``P = n`` logits;
-- ``"gaussian"``: ``P = 2 * d``, the mean then the log standard deviation (diagonal).
+- ``"gaussian"``: ``P = 2 * d``, the mean then the log standard deviation (diagonal);
+- ``"multi_categorical"`` (MultiDiscrete actions): ``(..., k, m)``, a row of logits for each of the ``k``
+  sub-actions, padded to the largest ``m`` with :data:`PAD_LOGIT` (probability 0);
+- ``"bernoulli"`` (MultiBinary actions): ``P = n`` logits, one independent bit each.
 
 These parameters are what travels with each transition as the *behaviour distribution*, so
 that the learner can compute log-probabilities, importance ratios and KL divergences without
@@ -18,9 +21,14 @@ from typing import Literal, get_args
 import torch
 import torch.nn.functional as F
 
-DistKind = Literal["categorical", "gaussian"]
-"""The action distributions: ``categorical`` (Discrete actions) and ``gaussian`` (Box actions)."""
+from frugalrl import action_heads
+
+DistKind = Literal["categorical", "gaussian", "multi_categorical", "bernoulli"]
+"""The action distributions: ``categorical`` (Discrete actions), ``gaussian`` (Box actions), ``multi_categorical``
+(MultiDiscrete actions) and ``bernoulli`` (MultiBinary actions)."""
 KINDS: tuple[DistKind, ...] = get_args(DistKind)
+PAD_LOGIT = action_heads.PAD_LOGIT
+"""The logit of a multi-categorical row's padding: finite, so that its probability is exactly 0 without NaNs."""
 
 
 def _split(params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,7 +37,8 @@ def _split(params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sample(kind: DistKind, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one action per row of ``params`` (categorical: int64 indices; gaussian: float32)."""
+    """Draw one action per row of ``params`` (categorical: int64 indices; multi-categorical: int64 ``(..., k)``;
+    Bernoulli: int8 bits; gaussian: float32)."""
     if kind == "categorical":
         probs = torch.softmax(params, dim=-1)
         return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).reshape(
@@ -39,21 +48,32 @@ def sample(kind: DistKind, params: torch.Tensor, generator: torch.Generator | No
         mean, log_std = _split(params)
         noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
         return mean + noise * log_std.exp()
+    if kind == "multi_categorical":  # a categorical draw per sub-action row
+        return sample("categorical", params, generator)
+    if kind == "bernoulli":
+        return (torch.rand(params.shape, generator=generator, dtype=params.dtype) < torch.sigmoid(params)).to(torch.int8)
     raise ValueError(f"unknown distribution kind {kind!r}; expected one of {KINDS}")
 
 
 def mode(kind: DistKind, params: torch.Tensor) -> torch.Tensor:
     """The most likely action (for deterministic evaluation)."""
-    if kind == "categorical":
+    if kind in ("categorical", "multi_categorical"):
         return params.argmax(dim=-1)
+    if kind == "bernoulli":
+        return (params > 0).to(torch.int8)
     return _split(params)[0]
 
 
 def log_prob(kind: DistKind, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    """log π(a | params), summed over action dimensions for the Gaussian."""
+    """log π(a | params), summed over action dimensions (the Gaussian's, the sub-actions, the bits)."""
     if kind == "categorical":
         logp = F.log_softmax(params, dim=-1)
         return logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    if kind == "multi_categorical":
+        return log_prob("categorical", params, actions).sum(-1)
+    if kind == "bernoulli":
+        bits = actions.to(params.dtype)
+        return (bits * F.logsigmoid(params) + (1 - bits) * F.logsigmoid(-params)).sum(-1)
     mean, log_std = _split(params)
     z = (actions - mean) / log_std.exp()
     return (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
@@ -64,6 +84,11 @@ def entropy(kind: DistKind, params: torch.Tensor) -> torch.Tensor:
     if kind == "categorical":
         logp = F.log_softmax(params, dim=-1)
         return -(logp.exp() * logp).sum(-1)
+    if kind == "multi_categorical":
+        return entropy("categorical", params).sum(-1)
+    if kind == "bernoulli":
+        p = torch.sigmoid(params)
+        return -(p * F.logsigmoid(params) + (1 - p) * F.logsigmoid(-params)).sum(-1)
     return _gaussian_entropy(_split(params)[1])
 
 
@@ -95,6 +120,11 @@ def kl(kind: DistKind, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         logp = F.log_softmax(p, dim=-1)
         logq = F.log_softmax(q, dim=-1)
         return (logp.exp() * (logp - logq)).sum(-1)
+    if kind == "multi_categorical":
+        return kl("categorical", p, q).sum(-1)
+    if kind == "bernoulli":
+        pp = torch.sigmoid(p)
+        return (pp * (F.logsigmoid(p) - F.logsigmoid(q)) + (1 - pp) * (F.logsigmoid(-p) - F.logsigmoid(-q))).sum(-1)
     if kind == "gaussian":
         mp, lsp = _split(p)
         mq, lsq = _split(q)

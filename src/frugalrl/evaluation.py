@@ -180,8 +180,10 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
                 env_action: np.ndarray | int
                 if isinstance(action_space, gym.spaces.Box):
                     env_action = np.clip(action, action_space.low, action_space.high)
-                else:
+                elif isinstance(action_space, gym.spaces.Discrete):
                     env_action = int(action)
+                else:  # MultiDiscrete, MultiBinary
+                    env_action = action.astype(action_space.dtype)
                 obs, r, term, trunc, _ = env.step(env_action)
                 total += float(r)
                 done = term or trunc

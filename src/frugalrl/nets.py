@@ -5,7 +5,8 @@ Agents cross the wire as weights, not code: a worker builds its policy once from
 then on only receives tensors. An agent is a ``torch.nn.Module`` with
 
 - ``spec``: a :class:`PolicySpec` that rebuilds an identical module,
-- ``dist_kind``: ``"categorical"`` or ``"gaussian"`` (:data:`frugalrl.dists.DistKind`),
+- ``dist_kind``: ``"categorical"``, ``"gaussian"``, ``"multi_categorical"`` or ``"bernoulli"``
+  (:data:`frugalrl.dists.DistKind`),
 - ``dist_params(obs) -> Tensor`` and ``value(obs) -> Tensor``.
 
 :class:`ActorCritic` declares these, and every agent class of frugalrl derives from it, so that
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from frugalrl import dists
+from frugalrl import action_heads, dists
 from frugalrl.config import Net
 from frugalrl.dists import DistKind
 from frugalrl.lazy import import_string
@@ -119,9 +120,19 @@ def check_agent(agent: Any) -> None:
 
 
 def action_desc(space: gym.Space) -> dict[str, Any]:
-    """JSON description of a Discrete or Box action space (what a policy head needs)."""
+    """JSON description of a Discrete, Box, MultiDiscrete or MultiBinary action space (what a policy head needs)."""
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if space.nvec.ndim != 1 or np.any(space.start != 0):
+            raise TypeError(f"unsupported action space {space}; frugalrl's agents take MultiDiscrete spaces of one "
+                            "dimension that start at 0")
+        return {"type": "multidiscrete", "nvec": [int(n) for n in space.nvec]}
+    if isinstance(space, gym.spaces.MultiBinary):
+        if len(space.shape) != 1:
+            raise TypeError(f"unsupported action space {space}; frugalrl's agents take MultiBinary spaces of one "
+                            "dimension")
+        return {"type": "multibinary", "n": int(space.shape[0])}
     if isinstance(space, gym.spaces.Box):
         return {
             "type": "box",
@@ -129,8 +140,8 @@ def action_desc(space: gym.Space) -> dict[str, Any]:
             "low": np.asarray(space.low, dtype=np.float64).reshape(-1).tolist(),
             "high": np.asarray(space.high, dtype=np.float64).reshape(-1).tolist(),
         }
-    raise TypeError(f"unsupported action space {space}; frugalrl's agents act in Discrete and Box action spaces only "
-                    "(MultiDiscrete and MultiBinary are not supported yet)")
+    raise TypeError(f"unsupported action space {space}; frugalrl's agents act in Discrete, Box, MultiDiscrete and "
+                    "MultiBinary action spaces")
 
 
 def box_log_half_width(action: dict[str, Any]) -> torch.Tensor:
@@ -144,13 +155,36 @@ def box_log_half_width(action: dict[str, Any]) -> torch.Tensor:
 
 
 def action_head(action: dict[str, Any]) -> tuple[DistKind, int]:
-    """The distribution an actor head parameterises for an :func:`action_desc` and its width (logits, or the
-    Gaussian's means: its log-stds are a parameter of their own); ``ValueError`` for any other description."""
-    if action.get("type") == "discrete":
-        return "categorical", int(action["n"])
-    if action.get("type") == "box":
-        return "gaussian", int(np.prod(action["shape"]))
-    raise ValueError(f"unsupported action description {action!r}")
+    """The distribution an actor head parameterises for an :func:`action_desc` and its width
+    (:func:`frugalrl.action_heads.action_head`, which workers use without torch)."""
+    kind, width = action_heads.action_head(action)
+    return cast(DistKind, kind), width
+
+
+def params_shape(action: dict[str, Any]) -> tuple[int, ...]:
+    """The shape of one observation's distribution parameters (:func:`frugalrl.action_heads.params_shape`)."""
+    return action_heads.params_shape(action)
+
+
+def logit_rows(out: torch.Tensor, nvec: list[int]) -> torch.Tensor:
+    """A MultiDiscrete head's ``(..., sum(nvec))`` logits as ``(..., k, max(nvec))`` rows, each padded with
+    :data:`frugalrl.dists.PAD_LOGIT` (the ``multi_categorical`` parameters)."""
+    m = max(nvec)
+    pieces = out.split(list(nvec), dim=-1)
+    return torch.stack([nn.functional.pad(p, (0, m - n), value=dists.PAD_LOGIT) for p, n in zip(pieces, nvec,
+                                                                                                 strict=True)], dim=-2)
+
+
+def head_params(kind: DistKind, action: dict[str, Any], out: torch.Tensor,
+                log_std: torch.Tensor | None) -> torch.Tensor:
+    """Distribution parameters from an actor head's output ``out``: the Gaussian's means with the log-stds, a
+    MultiDiscrete head's logits in rows (:func:`logit_rows`), else the logits as they are."""
+    if kind == "gaussian":
+        assert log_std is not None
+        return torch.cat([out, log_std.expand_as(out)], dim=-1)
+    if kind == "multi_categorical":
+        return logit_rows(out, action["nvec"])
+    return out
 
 
 _Layer = TypeVar("_Layer", nn.Linear, nn.Conv2d)
@@ -316,10 +350,8 @@ class MLPActorCritic(ActorCritic):
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
         """Logits, or mean and log-std concatenated (with ``sde``, the log-std of one step's noise ``φ(s) ε``)."""
         if not self.sde:
-            out = self.actor(self._inputs(obs))
-            if self.dist_kind == "gaussian":
-                out = torch.cat([out, self.log_std.expand_as(out)], dim=-1)
-            return out
+            return head_params(self.dist_kind, self.action, self.actor(self._inputs(obs)),
+                               self.log_std if self.dist_kind == "gaussian" else None)
         return self._sde_params(self.actor[:-1](self._inputs(obs)))
 
     def _sde_params(self, features: torch.Tensor) -> torch.Tensor:
@@ -404,8 +436,8 @@ class NatureCNNActorCritic(ActorCritic):
         return self.trunk(as_chw(x, self.channels_last))
 
     def _actor_params(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.actor(x)
-        return out if self.dist_kind == "categorical" else torch.cat([out, self.log_std.expand_as(out)], dim=-1)
+        return head_params(self.dist_kind, self.action, self.actor(x),
+                           self.log_std if self.dist_kind == "gaussian" else None)
 
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
         """Action logits, or mean and log-std concatenated."""

@@ -3,8 +3,8 @@
 A worker acts on a handful of observations per step (its own envs). There, PyTorch's per-call overhead dominates:
 a 64×64 MLP's ``dist_params`` plus ``sample`` on 8 observations costs about ten times what the same arithmetic
 costs in numpy. :class:`NumpyActor` is the actor of an :class:`~frugalrl.nets.MLPActorCritic` (Linear layers with
-tanh or ReLU, an optional :class:`~frugalrl.normalize.ObsNormalizer` in front, a categorical, state-independent
-Gaussian or gSDE head), built from the policy spec and the weights as they arrive (:meth:`NumpyActor.from_state`),
+tanh or ReLU, an optional :class:`~frugalrl.normalize.ObsNormalizer` in front, a categorical, multi-categorical,
+Bernoulli, state-independent Gaussian or gSDE head), built from the policy spec and the weights as they arrive (:meth:`NumpyActor.from_state`),
 so that a worker acting with it never imports PyTorch (a smaller process that acts sooner after a start,
 docs/benchmarks.md#worker-footprint). It computes the same distribution parameters in float32 (equal to PyTorch's
 up to the rounding of a different summation order) and samples with a NumPy generator, whose state a checkpointed
@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from frugalrl.action_heads import action_head, head_params
 
 MLP_FACTORY = "frugalrl.nets:MLPActorCritic"
 _OBS_CLIP = 10.0  # ObsNormalizer's default clip, the one MLPActorCritic's normaliser has
@@ -56,7 +58,7 @@ def acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.
     :func:`runs_in_numpy`), without building it: what a weights message is decoded against."""
     kw = spec["kwargs"]
     action, f32, f64 = kw["action"], np.dtype(np.float32), np.dtype(np.float64)
-    out = int(action["n"]) if action["type"] == "discrete" else int(np.prod(action["shape"]))
+    out = action_head(action)[1]
     like: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     if kw["obs_norm"]:
         like.update({"obs_norm.mean": ((int(kw["obs_dim"]),), f64), "obs_norm.var": ((int(kw["obs_dim"]),), f64),
@@ -85,19 +87,15 @@ class SampledActor:
         return log_prob(self.kind, params, actions)
 
 
-def with_log_std(out: np.ndarray, log_std: np.ndarray | None) -> np.ndarray:
-    """A head's output with a state-independent Gaussian's log-std after each row (as ``dist_params``); as it is
-    for a categorical head (``log_std`` None)."""
-    return out if log_std is None else np.concatenate([out, np.broadcast_to(log_std, out.shape)], axis=-1)
-
-
 class NumpyActor(SampledActor):
     """The actor of an MLP agent as numpy arrays (a copy: rebuild it after the agent's weights change)."""
 
     def __init__(self, layers: list[tuple[np.ndarray, np.ndarray, str | None]], kind: str,
-                 log_std: np.ndarray | None, norm: tuple[np.ndarray, np.ndarray, float] | None) -> None:
+                 log_std: np.ndarray | None, norm: tuple[np.ndarray, np.ndarray, float] | None,
+                 action: Mapping[str, Any] | None = None) -> None:
         self.layers = layers  # (weight (in, out), bias, activation after it or None)
         self.kind = kind
+        self.action = dict(action or {})  # its action description: a multi-categorical head's sub-action sizes
         self.log_std = log_std
         self.norm = norm  # (mean, 1 / sqrt(var + 1e-8), clip), float64 as ObsNormalizer computes
 
@@ -119,7 +117,7 @@ class NumpyActor(SampledActor):
                     _OBS_CLIP)
         gaussian = kw["action"]["type"] == "box"
         log_std = np.array(state["log_std"], dtype=np.float32) if gaussian else None
-        return cls(layers, "gaussian" if gaussian else "categorical", log_std, norm)
+        return cls(layers, action_head(kw["action"])[0], log_std, norm, kw["action"])
 
     @classmethod
     def of(cls, agent: Any) -> NumpyActor | None:
@@ -149,17 +147,19 @@ class NumpyActor(SampledActor):
         if self.log_std is not None and self.log_std.ndim == 2:  # gSDE: one step's noise φ(s) ε has this variance
             variance = np.square(features) @ np.exp(2 * self.log_std)
             return np.concatenate([x, 0.5 * np.log(variance + np.float32(SDE_EPS))], axis=-1)
-        return with_log_std(x, self.log_std)
+        return head_params(self.kind, self.action, x, self.log_std)
 
 
 def sample(kind: str, params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One action per row of distribution parameters (categorical: int64 indices, by inverting the CDF at a uniform;
-    Gaussian, mean then log-std: float32)."""
-    if kind == "categorical":
+    """One action per row of distribution parameters (categorical, and each sub-action of a multi-categorical: int64
+    indices, by inverting the CDF at a uniform; Bernoulli: int8 bits; Gaussian, mean then log-std: float32)."""
+    if kind in ("categorical", "multi_categorical"):
         z = np.exp(params - params.max(axis=-1, keepdims=True), dtype=np.float64)
         cdf = np.cumsum(z, axis=-1)
-        u = rng.random((params.shape[0], 1)) * cdf[:, -1:]
+        u = rng.random((*params.shape[:-1], 1)) * cdf[..., -1:]
         return np.minimum((cdf <= u).sum(axis=-1), params.shape[-1] - 1).astype(np.int64)
+    if kind == "bernoulli":
+        return (rng.random(params.shape) < 0.5 * (1.0 + np.tanh(0.5 * params.astype(np.float64)))).astype(np.int8)
     d = params.shape[-1] // 2
     noise = rng.standard_normal((params.shape[0], d), dtype=np.float32)
     return (params[:, :d] + noise * np.exp(params[:, d:])).astype(np.float32)
@@ -174,6 +174,11 @@ def log_prob(kind: str, params: np.ndarray, actions: np.ndarray) -> np.ndarray:
         logp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
         idx = np.asarray(actions, dtype=np.int64)[..., None]
         return np.take_along_axis(logp, idx, axis=-1)[..., 0]
+    if kind == "multi_categorical":
+        return log_prob("categorical", params, actions).sum(-1, dtype=np.float32)
+    if kind == "bernoulli":  # log σ(x) = -log(1 + e^-x), for either sign of x
+        bits = np.asarray(actions, dtype=np.float32).reshape(params.shape)
+        return (-bits * np.logaddexp(0, -params) - (1 - bits) * np.logaddexp(0, params)).sum(-1, dtype=np.float32)
     d = params.shape[-1] // 2
     mean, log_std = params[..., :d], params[..., d:]
     z = (np.asarray(actions, dtype=np.float32).reshape(mean.shape) - mean) / np.exp(log_std)

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from frugalrl.npactor import NumpyActor, SampledActor, with_log_std
+from frugalrl.action_heads import action_head, head_params
+from frugalrl.npactor import NumpyActor, SampledActor
 
 ONNX_FACTORY = "frugalrl.compress.runtime:OnnxPolicy"
 """The spec factory of :class:`~frugalrl.compress.runtime.OnnxPolicy`."""
@@ -162,7 +163,7 @@ def cnn_acting_like(spec: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...],
     building it: what a weights message is decoded against."""
     kw, f32 = spec["kwargs"], np.dtype(np.float32)
     action = kw["action"]
-    out = int(action["n"]) if action["type"] == "discrete" else int(np.prod(action["shape"]))
+    out = action_head(action)[1]
     layout, (c, h, w) = cnn_layout(kw)
     like: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     for i, (c_in, c_out, k, _) in enumerate(layout):
@@ -246,7 +247,8 @@ class OnnxCnnActor(SampledActor):
                              f"{sorted(set(state) - set(like))}, wrong shapes {wrong}")
         self.spec = spec
         self.state = {k: np.array(v, dtype=np.float32) for k, v in state.items()}  # a copy, which sessions read
-        self.kind = "gaussian" if spec["kwargs"]["action"]["type"] == "box" else "categorical"
+        self.action = spec["kwargs"]["action"]
+        self.kind = action_head(self.action)[0]
         self.log_std = self.state.get("log_std")
         self._spec_json = json.dumps(spec, sort_keys=True)
         self._sessions: dict[np.dtype, Any] = {}
@@ -274,7 +276,7 @@ class OnnxCnnActor(SampledActor):
             session = self._sessions[obs.dtype] = make_session(_cnn_graph_of(self._spec_json, obs.dtype.str),
                                                                weights=weights)
         (out,) = session.run([DIST_OUTPUT], {"obs": np.ascontiguousarray(obs)})
-        return with_log_std(np.asarray(out, dtype=np.float32), self.log_std)
+        return head_params(self.kind, self.action, np.asarray(out, dtype=np.float32), self.log_std)
 
 
 def worker_actor(agent: Any) -> NumpyActor | OnnxCnnActor | None:

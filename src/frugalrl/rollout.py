@@ -34,7 +34,7 @@ class Rollout:
     rewards: np.ndarray  # (T, N) float32
     terminations: np.ndarray  # (T, N) bool
     truncations: np.ndarray  # (T, N) bool
-    dist_params: np.ndarray | None  # (T, N, P) behaviour distribution parameters (None: behaviour_logp only)
+    dist_params: np.ndarray | None  # (T, N, *param shape) behaviour distributions (None: behaviour_logp only)
     versions: np.ndarray  # (T, N) policy version that chose each action (-1: none)
     next_obs: np.ndarray  # (N, *obs_shape) state after the last step
     final_idx: np.ndarray  # (K, 2) [t, env] of every finished episode

@@ -106,9 +106,10 @@ def distill(
     obs = obs.to(device)
     with torch.no_grad():
         s_params = student.dist_params(obs[:1])
-    if s_params.shape[-1] != t_params.shape[-1]:
+    if s_params.shape[1:] != t_params.shape[1:]:
         raise ValueError(
-            f"teacher and student action heads differ: {t_params.shape[-1]} vs {s_params.shape[-1]} parameters"
+            f"teacher and student action heads differ: {tuple(t_params.shape[1:])} vs {tuple(s_params.shape[1:])} "
+            "parameters"
         )
 
     student.requires_grad_(True)

@@ -86,13 +86,23 @@ def quantize_int8(
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             per_channel=per_channel,
-            nodes_to_exclude=edge_layers(onnx.load(pre)),
+            nodes_to_exclude=edge_layers(onnx.load(pre)) + padding_nodes(onnx.load(pre)),
         )
         with open(dst, "rb") as result:
             return result.read()
 
 
 _LAYERS = ("Gemm", "MatMul", "Conv")
+
+
+def padding_nodes(model: Any) -> list[str]:
+    """Names of the nodes that lay a MultiDiscrete head's logits out in padded rows (Split, Pad, Concat, Unsqueeze,
+    Reshape: the graph has a Pad), which :func:`quantize_int8` keeps in float: the padding's −1e9 in a calibrated
+    8-bit range would leave every real logit 0."""
+    nodes = list(model.graph.node)
+    if not any(n.op_type == "Pad" for n in nodes):
+        return []
+    return [n.name for n in nodes if n.op_type in ("Split", "Pad", "Concat", "Unsqueeze", "Reshape")]
 
 
 def edge_layers(model: Any) -> list[str]:

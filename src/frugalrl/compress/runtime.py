@@ -168,7 +168,7 @@ class OnnxPolicy(ActorCritic):
         return torch.from_numpy(np.asarray(out, dtype=np.float32))
 
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
-        """Distribution parameters (float32), shape ``(batch, P)``, for any batch size."""
+        """Distribution parameters (float32), shape ``(batch, *params shape)``, for any batch size."""
         return self._run(DIST_OUTPUT, obs)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:

@@ -182,7 +182,12 @@ def rollout_bound(obs_space: gym.spaces.Box, act_space: gym.spaces.Discrete | gy
     """Largest rollout reply expected from one worker of ``k`` envs over ``T`` steps (bytes)."""
     obs_bytes = int(np.prod(space_shape(obs_space))) * obs_space.dtype.itemsize
     act_bytes = 8 * max(1, int(np.prod(space_shape(act_space))))
-    params = act_space.n if isinstance(act_space, gym.spaces.Discrete) else 2 * int(np.prod(space_shape(act_space)))
+    if isinstance(act_space, gym.spaces.Box):
+        params = 2 * int(np.prod(space_shape(act_space)))
+    elif isinstance(act_space, gym.spaces.MultiDiscrete):
+        params = int(act_space.nvec.size * np.max(act_space.nvec))
+    else:
+        params = int(act_space.n)  # Discrete; MultiBinary's n bits
     per_step = k * (obs_bytes + act_bytes + 4 * int(params) + 8)
     return T * per_step + T * k * obs_bytes // 4 + (1 << 16)
 
@@ -235,10 +240,10 @@ def check_agent_fits(agent: Any, obs_space: gym.Space, space: gym.Space) -> None
     """Fail on the head, with a clear message, for an agent built for other spaces."""
     import torch
 
-    if isinstance(space, gym.spaces.Discrete):
-        kind, size = "categorical", int(space.n)
-    else:
-        kind, size = "gaussian", 2 * int(np.prod(space_shape(space)))
+    from frugalrl.nets import action_desc, action_head, params_shape
+
+    action = action_desc(space)
+    kind, shape = action_head(action)[0], params_shape(action)
     if agent.dist_kind != kind:
         raise ValueError(f"agent.dist_kind is {agent.dist_kind!r} but this env's action space {space} needs {kind!r}")
     obs = torch.as_tensor(np.stack([obs_space.sample()]))
@@ -247,6 +252,6 @@ def check_agent_fits(agent: Any, obs_space: gym.Space, space: gym.Space) -> None
             params = agent.dist_params(obs)
     except Exception as e:
         raise ValueError(f"agent cannot act on this env's observations {obs_space}: {type(e).__name__}: {e}") from e
-    if tuple(params.shape) != (1, size):
+    if tuple(params.shape) != (1, *shape):
         raise ValueError(f"agent.dist_params returned shape {tuple(params.shape[1:])} per observation; "
-                         f"the action space {space} needs ({size},)")
+                         f"the action space {space} needs {shape}")

@@ -561,9 +561,9 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             if self.worker_versions[w] != self.learner_version:
                 self._send_weights(agent, [w])
         n, k = self.num_envs, self.envs_per_worker
-        params_dim = next(iter(replies.values())).arrays["dist_params"].shape[-1] if replies else 0
+        params_shape = next(iter(replies.values())).arrays["dist_params"].shape[1:] if replies else (0,)
         actions = np.zeros((n, *space_shape(self.single_action_space)), dtype=self._action_dtype())
-        params = np.zeros((n, params_dim), dtype=np.float32)
+        params = np.zeros((n, *params_shape), dtype=np.float32)
         versions = np.full(n, -1, dtype=np.int64)
         for w, reply in replies.items():
             sl = slice(w * k, (w + 1) * k)

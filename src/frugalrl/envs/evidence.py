@@ -47,9 +47,9 @@ class Behaviours:
         self._remember(w, arrays["obs"], arrays["behaviour_logp"], arrays["actions"])
 
     def _action_dtype(self) -> np.dtype:
-        if isinstance(self.single_action_space, gym.spaces.Discrete):
-            return np.dtype(np.int64)
-        return np.dtype(np.float32)
+        if isinstance(self.single_action_space, gym.spaces.Box):
+            return np.dtype(np.float32)
+        return np.dtype(np.int64)  # Discrete, MultiDiscrete, MultiBinary
 
     def _remember(self, w: int, states: np.ndarray, behaviour: np.ndarray, actions: np.ndarray | None = None,
                   append: bool = False) -> None:

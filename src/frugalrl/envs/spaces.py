@@ -41,17 +41,27 @@ def is_simple(space: gym.Space) -> bool:
     return isinstance(space, S.Box | S.Discrete)
 
 
+def agents_act_in(space: gym.Space) -> bool:
+    """Whether frugalrl's agents act in the action space ``space``: Box, Discrete, and MultiDiscrete (from 0) and
+    MultiBinary of one dimension (:func:`frugalrl.nets.action_desc`)."""
+    if isinstance(space, S.MultiDiscrete):
+        return space.nvec.ndim == 1 and not np.any(space.start != 0)
+    if isinstance(space, S.MultiBinary):
+        return len(space.shape) == 1
+    return is_simple(space)
+
+
 def check_inference(obs_space: gym.Space, act_space: gym.Space,
                     what: str = "worker-side inference (step(agent), rollout)") -> None:
-    """``TypeError`` unless observations are a Box and actions a Box or Discrete (what agents take)."""
-    if not (isinstance(obs_space, S.Box) and is_simple(act_space)):
+    """``TypeError`` unless observations are a Box and agents act in the action space (:func:`agents_act_in`)."""
+    if not (isinstance(obs_space, S.Box) and agents_act_in(act_space)):
         hint = ("; wrap the env into Box observations (env_wrappers, --env-wrappers: e.g. minigrid.wrappers."
                 "ImgObsWrapper, gymnasium.wrappers.FlattenObservation)") if isinstance(obs_space, S.Dict | S.Tuple) else ""
-        if not is_simple(act_space):
-            hint += ("; frugalrl's agents act in Box and Discrete action spaces only (MultiDiscrete and MultiBinary "
-                     "are not supported yet): step(actions) with a policy of your own takes any space")
-        raise TypeError(f"{what} needs Box observations and Box or Discrete actions, not {obs_space} and "
-                        f"{act_space}{hint}")
+        if not agents_act_in(act_space):
+            hint += ("; frugalrl's agents act in Box, Discrete, MultiDiscrete (of one dimension, from 0) and "
+                     "MultiBinary (of one dimension) action spaces: step(actions) with a policy of your own takes any")
+        one_line = " ".join(f"not {obs_space} and {act_space}".split())  # a multi-dimensional nvec prints rows
+        raise TypeError(f"{what} needs Box observations and an action space frugalrl's agents act in, {one_line}{hint}")
 
 
 def check_space(space: gym.Space, what: str) -> None:

@@ -34,7 +34,7 @@ import gymnasium as gym
 import numpy as np
 
 from frugalrl.envs.calls import call_envs
-from frugalrl.envs.spaces import batch, from_message, is_simple, item, same_spaces, to_message
+from frugalrl.envs.spaces import agents_act_in, batch, from_message, is_simple, item, same_spaces, to_message
 from frugalrl.envs.spec import EnvSpec
 from frugalrl.experience import (
     DISABLED,
@@ -129,11 +129,13 @@ class EnvWorker:
         self.rng = np.random.default_rng(self._generator_seed)  # what a torch-free actor samples with
         self._generator: torch.Generator | None = None  # a torch policy's: made on first use (:attr:`generator`)
         self._box = isinstance(self.act_space, gym.spaces.Box)
-        # Discrete actions travel in the smallest integer type that holds them (uint8 for most envs).
-        self._action_wire_dtype = (compact_int_dtype(self.act_space) if isinstance(self.act_space, gym.spaces.Discrete)
-                                   else None)
-        # Other spaces (Dict, Tuple, MultiDiscrete...) travel leaf by leaf, for head-side inference only.
+        # Discrete and MultiDiscrete actions travel in the smallest integer type that holds them (uint8 for most envs).
+        self._action_wire_dtype = (compact_int_dtype(self.act_space) if isinstance(
+            self.act_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) else None)
+        # Other spaces (Dict, Tuple, MultiDiscrete...) travel leaf by leaf for head-side inference; the agents act in
+        # MultiDiscrete and MultiBinary ones too.
         self._tree_obs, self._tree_act = not is_simple(self.obs_space), not is_simple(self.act_space)
+        self._agents_act = not self._tree_obs and agents_act_in(self.act_space)
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, msg: Message) -> Message:
@@ -206,8 +208,15 @@ class EnvWorker:
             sampled = dists.sample(self.policy.dist_kind, params, self.generator)
         action = sampled.numpy()
         if not self._box:
-            action = action.astype(np.int64, copy=False)  # a categorical sample already is int64
+            action = action.astype(self.act_space.dtype, copy=False)  # a categorical sample already is int64
         return action, params.float().numpy()
+
+    def _env_action(self, action: Any) -> Any:
+        """A recorded action as the env takes it: a Discrete space's as an int, others' as arrays."""
+        if self._box:
+            return action
+        return int(action) if isinstance(self.act_space, gym.spaces.Discrete) else np.asarray(action,
+                                                                                              self.act_space.dtype)
 
     def _wire_actions(self, actions: np.ndarray) -> np.ndarray:
         return actions if self._action_wire_dtype is None else actions.astype(self._action_wire_dtype)
@@ -268,9 +277,10 @@ class EnvWorker:
         to_message(msg, self.obs_space, batch(self.obs_space, values), prefix, "observations")
 
     def _check_inference(self) -> None:
-        if self._tree_obs or self._tree_act:
-            raise WorkerError(f"worker-side inference needs Box observations and Box or Discrete actions, not "
-                              f"{self.obs_space} and {self.act_space}: choose the actions on the head, step(actions)")
+        if not self._agents_act:
+            raise WorkerError(f"worker-side inference needs Box observations and an action space the agents act in, "
+                              f"not {self.obs_space} and {self.act_space}: choose the actions on the head, "
+                              "step(actions)")
 
     # ------------------------------------------------------------------ operations
     def _op_ping(self, msg: Message) -> Message:
@@ -394,9 +404,9 @@ class EnvWorker:
             group.reset(i, seed=began.get("seed"), options=began.get("options"))
             group.began[i] = began
             for action in a[f"actions/{i}"]:
-                obs, *_ = env.step(action if self._box else int(action))
+                obs, *_ = env.step(self._env_action(action))
                 group.obs[i] = obs
-                group.actions[i].append(action if self._box else int(action))
+                group.actions[i].append(self._env_action(action))
             ok = bool(np.array_equal(group.obs[i], expected[i]))
             if not ok:  # not replayable: a new episode (its start drawn from the restored generator)
                 group.reset(i)
@@ -487,10 +497,14 @@ def float32_if_exact(values: np.ndarray) -> np.ndarray:
 
 
 def compact_int_dtype(space: gym.Space) -> np.dtype:
-    """The smallest integer dtype holding every action of a Discrete space (``TypeError`` for another space)."""
-    if not isinstance(space, gym.spaces.Discrete):
-        raise TypeError(f"ClusterEnv supports Discrete and Box action spaces, got {space}")
-    lo, hi = int(space.start), int(space.start + space.n - 1)
+    """The smallest integer dtype holding every action of a Discrete or MultiDiscrete space (``TypeError`` for
+    another space)."""
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        lo, hi = int(np.min(space.start)), int(np.max(space.start + space.nvec - 1))
+    elif isinstance(space, gym.spaces.Discrete):
+        lo, hi = int(space.start), int(space.start + space.n - 1)
+    else:
+        raise TypeError(f"integer actions need a Discrete or MultiDiscrete action space, got {space}")
     for dtype in (np.uint8, np.int8, np.uint16, np.int16, np.int32):
         info = np.iinfo(dtype)
         if info.min <= lo and hi <= info.max:

@@ -55,6 +55,9 @@ def check_spaces(cfg: PipelinePPOConfig) -> tuple[gym.Space, gym.Space]:
         env.close()
     make_encoder(obs_space, cfg.encoder_hidden)
     desc = action_desc(act_space)
+    if desc["type"] not in ("discrete", "box"):
+        raise ValueError(f"pipeline PPO's split model acts in Discrete and Box action spaces, not {act_space} "
+                         "(frugalrl train ppo, impala and hsa2c act in MultiDiscrete and MultiBinary ones)")
     if desc["type"] == "box" and len(desc["shape"]) != 1:
         raise ValueError(f"pipeline PPO needs flat Box actions, got shape {desc['shape']}")
     if desc["type"] == "box" and not np.all(np.isfinite(desc["low"] + desc["high"])):

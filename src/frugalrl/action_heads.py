@@ -1,0 +1,60 @@
+"""What an actor head outputs for each action space frugalrl's agents act in, without torch: the distribution kind
+(:data:`frugalrl.dists.DistKind`) of an action description (:func:`frugalrl.nets.action_desc`), the head's width and
+the shape of its distribution parameters, and those parameters from the head's output in numpy (the workers'
+arithmetic; :func:`frugalrl.nets.head_params` is PyTorch's)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+PAD_LOGIT = -1e9
+"""The logit of a multi-categorical row's padding (:data:`frugalrl.dists.PAD_LOGIT` is this)."""
+
+
+def action_head(action: Mapping[str, Any]) -> tuple[str, int]:
+    """The distribution kind (:data:`frugalrl.dists.DistKind`) an actor head parameterises for an action
+    description (:func:`frugalrl.nets.action_desc`) and its width: logits (every sub-action's of a MultiDiscrete
+    space in a row), or a Gaussian's means (its log-stds are a parameter of their own). ``ValueError`` otherwise."""
+    kind = action.get("type")
+    if kind == "discrete":
+        return "categorical", int(action["n"])
+    if kind == "box":
+        return "gaussian", int(np.prod(action["shape"]))
+    if kind == "multidiscrete":
+        return "multi_categorical", int(sum(action["nvec"]))
+    if kind == "multibinary":
+        return "bernoulli", int(action["n"])
+    raise ValueError(f"unsupported action description {dict(action)!r}")
+
+
+def params_shape(action: Mapping[str, Any]) -> tuple[int, ...]:
+    """The shape of one observation's distribution parameters for an action description (:mod:`frugalrl.dists`)."""
+    kind, width = action_head(action)
+    if kind == "gaussian":
+        return (2 * width,)
+    if kind == "multi_categorical":
+        return (len(action["nvec"]), max(action["nvec"]))
+    return (width,)
+
+
+def head_params(kind: str, action: Mapping[str, Any], out: np.ndarray, log_std: np.ndarray | None) -> np.ndarray:
+    """Distribution parameters from an actor head's output, as :func:`frugalrl.nets.head_params` gives them."""
+    if kind == "multi_categorical":
+        nvec = [int(n) for n in action["nvec"]]
+        m = max(nvec)
+        rows = np.full((*out.shape[:-1], len(nvec), m), PAD_LOGIT, dtype=out.dtype)
+        for i, start in enumerate(itertools.accumulate([0, *nvec[:-1]])):
+            rows[..., i, :nvec[i]] = out[..., start:start + nvec[i]]
+        return rows
+    return with_log_std(out, log_std)
+
+
+
+def with_log_std(out: np.ndarray, log_std: np.ndarray | None) -> np.ndarray:
+    """A head's output with a state-independent Gaussian's log-std after each row (as ``dist_params``); as it is
+    for another head (``log_std`` None)."""
+    return out if log_std is None else np.concatenate([out, np.broadcast_to(log_std, out.shape)], axis=-1)

@@ -1,0 +1,118 @@
+"""MultiDiscrete and MultiBinary actions: frugalrl's agents act in them on torch-free workers, every algorithm with a
+flat actor learns with them, checkpoints replay them, and the split model says it does not take them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from frugalrl import ClusterEnv, make_agent
+
+pytestmark = pytest.mark.timeout(180)
+
+MATCH = "envs_for_tests:MatchEnv"
+SPACES = {"multidiscrete": {}, "multibinary": {"bits": 6}}
+
+
+@pytest.mark.parametrize("kwargs", SPACES.values(), ids=SPACES.keys())
+def test_workers_act_without_torch_and_a_checkpoint_replays_their_actions(kwargs):
+    env = ClusterEnv(MATCH, 2, 3, backend="local", inline_workers=0, seed=3, env_kwargs=kwargs, replayable=True,
+                     uplink={"behaviour": "logprob"})
+    other = ClusterEnv(MATCH, 2, 3, backend="local", inline_workers=0, seed=3, env_kwargs=kwargs, replayable=True)
+    try:
+        torch.manual_seed(0)
+        agent = make_agent(env.single_observation_space, env.single_action_space)
+        ro = env.rollout(agent, 20)
+        space = env.single_action_space
+        assert ro.actions.shape == (20, 6, *space.shape) and all(space.contains(a.astype(space.dtype))
+                                                                 for a in ro.actions.reshape(-1, *space.shape))
+        assert ro.behaviour_logp.shape == (20, 6)
+        assert ["libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in env.backend.worker_pids().values()] \
+            == [False, False]
+        _, _, _, _, infos = env.step(agent)  # step(agent): the workers' actions and parameters come back
+        assert infos["actions"].shape == (6, *space.shape)
+        assert other.load_state_dict(env.state_dict()) == []  # episodes replayed with their recorded actions
+        a, b = env.rollout(agent, 12), other.rollout(agent, 12)
+        np.testing.assert_array_equal(a.actions, b.actions)
+        np.testing.assert_array_equal(a.obs, b.obs)
+    finally:
+        env.close()
+        other.close()
+
+
+@pytest.mark.parametrize(("algo", "kwargs", "at_least"), [
+    ("ppo", SPACES["multidiscrete"], 7.0), ("ppo", SPACES["multibinary"], 5.5),
+    ("impala", SPACES["multidiscrete"], 5.0), ("hsa2c", SPACES["multidiscrete"], 7.0),
+    ("hsa2c", SPACES["multibinary"], 6.5)])
+def test_every_flat_algorithm_learns_them_with_no_flags(algo, kwargs, at_least, tmp_path):
+    """Say the target back in 8 steps: a random policy returns 2.9 (MultiDiscrete [3, 4, 2]) or 4.0 (6 bits), a
+    perfect one 8. Defaults only (the discrete family's), 16k steps."""
+    if algo == "hsa2c":
+        from frugalrl.algos.hsa2c import train
+        from frugalrl.algos.hsa2c_config import HSA2CConfig as Config
+    elif algo == "impala":
+        from frugalrl.algos.impala import IMPALAConfig as Config
+        from frugalrl.algos.impala import train
+    else:
+        from frugalrl.algos.ppo import PPOConfig as Config
+        from frugalrl.algos.ppo import train
+    out = train(Config(env=MATCH, env_kwargs=kwargs, total_timesteps=16_000, seed=1, run_dir=str(tmp_path),
+                       progress=False, plots=False, tensorboard=False))
+    assert out["eval_return_mean"] >= at_least, out["eval_return_mean"]
+
+
+def test_the_split_model_names_the_spaces_it_takes(tmp_path):
+    from frugalrl.pipeline import PipelinePPOConfig, train
+
+    with pytest.raises(ValueError, match=r"pipeline PPO's split model acts in Discrete and Box action spaces, not "
+                                         r"MultiDiscrete\(\[3 4 2\]\)"):
+        train(PipelinePPOConfig(env=MATCH, total_timesteps=1024, run_dir=str(tmp_path)))
+
+
+def test_aaps_keeps_each_states_parameter_rows():
+    """AAPS's evidence keeps a MultiDiscrete behaviour's ``(k, m)`` rows per state (the KL of the held policy and
+    the learner's on them), whether the parameters come from ``step(agent)`` or a rollout's uplink."""
+    from frugalrl import AAPS
+
+    env = ClusterEnv(MATCH, 2, 2, backend="serial", seed=2, sync=AAPS(0.05), uplink={"behaviour": "params"})
+    try:
+        torch.manual_seed(0)
+        agent = make_agent(env.single_observation_space, env.single_action_space)
+        env.reset(seed=2)
+        for _ in range(3):
+            for _ in range(4):
+                env.step(agent)
+            with torch.no_grad():
+                agent.actor[-1].weight.add_(0.5)  # the learner moves: AAPS weighs a sync on the rows it kept
+            env.rollout(agent, 8)
+        assert all(kl is not None and kl >= 0 for kl in env.last_kl)
+    finally:
+        env.close()
+
+
+def test_an_int8_actor_keeps_the_rows_of_logits():
+    """AcceRL's int8 actor of a MultiDiscrete agent: the padding stays in float, so the 8-bit range is the logits'
+    (with the −1e9 padding in the calibrated range every logit would come out 0)."""
+    from envs_for_tests import MatchEnv
+
+    from frugalrl import dists
+    from frugalrl.compress.export import export_onnx
+    from frugalrl.compress.quantize import quantize_int8
+    from frugalrl.compress.runtime import OnnxPolicy
+    from frugalrl.evaluation import random_states
+
+    env = MatchEnv(nvec=(3, 5, 2))
+    states = torch.from_numpy(random_states(env, 256, seed=0))
+    torch.manual_seed(0)
+    net = make_agent(env.observation_space, env.action_space)
+    with torch.no_grad():
+        net.actor[-1].weight.mul_(150.0)  # logits of a trained policy's size
+    actor = OnnxPolicy.from_bytes(quantize_int8(export_onnx(net, states[:8]), states), "multi_categorical",
+                                  precision="int8")
+    with torch.no_grad():
+        teacher, student = net.dist_params(states[:64]), actor.dist_params(states[:64])
+    assert teacher.abs()[teacher > -1e8].max() > 1.0
+    assert float(dists.kl("multi_categorical", teacher, student).max()) < 0.01
