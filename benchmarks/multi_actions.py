@@ -7,8 +7,8 @@ standard Gymnasium env has these action spaces; this one isolates what the issue
 a structured action, from everything else. Variants: MultiDiscrete ``[3, 4, 2]`` (random policy: 2.9),
 MultiDiscrete ``[6, 6, 6, 6]`` (1.3), MultiBinary ``6`` (4.0).
 
-- ``frugal``: ``frugalrl.algos.ppo.train(PPOConfig(env=..., total_timesteps=N, seed=S))``, i.e. ``frugalrl train
-  ppo --env envs_for_tests:MatchEnv --total-timesteps N --seed S``: the ``discrete`` family's fallback (SB3's PPO
+- ``frugal``: ``frugalrl.algos.ppo.train(make_config("ppo", ...))``, i.e. ``frugalrl train ppo --env
+  envs_for_tests:MatchEnv --total-timesteps N --seed S``: the ``discrete`` family's fallback (SB3's PPO
   defaults on 2 workers), AAPS with bf16 delta-coded weights, torch on one thread.
 - ``sb3``: ``PPO("MlpPolicy", make_vec_env(MatchEnv, n_envs=1, seed=S), seed=S)``, nothing else set; torch on one
   thread.
@@ -47,11 +47,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def frugal(kwargs: dict[str, Any], steps: int, seed: int, run_dir: str) -> dict[str, Any]:
-    from frugalrl.algos.ppo import PPOConfig, train
+    from frugalrl.algos.ppo import train
+    from frugalrl.presets import make_config
 
     t0 = time.perf_counter()
-    out = train(PPOConfig(env="envs_for_tests:MatchEnv", env_kwargs=kwargs, total_timesteps=steps, seed=seed,
-                          run_dir=run_dir, progress=False, plots=False, tensorboard=False))
+    # make_config applies what the CLI applies with no flags (the env's preset, else its family's fallback)
+    out = train(make_config("ppo", "envs_for_tests:MatchEnv", env_kwargs=kwargs, total_timesteps=steps, seed=seed,
+                            run_dir=run_dir, progress=False, plots=False, tensorboard=False))
     return {"return": out["eval_return_mean"], "wall_s": round(time.perf_counter() - t0, 2),
             "env_steps": out["env_steps"], "bytes_per_step": out["bytes"]["total"] / out["env_steps"]}
 

@@ -49,18 +49,14 @@ def test_workers_act_without_torch_and_a_checkpoint_replays_their_actions(kwargs
     ("hsa2c", SPACES["multibinary"], 6.5)])
 def test_every_flat_algorithm_learns_them_with_no_flags(algo, kwargs, at_least, tmp_path):
     """Say the target back in 8 steps: a random policy returns 2.9 (MultiDiscrete [3, 4, 2]) or 4.0 (6 bits), a
-    perfect one 8. Defaults only (the discrete family's), 16k steps."""
-    if algo == "hsa2c":
-        from frugalrl.algos.hsa2c import train
-        from frugalrl.algos.hsa2c_config import HSA2CConfig as Config
-    elif algo == "impala":
-        from frugalrl.algos.impala import IMPALAConfig as Config
-        from frugalrl.algos.impala import train
-    else:
-        from frugalrl.algos.ppo import PPOConfig as Config
-        from frugalrl.algos.ppo import train
-    out = train(Config(env=MATCH, env_kwargs=kwargs, total_timesteps=16_000, seed=1, run_dir=str(tmp_path),
-                       progress=False, plots=False, tensorboard=False))
+    perfect one 8. What ``frugalrl train ALGO --env ...`` runs with no other flag (``make_config``: the discrete
+    family's fallback where the algorithm has one), 16k steps."""
+    from frugalrl.algos import algorithm
+    from frugalrl.presets import make_config
+
+    train = algorithm(algo).load()[0].train
+    out = train(make_config(algo, MATCH, env_kwargs=kwargs, total_timesteps=16_000, seed=1, run_dir=str(tmp_path),
+                            progress=False, plots=False, tensorboard=False))
     assert out["eval_return_mean"] >= at_least, out["eval_return_mean"]
 
 
