@@ -1,7 +1,7 @@
-"""What an actor head outputs for each action space frugalrl's agents act in, without torch: the distribution kind
-(:data:`frugalrl.dists.DistKind`) of an action description (:func:`frugalrl.nets.action_desc`), the head's width and
-the shape of its distribution parameters, and those parameters from the head's output in numpy (the workers'
-arithmetic; :func:`frugalrl.nets.head_params` is PyTorch's)."""
+"""What an actor head outputs for each action space frugalrl's agents act in, without torch: the space's description
+(:func:`action_desc`, which also decides which spaces the agents act in), its distribution kind
+(:data:`frugalrl.dists.DistKind`), the head's width, the shape of its distribution parameters, and those parameters
+from the head's output in numpy (the workers' arithmetic; :func:`frugalrl.nets.head_params` is PyTorch's)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,41 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 PAD_LOGIT = -1e9
 """The logit of a multi-categorical row's padding (:data:`frugalrl.dists.PAD_LOGIT` is this)."""
 
 
+def action_desc(space: gym.Space) -> dict[str, Any]:
+    """JSON description of a Discrete, Box, MultiDiscrete or MultiBinary action space (what a policy head needs)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "discrete", "n": int(space.n)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if space.nvec.ndim != 1 or np.any(space.start != 0):
+            raise TypeError(f"unsupported action space {space}; frugalrl's agents take MultiDiscrete spaces of one "
+                            "dimension that start at 0")
+        return {"type": "multidiscrete", "nvec": [int(n) for n in space.nvec]}
+    if isinstance(space, gym.spaces.MultiBinary):
+        if len(space.shape) != 1:
+            raise TypeError(f"unsupported action space {space}; frugalrl's agents take MultiBinary spaces of one "
+                            "dimension")
+        return {"type": "multibinary", "n": int(space.shape[0])}
+    if isinstance(space, gym.spaces.Box):
+        return {
+            "type": "box",
+            "shape": list(space.shape),
+            "low": np.asarray(space.low, dtype=np.float64).reshape(-1).tolist(),
+            "high": np.asarray(space.high, dtype=np.float64).reshape(-1).tolist(),
+        }
+    raise TypeError(f"unsupported action space {space}; frugalrl's agents act in Discrete, Box, MultiDiscrete and "
+                    "MultiBinary action spaces")
+
+
 def action_head(action: Mapping[str, Any]) -> tuple[str, int]:
     """The distribution kind (:data:`frugalrl.dists.DistKind`) an actor head parameterises for an action
-    description (:func:`frugalrl.nets.action_desc`) and its width: logits (every sub-action's of a MultiDiscrete
+    description (:func:`action_desc`) and its width: logits (every sub-action's of a MultiDiscrete
     space in a row), or a Gaussian's means (its log-stds are a parameter of their own). ``ValueError`` otherwise."""
     kind = action.get("type")
     if kind == "discrete":
@@ -51,7 +77,6 @@ def head_params(kind: str, action: Mapping[str, Any], out: np.ndarray, log_std: 
             rows[..., i, :nvec[i]] = out[..., start:start + nvec[i]]
         return rows
     return with_log_std(out, log_std)
-
 
 
 def with_log_std(out: np.ndarray, log_std: np.ndarray | None) -> np.ndarray:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from frugalrl import action_heads, dists
+from frugalrl.action_heads import action_desc
 from frugalrl.config import Net
 from frugalrl.dists import DistKind
 from frugalrl.lazy import import_string
@@ -119,31 +120,6 @@ def check_agent(agent: Any) -> None:
         )
 
 
-def action_desc(space: gym.Space) -> dict[str, Any]:
-    """JSON description of a Discrete, Box, MultiDiscrete or MultiBinary action space (what a policy head needs)."""
-    if isinstance(space, gym.spaces.Discrete):
-        return {"type": "discrete", "n": int(space.n)}
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        if space.nvec.ndim != 1 or np.any(space.start != 0):
-            raise TypeError(f"unsupported action space {space}; frugalrl's agents take MultiDiscrete spaces of one "
-                            "dimension that start at 0")
-        return {"type": "multidiscrete", "nvec": [int(n) for n in space.nvec]}
-    if isinstance(space, gym.spaces.MultiBinary):
-        if len(space.shape) != 1:
-            raise TypeError(f"unsupported action space {space}; frugalrl's agents take MultiBinary spaces of one "
-                            "dimension")
-        return {"type": "multibinary", "n": int(space.shape[0])}
-    if isinstance(space, gym.spaces.Box):
-        return {
-            "type": "box",
-            "shape": list(space.shape),
-            "low": np.asarray(space.low, dtype=np.float64).reshape(-1).tolist(),
-            "high": np.asarray(space.high, dtype=np.float64).reshape(-1).tolist(),
-        }
-    raise TypeError(f"unsupported action space {space}; frugalrl's agents act in Discrete, Box, MultiDiscrete and "
-                    "MultiBinary action spaces")
-
-
 def box_log_half_width(action: dict[str, Any]) -> torch.Tensor:
     """``log((high − low) / 2)`` per dimension of a Box :func:`action_desc` (``inf`` where a bound is infinite)."""
     low = np.asarray(action["low"], dtype=np.float64)
@@ -159,11 +135,6 @@ def action_head(action: dict[str, Any]) -> tuple[DistKind, int]:
     (:func:`frugalrl.action_heads.action_head`, which workers use without torch)."""
     kind, width = action_heads.action_head(action)
     return cast(DistKind, kind), width
-
-
-def params_shape(action: dict[str, Any]) -> tuple[int, ...]:
-    """The shape of one observation's distribution parameters (:func:`frugalrl.action_heads.params_shape`)."""
-    return action_heads.params_shape(action)
 
 
 def logit_rows(out: torch.Tensor, nvec: list[int]) -> torch.Tensor:

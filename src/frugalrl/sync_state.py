@@ -195,17 +195,6 @@ class PolicySync:
         self.recent[w] = None
         self._bases[w] = self._specs[w] = self._restored[w] = None
 
-    @staticmethod
-    def _param_ndim(behaviour: torch.Tensor, n: int) -> int:
-        """How many trailing dims of ``behaviour`` (``n`` states' parameters, their leading dims any split of ``n``)
-        are one state's parameters."""
-        size = 1
-        for i in range(behaviour.ndim):
-            size *= behaviour.shape[i]
-            if size == n:
-                return behaviour.ndim - i - 1
-        return 1
-
     def restored(self, w: int, version: int, spec: dict[str, Any] | None, state: dict[str, np.ndarray]) -> None:
         """Worker ``w`` was restored from a checkpoint, acting with ``state`` (its acting state, as it decoded it) of
         ``version``: the head recomputes its behaviour from that until its next sync."""
@@ -215,11 +204,9 @@ class PolicySync:
     def remember(self, w: int, states: torch.Tensor, behaviour: torch.Tensor, actions: torch.Tensor | None = None,
                  append: bool = False) -> None:
         """Keep up to ``kl_states`` of worker ``w``'s recent states and its behaviour there: the distribution
-        parameters (``actions`` None), or the log-probabilities of the ``actions`` it took."""
+        parameters (``actions`` None; ``(n, *params shape)``), or the log-probabilities of the ``actions`` it took."""
         n = states.shape[0]
-        # parameters keep their shape per state ((k, m) rows for MultiDiscrete): only the leading dims are merged
-        params = behaviour.reshape(n, *behaviour.shape[behaviour.ndim - self._param_ndim(behaviour, n):])
-        new = Evidence(states, params if actions is None else behaviour.reshape(n), actions)
+        new = Evidence(states, behaviour if actions is None else behaviour.reshape(n), actions)
         recent = self.recent[w]
         if append and recent is not None and (recent.actions is None) == (actions is None):
             new = Evidence(*(torch.cat([old, t])[-self.kl_states :]

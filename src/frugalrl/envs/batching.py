@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from frugalrl.action_heads import action_desc, action_head, params_shape
 from frugalrl.dists import DistKind
 from frugalrl.experience import info_path, space_shape, widened
 from frugalrl.rollout import Rollout
@@ -182,12 +183,7 @@ def rollout_bound(obs_space: gym.spaces.Box, act_space: gym.spaces.Discrete | gy
     """Largest rollout reply expected from one worker of ``k`` envs over ``T`` steps (bytes)."""
     obs_bytes = int(np.prod(space_shape(obs_space))) * obs_space.dtype.itemsize
     act_bytes = 8 * max(1, int(np.prod(space_shape(act_space))))
-    if isinstance(act_space, gym.spaces.Box):
-        params = 2 * int(np.prod(space_shape(act_space)))
-    elif isinstance(act_space, gym.spaces.MultiDiscrete):
-        params = int(act_space.nvec.size * np.max(act_space.nvec))
-    else:
-        params = int(act_space.n)  # Discrete; MultiBinary's n bits
+    params = int(np.prod(params_shape(action_desc(act_space))))
     per_step = k * (obs_bytes + act_bytes + 4 * int(params) + 8)
     return T * per_step + T * k * obs_bytes // 4 + (1 << 16)
 
@@ -239,8 +235,6 @@ def assemble_rollout(replies: list[Message], action_dtype: np.dtype, dist_kind: 
 def check_agent_fits(agent: Any, obs_space: gym.Space, space: gym.Space) -> None:
     """Fail on the head, with a clear message, for an agent built for other spaces."""
     import torch
-
-    from frugalrl.nets import action_desc, action_head, params_shape
 
     action = action_desc(space)
     kind, shape = action_head(action)[0], params_shape(action)

@@ -56,7 +56,10 @@ class Behaviours:
         """Keep worker ``w``'s recent states and its behaviour there (parameters, or the log-probabilities of
         ``actions``) for AAPS."""
         s, a = self._states_actions(states, actions)
-        self.policies.remember(w, s, torch.as_tensor(np.asarray(behaviour, dtype=np.float32)), a, append)
+        b = torch.as_tensor(np.asarray(behaviour, dtype=np.float32))
+        steps = np.ndim(states) - len(self.single_observation_space.shape or ())  # (T, k) or (k,) leading dims
+        b = b.reshape(s.shape[0]) if actions is not None else b.reshape(s.shape[0], *b.shape[steps:])
+        self.policies.remember(w, s, b, a, append)
 
     def _states_actions(self, states: np.ndarray, actions: np.ndarray | None) -> tuple[torch.Tensor, Any]:
         """Steps of a worker as the learner's tensors: states (n, *obs shape), actions (n, *action shape)."""

@@ -25,6 +25,7 @@ import numpy as np
 from gymnasium import spaces as S
 from gymnasium.vector.utils import batch_differing_spaces, batch_space, concatenate, create_empty_array
 
+from frugalrl.action_heads import action_desc
 from frugalrl.wire.message import Message, WireError
 
 if TYPE_CHECKING:
@@ -42,13 +43,13 @@ def is_simple(space: gym.Space) -> bool:
 
 
 def agents_act_in(space: gym.Space) -> bool:
-    """Whether frugalrl's agents act in the action space ``space``: Box, Discrete, and MultiDiscrete (from 0) and
-    MultiBinary of one dimension (:func:`frugalrl.nets.action_desc`)."""
-    if isinstance(space, S.MultiDiscrete):
-        return space.nvec.ndim == 1 and not np.any(space.start != 0)
-    if isinstance(space, S.MultiBinary):
-        return len(space.shape) == 1
-    return is_simple(space)
+    """Whether frugalrl's agents act in the action space ``space``: those :func:`frugalrl.action_heads.action_desc`
+    describes (Box, Discrete, MultiDiscrete from 0 and MultiBinary, of one dimension each)."""
+    try:
+        action_desc(space)
+    except TypeError:
+        return False
+    return True
 
 
 def check_inference(obs_space: gym.Space, act_space: gym.Space,
