@@ -78,6 +78,7 @@ def quantize_int8(
         with open(src, "wb") as out:
             out.write(bytes(onnx_bytes))
         quant_pre_process(src, pre)
+        prepared = onnx.load(pre)
         quantize_static(
             pre,
             dst,
@@ -86,7 +87,7 @@ def quantize_int8(
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             per_channel=per_channel,
-            nodes_to_exclude=edge_layers(onnx.load(pre)) + padding_nodes(onnx.load(pre)),
+            nodes_to_exclude=edge_layers(prepared) + padding_nodes(prepared),
         )
         with open(dst, "rb") as result:
             return result.read()

@@ -403,10 +403,11 @@ class EnvWorker:
             restore_start_state(env, began)
             group.reset(i, seed=began.get("seed"), options=began.get("options"))
             group.began[i] = began
-            for action in a[f"actions/{i}"]:
-                obs, *_ = env.step(self._env_action(action))
+            for recorded in a[f"actions/{i}"]:
+                action = self._env_action(recorded)
+                obs, *_ = env.step(action)
                 group.obs[i] = obs
-                group.actions[i].append(self._env_action(action))
+                group.actions[i].append(action)
             ok = bool(np.array_equal(group.obs[i], expected[i]))
             if not ok:  # not replayable: a new episode (its start drawn from the restored generator)
                 group.reset(i)
