@@ -16,7 +16,8 @@ import numpy as np
 
 from frugalrl.action_heads import action_desc, action_head, params_shape
 from frugalrl.dists import DistKind
-from frugalrl.experience import info_path, space_shape, widened
+from frugalrl.experience import space_shape
+from frugalrl.infos import info_path, widened
 from frugalrl.rollout import Rollout
 from frugalrl.wire.message import Message
 

@@ -43,13 +43,11 @@ from frugalrl.experience import (
     EnvGroup,
     clip_actions,
     collect_fragment,
-    info_arrays,
-    info_name,
-    info_parent,
     jsonable_began,
     restore_start_state,
     space_shape,
 )
+from frugalrl.infos import info_arrays, info_name, info_parent
 from frugalrl.npactor import NumpyActor, runs_in_numpy
 from frugalrl.onnxactor import OnnxActor, OnnxCnnActor, cnn_on_onnxruntime, runs_on_onnxruntime
 from frugalrl.runs import jsonable
