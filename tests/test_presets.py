@@ -57,7 +57,7 @@ def test_cli_applies_the_envs_preset_and_flags_win(tmp_path, capsys):
     code, err = _cli(capsys, "train", "ppo", "--env", "Acrobot-v1", "--preset", "none", "--total-timesteps", "256",
                      "--num-steps", "32", "--run-name", "n", *common)
     assert code == 0, err
-    assert json.loads((tmp_path / "n" / "config.json").read_text())["preset"] is None
+    assert json.loads((tmp_path / "n" / "config.json").read_text())["preset"] == "none"
     code, err = _cli(capsys, "train", "ppo", "--env", "MountainCarContinuous-v0", "--total-timesteps", "64",
                      "--num-steps", "16", "--workers", "1", "--envs-per-worker", "2", "--num-minibatches", "1",
                      "--run-name", "m", *common)
@@ -128,7 +128,7 @@ def test_a_preset_and_given_values_win_over_the_family_and_are_recorded():
     assert "gamma" not in cfg.sources  # the family's 0.99 is the default: nothing to say
     assert presets.make_config("ppo", "Pendulum-v1").preset == "Pendulum-v1"  # an env's own preset first
     plain = presets.make_config("ppo", "MountainCarContinuous-v0", "none")
-    assert plain.preset is None and plain.update_epochs == 4 and plain.sources == {"env": "argument"}
+    assert plain.preset == "none" and plain.update_epochs == 4 and plain.sources == {"env": "argument"}
     block = presets.describe(cfg)
     assert block.splitlines()[1].startswith("  family continuous: ") and "update_epochs=10" in block
     assert "  argument: " in block and "learning_rate=0.001" in block
@@ -162,3 +162,29 @@ def test_python_and_cli_share_one_path_and_its_notes(caplog, capsys):
                                              dict.fromkeys(("env", "seed"), "command line"))
     assert dataclasses.replace(on_cli, sources=cfg.sources) == cfg
     assert "frugalrl: note: cannot build NoSuchEnv-v0" in capsys.readouterr().err
+
+
+def test_a_config_built_directly_is_told_what_the_command_line_would_set():
+    """``PPOConfig(env=X)`` keeps the dataclass's defaults, where ``frugalrl train ppo --env X`` starts from X's
+    preset or family: the run logs which values differ; a config from ``make_config`` (or the CLI), one that asks
+    for the defaults (``preset='none'``) and one whose values are all the preset's hear nothing."""
+    note = presets.hand_built_note("ppo", PPOConfig(env="MountainCarContinuous-v0", gamma=0.9))
+    assert note is not None and "its family continuous" in note and "num_steps=" in note
+    assert "gamma=" not in note  # a value the user set is theirs
+    assert "make_config('ppo', 'MountainCarContinuous-v0', ...)" in note
+    assert "the standard Atari preprocessing" in presets.hand_built_note("ppo", PPOConfig(env="ALE/Pong-v5"))
+    assert presets.hand_built_note("ppo", presets.make_config("ppo", "MountainCarContinuous-v0")) is None
+    assert presets.hand_built_note("ppo", presets.make_config("ppo", "CartPole-v1", preset="none")) is None
+    assert presets.hand_built_note("ppo", PPOConfig(env="CartPole-v1", preset="none")) is None
+    assert presets.hand_built_note("ppo", PPOConfig(env="NoSuchEnv-v0")) is None  # the run says it cannot build it
+    assert presets.hand_built_note("hsa2c", PPOConfig(env="CartPole-v1")) is None  # no preset file: nothing differs
+
+
+def test_a_run_of_a_config_built_directly_logs_the_note(caplog, tmp_path):
+    from frugalrl.algos.ppo import train
+
+    cfg = PPOConfig(env="CartPole-v1", backend="serial", workers=1, envs_per_worker=2, num_steps=16,
+                    total_timesteps=64, eval_episodes=1, run_dir=str(tmp_path), progress=False)
+    with caplog.at_level("WARNING", logger="frugalrl"):
+        train(cfg)
+    assert "PPOConfig was built directly" in caplog.text and "--env CartPole-v1" in caplog.text

@@ -128,7 +128,7 @@ class RunConfig(ConfigPart):
     """The preset the settings start from (frugalrl.presets): on the command line the env's own by default (else
     its family's: 'family:continuous', 'family:discrete', 'family:image' or 'family:grid', by the env's spaces,
     where the algorithm has families), 'none', another env id, a family, or a .json file; here, the one that was
-    applied (None: the defaults)."""
+    applied ('none': the defaults, asked for; None: no preset applies, or the config was built directly)."""
     sources: dict[str, str] = field(default_factory=dict, metadata=RECORDED)
     """Where each value that differs from the dataclass's default came from ('preset NAME', 'family FAMILY',
     'command line'...): what frugalrl.presets.build recorded, kept in config.json; not a flag."""

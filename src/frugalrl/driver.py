@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from frugalrl import presets
 from frugalrl.config import RunConfig
 from frugalrl.envs.restarts import WorkersFailed
 from frugalrl.evaluation import Evaluation, Evaluator
@@ -129,6 +130,8 @@ class Algorithm(ABC):
     name: ClassVar[str]
     """The registry name, recorded in config.json and every checkpoint."""
     run: RunRecorder
+    own_envs: bool = True
+    """False where the caller passed envs of its own (``cfg.env`` need not describe them)."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -189,6 +192,10 @@ def drive(algo: Algorithm, *, resume: str | Path | None = None, callbacks: Seque
     """Run ``algo`` to the end of its budget, its target or a callback's stop; return the summary (also written
     to ``summary.json``). ``resume``: a run directory to continue from its latest checkpoint."""
     cfg = algo.cfg
+    if resume is None and algo.own_envs:
+        note = presets.hand_built_note(algo.name, cfg)
+        if note:
+            log.warning("frugalrl: %s", note)
     run = RunRecorder(algo.name, cfg, tag=algo.tag(), resume=resume)
     algo.run = run
     with StopSignals() as signals:

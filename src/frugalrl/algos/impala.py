@@ -299,6 +299,7 @@ class IMPALA(Algorithm):
         super().__init__(cfg)
         self.cfg: IMPALAConfig = cfg
         self.given_envs = envs
+        self.own_envs = envs is None
         self.envs: ClusterEnv | None = None
         self.rollouts_ahead: RolloutsAhead[Rollout] | None = None
         self.builder: ActorBuilder | None = None

@@ -161,7 +161,7 @@ def describe(cfg: Any) -> str:
     """The compact block a run prints at its start: each value that differs from the dataclass's default, by
     source (``cfg.sources``), and the preset applied even where it changes none."""
     by_source: dict[str, list[str]] = {}
-    if cfg.preset is not None:
+    if cfg.preset not in (None, NONE):
         by_source[label(cfg.preset)] = []
     for key, source in cfg.sources.items():
         by_source.setdefault(source, []).append(f"{key}={json.dumps(getattr(cfg, key))}")
@@ -220,4 +220,34 @@ def configure(algo: str, cls: type, given: dict[str, Any], preset: str | None = 
     if preset == AUTO and (name is None or name.startswith(FAMILY)):
         fallback = f"the {label(name)} fallback" if name else f"the defaults of {cls.__name__}"
         note(f"no {algo} preset for {env}; using {fallback} and the values given")
+    if name is None and preset != AUTO:
+        name = NONE  # recorded: the defaults were asked for (:func:`hand_built_note` stays silent)
     return build(cls, values, name, given, given_as)
+
+
+def hand_built_note(algo: str, cfg: Any) -> str | None:
+    """What ``frugalrl train`` would have set differently for a config built as a dataclass (no preset applied,
+    no value recorded in ``sources``): the env's preset or family fallback for each field left at its default, and
+    the Atari preprocessing; one line for the run to log, or None where it would set the same or cannot tell (an
+    env that cannot be built here)."""
+    if cfg.preset is not None or cfg.sources:
+        return None
+    defaults = {f.name: _default(f) for f in dataclasses.fields(cfg)}
+    atari = atari_frames(cfg.env, bool(cfg.env_kwargs))
+    env, env_kwargs = atari if atari is not None else (cfg.env, cfg.env_kwargs)
+    try:
+        values, name = resolve(algo, env, AUTO, env_kwargs, cfg.env_wrappers)
+    except Exception:  # the run reports an env it cannot build
+        return None
+    changed = {k: v for k, v in values.items()
+               if k in defaults and getattr(cfg, k) == defaults[k] and v != defaults[k]}
+    if not changed and atari is None:
+        return None
+    what = [f"{k}={json.dumps(v)}" for k, v in changed.items()]
+    if atari is not None:
+        what.insert(0, "the standard Atari preprocessing")
+    source = f"its {label(name)}" if name is not None else "no preset"
+    return (f"{type(cfg).__name__} was built directly, so it keeps the dataclass's defaults where `frugalrl train "
+            f"{algo} --env {cfg.env}` would start from {source}: {' '.join(what)}; "
+            f"frugalrl.presets.make_config({algo!r}, {cfg.env!r}, ...) builds what the command line builds "
+            f"(preset='none' says the defaults are meant)")
