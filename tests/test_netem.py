@@ -177,29 +177,59 @@ def test_bridge_of_three_hosts():
             assert r.returncode == 0 and "refused" in r.stdout, r.stderr
 
 
-def test_delay_adds_round_trip():
-    ok, why = netem.netem_available()
-    if not ok:
-        pytest.skip(f"delay needs the netem qdisc: {why}")
+TUN = os.path.exists("/dev/net/tun")
+
+
+@pytest.mark.parametrize("link", ["veth", "tun"])
+def test_delay_adds_round_trip(link):
+    """One-way delay on every host's egress: netem's on a veth link, the forwarding process's on a TUN link
+    (:mod:`frugalrl.tunlink`, where the kernel has no netem); set live, and taken off live."""
+    if link == "veth" and not netem.netem_available()[0]:
+        pytest.skip(f"delay on a veth link needs the netem qdisc: {netem.netem_available()[1]}")
+    if link == "tun" and not TUN:
+        pytest.skip("no /dev/net/tun")
     delay = 0.05
-    with TestHosts(2, prefix=PREFIX) as hosts:
-        _serve(hosts, TCP_ECHO, 0)
-        base = _client(hosts, TCP_PING, 5)
-        hosts.shape(delay=f"{delay * 1000:.0f}ms")  # live
-        _serve(hosts, TCP_ECHO, 0)
-        shaped = _client(hosts, TCP_PING, 5)
-    print(
-        f"\nmedian RTT unshaped {base * 1e3:.3f} ms, delay {delay * 1e3:.0f} ms each way: {shaped * 1e3:.1f} ms"
-    )
-    assert base < 0.02
-    assert shaped >= 2 * delay * 0.95
+    with TestHosts(2, prefix=PREFIX, link=link) as hosts:
+        rtts = []
+        for shaping in ({}, {"delay": f"{delay * 1000:.0f}ms"}, {}):  # set live, and taken off live
+            hosts.shape(**shaping)
+            echo = _serve(hosts, TCP_ECHO, 0)
+            rtts.append(_client(hosts, TCP_PING, 5))
+            echo.wait(timeout=10)  # gone before the next one listens on its port
+        base, shaped, again = rtts
+    print(f"\n{link}: median RTT unshaped {base * 1e3:.3f} ms, delay {delay * 1e3:.0f} ms each way: "
+          f"{shaped * 1e3:.1f} ms, unshaped again {again * 1e3:.3f} ms")
+    assert base < 0.02 and again < 0.02
+    assert 2 * delay * 0.95 <= shaped <= 2 * delay + 0.02
 
 
-def test_delay_unavailable_is_reported_and_cleaned_up():
+def test_delay_unavailable_on_veth_is_reported_and_cleaned_up():
     if netem.netem_available()[0]:
         pytest.skip("this kernel has netem")
-    with pytest.raises(netem.ShapingUnavailable):
-        TestHosts(2, prefix=PREFIX, delay="10ms").setup()
+    with pytest.raises(netem.ShapingUnavailable, match="link='tun'"):
+        TestHosts(2, prefix=PREFIX, delay="10ms", link="veth").setup()
+
+
+@pytest.mark.skipif(not TUN, reason="no /dev/net/tun")
+def test_tun_link_where_netem_is_missing_joins_hosts_shapes_rates_and_leaves_nothing():
+    """A delay without netem gets a TUN link by itself; its forwarder joins three hosts (no bridge), tc's rate
+    limit works on its devices, and it exits with the hosts."""
+    nbytes = 1_000_000
+    with TestHosts(3, prefix=PREFIX, delay=None if netem.netem_available()[0] else "1ms") as auto:
+        assert auto.link == ("veth" if netem.netem_available()[0] else "tun")
+    with TestHosts(3, prefix=PREFIX, link="tun") as hosts:
+        assert hosts.switch is None and hosts.dev == "tun0"
+        forwarder = hosts._forwarder
+        assert forwarder is not None
+        secs, fast = _transfer_mbit_s(hosts, nbytes)
+        hosts.shape(rate="10mbit", delay="5ms")
+        secs, slow = _transfer_mbit_s(hosts, nbytes)
+        print(f"\ntun: unshaped {fast:.0f} Mbit/s, rate 10mbit + 5 ms: {slow:.2f} Mbit/s")
+        assert fast > 50 and 5 <= slow <= 12
+        r = hosts.run(2, [PY, "-c", "import socket,sys; socket.create_connection((sys.argv[1], 9), timeout=5)",
+                          hosts.address(1)], capture_output=True, text=True, timeout=10)
+        assert "ConnectionRefusedError" in r.stderr  # host 1 answered host 2 (a RST): the forwarder routes by address
+    assert forwarder.poll() is not None  # stopped with the hosts: no orphan
 
 
 def test_loss():

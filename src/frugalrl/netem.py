@@ -4,8 +4,9 @@
 ``10.213.0.{i+1}/24``, joined by a veth pair (two hosts) or by a bridge in a namespace of its own: nothing is
 created in, or routed through, the caller's namespace, and deleting the namespaces deletes everything.
 :meth:`TestHosts.shape` shapes every host's egress (so both directions of a link): ``rate`` (``tbf``), one-way
-``delay`` (``netem``) and ``loss`` (``netem``, or a BPF filter where the kernel lacks ``sch_netem``, which then
-cannot add delay: :func:`netem_available`). Namespace names carry the pid, so parallel runs never clash;
+``delay`` (``netem``) and ``loss`` (``netem``, or a BPF filter where the kernel lacks ``sch_netem``:
+:func:`netem_available`). Where the kernel has no netem, ``link="tun"`` (chosen by itself for a delay) joins the
+hosts through TUN devices and a forwarding process that adds the delay (:mod:`frugalrl.tunlink`). Namespace names carry the pid, so parallel runs never clash;
 :func:`cleanup_stale` removes the sets of dead processes. Needs root, ``ip`` and ``tc``.
 
 By hand (every command and the shaping in detail: docs/multi-node.md#test-hosts-emulated-machines-and-links)::
@@ -18,20 +19,26 @@ By hand (every command and the shaping in detail: docs/multi-node.md#test-hosts-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
+import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 SUBNET = "10.213.0"
 """Hosts get ``{SUBNET}.{i+1}/24``; nothing outside our namespaces ever uses it."""
 DEV = "veth0"
-"""Name of each host's interface (inside its own namespace)."""
+"""Name of each host's interface (inside its own namespace) on a veth link."""
+TUN_DEV = "tun0"
+"""Name of each host's interface on a TUN link (:mod:`frugalrl.tunlink`)."""
+Link = Literal["veth", "tun"]
 CLI_TAG = "cli"
 """Tag used in the names of hosts made by ``python -m frugalrl.netem up``."""
 
@@ -223,7 +230,8 @@ def apply_shaping(ns: str, dev: str = DEV, rate: Rate = None, delay: Delay = Non
         loss_pct = None
     have_netem = netem_available()[0] if (delay_s is not None or loss_pct is not None) else False
     if delay_s is not None and not have_netem:
-        raise ShapingUnavailable(f"delay needs netem: {netem_available()[1]}")
+        raise ShapingUnavailable(f"delay needs netem: {netem_available()[1]}; TestHosts(link='tun') adds it in a "
+                                 "forwarding process (frugalrl.tunlink)")
 
     clear_shaping(ns, dev)
     tc = ["tc", "qdisc", "add", "dev", dev]
@@ -262,8 +270,10 @@ class TestHosts:
     ...     hosts.run(1, ["curl", f"http://{hosts.address(0)}:8000/"], timeout=10)
 
     Host ``i`` (0-based) is namespace ``self.namespaces[i]`` with address :meth:`address` ``(i)`` =
-    ``10.213.0.{i+1}`` on interface ``veth0``. Leaving the ``with`` block (even by an exception)
-    kills processes started with :meth:`popen` and deletes every namespace; a failed setup does
+    ``10.213.0.{i+1}`` on interface :attr:`dev`: ``veth0``, or with ``link="tun"`` ``tun0``, joined by
+    :mod:`frugalrl.tunlink`'s forwarding process, which adds the delay where the kernel has no netem (the
+    default link where a delay is given and netem is missing). Leaving the ``with`` block (even by an
+    exception) kills processes started with :meth:`popen` and deletes every namespace; a failed setup does
     the same before raising.
     """
 
@@ -277,15 +287,23 @@ class TestHosts:
         delay: Delay = None,
         loss: Loss = None,
         tag: str | None = None,
+        link: Link | None = None,
     ) -> None:
         if not 2 <= n <= 254:
             raise ValueError(f"n must be in [2, 254], got {n}")
         _check_prefix(prefix)
+        if link is None:
+            link = "tun" if delay is not None and not netem_available()[0] else "veth"
+        if link not in ("veth", "tun"):
+            raise ValueError(f"link must be 'veth' or 'tun', got {link!r}")
+        self.link: Link = link
+        self.dev = DEV if link == "veth" else TUN_DEV
         self.n = n
         self.prefix = prefix
         self.tag = tag if tag is not None else f"{os.getpid()}-{next(_counter)}"
         self.namespaces = [f"{prefix}-{self.tag}-h{i}" for i in range(n)]
-        self.switch = f"{prefix}-{self.tag}-sw" if n > 2 else None
+        self.switch = f"{prefix}-{self.tag}-sw" if n > 2 and link == "veth" else None
+        self._forwarder: subprocess.Popen[bytes] | None = None
         self._shaping: dict[str, Any] = {"rate": rate, "delay": delay, "loss": loss}
         self._procs: list[subprocess.Popen[Any]] = []
         self._up = False
@@ -309,7 +327,9 @@ class TestHosts:
             for ns in [*self.namespaces, *([self.switch] if self.switch else [])]:
                 _cmd(["ip", "netns", "add", ns])
                 _cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
-            if self.switch is None:
+            if self.link == "tun":
+                self._start_forwarder()
+            elif self.switch is None:
                 a, b = self.namespaces
                 _cmd(["ip", "link", "add", DEV, "netns", a, "type", "veth", "peer", "name", DEV, "netns", b])
             else:
@@ -323,15 +343,41 @@ class TestHosts:
                     _cmd(["ip", "-n", sw, "link", "set", port, "master", "br0"])
                     _cmd(["ip", "-n", sw, "link", "set", port, "up"])
             for i, ns in enumerate(self.namespaces):
-                _cmd(["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", DEV])
-                _cmd(["ip", "-n", ns, "link", "set", DEV, "up"])
+                _cmd(["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", self.dev])
+                _cmd(["ip", "-n", ns, "link", "set", self.dev, "up"])
             self.shape(**self._shaping)
         except BaseException:
             self.teardown()
             raise
 
+    def _start_forwarder(self) -> None:
+        """Start :mod:`frugalrl.tunlink` on our namespaces and wait for its ``ready`` (its devices exist then)."""
+        config = {"namespaces": self.namespaces, "dev": self.dev, "subnet": SUBNET, "delays": [0.0] * self.n}
+        proc = self._forwarder = subprocess.Popen([sys.executable, "-m", "frugalrl.tunlink", json.dumps(config)],
+                                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], _CMD_TIMEOUT)
+        line = proc.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            proc.kill()
+            raise RuntimeError(f"the TUN forwarder did not start (exit code {proc.wait()})")
+
+    def _stop_forwarder(self) -> None:
+        proc, self._forwarder = self._forwarder, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()  # it exits when its stdin closes
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
     def teardown(self) -> None:
-        """Kill our :meth:`popen` processes still running and delete all our namespaces (idempotent)."""
+        """Kill our :meth:`popen` processes still running, stop the TUN forwarder and delete all our namespaces
+        (idempotent)."""
         for p in self._procs:
             if p.poll() is None:
                 p.kill()
@@ -340,6 +386,7 @@ class TestHosts:
                 except subprocess.TimeoutExpired:
                     pass
         self._procs.clear()
+        self._stop_forwarder()
         if self._up:
             for ns in [*self.namespaces, *([self.switch] if self.switch else [])]:
                 _delete_namespace(ns)
@@ -373,13 +420,26 @@ class TestHosts:
     ) -> None:
         """Replace the shaping on the interface of each host in ``hosts`` (default: all); all ``None`` = unshaped.
 
-        Egress of every host is shaped, so ``delay`` is one way and a round trip gains ``2 * delay``.
+        Egress of every host is shaped, so ``delay`` is one way and a round trip gains ``2 * delay`` (on a TUN
+        link the forwarder holds each packet for its sender's delay; ``tc`` shapes rate and loss either way).
         """
         for i in range(self.n) if hosts is None else hosts:
             self.address(i)
-            apply_shaping(self.namespaces[i], DEV, rate=rate, delay=delay, loss=loss)
+            if self.link == "tun":
+                apply_shaping(self.namespaces[i], self.dev, rate=rate, loss=loss)
+                self._tell_forwarder(f"delay {i} {parse_delay(delay) if delay is not None else 0.0}")
+            else:
+                apply_shaping(self.namespaces[i], self.dev, rate=rate, delay=delay, loss=loss)
         if hosts is None:
             self._shaping = {"rate": rate, "delay": delay, "loss": loss}
+
+
+    def _tell_forwarder(self, line: str) -> None:
+        proc = self._forwarder
+        if proc is None or proc.stdin is None or proc.poll() is not None:
+            raise RuntimeError("the TUN forwarder is not running")
+        proc.stdin.write(line.encode() + b"\n")
+        proc.stdin.flush()
 
 
 # ---------------------------------------------------------------------------------------- cleanup
@@ -456,6 +516,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"namespaces: {'yes' if ok else 'no: ' + why}")
         nok, nwhy = netem_available()
         print(f"netem (delay, loss): {'yes' if nok else 'no: ' + nwhy}")
+        if not nok:
+            tun = os.path.exists("/dev/net/tun")
+            print(f"TUN links (TestHosts(link='tun'): delay in a forwarding process): {'yes' if tun else 'no'}")
         return 0 if ok else 1
     if args.cmd == "list":
         for tag, names in sorted(_sets(args.prefix).items()):
@@ -476,7 +539,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if _sets(args.prefix).get(CLI_TAG):
             print(f"{args.prefix}-{CLI_TAG}-* already exist; run 'down' first", file=sys.stderr)
             return 1
-        hosts = TestHosts(args.n, args.prefix, args.rate, args.delay, args.loss, tag=CLI_TAG)
+        # veth: a TUN link's forwarder lives only as long as the TestHosts object that started it
+        hosts = TestHosts(args.n, args.prefix, args.rate, args.delay, args.loss, tag=CLI_TAG, link="veth")
         hosts.setup()  # no teardown: they persist until 'down'
         for i, ns in enumerate(hosts.namespaces):
             print(f"{ns} {hosts.address(i)}  (ip netns exec {ns} CMD)")

@@ -1,0 +1,140 @@
+"""A link with delay for test hosts on kernels without ``sch_netem``: each host's interface is a TUN device, and one
+forwarding process delivers every IPv4 packet to the host it is addressed to after the sender's one-way delay.
+
+The kernels of many VMs and containers lack ``netem``, the one qdisc that delays packets, so
+:class:`~frugalrl.netem.TestHosts` could shape rates (``tbf``) and loss there but not latency. With
+``TestHosts(link="tun")`` every host gets ``tun0`` instead of a veth: what a host sends leaves its kernel as a
+raw IP packet on ``tun0`` (after the host's own ``tc`` shaping, so rate and loss keep working), this process reads
+it, holds it for the sender's delay and writes it to the destination host's ``tun0``, where its kernel receives
+it. It stands for the wire and the switch of a real network (the TCP stacks at both ends are the kernel's); it
+costs a read and a write per packet in Python, some tens of thousands of packets a second (hundreds of Mbit/s
+at the 1,500-byte MTU), on a core the hosts' processes share.
+
+Run by :class:`~frugalrl.netem.TestHosts`: ``python -m frugalrl.tunlink CONFIG_JSON`` (``namespaces``, ``dev``,
+``subnet``, ``delays``) creates the devices in the namespaces, prints ``ready``, then forwards until its stdin
+closes; a line ``delay HOST SECONDS`` on stdin changes a host's egress delay live. Needs root.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import heapq
+import json
+import os
+import select
+import struct
+import sys
+import time
+
+TUNSETIFF = 0x400454CA
+IFF_TUN = 0x0001
+IFF_NO_PI = 0x1000
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = "/var/run/netns"
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def open_tun(namespace: str, dev: str) -> int:
+    """A new TUN device ``dev`` in network namespace ``namespace`` (raw IP packets, no header), as a non-blocking
+    file descriptor; the device lives as long as the descriptor."""
+    home = os.open("/proc/self/ns/net", os.O_RDONLY)
+    target = os.open(os.path.join(NETNS_DIR, namespace), os.O_RDONLY)
+    try:
+        _setns(target)
+        try:
+            fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
+            fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", dev.encode(), IFF_TUN | IFF_NO_PI))
+        finally:
+            _setns(home)
+    finally:
+        os.close(target)
+        os.close(home)
+    return fd
+
+
+class Forwarder:
+    """The packets in flight between hosts whose TUN descriptors are ``fds`` (host ``i`` has ``subnet.{i+1}``)."""
+
+    def __init__(self, fds: list[int], subnet: str, delays: list[float]) -> None:
+        self.fds = fds
+        self.delays = list(delays)
+        prefix = bytes(int(x) for x in subnet.split("."))
+        self.route = {prefix + bytes([i + 1]): fd for i, fd in enumerate(fds)}
+        self.source = {fd: i for i, fd in enumerate(fds)}
+        self.queue: list[tuple[float, int, int, bytes]] = []  # (due, order, destination fd, packet)
+        self.order = 0
+        self.packets = 0
+
+    def take(self, fd: int, now: float) -> None:
+        """Read every packet waiting on ``fd`` and schedule each for its destination (others are dropped)."""
+        delay = self.delays[self.source[fd]]
+        while True:
+            try:
+                packet = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            if len(packet) < 20 or packet[0] >> 4 != 4:  # not IPv4 (IPv6 router solicitations and the like)
+                continue
+            out = self.route.get(packet[16:20])
+            if out is None:
+                continue
+            self.packets += 1
+            self.order += 1
+            heapq.heappush(self.queue, (now + delay, self.order, out, packet))
+
+    def deliver(self, now: float) -> None:
+        """Write every packet that is due."""
+        queue = self.queue
+        while queue and queue[0][0] <= now:
+            _, _, out, packet = heapq.heappop(queue)
+            try:
+                os.write(out, packet)
+            except OSError:  # the receiving device is down or its queue full: the packet is lost, as on a wire
+                pass
+
+    def timeout(self, now: float) -> float | None:
+        """Seconds until the next packet is due (None: nothing in flight)."""
+        return max(0.0, self.queue[0][0] - now) if self.queue else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = json.loads((argv if argv is not None else sys.argv[1:])[0])
+    fds = [open_tun(ns, config["dev"]) for ns in config["namespaces"]]
+    forwarder = Forwarder(fds, config["subnet"], config["delays"])
+    control = sys.stdin.fileno()
+    os.set_blocking(control, False)
+    print("ready", flush=True)
+    pending = b""
+    watched = [control, *fds]
+    while True:
+        now = time.monotonic()
+        ready, _, _ = select.select(watched, [], [], forwarder.timeout(now))
+        now = time.monotonic()
+        for fd in ready:
+            if fd != control:
+                forwarder.take(fd, now)
+                continue
+            try:
+                chunk = os.read(control, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:  # the hosts are gone
+                return 0
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                words = line.decode().split()
+                if len(words) == 3 and words[0] == "delay":
+                    forwarder.delays[int(words[1])] = float(words[2])
+        forwarder.deliver(now)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
