@@ -2,8 +2,9 @@
 
 Network namespaces (:class:`frugalrl.netem.TestHosts`): host 0 runs the Ray head with 0 CPUs and the PPO driver
 (``frugalrl train ppo --backend ray``), each of ``--hosts`` more hosts (default 1) a Ray worker node; the env
-workers fill them. For each link rate (``tbf`` on every host's egress, so host 0's is the learner's link; this
-kernel has no netem, so no delay) and each sync setting (``every``: fp32 weights after every update; ``aaps``: AAPS
+workers fill them. For each link rate (``tbf`` on every host's egress, so host 0's is the learner's link), each
+one-way delay (``--delays``: netem's, or where the kernel has none a TUN link's forwarder, :mod:`frugalrl.tunlink`)
+and each sync setting (``every``: fp32 weights after every update; ``aaps``: AAPS
 δ, fp32; ``aaps-bf16``: AAPS, bf16), one short run; wall time per PPO iteration is the ``time``
 column of the run's ``metrics.jsonl`` (last row / number of updates, and the median step between
 rows), bytes by kind come from ``summary.json``. Needs root, ``ip``/``tc`` and ray. Example::
@@ -50,9 +51,9 @@ def uplink_savings(rows: list[dict]) -> list[dict]:
     """For each (rate, sync) run with ``--uplink none`` and a compressing uplink: the link time the raw run's
     bytes take per iteration, the share of it the byte ratio should save, and the iteration time it did save."""
     out = []
-    raw = {(r["rate"], r["sync"]): r for r in rows if r["uplink"] == "none"}
+    raw = {(r["rate"], r.get("delay", "0"), r["sync"]): r for r in rows if r["uplink"] == "none"}
     for r in rows:
-        base = raw.get((r["rate"], r["sync"]))
+        base = raw.get((r["rate"], r.get("delay", "0"), r["sync"]))
         if base is None or r is base:
             continue
         link_s = base["bytes"]["total"] * 8 / _rate_bps(r["rate"]) / base["updates"]
@@ -65,24 +66,34 @@ def uplink_savings(rows: list[dict]) -> list[dict]:
     return out
 
 
-def model_check(rows: list[dict]) -> list[dict]:
+def _key(r: dict) -> tuple:
+    """What a run's setting is, besides its worker count (runs before ``--delays`` had no delay)."""
+    return r["rate"], r.get("delay", "0"), r["sync"], r["uplink"]
+
+
+def model_check(rows: list[dict], base_delay: str | None = None) -> list[dict]:
     """frugalrl.scale_model's predictions for every run from the smallest worker count's run of the same link,
-    sync and uplink (its bytes, its rollout time less its transfers, its update time per sample), against what
-    each run measured: bytes per iteration each way and the median seconds per iteration."""
+    sync and uplink (its bytes, its rollout time less its transfers and latency, its update time per sample) and,
+    with ``base_delay``, of that delay (the model then adds the other delays' round trips), against what each run
+    measured: bytes per iteration each way and the median seconds per iteration."""
     from frugalrl.scale_model import RunFigures, predict
 
     out = []
     for r in rows:
-        same = [q for q in rows if (q["rate"], q["sync"], q["uplink"]) == (r["rate"], r["sync"], r["uplink"])]
+        rate, delay, sync, uplink = _key(r)
+        same = [q for q in rows if _key(q) == (rate, delay if base_delay is None else base_delay, sync, uplink)]
+        if not same:
+            continue
         base = min(same, key=lambda q: q["workers"])
         link = None if r["rate"] == "unshaped" else _rate_bps(r["rate"]) / 1e9
-        fig = RunFigures.from_summary(base["summary"], link)
+        fig = RunFigures.from_summary(base["summary"], link, rtt_s=base.get("rtt_s", 0.0))
         scale = r["summary"]["details"]["envs_per_worker"] / base["summary"]["details"]["envs_per_worker"]
         p = predict(fig, r["workers"], link, worker_cores=os.cpu_count(), env_scale=scale,
-                    iterations=r["updates"])
+                    iterations=r["updates"], rtt_s=r.get("rtt_s", 0.0))
         measured = {"s_per_iter": r["s_per_iter_median"], "up_bytes_per_iter": r["up_bytes_per_iter"],
                     "down_bytes_per_iter": r["down_bytes_per_iter"]}
-        out.append({"rate": r["rate"], "sync": r["sync"], "uplink": r["uplink"], "workers": r["workers"],
+        out.append({"rate": r["rate"], "delay": delay, "sync": r["sync"], "uplink": r["uplink"],
+                    "workers": r["workers"], "from_delay": _key(base)[1],
                     "from_workers": base["workers"], "predicted": p, "measured": measured,
                     "error": {k: p[k] / v - 1 if v else None for k, v in measured.items()}})
     return out
@@ -96,14 +107,15 @@ def plot_model(model: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for i, key in enumerate(sorted({(m["rate"], m["sync"], m["uplink"]) for m in model})):
-        rows = sorted((m for m in model if (m["rate"], m["sync"], m["uplink"]) == key), key=lambda m: m["workers"])
+    for i, key in enumerate(sorted({_key(m) for m in model})):
+        rows = sorted((m for m in model if _key(m) == key), key=lambda m: m["workers"])
         w = [m["workers"] for m in rows]
         color = f"C{i}"
         for ax, get in ((axes[0], lambda d: d["s_per_iter"]),
                         (axes[1], lambda d: (d["up_bytes_per_iter"] + d["down_bytes_per_iter"]) / 1e6)):
-            ax.plot(w, [get(m["predicted"]) for m in rows], "-", color=color, label=f"{key[0]} {key[1]} (model)")
-            ax.plot(w, [get(m["measured"]) for m in rows], "o", color=color, label=f"{key[0]} {key[1]} (measured)")
+            name = f"{key[0]} {key[2]}" if key[1] == "0" else f"{key[0]} {key[1]} {key[2]}"
+            ax.plot(w, [get(m["predicted"]) for m in rows], "-", color=color, label=f"{name} (model)")
+            ax.plot(w, [get(m["measured"]) for m in rows], "o", color=color, label=f"{name} (measured)")
     for ax, label in zip(axes, ("seconds per iteration", "MB per iteration (both directions)"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("workers")
@@ -119,7 +131,7 @@ def remodel(path: Path) -> None:
     """Replace a results file's ``model`` with this commit's predictions from the same measured runs (the runs stay
     as measured; ``model_from`` records the recomputation)."""
     out = json.loads(path.read_text())
-    out["model"] = model_check(out["runs"])
+    out["model"] = model_check(out["runs"], out["config"].get("model_from_delay"))
     out["model_from"] = {"command": " ".join(shlex.quote(a) for a in sys.argv), "commit": measured_commit(),
                          "date": time.strftime("%Y-%m-%d")}
     if len({r["workers"] for r in out["runs"]}) > 1:
@@ -132,6 +144,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="LunarLander-v3")
     parser.add_argument("--rates", default="1gbit,100mbit,10mbit")
+    parser.add_argument("--delays", default="0",
+                        help="one-way delays on every host's egress, e.g. 0,10ms (netem, or a TUN link without it)")
+    parser.add_argument("--model-from-delay", default=None, metavar="DELAY",
+                        help="model every delay from the runs at this one (default: each from its own)")
     parser.add_argument("--syncs", default="every,aaps")
     parser.add_argument("--uplinks", default="auto",
                         help="--uplink options to run (e.g. none,auto); 'none' also sends full behaviour parameters "
@@ -174,13 +190,17 @@ def main() -> None:
     if args.hosts < 1 or max(args.workers) < args.hosts:
         sys.exit(f"--hosts must be in [1, the largest worker count], got {args.hosts}")
     per_host = -(-max(args.workers) // args.hosts)  # CPUs per worker node: the most workers fill every host
-    with tempfile.TemporaryDirectory(prefix="frl-shaped-") as run_dir, netem.TestHosts(n=args.hosts + 1) as hosts, \
-            RayCluster(hosts, worker_cpus=per_host) as cluster:
-        for rate in args.rates.split(","):
-            hosts.shape(rate=rate)
+    delays = args.delays.split(",")
+    delayed = any(netem.parse_delay(d) > 0 for d in delays)
+    link = "tun" if delayed and not netem.netem_available()[0] else "veth"
+    with tempfile.TemporaryDirectory(prefix="frl-shaped-") as run_dir, \
+            netem.TestHosts(n=args.hosts + 1, link=link) as hosts, RayCluster(hosts, worker_cpus=per_host) as cluster:
+        for rate, delay in [(r, d) for r in args.rates.split(",") for d in delays]:
+            one_way = netem.parse_delay(delay)
+            hosts.shape(rate=rate, delay=delay if one_way > 0 else None)
             for sync, uplink, workers in [(s, u, w) for s in args.syncs.split(",") for u in args.uplinks.split(",")
                                           for w in sorted(args.workers)]:
-                name = f"{rate}-{sync}-{uplink}-w{workers}"
+                name = f"{rate}-{sync}-{uplink}-w{workers}" + (f"-d{delay}" if one_way > 0 else "")
                 k = args.total_envs // workers if args.total_envs else args.envs_per_worker
                 batch = workers * k * args.num_steps
                 total = args.iterations * batch if args.iterations else args.total_timesteps
@@ -206,7 +226,8 @@ def main() -> None:
                 times = [m["time"] for m in metrics if "losses/policy" in m]
                 steps = [b - a for a, b in zip(times, times[1:], strict=False)]
                 rows.append({
-                    "rate": rate, "sync": sync, "uplink": uplink, "workers": workers, "hosts": args.hosts,
+                    "rate": rate, "delay": delay, "rtt_s": 2 * one_way, "link": link,
+                    "sync": sync, "uplink": uplink, "workers": workers, "hosts": args.hosts,
                     "updates": summary["updates"],
                     "env_steps": summary["env_steps"],
                     "up_bytes_per_iter": sum(summary["bytes"]["up"].values()) / summary["updates"],
@@ -227,24 +248,27 @@ def main() -> None:
         hosts.shape()
 
     print()
-    print("| link | sync | uplink | updates | ms / iteration (mean) | ms / iteration (median) | syncs | "
+    print("| link | delay | sync | uplink | updates | ms / iteration (mean) | ms / iteration (median) | syncs | "
           + " | ".join(f"{k} MB" for k in ("observations", "behaviour", "weights", "total")) + " |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mb = " | ".join(f"{r['bytes'][k] / 1e6:.2f}" for k in ("observations", "behaviour", "weights", "total"))
-        print(f"| {r['rate']} | {r['sync']} | {r['uplink']} | {r['updates']} | {r['s_per_iter'] * 1e3:.0f} | "
+        print(f"| {r['rate']} | {r['delay']} | {r['sync']} | {r['uplink']} | {r['updates']} | {r['s_per_iter'] * 1e3:.0f} | "
               f"{r['s_per_iter_median'] * 1e3:.0f} | {r['weight_syncs']} | {mb} |")
     out: dict = {
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "config": vars(args),
         "cluster": f"Ray head (0 CPUs) + driver in netns host 0, a Ray worker node ({per_host} CPUs) in each of "
-                   f"{args.hosts} more netns hosts; tbf rate on every host's egress",
+                   f"{args.hosts} more netns hosts; tbf rate on every host's egress"
+                   + (f"; hosts joined by {link} devices" + (" and frugalrl.tunlink's forwarder (the delay)"
+                                                              if link == "tun" else "")),
+        "commit": measured_commit(),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "ray": ray.__version__},
         "total_seconds": time.monotonic() - t_start,
         "runs": rows,
         "uplink_savings": uplink_savings(rows),
-        "model": model_check(rows),
+        "model": model_check(rows, args.model_from_delay),
     }
     if len(args.workers) > 1:
         plot_model(out["model"], Path(args.out).with_suffix(".png"))

@@ -60,3 +60,26 @@ def t_scale_model_parts(arg: str) -> list[Table]:
     header = ["setting", "workers", "measured s/iter", "model", "error", "rollout's error", "update s: measured",
               "model", "error", "up bytes error"]
     return [Table(header, rows, sources=[s.name], commands=[s.command()], align="ll" + "r" * 8)]
+
+
+def t_link_latency(arg: str) -> list[Table]:
+    """Link latency (``shaped_links.py --delays``): seconds per iteration with the weights in the rollout request
+    (the first file) against weights sent on their own (the second, the same command before that change), and the
+    model's prediction from the runs without delay."""
+    now, before = (Source(name) for name in arg.split())
+    old = {(r["delay"], r["sync"], r["workers"]): i for i, r in enumerate(before("runs"))}
+    models = {(m["delay"], m["sync"], m["workers"]): i for i, m in enumerate(now("model"))}
+    rows: list[list[Cell]] = []
+    for i, r in enumerate(now("runs")):
+        key = (r["delay"], r["sync"], r["workers"])
+        m = models[key]
+        rows.append([[r["delay"]], [r["sync"]], [str(r["workers"])],
+                     [before.num("runs", old[key], "s_per_iter_median", fmt=".0f", scale=1e3)],
+                     [now.num("runs", i, "s_per_iter_median", fmt=".0f", scale=1e3)],
+                     [now.num("model", m, "predicted", "s_per_iter", fmt=".0f", scale=1e3)],
+                     [now.num("model", m, "error", "s_per_iter", fmt="+.0%")],
+                     [now.num("runs", i, "weight_syncs", fmt="d")]])
+    header = ["one-way delay", "sync", "workers", "ms/iter, weights on their own", "ms/iter, weights in the request",
+              "model (from no delay)", "error", "syncs"]
+    return [Table(header, rows, sources=[now.name, before.name], commands=[now.command(), before.command()],
+                  align="lllrrrrr")]

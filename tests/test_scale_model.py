@@ -78,6 +78,22 @@ def test_a_shaped_runs_own_transfers_leave_its_compute_time():
     assert predict(f, 2, link)["s_per_iter"] == pytest.approx(0.2 + 1024 / 10_240)  # itself, back again
 
 
+def test_latency_is_one_round_trip_an_iteration_syncs_or_not():
+    """The weights ride in the rollout request: every-update syncs and AAPS's rare ones wait for the same single
+    round trip an iteration, at any worker count; a run's own latency leaves its compute time as its transfers do."""
+    every = RunFigures.from_summary(summary(syncs=20))  # q = 1
+    rare = RunFigures.from_summary(summary(syncs=2))  # q = 0.1
+    rtt = 0.02
+    for fig in (every, rare):
+        for n in (1, 16):
+            assert predict(fig, n, None, rtt_s=rtt)["latency_s"] == rtt
+    assert (predict(every, 4, None, rtt_s=rtt)["s_per_iter"] - predict(every, 4, None)["s_per_iter"]
+            == pytest.approx(rtt))
+    delayed = RunFigures.from_summary(summary(), rtt_s=rtt)
+    assert delayed.rollout_compute_s() == pytest.approx(0.2 - rtt)
+    assert predict(delayed, 2, None, rtt_s=rtt)["s_per_iter"] == pytest.approx(0.2 + 1024 / 10_240)  # itself
+
+
 def test_serving_moves_from_the_rollout_to_a_per_sample_term():
     """Serving measured elsewhere leaves the measured rollout, then grows with the samples; the core saturates
     on serving and update together."""

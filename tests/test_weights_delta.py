@@ -25,7 +25,7 @@ from frugalrl.wire.delta import (
     undo_difference,
     weights_update,
 )
-from frugalrl.wire.message import Message, decode_message, encode_message, message_sizes
+from frugalrl.wire.message import Message, carried, decode_message, encode_message, message_sizes
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -191,12 +191,14 @@ def _workers(env: ClusterEnv) -> list[EnvWorker]:
 
 
 def _record_requests(env: ClusterEnv) -> list[tuple[int, Message]]:
-    """Every (worker, request) sent from now on."""
+    """Every (worker, request) sent from now on, the weights a request carries (a rollout's) just before it."""
     sent: list[tuple[int, Message]] = []
     request = env.backend.request
 
     def recording(requests):
-        sent.extend(requests.items())
+        for w, msg in requests.items():
+            inside = carried(msg)
+            sent.extend([(w, inside), (w, msg)] if inside is not None else [(w, msg)])
         return request(requests)
 
     env.backend.request = recording
@@ -239,6 +241,54 @@ def test_serial_and_local_count_the_same_delta_bytes(closing):
     assert stats["serial"]["weight_syncs"] == stats["local"]["weight_syncs"]
     assert stats["serial"]["weight_syncs"]["delta"] == 8  # every sync after the first, to both workers
     assert stats["serial"]["bytes"] == stats["local"]["bytes"]
+
+
+@pytest.mark.parametrize("backend", ["serial", "local"])
+def test_a_sync_rides_in_the_rollout_request_and_changes_nothing_else(backend, closing):
+    """A rollout that syncs sends each chosen worker one request carrying the weights (one round trip, not two):
+    the same rollouts, versions, syncs and weight bytes as weights sent on their own first, and no more header
+    bytes (one header fewer per sync, the rollout's unnumbered where it carries)."""
+    envs = [closing(ClusterEnv("CartPole-v1", 2, 2, backend=backend, seed=4, weights_codec="bf16", sync=rule))
+            for rule in (AAPS(0.01), AAPS(0.01))]
+    sent = _record_requests(envs[1])
+    outs = []
+    for i, env in enumerate(envs):
+        agent = fresh_agent(env, seed=5)
+        opt = torch.optim.Adam(agent.parameters(), lr=3e-2)
+        out = []
+        for _ in range(6):
+            if i == 0:
+                env.send_weights(agent)  # on its own: the rollout then finds nothing to sync
+            ro = env.rollout(agent, 16)
+            out += [ro.obs, ro.actions, ro.behaviour_logp, ro.versions]
+            opt.zero_grad()
+            (-torch.log_softmax(agent.dist_params(torch.from_numpy(ro.obs.reshape(-1, 4))), -1)[:, 0].mean()).backward()
+            opt.step()
+        outs.append(out)
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    alone, riding = (env.stats() for env in envs)
+    assert alone["weight_syncs"] == riding["weight_syncs"] and riding["weight_syncs"]["total"] > 2
+    assert alone["bytes"]["weights"] == riding["bytes"]["weights"]
+    assert riding["bytes"]["control"] <= alone["bytes"]["control"]
+    rollouts = [m for _, m in sent if m.op == "rollout"]
+    assert [m.op for _, m in sent].count("weights") == riding["weight_syncs"]["total"]  # every one carried
+    assert len(rollouts) == 2 * 6 and sum("carries" in m.meta for m in rollouts) == riding["weight_syncs"]["total"]
+
+
+def test_a_request_carries_weights_and_nothing_else():
+    """A worker loads the weights a request carries before answering it; it refuses to run any other operation
+    that way (nothing but weights may ride in a request)."""
+    from frugalrl.wire.message import carrying
+
+    worker = EnvWorker(0, to_env_spec("CartPole-v1"), 1)
+    reply = worker.handle(carrying(Message("reset", {"seed": 1}), Message("close")))
+    assert reply.op == "error" and "weights only" in reply.meta["error"]
+    with pytest.raises(ValueError, match="cannot carry"):
+        carrying(carrying(Message("rollout"), Message("weights")), Message("weights"))
+    with pytest.raises(ValueError, match="has arrays"):
+        carrying(Message("step", {}, {"actions": np.zeros(2)}), Message("weights"))
+    worker.close()
 
 
 def test_a_refused_delta_is_followed_by_a_full_copy_and_the_spec_goes_once(closing, caplog):

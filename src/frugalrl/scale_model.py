@@ -1,8 +1,7 @@
 """What a ClusterEnv PPO or IMPALA run would cost at N workers: bytes and seconds per iteration, the learner's link
 and CPU load, and the worker count at which either saturates (``frugalrl scale-model RUN_DIR``).
 
-A first-order model of PPO's synchronous loop (and of IMPALA's, whose next rollout runs during the update: an
-iteration is then the longer of the two, see :func:`predict`), read from one measured run (its ``summary.json``):
+A first-order model of PPO's loop (IMPALA's overlapped one: :func:`predict`), from one run's ``summary.json``:
 
 - every worker sends ``up`` bytes per env step and ``h`` of headers per iteration (paid per message), and receives
   ``down`` per env step plus, ``q`` times per iteration (AAPS: ``q`` < 1, not below ``1/lag_bound``: a floor the
@@ -11,17 +10,18 @@ iteration is then the longer of the two, see :func:`predict`), read from one mea
   share ``worker_cores`` cores), their fragments going up, the head's serving and the learner's update:
 
       s_per_iter(N) = N·(q·w + F/I)·8/L + rollout_compute · c(N)/c(W) + N·(E·up + h)·8/L + update_fixed
-                      + (serve + update)_per_sample · N·E
+                      + (serve + update)_per_sample · N·E + RTT
 
-  with c(n) = max(1, n / worker_cores). One run cannot tell serving (decode, KL, recompute, assembly) from waiting,
-  nor the update's fixed part from its per-sample part: both are given (``benchmarks/learner_capacity.py``
-  measures serving; :meth:`RunFigures.with_update_fit` fits the update on a second run), else 0.
+  with c(n) = max(1, n / worker_cores) and RTT the link's round trip (one per iteration: a worker's weights ride
+  in its rollout request). One run cannot tell serving (decode, KL, recompute, assembly) from waiting, nor the
+  update's fixed part from its per-sample part: both are given (``benchmarks/learner_capacity.py`` measures
+  serving; :meth:`RunFigures.with_update_fit` fits the update on a second run), else 0.
 - Steady-state load at a worker step rate ``r`` (env steps/s per worker): the link carries N·r·(up + h/E) and
   N·r·(down + q·w/E) bytes/s (headers down included), and the learner core spends ``(serve + update)_per_sample``
   per env step; each saturates at the N where that reaches the link rate or one core.
 
-It leaves out latency (a shaped link here has none), stragglers, uplink codecs whose ratio changes with N, AAPS's
-sync rate changing as the policy converges. docs/multi-node.md#scale-model: its checks against runs.
+It leaves out the transport's own round trips (after an idle spell TCP sends a reply over ~14.5 kB in more than
+one), stragglers, codec ratios and AAPS's sync rate changing with N (docs/multi-node.md#scale-model: its checks).
 """
 
 from __future__ import annotations
@@ -72,9 +72,11 @@ class RunFigures:
     lag_bound: int | None = None
     """The sync rule's bound on a worker's lag in updates (AAPS's guard): a worker syncs at least once every
     ``lag_bound`` updates, whatever its KL; None: no bound (or not recorded)."""
+    rtt_s: float = 0.0
+    """The round-trip time of the measured run's learner link (0: none, or not known)."""
 
     @classmethod
-    def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None) -> RunFigures:
+    def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None, rtt_s: float = 0.0) -> RunFigures:
         """From a PPO or IMPALA run's ``summary.json`` (a ClusterEnv run, with its rollout and update seconds)."""
         d, b = summary.get("details", {}), summary.get("bytes", {})
         missing = [k for k in ("workers", "envs_per_worker", "num_steps", "rollout_seconds", "learner_update_seconds")
@@ -102,7 +104,7 @@ class RunFigures:
                    syncs_per_worker_iter=later / updates / workers,
                    rollout_s_per_iter=d["rollout_seconds"] / rollouts,
                    update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit,
-                   overlap=bool(d.get("overlap", False)), lag_bound=_lag_bound(summary))
+                   overlap=bool(d.get("overlap", False)), lag_bound=_lag_bound(summary), rtt_s=rtt_s)
 
     @classmethod
     def from_run(cls, run_dir: str | Path, link_gbit: float | None = None) -> RunFigures:
@@ -141,12 +143,20 @@ class RunFigures:
         return min(self.syncs_per_worker_iter, 1.0 / self.lag_bound) if self.lag_bound else 0.0
 
     def rollout_compute_s(self) -> float:
-        """The measured rollout time less the measured run's own transfers over its link and its serving."""
+        """The measured rollout time less the measured run's own transfers over its link, their latency and its
+        serving."""
         serve = self.serve_s_per_sample * self.workers * self.env_steps_per_worker_iter
+        latency = self.latency_s(self.rtt_s)
         if self.link_gbit is None:
-            return max(0.0, self.rollout_s_per_iter - serve)
+            return max(0.0, self.rollout_s_per_iter - serve - latency)
         up, down = self.bytes_per_iter(self.workers, iterations=self.iterations or None)
-        return max(0.0, self.rollout_s_per_iter - serve - (up + down) * 8 / (self.link_gbit * 1e9))
+        return max(0.0, self.rollout_s_per_iter - serve - latency - (up + down) * 8 / (self.link_gbit * 1e9))
+
+    @staticmethod
+    def latency_s(rtt_s: float) -> float:
+        """The round trips of an iteration on a link of ``rtt_s``: one, the rollout request's (weights ride in it,
+        :meth:`frugalrl.envs.syncing.WeightSyncs._request_with_weights`), every worker's at once."""
+        return rtt_s
 
 
 def _lag_bound(summary: dict[str, Any]) -> int | None:
@@ -166,8 +176,10 @@ def contention(workers: int, worker_cores: int | None) -> float:
 
 
 def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores: int | None = None,
-            env_scale: float = 1.0, overlap: bool | None = None, iterations: int | None = None) -> dict[str, Any]:
-    """Bytes and seconds per iteration at ``workers`` workers on a learner link of ``link_gbit`` (None: no limit),
+            env_scale: float = 1.0, overlap: bool | None = None, iterations: int | None = None,
+            rtt_s: float = 0.0) -> dict[str, Any]:
+    """Bytes and seconds per iteration at ``workers`` workers on a learner link of ``link_gbit`` (None: no limit)
+    and ``rtt_s`` of round-trip time,
     each worker with ``env_scale`` times the measured run's envs (e.g. ½ for the same total envs on twice the
     workers): its env steps, experience bytes and compute scale with it; its weights messages do not. In a run of
     ``iterations`` (each worker's first full copy spread over them); None: steady state, a long run.
@@ -177,7 +189,7 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     serving) and the learner core's work (serving and update share that core)."""
     overlap = fig.overlap if overlap is None else overlap
     up, down = fig.bytes_per_iter(workers, env_scale, iterations)
-    link_s = 0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)
+    link_s = (0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)) + fig.latency_s(rtt_s)
     compute = (fig.rollout_compute_s() * env_scale * contention(workers, worker_cores)
                / contention(fig.workers, worker_cores))
     samples = workers * fig.env_steps_per_worker_iter * env_scale
@@ -186,7 +198,8 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     s_per_iter = max(link_s + compute + serve, serve + update) if overlap else link_s + compute + serve + update
     down_floor = fig.bytes_per_iter(workers, env_scale, iterations, fig.sync_floor())[1]
     return {"workers": workers, "up_bytes_per_iter": up, "down_bytes_per_iter": down,
-            "down_bytes_per_iter_floor": down_floor, "link_s": link_s, "rollout_compute_s": compute, "serve_s": serve,
+            "down_bytes_per_iter_floor": down_floor, "link_s": link_s, "latency_s": fig.latency_s(rtt_s),
+            "rollout_compute_s": compute, "serve_s": serve,
             "update_s": update, "s_per_iter": s_per_iter}
 
 
@@ -210,15 +223,18 @@ def saturation(fig: RunFigures, step_rate: float | None = None,
 def report(run_dir: str | Path, workers: list[int], link_gbit: float | None, run_link_gbit: float | None = None,
            worker_cores: int | None = None, step_rate: float | None = None,
            same_total_envs: bool = False, serve_us_per_step: float = 0.0,
-           update_fit_run: str | Path | None = None) -> dict[str, Any]:
+           update_fit_run: str | Path | None = None, rtt_s: float = 0.0, run_rtt_s: float = 0.0) -> dict[str, Any]:
     """The model's figures, predictions at ``workers`` and saturation counts, as ``frugalrl scale-model`` prints;
     ``same_total_envs`` spreads the run's envs over each worker count instead of giving each worker as many;
-    ``update_fit_run``, a run of the same update at another batch size, splits off the update's fixed part."""
-    fig = replace(RunFigures.from_run(run_dir, run_link_gbit), serve_s_per_sample=serve_us_per_step * 1e-6)
+    ``update_fit_run``, a run of the same update at another batch size, splits off the update's fixed part;
+    ``rtt_s`` and ``run_rtt_s``: the round trips of the predicted link and of the measured run's."""
+    fig = replace(RunFigures.from_run(run_dir, run_link_gbit), serve_s_per_sample=serve_us_per_step * 1e-6,
+                  rtt_s=run_rtt_s)
     if update_fit_run is not None:
         fig = fig.with_update_fit(RunFigures.from_run(update_fit_run))
     return {"figures": asdict(fig), "link_gbit": link_gbit, "worker_cores": worker_cores,
             "same_total_envs": same_total_envs,
-            "predictions": [predict(fig, n, link_gbit, worker_cores, fig.workers / n if same_total_envs else 1.0)
-                            for n in workers],
+            "rtt_s": rtt_s,
+            "predictions": [predict(fig, n, link_gbit, worker_cores, fig.workers / n if same_total_envs else 1.0,
+                                    rtt_s=rtt_s) for n in workers],
             "saturation": saturation(fig, step_rate)}

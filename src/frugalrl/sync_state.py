@@ -150,17 +150,27 @@ class PolicySync:
         replaces a worker that fails and asks :meth:`message` again). A worker that refuses a delta (it does not
         hold its base: a reply lost, a worker replaced unseen) is sent a full copy."""
         requests = {w: self.message(agent, w) for w in workers}
-        replies = request(requests)
+        refused = self.refusals(request(requests))
+        if refused:
+            request({w: self.message(agent, w) for w in refused})
+        self.acknowledged(agent, requests)
+
+    def refusals(self, replies: dict[int, Message]) -> list[int]:
+        """The workers whose reply refused a weights delta (each then holds nothing the head can name: its next
+        message is a full copy), said once each."""
         refused = [w for w, reply in replies.items() if reply.op == "refused"]
         for w in refused:
             log.warning("frugalrl: worker %d refused a weights delta (%s); sending a full copy", w,
                         replies[w].meta.get("error"))
             self._bases[w] = None
-        if refused:
-            request({w: self.message(agent, w) for w in refused})
+        return refused
+
+    def acknowledged(self, agent: ActorCritic, requests: dict[int, Message]) -> None:
+        """The weights ``requests`` reached their workers (a refused delta followed by a full copy): they hold the
+        learner's version now."""
         # A delta reached each worker that still has a base (not refused, not replaced on the way).
-        self.delta_syncs += sum("base" in requests[w].meta and self._bases[w] is not None for w in workers)
-        self.sent(agent, workers)
+        self.delta_syncs += sum("base" in msg.meta and self._bases[w] is not None for w, msg in requests.items())
+        self.sent(agent, list(requests))
 
     def sent(self, agent: ActorCritic, workers: list[int]) -> None:
         """Record that ``workers`` now hold the learner's version (its words and spec).

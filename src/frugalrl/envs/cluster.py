@@ -38,7 +38,6 @@ from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
 from frugalrl.envs.batching import (
     assemble_rollout,
     check_actions,
-    check_agent_fits,
     merge_infos,
     reset_requests,
     rollout_bound,
@@ -50,6 +49,7 @@ from frugalrl.envs.pool import AsyncSteps
 from frugalrl.envs.restarts import CrashLoopRule, Replacements
 from frugalrl.envs.spaces import Batches, check_inference, check_worker_spaces, probe
 from frugalrl.envs.spec import EnvSpec, to_env_spec
+from frugalrl.envs.syncing import WeightSyncs
 from frugalrl.envs.worker import compact_int_dtype
 from frugalrl.experience import space_shape
 from frugalrl.nets import ActorCritic, as_agent
@@ -74,7 +74,7 @@ _EXPERIENCE_REPLIES = ("step", "rollout")
 """Replies that mean a worker did useful work (a reset or a weights message does not)."""
 
 
-class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Behaviours,  # type: ignore[misc]
+class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Behaviours, WeightSyncs,  # type: ignore[misc]
                  gym.vector.VectorEnv):
     """A distributed Gymnasium vector env with worker-side inference and adaptive policy sync.
 
@@ -359,7 +359,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             self.reset(seed=self.seed)
         for w in self._recycle_large_workers():
             self._reset_worker(w, seed=None)
-        self.send_weights(agent)
+        chosen = self._sync_choice(agent)
         self.backend.reserve(
             rollout_bound(self.single_observation_space, self.single_action_space, self.envs_per_worker, num_steps), 0
         )
@@ -372,10 +372,12 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             self._send_weights(agent, [w])
             return msg
 
+        # A worker that syncs gets the weights in its rollout request (one round trip, not two); the head then
+        # holds the words it acts with, so its behaviour can be recomputed.
         recomputable = self.uplink.behaviour == "recompute"
-        requests = {w: recompute if recomputable and self.policies.can_recompute(w, agent) else msg
+        requests = {w: recompute if recomputable and (w in chosen or self.policies.can_recompute(w, agent)) else msg
                     for w in range(self.num_workers)}
-        replies = self._request(requests, on_failure=recover)
+        replies = self._request_with_weights(agent, requests, chosen, recover)
         # Every worker replaced during this call (in its sync too: its envs were reset) is reported.
         restarted = [e["worker"] for e in self.restart_events[first_event:]]
         # The recomputed behaviour's matmuls, off the workers' cores (the limit costs tens of µs: only when used).
@@ -396,27 +398,6 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
     def render(self) -> tuple[Any, ...]:
         """Every env's ``render()`` (frames travel back as arrays), as AsyncVectorEnv's."""
         return self.call("render")
-
-    # ------------------------------------------------------------------ policy sync
-    def send_weights(self, agent: torch.nn.Module, force: bool = False) -> list[int]:
-        """Send the agent's weights to the workers the sync rule picks (all of them if ``force``)."""
-        self._check_open()
-        agent = as_agent(agent)
-        if self.policies.is_new_agent(agent):
-            check_agent_fits(agent, self.single_observation_space, self.single_action_space)
-        self.policies.track(agent)
-        chosen = self.policies.stale() if force else self.policies.select(agent)
-        if chosen:
-            self._send_weights(agent, chosen)
-        return chosen
-
-    def _send_weights(self, agent: ActorCritic, workers: list[int]) -> None:
-        def recover(w: int, reason: str) -> Message:
-            self._restart(w, reason)
-            self._reset_worker(w, seed=None)
-            return self.policies.message(agent, w)  # a full copy: the new worker holds nothing
-
-        self.policies.push(agent, workers, lambda requests: self._request(requests, on_failure=recover))
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:

@@ -77,6 +77,27 @@ class Message:
         return self.kinds.get(name) or default_kind(name)
 
 
+def carrying(msg: Message, extra: Message) -> Message:
+    """``msg``, a request of no arrays of its own, with ``extra`` inside it (its op and meta under
+    ``meta["carries"]``, its arrays as the message's): one message, answered in one round trip, where the two
+    would take two on a link with latency. The receiver handles :func:`carried` first."""
+    if "carries" in msg.meta or msg.arrays:
+        raise ValueError(f"a {msg.op!r} message cannot carry a {extra.op!r} one (it carries one, or has arrays)")
+    return Message(msg.op, {**msg.meta, "carries": {"op": extra.op, "meta": extra.meta}}, dict(extra.arrays),
+                   dict(extra.codecs), dict(extra.kinds))
+
+
+def carried(msg: Message) -> Message | None:
+    """The message :func:`carrying` put inside ``msg`` (with ``msg``'s arrays, shared, not copied), or None;
+    ``WireError`` for a ``carries`` entry that does not describe one."""
+    inside = msg.meta.get("carries")
+    if inside is None:
+        return None
+    if not isinstance(inside, dict) or not isinstance(inside.get("op"), str) or not isinstance(inside.get("meta"), dict):
+        raise WireError(f"a {msg.op!r} message carries something that is not a message: {inside!r}")
+    return Message(inside["op"], inside["meta"], msg.arrays, msg.codecs, msg.kinds)
+
+
 def _specs(msg: Message) -> list[list[Any]]:
     """Array specs ``[name, dtype, shape, codec?, kind?]``: codec and kind only when not the defaults."""
     specs = []
