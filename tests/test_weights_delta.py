@@ -276,6 +276,64 @@ def test_a_sync_rides_in_the_rollout_request_and_changes_nothing_else(backend, c
     assert len(rollouts) == 2 * 6 and sum("carries" in m.meta for m in rollouts) == riding["weight_syncs"]["total"]
 
 
+def test_step_with_an_agent_carries_its_weights_too(closing):
+    """``step(agent)``'s act_step requests carry the weights of the workers that sync: no weights request of their
+    own, the same actions and versions as weights sent first."""
+    envs = [closing(ClusterEnv("CartPole-v1", 2, 2, backend="serial", seed=6, sync=EveryUpdate())) for _ in range(2)]
+    sent = _record_requests(envs[1])
+    outs = []
+    for i, env in enumerate(envs):
+        agent = fresh_agent(env, seed=7)
+        env.reset(seed=6)
+        out = []
+        for t in range(6):
+            if t % 2 == 0:
+                with torch.no_grad():
+                    for p in agent.parameters():
+                        p.add_(0.01)  # a new version: every worker syncs
+                if i == 0:
+                    env.send_weights(agent)
+            obs, _, _, _, infos = env.step(agent)
+            out += [obs, infos["actions"], infos["policy_version"]]
+        outs.append(out)
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert [m.op for _, m in sent].count("weights") == envs[1].stats()["weight_syncs"]["total"] == 6
+    assert sum("carries" in m.meta for _, m in sent if m.op == "act_step") == 6
+
+
+def test_a_request_that_fails_after_its_carried_weights_leaves_the_worker_resynced(closing, caplog):
+    """An env that raises in a rollout whose request carried a delta: the head cannot tell whether the worker loaded
+    it, so it takes the worker to hold nothing; caught, the next rollout sends it a full copy at once (not a delta
+    against the copy it held before, which it would refuse)."""
+    env = closing(ClusterEnv("CartPole-v1", 2, 2, backend="serial", seed=8, sync=EveryUpdate()))
+    agent = fresh_agent(env, seed=9)
+    for _ in range(2):
+        env.rollout(agent, 8)
+        with torch.no_grad():
+            for p in agent.parameters():
+                p.add_(0.05)
+    inner = _workers(env)[1].group.envs[0]
+    step = inner.step
+
+    def raising(action):
+        inner.step = step
+        raise RuntimeError("the env broke")
+
+    inner.step = raising
+    with pytest.raises(RuntimeError, match="the env broke"):
+        env.rollout(agent, 8)  # worker 1 loaded the delta, then its env raised
+    assert env.worker_versions[1] is None  # what it holds: unknown
+    sent = _record_requests(env)
+    with caplog.at_level(logging.WARNING, logger="frugalrl"):
+        ro = env.rollout(agent, 8)
+    assert "refused" not in caplog.text
+    to_1 = [m for w, m in sent if w == 1 and m.op == "weights"]
+    assert len(to_1) == 1 and "base" not in to_1[0].meta and "spec" in to_1[0].meta  # a full copy
+    assert env.worker_versions == [env.learner_version] * 2
+    assert np.isfinite(ro.behaviour_logp).all()
+
+
 def test_a_request_carries_weights_and_nothing_else():
     """A worker loads the weights a request carries before answering it; it refuses to run any other operation
     that way (nothing but weights may ride in a request)."""

@@ -470,9 +470,10 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
                 self._reset_worker(w, seed=None, defer=True)
         return cut
 
-    def _request_step(self, requests: dict[int, Message], cut: Collection[int] = ()
-                      ) -> tuple[dict[int, Message], list[int]]:
-        """Send a step's requests; the replies, and the workers replaced during it or ``cut`` before it."""
+    def _request_step(self, requests: dict[int, Message], cut: Collection[int] = (), agent: ActorCritic | None = None,
+                      chosen: Collection[int] = ()) -> tuple[dict[int, Message], list[int]]:
+        """Send a step's requests (those of workers ``chosen`` carrying ``agent``'s weights); the replies, and the
+        workers replaced during it or ``cut`` before it."""
         restarted: list[int] = list(cut)
 
         def recover(w: int, reason: str) -> None:
@@ -482,7 +483,10 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             self._reset_worker(w, seed=None, defer=self.autoreset_mode != AutoresetMode.SAME_STEP)
             return None
 
-        replies = self._request(requests, on_failure=recover)
+        if agent is not None and chosen:
+            replies = self._request_with_weights(agent, requests, chosen, recover)
+        else:
+            replies = self._request(requests, on_failure=recover)
         return replies, sorted(set(restarted))
 
     def _finish_step(
@@ -531,12 +535,13 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         self._check_inference()
         first_event = len(self.restart_events)
         recycled = self._recycle_large_workers()
-        self.send_weights(agent)
+        chosen = self._sync_choice(agent)  # their weights ride in their act_step requests
         cut = self._cut_before_step({e["worker"] for e in self.restart_events[first_event:]} | set(recycled))
         msg = Message("act_step")
         states = self._obs
         assert states is not None, "step() checked that reset() was called"
-        replies, restarted = self._request_step({w: msg for w in range(self.num_workers) if w not in cut}, cut)
+        replies, restarted = self._request_step({w: msg for w in range(self.num_workers) if w not in cut}, cut,
+                                                agent, chosen)
         # A replaced worker needs weights again before its next act_step.
         for w in restarted:
             if self.worker_versions[w] != self.learner_version:

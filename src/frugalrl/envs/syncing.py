@@ -1,6 +1,7 @@
 """How ClusterEnv sends the learner's weights: to the workers its sync rule picks, on their own
 (:meth:`WeightSyncs.send_weights`) or inside the requests that need them (:meth:`WeightSyncs._request_with_weights`:
-a rollout's, so that a sync costs no round trip of its own on a link with latency; :func:`frugalrl.wire.message.carrying`).
+a rollout's or a ``step(agent)``'s, so that a sync costs no round trip of its own on a link with latency;
+:func:`frugalrl.wire.message.carrying`).
 
 Either way each worker gets a full copy or a delta against the copy it holds (:class:`frugalrl.sync_state.PolicySync`);
 one that refuses a delta (it does not hold its base) is sent a full copy, and only then its request.
@@ -8,7 +9,7 @@ one that refuses a delta (it does not hold its base) is sent a full copy, and on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 import gymnasium as gym
@@ -61,11 +62,12 @@ class WeightSyncs:
 
         self.policies.push(agent, workers, lambda requests: self._request(requests, on_failure=recover))
 
-    def _request_with_weights(self, agent: ActorCritic, requests: dict[int, Message], chosen: list[int],
+    def _request_with_weights(self, agent: ActorCritic, requests: dict[int, Message], chosen: Collection[int],
                               on_failure: Callable[[int, str], Message | None]) -> dict[int, Message]:
-        """Replies to ``requests``, the workers ``chosen`` getting the agent's weights inside theirs; a worker that
-        fails is ``on_failure``'s, which syncs it itself (as a rollout's recovery does)."""
-        weights = {w: self.policies.message(agent, w) for w in chosen}
+        """Replies to ``requests``, the workers ``chosen`` getting the agent's weights inside theirs (one chosen but
+        sent no request is not synced); a worker that fails is ``on_failure``'s and stays unsynced (it holds
+        nothing: a rollout's recovery syncs it, a step's next request does)."""
+        weights = {w: self.policies.message(agent, w) for w in chosen if w in requests}
         combined: dict[tuple[int, int], Message] = {}  # one object per distinct pair: Ray sends it once per node
         sent = {}
         for w, msg in requests.items():
@@ -82,9 +84,19 @@ class WeightSyncs:
             failed.add(w)
             return on_failure(w, reason)
 
-        replies = self._request(sent, on_failure=recover)
+        try:
+            replies = self._request(sent, on_failure=recover)
+        except BaseException:
+            # An error reply (or an interrupt) cannot say whether a worker loaded its weights before its request
+            # failed: the head takes it to hold nothing, so its next sync is a full copy with the spec.
+            for w in weights:
+                if w not in failed:
+                    self.policies.forget(w)
+            raise
         refused = self.policies.refusals({w: replies[w] for w in weights if w not in failed})
-        self.policies.acknowledged(agent, {w: m for w, m in weights.items() if w not in failed and w not in refused})
+        reached = {w: m for w, m in weights.items() if w not in failed and w not in refused}
+        if reached:
+            self.policies.acknowledged(agent, reached)
         if refused:  # these did not act on the request: a full copy first, then the request
             self._send_weights(agent, refused)
             replies.update(self._request({w: requests[w] for w in refused}, on_failure=on_failure))
