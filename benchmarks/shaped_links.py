@@ -146,6 +146,8 @@ def main() -> None:
     parser.add_argument("--rates", default="1gbit,100mbit,10mbit")
     parser.add_argument("--delays", default="0",
                         help="one-way delays on every host's egress, e.g. 0,10ms (netem, or a TUN link without it)")
+    parser.add_argument("--slow-start-after-idle", type=int, choices=(0, 1), default=None,
+                        help="set every host's net.ipv4.tcp_slow_start_after_idle (default: the kernel's, 1 on Linux)")
     parser.add_argument("--model-from-delay", default=None, metavar="DELAY",
                         help="model every delay from the runs at this one (default: each from its own)")
     parser.add_argument("--syncs", default="every,aaps")
@@ -195,6 +197,10 @@ def main() -> None:
     link = "tun" if delayed and not netem.netem_available()[0] else "veth"
     with tempfile.TemporaryDirectory(prefix="frl-shaped-") as run_dir, \
             netem.TestHosts(n=args.hosts + 1, link=link) as hosts, RayCluster(hosts, worker_cpus=per_host) as cluster:
+        if args.slow_start_after_idle is not None:  # each namespace has its own TCP settings
+            for i in range(hosts.n):
+                hosts.run(i, ["sysctl", "-qw", f"net.ipv4.tcp_slow_start_after_idle={args.slow_start_after_idle}"],
+                          check=True, timeout=10)
         for rate, delay in [(r, d) for r in args.rates.split(",") for d in delays]:
             one_way = netem.parse_delay(delay)
             hosts.shape(rate=rate, delay=delay if one_way > 0 else None)
