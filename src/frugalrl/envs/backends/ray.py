@@ -10,8 +10,9 @@ keep the link's :class:`~frugalrl.wire.headers.HeaderBook` pair, new with each a
 message, as for the local backend (env factories must be importable by the actors: a Gymnasium id, a
 ``"module:function"`` path, or a module-level function of a module installed on every node).
 
-A message sent to several workers (weights, mostly) is put in Ray's object store once and the same
-``ObjectRef`` is handed to every actor. Replies are gathered with ``ray.wait`` under the backend's
+A message of more than :data:`INLINE_BYTES` sent to several workers (weights, mostly) is put in Ray's object
+store once and the same ``ObjectRef`` is handed to every actor; a smaller one travels inside each actor call's
+request, as Ray sends small arguments (a reference would cost the worker's node a fetch, round trips of its own). Replies are gathered with ``ray.wait`` under the backend's
 timeout: an actor that dies comes back as a :class:`~frugalrl.envs.backends.base.WorkerFailure`, one
 that stays silent too, after ``timeout`` seconds (and is killed), so the head never hangs.
 
@@ -38,6 +39,11 @@ from frugalrl.wire.meter import DOWN, UP, ByteMeter
 
 if TYPE_CHECKING:
     from frugalrl.envs.worker import EnvWorker
+
+
+INLINE_BYTES = 100 * 1024
+"""Ray's ``max_direct_call_object_size`` default: an argument up to this size goes inside the task's request;
+a larger one through the object store, from which the worker's node fetches it."""
 
 
 class EnvActor(ActorBody["EnvWorker"]):
@@ -178,7 +184,7 @@ class RayBackend(Backend):
                 continue
             blob, sizes = encoded[id(msg)]
             payload, sizes = headers.pack(blob, sizes, self._books[w][0])
-            if payload is blob and count[id(msg)] > 1:  # in full to several workers: to the object store once
+            if payload is blob and count[id(msg)] > 1 and len(blob) > INLINE_BYTES:  # to the object store once
                 if id(msg) not in shared:
                     shared[id(msg)] = ray.put(blob)
                 payload = shared[id(msg)]
