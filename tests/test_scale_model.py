@@ -203,6 +203,9 @@ def test_cli_on_a_real_run(tmp_path, capsys):
     assert main(["scale-model", str(tmp_path / "r"), "--workers", "8", "--serve-us-per-step", "1.5"]) == 0
     printed = capsys.readouterr().out
     assert "saturates" in printed and ("down floor" in printed) == (f["syncs_per_worker_iter"] > 1 / f["lag_bound"])
+    assert main(["scale-model", str(tmp_path / "r"), "--workers", "8", "--rtt-ms", "40", "--json"]) == 0
+    far = json.loads(capsys.readouterr().out)["predictions"][0]
+    assert far["latency_s"] == 0.04 and far["link_s"] >= 0.04  # one round trip an iteration, in the link's time
     assert main(["train", "ppo", "--env", "CartPole-v1", "--backend", "serial", "--workers", "4",
                  "--envs-per-worker", "2", "--num-steps", "64", "--total-timesteps", "2048", "--eval-episodes", "1",
                  "--run-dir", str(tmp_path), "--run-name", "r4", "--no-progress", "--no-tensorboard",
