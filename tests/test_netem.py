@@ -273,3 +273,11 @@ def test_cleanup_on_exception_failed_setup_and_stale():
     finally:
         subprocess.run(["ip", "netns", "delete", stale], capture_output=True, timeout=10)
     assert stale not in netem.list_namespaces()
+
+
+def test_a_delay_that_is_not_a_duration_is_refused():
+    """NaN would leave a TUN forwarder spinning on a packet never due; negative or absurd delays are typos."""
+    for bad in (float("nan"), -0.01, "5h", 1e9):
+        with pytest.raises(ValueError, match="delay"):
+            netem.parse_delay(bad)
+    assert netem.parse_delay("20ms") == pytest.approx(0.02)

@@ -125,8 +125,8 @@ def parse_delay(delay: str | float) -> float:
         if not m:
             raise ValueError(f"cannot parse delay {delay!r} (use e.g. '20ms', '0.5s', '200us')")
         sec = float(m.group(1)) * {"s": 1.0, "": 1.0, "ms": 1e-3, "us": 1e-6}[m.group(2)]
-    if sec < 0:
-        raise ValueError(f"delay must be >= 0, got {delay!r}")
+    if not 0 <= sec < 3600:  # NaN too: a forwarder would never deliver
+        raise ValueError(f"delay must be a number of seconds in [0, 3600), got {delay!r}")
     return sec
 
 
@@ -360,7 +360,12 @@ class TestHosts:
         line = proc.stdout.readline() if ready else b""
         if line.strip() != b"ready":
             proc.kill()
-            raise RuntimeError(f"the TUN forwarder did not start (exit code {proc.wait()})")
+            code = proc.wait()
+            self._forwarder = None
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+            raise RuntimeError(f"the TUN forwarder did not start (exit code {code})")
 
     def _stop_forwarder(self) -> None:
         proc, self._forwarder = self._forwarder, None
@@ -374,6 +379,8 @@ class TestHosts:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
     def teardown(self) -> None:
         """Kill our :meth:`popen` processes still running, stop the TUN forwarder and delete all our namespaces

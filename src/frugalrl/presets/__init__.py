@@ -143,7 +143,7 @@ def build(cls: type, values: dict[str, Any], name: str | None, given: dict[str, 
     from frugalrl.config import config_from_dict
 
     data = {**values, **given, "preset": name}
-    cfg = config_from_dict(cls, data, where="config" if name is None else label(name))
+    cfg = config_from_dict(cls, data, where="config" if name in (None, NONE) else label(name))
     origin = {**{k: label(name) for k in values if name is not None}, **{k: given_as for k in given}}
     cfg.sources = {f.name: origin[f.name] for f in dataclasses.fields(cls)
                    if f.name in origin and f.name not in ("preset", "sources")
@@ -230,7 +230,7 @@ def hand_built_note(algo: str, cfg: Any) -> str | None:
     no value recorded in ``sources``): the env's preset or family fallback for each field left at its default, and
     the Atari preprocessing; one line for the run to log, or None where it would set the same or cannot tell (an
     env that cannot be built here)."""
-    if cfg.preset is not None or cfg.sources:
+    if cfg.preset is not None or cfg.sources or not isinstance(cfg.env, str):  # a callable: no command line runs it
         return None
     defaults = {f.name: _default(f) for f in dataclasses.fields(cfg)}
     atari = atari_frames(cfg.env, bool(cfg.env_kwargs))

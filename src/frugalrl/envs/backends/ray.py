@@ -10,9 +10,10 @@ keep the link's :class:`~frugalrl.wire.headers.HeaderBook` pair, new with each a
 message, as for the local backend (env factories must be importable by the actors: a Gymnasium id, a
 ``"module:function"`` path, or a module-level function of a module installed on every node).
 
-A message of more than :data:`INLINE_BYTES` sent to several workers (weights, mostly) is put in Ray's object
-store once and the same ``ObjectRef`` is handed to every actor; a smaller one travels inside each actor call's
-request, as Ray sends small arguments (a reference would cost the worker's node a fetch, round trips of its own). Replies are gathered with ``ray.wait`` under the backend's
+A message of more than :data:`INLINE_BYTES` sent in full to several workers (weights, mostly, while their header
+is new: a header that crossed twice crosses as a number of each link's own) is put in Ray's object store once and
+the same ``ObjectRef`` is handed to every actor; a smaller one travels inside each actor call's request, as Ray
+sends small arguments (a reference would cost the worker's node a fetch, round trips of its own). Replies are gathered with ``ray.wait`` under the backend's
 timeout: an actor that dies comes back as a :class:`~frugalrl.envs.backends.base.WorkerFailure`, one
 that stays silent too, after ``timeout`` seconds (and is killed), so the head never hangs.
 
