@@ -51,9 +51,9 @@ def uplink_savings(rows: list[dict]) -> list[dict]:
     """For each (rate, sync) run with ``--uplink none`` and a compressing uplink: the link time the raw run's
     bytes take per iteration, the share of it the byte ratio should save, and the iteration time it did save."""
     out = []
-    raw = {(r["rate"], r.get("delay", "0"), r["sync"]): r for r in rows if r["uplink"] == "none"}
+    raw = {_key(r)[:3]: r for r in rows if r["uplink"] == "none"}
     for r in rows:
-        base = raw.get((r["rate"], r.get("delay", "0"), r["sync"]))
+        base = raw.get(_key(r)[:3])
         if base is None or r is base:
             continue
         link_s = base["bytes"]["total"] * 8 / _rate_bps(r["rate"]) / base["updates"]
@@ -194,7 +194,7 @@ def main() -> None:
     per_host = -(-max(args.workers) // args.hosts)  # CPUs per worker node: the most workers fill every host
     delays = args.delays.split(",")
     delayed = any(netem.parse_delay(d) > 0 for d in delays)
-    link = "tun" if delayed and not netem.netem_available()[0] else "veth"
+    link = netem.default_link(delayed)
     with tempfile.TemporaryDirectory(prefix="frl-shaped-") as run_dir, \
             netem.TestHosts(n=args.hosts + 1, link=link) as hosts, RayCluster(hosts, worker_cpus=per_host) as cluster:
         if args.slow_start_after_idle is not None:  # each namespace has its own TCP settings

@@ -5,7 +5,7 @@ from the head's output in numpy (the workers' arithmetic; :func:`frugalrl.nets.h
 
 from __future__ import annotations
 
-import itertools
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,13 +70,20 @@ def params_shape(action: Mapping[str, Any]) -> tuple[int, ...]:
 def head_params(kind: str, action: Mapping[str, Any], out: np.ndarray, log_std: np.ndarray | None) -> np.ndarray:
     """Distribution parameters from an actor head's output, as :func:`frugalrl.nets.head_params` gives them."""
     if kind == "multi_categorical":
-        nvec = [int(n) for n in action["nvec"]]
-        m = max(nvec)
-        rows = np.full((*out.shape[:-1], len(nvec), m), PAD_LOGIT, dtype=out.dtype)
-        for i, start in enumerate(itertools.accumulate([0, *nvec[:-1]])):
-            rows[..., i, :nvec[i]] = out[..., start:start + nvec[i]]
-        return rows
+        idx, real = _row_index(tuple(int(n) for n in action["nvec"]))
+        return np.where(real, out[..., idx], np.asarray(PAD_LOGIT, dtype=out.dtype))
     return with_log_std(out, log_std)
+
+
+@functools.cache
+def _row_index(nvec: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For ``nvec``'s padded rows ``(k, max(nvec))``: the head output's index of each cell, and which cells are real
+    (made once per space: :func:`head_params` runs on every step of a worker)."""
+    m = max(nvec)
+    starts = np.cumsum([0, *nvec[:-1]])
+    col = np.arange(m)
+    real = col[None, :] < np.asarray(nvec)[:, None]
+    return np.where(real, starts[:, None] + col[None, :], 0), real
 
 
 def with_log_std(out: np.ndarray, log_std: np.ndarray | None) -> np.ndarray:

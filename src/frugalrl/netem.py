@@ -262,6 +262,12 @@ def apply_shaping(ns: str, dev: str = DEV, rate: Rate = None, delay: Delay = Non
 # ------------------------------------------------------------------------------------------ hosts
 
 
+def default_link(delayed: bool) -> Link:
+    """The link :class:`TestHosts` takes by default: a TUN link where a delay is wanted and the kernel has no netem,
+    else veth."""
+    return "tun" if delayed and not netem_available()[0] else "veth"
+
+
 class TestHosts:
     """``n`` hosts in fresh network namespaces on one shaped link; a context manager.
 
@@ -293,7 +299,7 @@ class TestHosts:
             raise ValueError(f"n must be in [2, 254], got {n}")
         _check_prefix(prefix)
         if link is None:
-            link = "tun" if delay is not None and not netem_available()[0] else "veth"
+            link = default_link(delay is not None)
         if link not in ("veth", "tun"):
             raise ValueError(f"link must be 'veth' or 'tun', got {link!r}")
         self.link: Link = link

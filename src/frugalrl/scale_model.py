@@ -146,17 +146,10 @@ class RunFigures:
         """The measured rollout time less the measured run's own transfers over its link, their latency and its
         serving."""
         serve = self.serve_s_per_sample * self.workers * self.env_steps_per_worker_iter
-        latency = self.latency_s(self.rtt_s)
         if self.link_gbit is None:
-            return max(0.0, self.rollout_s_per_iter - serve - latency)
+            return max(0.0, self.rollout_s_per_iter - serve - self.rtt_s)
         up, down = self.bytes_per_iter(self.workers, iterations=self.iterations or None)
-        return max(0.0, self.rollout_s_per_iter - serve - latency - (up + down) * 8 / (self.link_gbit * 1e9))
-
-    @staticmethod
-    def latency_s(rtt_s: float) -> float:
-        """The round trips of an iteration on a link of ``rtt_s``: one, the rollout request's (weights ride in it,
-        :meth:`frugalrl.envs.syncing.WeightSyncs._request_with_weights`), every worker's at once."""
-        return rtt_s
+        return max(0.0, self.rollout_s_per_iter - serve - self.rtt_s - (up + down) * 8 / (self.link_gbit * 1e9))
 
 
 def _lag_bound(summary: dict[str, Any]) -> int | None:
@@ -189,7 +182,8 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     serving) and the learner core's work (serving and update share that core)."""
     overlap = fig.overlap if overlap is None else overlap
     up, down = fig.bytes_per_iter(workers, env_scale, iterations)
-    link_s = (0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)) + fig.latency_s(rtt_s)
+    # one round trip an iteration: every worker's rollout request (its weights inside) at once
+    link_s = (0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)) + rtt_s
     compute = (fig.rollout_compute_s() * env_scale * contention(workers, worker_cores)
                / contention(fig.workers, worker_cores))
     samples = workers * fig.env_steps_per_worker_iter * env_scale
@@ -198,7 +192,7 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     s_per_iter = max(link_s + compute + serve, serve + update) if overlap else link_s + compute + serve + update
     down_floor = fig.bytes_per_iter(workers, env_scale, iterations, fig.sync_floor())[1]
     return {"workers": workers, "up_bytes_per_iter": up, "down_bytes_per_iter": down,
-            "down_bytes_per_iter_floor": down_floor, "link_s": link_s, "latency_s": fig.latency_s(rtt_s),
+            "down_bytes_per_iter_floor": down_floor, "link_s": link_s, "latency_s": rtt_s,
             "rollout_compute_s": compute, "serve_s": serve,
             "update_s": update, "s_per_iter": s_per_iter}
 

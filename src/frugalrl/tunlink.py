@@ -63,14 +63,12 @@ class Forwarder:
     """The packets in flight between hosts whose TUN descriptors are ``fds`` (host ``i`` has ``subnet.{i+1}``)."""
 
     def __init__(self, fds: list[int], subnet: str, delays: list[float]) -> None:
-        self.fds = fds
         self.delays = list(delays)
         prefix = bytes(int(x) for x in subnet.split("."))
         self.route = {prefix + bytes([i + 1]): fd for i, fd in enumerate(fds)}
         self.source = {fd: i for i, fd in enumerate(fds)}
         self.queue: list[tuple[float, int, int, bytes]] = []  # (due, order, destination fd, packet)
         self.order = 0
-        self.packets = 0
 
     def take(self, fd: int, now: float) -> None:
         """Read every packet waiting on ``fd`` and schedule each for its destination (others are dropped)."""
@@ -85,7 +83,6 @@ class Forwarder:
             out = self.route.get(packet[16:20])
             if out is None:
                 continue
-            self.packets += 1
             self.order += 1
             heapq.heappush(self.queue, (now + delay, self.order, out, packet))
 

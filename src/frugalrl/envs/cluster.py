@@ -343,7 +343,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         if cut:
             cut = self._cut_before_step(cut)
             requests = {w: msg for w, msg in requests.items() if w not in cut}
-        return lambda: self._finish_step(self._request_step(requests, cut))
+        return lambda: self._finish_step(self._request_step(requests, cut, None, ()))
 
     def rollout(self, agent: torch.nn.Module, num_steps: int) -> Rollout:
         """Every worker runs ``num_steps`` steps of its envs with its cached policy; returns one batch.
@@ -470,8 +470,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
                 self._reset_worker(w, seed=None, defer=True)
         return cut
 
-    def _request_step(self, requests: dict[int, Message], cut: Collection[int] = (), agent: ActorCritic | None = None,
-                      chosen: Collection[int] = ()) -> tuple[dict[int, Message], list[int]]:
+    def _request_step(self, requests: dict[int, Message], cut: Collection[int], agent: ActorCritic | None,
+                      chosen: Collection[int]) -> tuple[dict[int, Message], list[int]]:
         """Send a step's requests (those of workers ``chosen`` carrying ``agent``'s weights); the replies, and the
         workers replaced during it or ``cut`` before it."""
         restarted: list[int] = list(cut)
@@ -483,10 +483,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             self._reset_worker(w, seed=None, defer=self.autoreset_mode != AutoresetMode.SAME_STEP)
             return None
 
-        if agent is not None and chosen:
-            replies = self._request_with_weights(agent, requests, chosen, recover)
-        else:
-            replies = self._request(requests, on_failure=recover)
+        replies = self._request_with_weights(agent, requests, chosen, recover)
         return replies, sorted(set(restarted))
 
     def _finish_step(
