@@ -62,7 +62,7 @@ def test_other_agents_keep_pytorch():
 def test_samples_follow_the_distribution():
     g = np.random.default_rng(0)
     logits = np.array([[2.0, 0.0, -1.0, -30.0, 0.5]], dtype=np.float32).repeat(40_000, 0)
-    actor = NumpyActor([], "categorical", None, None)
+    actor = NumpyActor([], {"type": "discrete", "n": 5}, None, None)
     draws = actor.sample(logits, g)
     assert draws.dtype == np.int64 and draws.min() >= 0 and draws.max() <= 4
     p = np.exp(logits[0] - logits[0].max())
@@ -72,7 +72,7 @@ def test_samples_follow_the_distribution():
     assert freq[3] == 0.0  # a probability of e^-32 is not drawn in 40k tries
 
     params = np.array([[1.0, -2.0, np.log(0.5), np.log(3.0)]], dtype=np.float32).repeat(40_000, 0)
-    draws = NumpyActor([], "gaussian", None, None).sample(params, g)
+    draws = NumpyActor([], {"type": "box", "shape": [2], "low": [-1.0, -1.0], "high": [1.0, 1.0]}, None, None).sample(params, g)
     assert draws.dtype == np.float32 and draws.shape == (40_000, 2)
     np.testing.assert_allclose(draws.mean(0), [1.0, -2.0], atol=0.05)
     np.testing.assert_allclose(draws.std(0), [0.5, 3.0], rtol=0.03)

@@ -19,6 +19,7 @@ import torch
 
 from frugalrl import dists
 from frugalrl.envs.spec import EnvSpec
+from frugalrl.experience import clip_actions, env_action
 from frugalrl.nets import ActorCritic
 
 if TYPE_CHECKING:
@@ -177,14 +178,7 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
                     # a squashed policy (the split model's tanh-Gaussian) maps its sample to the env's action
                     squash = getattr(agent, "env_action", None)
                     action = (u if squash is None else squash(u))[0].numpy()
-                env_action: np.ndarray | int
-                if isinstance(action_space, gym.spaces.Box):
-                    env_action = np.clip(action, action_space.low, action_space.high)
-                elif isinstance(action_space, gym.spaces.Discrete):
-                    env_action = int(action)
-                else:  # MultiDiscrete, MultiBinary
-                    env_action = action.astype(action_space.dtype)
-                obs, r, term, trunc, _ = env.step(env_action)
+                obs, r, term, trunc, _ = env.step(env_action(action_space, clip_actions(action_space, action)))
                 total += float(r)
                 done = term or trunc
                 steps += 1

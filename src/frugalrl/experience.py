@@ -442,6 +442,16 @@ def clip_actions(space: gym.Space, actions: np.ndarray) -> np.ndarray:
     return actions
 
 
+def env_action(space: gym.Space, action: Any) -> Any:
+    """One env's action as its space takes it: a Discrete space's as an int, a Box space's as it is (clip a sampled
+    one first, :func:`clip_actions`), others' (MultiDiscrete, MultiBinary) as an array of the space's dtype."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(action)
+    if isinstance(space, gym.spaces.Box):
+        return action
+    return np.asarray(action, space.dtype)
+
+
 def space_shape(space: gym.Space) -> tuple[int, ...]:
     """``space.shape``, which every space a group steps (Box, Discrete) has; ``TypeError`` if it is None."""
     if space.shape is None:

@@ -90,12 +90,11 @@ class SampledActor:
 class NumpyActor(SampledActor):
     """The actor of an MLP agent as numpy arrays (a copy: rebuild it after the agent's weights change)."""
 
-    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray, str | None]], kind: str,
-                 log_std: np.ndarray | None, norm: tuple[np.ndarray, np.ndarray, float] | None,
-                 action: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray, str | None]], action: Mapping[str, Any],
+                 log_std: np.ndarray | None, norm: tuple[np.ndarray, np.ndarray, float] | None) -> None:
         self.layers = layers  # (weight (in, out), bias, activation after it or None)
-        self.kind = kind
-        self.action = dict(action or {})  # its action description: a multi-categorical head's sub-action sizes
+        self.action = dict(action)  # its action description (frugalrl.action_heads.action_desc)
+        self.kind = action_head(self.action)[0]
         self.log_std = log_std
         self.norm = norm  # (mean, 1 / sqrt(var + 1e-8), clip), float64 as ObsNormalizer computes
 
@@ -117,7 +116,7 @@ class NumpyActor(SampledActor):
                     _OBS_CLIP)
         gaussian = kw["action"]["type"] == "box"
         log_std = np.array(state["log_std"], dtype=np.float32) if gaussian else None
-        return cls(layers, action_head(kw["action"])[0], log_std, norm, kw["action"])
+        return cls(layers, kw["action"], log_std, norm)
 
     @classmethod
     def of(cls, agent: Any) -> NumpyActor | None:

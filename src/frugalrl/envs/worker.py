@@ -43,6 +43,7 @@ from frugalrl.experience import (
     EnvGroup,
     clip_actions,
     collect_fragment,
+    env_action,
     jsonable_began,
     restore_start_state,
     space_shape,
@@ -215,13 +216,6 @@ class EnvWorker:
         if not self._box:
             action = action.astype(self.act_space.dtype, copy=False)  # a categorical sample already is int64
         return action, params.float().numpy()
-
-    def _env_action(self, action: Any) -> Any:
-        """A recorded action as the env takes it: a Discrete space's as an int, others' as arrays."""
-        if self._box:
-            return action
-        return int(action) if isinstance(self.act_space, gym.spaces.Discrete) else np.asarray(action,
-                                                                                              self.act_space.dtype)
 
     def _wire_actions(self, actions: np.ndarray) -> np.ndarray:
         return actions if self._action_wire_dtype is None else actions.astype(self._action_wire_dtype)
@@ -409,7 +403,7 @@ class EnvWorker:
             group.reset(i, seed=began.get("seed"), options=began.get("options"))
             group.began[i] = began
             for recorded in a[f"actions/{i}"]:
-                action = self._env_action(recorded)
+                action = env_action(self.act_space, recorded)
                 obs, *_ = env.step(action)
                 group.obs[i] = obs
                 group.actions[i].append(action)

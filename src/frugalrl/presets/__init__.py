@@ -232,21 +232,18 @@ def hand_built_note(algo: str, cfg: Any) -> str | None:
     env that cannot be built here)."""
     if cfg.preset is not None or cfg.sources or not isinstance(cfg.env, str):  # a callable: no command line runs it
         return None
-    defaults = {f.name: _default(f) for f in dataclasses.fields(cfg)}
-    atari = atari_frames(cfg.env, bool(cfg.env_kwargs))
-    env, env_kwargs = atari if atari is not None else (cfg.env, cfg.env_kwargs)
+    given = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+             if f.name not in ("preset", "sources") and getattr(cfg, f.name) != _default(f)}
     try:
-        values, name = resolve(algo, env, AUTO, env_kwargs, cfg.env_wrappers)
-    except Exception:  # the run reports an env it cannot build
+        cli = configure(algo, type(cfg), given)
+    except Exception:  # the run reports an env it cannot build, or a value it does not take
         return None
-    changed = {k: v for k, v in values.items()
-               if k in defaults and getattr(cfg, k) == defaults[k] and v != defaults[k]}
-    if not changed and atari is None:
-        return None
-    what = [f"{k}={json.dumps(v)}" for k, v in changed.items()]
-    if atari is not None:
+    what = [f"{k}={json.dumps(getattr(cli, k))}" for k, source in cli.sources.items() if source != "command line"]
+    if cli.env != cfg.env:
         what.insert(0, "the standard Atari preprocessing")
-    source = f"its {label(name)}" if name is not None else "no preset"
+    if not what:
+        return None
+    source = f"its {label(cli.preset)}" if cli.preset is not None else "no preset"
     return (f"{type(cfg).__name__} was built directly, so it keeps the dataclass's defaults where `frugalrl train "
             f"{algo} --env {cfg.env}` would start from {source}: {' '.join(what)}; "
             f"frugalrl.presets.make_config({algo!r}, {cfg.env!r}, ...) builds what the command line builds "
