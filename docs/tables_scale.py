@@ -83,3 +83,23 @@ def t_link_latency(arg: str) -> list[Table]:
               "model (from no delay)", "error", "syncs"]
     return [Table(header, rows, sources=[now.name, before.name], commands=[now.command(), before.command()],
                   align="lllrrrrr")]
+
+
+def t_link_latency_rounds(arg: str) -> list[Table]:
+    """Link latency in repeated rounds (``shaped_links.py --delays``, the same command run once per file): each
+    cell's seconds per iteration and the model's error, round by round."""
+    rounds = [Source(name) for name in arg.split()]
+    index = [{(r["delay"], r["sync"], r["workers"]): i for i, r in enumerate(s("runs"))} for s in rounds]
+    models = [{(m["delay"], m["sync"], m["workers"]): i for i, m in enumerate(s("model"))} for s in rounds]
+    rows: list[list[Cell]] = []
+    for r in rounds[0]("runs"):
+        key = (r["delay"], r["sync"], r["workers"])
+        row: list[Cell] = [[r["delay"]], [r["sync"]], [str(r["workers"])]]
+        row += [[s.num("runs", ix[key], "s_per_iter_median", fmt=".0f", scale=1e3)] for s, ix in zip(rounds, index, strict=True)]
+        row += [[s.num("model", mx[key], "error", "s_per_iter", fmt="+.0%")] for s, mx in zip(rounds, models, strict=True)]
+        rows.append(row)
+    n = len(rounds)
+    header = ["one-way delay", "sync", "workers", *(f"ms/iter, round {j + 1}" for j in range(n)),
+              *(f"model error, round {j + 1}" for j in range(n))]
+    return [Table(header, rows, sources=[s.name for s in rounds], commands=[s.command() for s in rounds],
+                  align="lll" + "r" * (2 * n))]
