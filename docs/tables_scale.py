@@ -103,3 +103,17 @@ def t_link_latency_rounds(arg: str) -> list[Table]:
               *(f"model error, round {j + 1}" for j in range(n))]
     return [Table(header, rows, sources=[s.name for s in rounds], commands=[s.command() for s in rounds],
                   align="lll" + "r" * (2 * n))]
+
+
+def t_link_rtt(arg: str) -> list[Table]:
+    """One request and its reply on a link with delay (``link_rtt.py``): milliseconds and the fraction of a round
+    trip above it, back to back and after an idle spell, for raw TCP and Ray calls."""
+    s = Source(arg)
+    rows: list[list[Cell]] = []
+    for i, r in enumerate(s("rows")):
+        rows.append([[r["transport"]], [f"{r['size']:,}"],
+                     [s.num("rows", i, "back_to_back_ms", fmt=".1f")], [s.num("rows", i, "back_to_back_extra_rtt", fmt="+.2f")],
+                     [s.num("rows", i, "after_idle_ms", fmt=".1f")], [s.num("rows", i, "after_idle_extra_rtt", fmt="+.2f")]])
+    header = ["transport", "request bytes", "ms, back to back", "round trips above one", "ms, after idle",
+              "round trips above one"]
+    return [Table(header, rows, sources=[s.name], commands=[s.command()], align="lrrrrr")]
