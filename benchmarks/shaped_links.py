@@ -148,6 +148,9 @@ def main() -> None:
                         help="one-way delays on every host's egress, e.g. 0,10ms (netem, or a TUN link without it)")
     parser.add_argument("--slow-start-after-idle", type=int, choices=(0, 1), default=None,
                         help="set every host's net.ipv4.tcp_slow_start_after_idle (default: the kernel's, 1 on Linux)")
+    parser.add_argument("--ingress", action="store_true",
+                        help="also limit what reaches each host to the rate (the switch port toward it): the "
+                             "workers' uplinks then share the learner's link, as at a real NIC")
     parser.add_argument("--model-from-delay", default=None, metavar="DELAY",
                         help="model every delay from the runs at this one (default: each from its own)")
     parser.add_argument("--syncs", default="every,aaps")
@@ -203,7 +206,7 @@ def main() -> None:
                           check=True, timeout=10)
         for rate, delay in [(r, d) for r in args.rates.split(",") for d in delays]:
             one_way = netem.parse_delay(delay)
-            hosts.shape(rate=rate, delay=delay if one_way > 0 else None)
+            hosts.shape(rate=rate, delay=delay if one_way > 0 else None, ingress=args.ingress)
             for sync, uplink, workers in [(s, u, w) for s in args.syncs.split(",") for u in args.uplinks.split(",")
                                           for w in sorted(args.workers)]:
                 name = f"{rate}-{sync}-{uplink}-w{workers}" + (f"-d{delay}" if one_way > 0 else "")
@@ -266,6 +269,7 @@ def main() -> None:
         "config": vars(args),
         "cluster": f"Ray head (0 CPUs) + driver in netns host 0, a Ray worker node ({per_host} CPUs) in each of "
                    f"{args.hosts} more netns hosts; tbf rate on every host's egress"
+                   + ("; the same rate on the switch port toward every host (ingress)" if args.ingress else "")
                    + (f"; hosts joined by {link} devices" + (" and frugalrl.tunlink's forwarder (the delay)"
                                                               if link == "tun" else "")),
         "commit": measured_commit(),

@@ -66,6 +66,7 @@ from tables_pipeline import (  # noqa: E402
     t_pipeline_table1,
 )
 from tables_scale import (  # noqa: E402
+    t_link_ingress,
     t_link_latency,
     t_link_latency_rounds,
     t_link_rtt,
@@ -455,6 +456,7 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "family_defaults": t_family_defaults,
     "scale_model": t_scale_model,  # ARG: shaped_links.py's --out with several --workers
     "link_latency": t_link_latency,  # ARGS: shaped_links.py --delays' --out, now and before weights rode in requests
+    "link_ingress": t_link_ingress,  # ARGS: one shaped_links.py command's --out without, then with --ingress
     "link_rtt": t_link_rtt,  # ARGS: link_rtt.py --out
     "link_latency_rounds": t_link_latency_rounds,  # ARGS: the same shaped_links.py --delays command's --out, per round
     "scale_model_paced": t_scale_model_paced,  # ARG: learner_capacity.py --pace's --out

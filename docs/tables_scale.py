@@ -117,3 +117,24 @@ def t_link_rtt(arg: str) -> list[Table]:
     header = ["transport", "request bytes", "ms, back to back", "round trips above one", "ms, after idle",
               "round trips above one"]
     return [Table(header, rows, sources=[s.name], commands=[s.command()], align="lrrrrr")]
+
+
+def t_link_ingress(arg: str) -> list[Table]:
+    """The same ``shaped_links.py`` command without and with ``--ingress`` (the first and second file): seconds per
+    iteration and the model's error, where only the hosts' egress is shaped and where the learner's ingress is too."""
+    egress, both = (Source(name) for name in arg.split())
+    runs = {(r["delay"], r["sync"], r["workers"]): i for i, r in enumerate(egress("runs"))}
+    models = [{(m["delay"], m["sync"], m["workers"]): i for i, m in enumerate(s("model"))} for s in (egress, both)]
+    rows: list[list[Cell]] = []
+    for i, r in enumerate(both("runs")):
+        key = (r["delay"], r["sync"], r["workers"])
+        rows.append([[r["delay"]], [r["sync"]], [str(r["workers"])],
+                     [egress.num("runs", runs[key], "s_per_iter_median", fmt=".0f", scale=1e3)],
+                     [egress.num("model", models[0][key], "error", "s_per_iter", fmt="+.0%")],
+                     [both.num("runs", i, "s_per_iter_median", fmt=".0f", scale=1e3)],
+                     [both.num("model", models[1][key], "error", "s_per_iter", fmt="+.0%")],
+                     [both.num("runs", i, "weight_syncs", fmt="d")]])
+    header = ["one-way delay", "sync", "workers", "ms/iter, egress shaped", "model error", "ms/iter, ingress too",
+              "model error", "syncs"]
+    return [Table(header, rows, sources=[egress.name, both.name], commands=[egress.command(), both.command()],
+                  align="lllrrrrr")]

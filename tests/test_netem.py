@@ -232,6 +232,57 @@ def test_tun_link_where_netem_is_missing_joins_hosts_shapes_rates_and_leaves_not
     assert forwarder.poll() is not None  # stopped with the hosts: no orphan
 
 
+TCP_SINK_OF_TWO = """
+import socket, sys, threading, time
+n = int(sys.argv[2])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], {port})); s.listen(2); s.settimeout(20)
+print("ready", flush=True)
+ends = []
+def take(c):
+    got = 0
+    while got < n and (b := c.recv(1 << 16)):
+        got += len(b)
+    ends.append(time.perf_counter()); c.sendall(b"ok"); c.close()
+conns = [s.accept()[0] for _ in range(2)]
+t0 = time.perf_counter()
+threads = [threading.Thread(target=take, args=(c,)) for c in conns]
+for t in threads: t.start()
+for t in threads: t.join()
+print(2 * n * 8 / (max(ends) - t0) / 1e6, flush=True)
+"""
+
+
+def _into_host0_from_two_mbit_s(hosts: TestHosts, nbytes: int) -> float:
+    """Mbit/s that hosts 1 and 2 send to host 0 at once (``nbytes`` each), as host 0 receives it."""
+    sink = _serve(hosts, TCP_SINK_OF_TWO, nbytes)
+    sources = [hosts.popen(i, [PY, "-c", _script(TCP_SOURCE), hosts.address(0), str(nbytes)],
+                           stdout=subprocess.PIPE, text=True) for i in (1, 2)]
+    for p in sources:
+        assert p.wait(timeout=40) == 0
+    out, _ = sink.communicate(timeout=10)
+    return float(out.strip())
+
+
+@pytest.mark.parametrize("link", ["veth", "tun"])
+def test_ingress_limits_what_one_host_receives_from_many(link):
+    """With ``ingress``, two hosts sending to a third at once share its link's rate (the switch port toward it, a
+    bridge's or the TUN forwarder's); without it each sends at the rate and the third receives their sum."""
+    if link == "tun" and not TUN:
+        pytest.skip("no /dev/net/tun")
+    nbytes = 1_500_000
+    with TestHosts(3, prefix=PREFIX, link=link) as hosts:
+        hosts.shape(rate="10mbit")
+        summed = _into_host0_from_two_mbit_s(hosts, nbytes)
+        hosts.shape(rate="10mbit", ingress=True)
+        shared = _into_host0_from_two_mbit_s(hosts, nbytes)
+        hosts.shape()
+        free = _into_host0_from_two_mbit_s(hosts, nbytes)
+    print(f"\n{link}: two senders at 10 Mbit/s each into one host: {summed:.1f} Mbit/s; with ingress {shared:.1f}; "
+          f"unshaped {free:.0f}")
+    assert 15 <= summed <= 22 and 7 <= shared <= 11 and free > 50
+
+
 def test_loss():
     n = 2000
     with TestHosts(2, prefix=PREFIX) as hosts:

@@ -429,22 +429,30 @@ class TestHosts:
         return p
 
     def shape(
-        self, rate: Rate = None, delay: Delay = None, loss: Loss = None, hosts: Sequence[int] | None = None
+        self, rate: Rate = None, delay: Delay = None, loss: Loss = None, hosts: Sequence[int] | None = None,
+        ingress: bool = False,
     ) -> None:
         """Replace the shaping on the interface of each host in ``hosts`` (default: all); all ``None`` = unshaped.
 
         Egress of every host is shaped, so ``delay`` is one way and a round trip gains ``2 * delay`` (on a TUN
         link the forwarder holds each packet for its sender's delay; ``tc`` shapes rate and loss either way).
+        ``ingress`` also limits what reaches each host to ``rate``: the switch's port toward it (the bridge's, or
+        the TUN forwarder's), which all the other hosts' traffic to it shares, as at a real NIC. Without it, three
+        or more hosts each send at ``rate`` and a host receives their sum (two hosts: the same either way).
         """
+        port_rate = parse_rate(rate) if ingress and rate is not None else None
         for i in range(self.n) if hosts is None else hosts:
             self.address(i)
             if self.link == "tun":
                 apply_shaping(self.namespaces[i], self.dev, rate=rate, loss=loss)
                 self._tell_forwarder(f"delay {i} {parse_delay(delay) if delay is not None else 0.0}")
+                self._tell_forwarder(f"rate {i} {port_rate or 0}")
             else:
                 apply_shaping(self.namespaces[i], self.dev, rate=rate, delay=delay, loss=loss)
+                if self.switch is not None:  # the bridge's port toward host i: its egress is the host's ingress
+                    apply_shaping(self.switch, f"p{i}", rate=port_rate)
         if hosts is None:
-            self._shaping = {"rate": rate, "delay": delay, "loss": loss}
+            self._shaping = {"rate": rate, "delay": delay, "loss": loss, "ingress": ingress}
 
 
     def _tell_forwarder(self, line: str) -> None:

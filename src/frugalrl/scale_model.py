@@ -20,8 +20,8 @@ A first-order model of PPO's loop (IMPALA's overlapped one: :func:`predict`), fr
   N·r·(down + q·w/E) bytes/s (headers down included), and the learner core spends ``(serve + update)_per_sample``
   per env step; each saturates at the N where that reaches the link rate or one core.
 
-It leaves out the transport's own round trips (a Ray call took ~1.4 on emulated hosts), stragglers, codec ratios
-and AAPS's sync rate changing with N (docs/multi-node.md#scale-model: its checks).
+It leaves out TCP's pacing on a link with delay (up to half a round trip more), stragglers, codec ratios and
+AAPS's sync rate changing with N (docs/multi-node.md#scale-model: its checks).
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ at the 1,500-byte MTU), on a core the hosts' processes share.
 
 Run by :class:`~frugalrl.netem.TestHosts`: ``python -m frugalrl.tunlink CONFIG_JSON`` (``namespaces``, ``dev``,
 ``subnet``, ``delays``) creates the devices in the namespaces, prints ``ready``, then forwards until its stdin
-closes; a line ``delay HOST SECONDS`` on stdin changes a host's egress delay live. Needs root.
+closes; a line ``delay HOST SECONDS`` on stdin changes a host's egress delay live, ``rate HOST BITS`` the rate of
+the switch port toward a host (0: none), where every other host's traffic to it queues, as at a real NIC's
+ingress (for at most :data:`PORT_QUEUE_S`; later packets are dropped, as a full switch buffer drops them). Needs
+root.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ IFF_TUN = 0x0001
 IFF_NO_PI = 0x1000
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/var/run/netns"
+PORT_QUEUE_S = 0.2
+"""The longest a packet waits for a rate-limited switch port (as the hosts' ``tbf`` queues: ``latency 200ms``)."""
 
 
 def _setns(fd: int) -> None:
@@ -64,8 +69,11 @@ class Forwarder:
 
     def __init__(self, fds: list[int], subnet: str, delays: list[float]) -> None:
         self.delays = list(delays)
+        self.rates = [0.0] * len(fds)  # bits/s of the switch port toward each host (0: no limit)
+        self.port_free = [0.0] * len(fds)  # when each port has sent what it holds
         prefix = bytes(int(x) for x in subnet.split("."))
-        self.route = {prefix + bytes([i + 1]): fd for i, fd in enumerate(fds)}
+        self.route = {prefix + bytes([i + 1]): i for i in range(len(fds))}
+        self.fds = fds
         self.source = {fd: i for i, fd in enumerate(fds)}
         self.queue: list[tuple[float, int, int, bytes]] = []  # (due, order, destination fd, packet)
         self.order = 0
@@ -80,11 +88,18 @@ class Forwarder:
                 return
             if len(packet) < 20 or packet[0] >> 4 != 4:  # not IPv4 (IPv6 router solicitations and the like)
                 continue
-            out = self.route.get(packet[16:20])
-            if out is None:
+            dest = self.route.get(packet[16:20])
+            if dest is None:
                 continue
+            due = now + delay
+            rate = self.rates[dest]
+            if rate:  # the port toward ``dest`` sends one packet after another at its rate
+                start = max(due, self.port_free[dest])
+                if start - due > PORT_QUEUE_S:
+                    continue
+                due = self.port_free[dest] = start + len(packet) * 8 / rate
             self.order += 1
-            heapq.heappush(self.queue, (now + delay, self.order, out, packet))
+            heapq.heappush(self.queue, (due, self.order, self.fds[dest], packet))
 
     def deliver(self, now: float) -> None:
         """Write every packet that is due."""
@@ -130,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                 words = line.decode().split()
                 if len(words) == 3 and words[0] == "delay":
                     forwarder.delays[int(words[1])] = float(words[2])
+                elif len(words) == 3 and words[0] == "rate":
+                    forwarder.rates[int(words[1])] = float(words[2])
         forwarder.deliver(now)
 
 
