@@ -332,3 +332,20 @@ def test_a_delay_that_is_not_a_duration_is_refused():
         with pytest.raises(ValueError, match="delay"):
             netem.parse_delay(bad)
     assert netem.parse_delay("20ms") == pytest.approx(0.02)
+
+
+def test_command_line_shapes_the_bridge_ports_with_ingress():
+    """``python -m frugalrl.netem up/shape --ingress`` puts the rate on the bridge's port toward each host too."""
+    def port_qdisc() -> str:
+        return subprocess.run(["ip", "netns", "exec", f"{PREFIX}-cli-sw", "tc", "qdisc", "show", "dev", "p1"],
+                              capture_output=True, text=True, check=True).stdout
+    try:
+        assert netem.main(["--prefix", PREFIX, "up", "-n", "3", "--rate", "10mbit", "--ingress"]) == 0
+        assert "tbf" in port_qdisc() and "10Mbit" in port_qdisc()
+        assert netem.main(["--prefix", PREFIX, "shape", "--rate", "5mbit"]) == 0
+        assert "tbf" not in port_qdisc()
+        assert netem.main(["--prefix", PREFIX, "shape", "--rate", "5mbit", "--ingress"]) == 0
+        assert "5Mbit" in port_qdisc()
+    finally:
+        netem.main(["--prefix", PREFIX, "down"])
+    assert not [ns for ns in netem.list_namespaces() if ns.startswith(f"{PREFIX}-cli-")]

@@ -278,9 +278,9 @@ class TestHosts:
     Host ``i`` (0-based) is namespace ``self.namespaces[i]`` with address :meth:`address` ``(i)`` =
     ``10.213.0.{i+1}`` on interface :attr:`dev`: ``veth0``, or with ``link="tun"`` ``tun0``, joined by
     :mod:`frugalrl.tunlink`'s forwarding process, which adds the delay where the kernel has no netem (the
-    default link where a delay is given and netem is missing). Leaving the ``with`` block (even by an
-    exception) kills processes started with :meth:`popen` and deletes every namespace; a failed setup does
-    the same before raising.
+    default link where a delay is given and netem is missing); ``rate``, ``delay``, ``loss`` and ``ingress`` are
+    :meth:`shape`'s. Leaving the ``with`` block (even by an exception) kills processes started with
+    :meth:`popen` and deletes every namespace; a failed setup does the same before raising.
     """
 
     __test__ = False  # not a pytest test class despite the name
@@ -294,6 +294,7 @@ class TestHosts:
         loss: Loss = None,
         tag: str | None = None,
         link: Link | None = None,
+        ingress: bool = False,
     ) -> None:
         if not 2 <= n <= 254:
             raise ValueError(f"n must be in [2, 254], got {n}")
@@ -310,7 +311,7 @@ class TestHosts:
         self.namespaces = [f"{prefix}-{self.tag}-h{i}" for i in range(n)]
         self.switch = f"{prefix}-{self.tag}-sw" if n > 2 and link == "veth" else None
         self._forwarder: subprocess.Popen[bytes] | None = None
-        self._shaping: dict[str, Any] = {"rate": rate, "delay": delay, "loss": loss}
+        self._shaping: dict[str, Any] = {"rate": rate, "delay": delay, "loss": loss, "ingress": ingress}
         self._procs: list[subprocess.Popen[Any]] = []
         self._up = False
 
@@ -523,6 +524,8 @@ def _main(argv: Sequence[str] | None) -> int:
     shaping.add_argument("--rate", help="e.g. 10mbit (tbf)")
     shaping.add_argument("--delay", help="one-way delay, e.g. 20ms (netem)")
     shaping.add_argument("--loss", help="percent dropped on egress, e.g. 1 or 1%%")
+    shaping.add_argument("--ingress", action="store_true",
+                         help="the rate also on the switch port toward each host (what all others send it shares)")
     up = sub.add_parser("up", parents=[shaping], help="create persistent hosts {prefix}-cli-h{i}")
     up.add_argument("-n", type=int, default=2, help="number of hosts (default 2)")
     sub.add_parser("down", help="delete the hosts made by 'up'")
@@ -561,7 +564,8 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"{args.prefix}-{CLI_TAG}-* already exist; run 'down' first", file=sys.stderr)
             return 1
         # veth: a TUN link's forwarder lives only as long as the TestHosts object that started it
-        hosts = TestHosts(args.n, args.prefix, args.rate, args.delay, args.loss, tag=CLI_TAG, link="veth")
+        hosts = TestHosts(args.n, args.prefix, args.rate, args.delay, args.loss, tag=CLI_TAG, link="veth",
+                          ingress=args.ingress)
         hosts.setup()  # no teardown: they persist until 'down'
         for i, ns in enumerate(hosts.namespaces):
             print(f"{ns} {hosts.address(i)}  (ip netns exec {ns} CMD)")
@@ -571,8 +575,11 @@ def _main(argv: Sequence[str] | None) -> int:
         if not names:
             print(f"no {args.prefix}-{CLI_TAG}-h* hosts; run 'up' first", file=sys.stderr)
             return 1
-        for ns in names:
+        switch = f"{args.prefix}-{CLI_TAG}-sw" if len(names) > 2 else None
+        for i, ns in enumerate(names):
             apply_shaping(ns, DEV, rate=args.rate, delay=args.delay, loss=args.loss)
+            if switch is not None:  # the bridge's port toward host i (as TestHosts.shape)
+                apply_shaping(switch, f"p{i}", rate=args.rate if args.ingress else None)
         return 0
     return 2  # pragma: no cover
 
