@@ -6,9 +6,11 @@ netem qdisc; loss works without it (BPF fallback). Measured numbers are printed 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -349,3 +351,20 @@ def test_command_line_shapes_the_bridge_ports_with_ingress():
     finally:
         netem.main(["--prefix", PREFIX, "down"])
     assert not [ns for ns in netem.list_namespaces() if ns.startswith(f"{PREFIX}-cli-")]
+
+
+@pytest.mark.skipif(not TUN, reason="no /dev/net/tun")
+def test_link_rtt_benchmark_times_a_round_trip_by_request_size(tmp_path):
+    """benchmarks/link_rtt.py on a 5 ms link: raw TCP's request/reply takes at least the round trip, larger
+    requests no less, and the file says which link and kernel settings it ran on."""
+    out = tmp_path / "rtt.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "link_rtt.py"
+    r = subprocess.run([PY, str(script), "--delay", "5ms", "--sizes", "1000", "30000", "--ccs", "cubic",
+                        "--calls", "3", "--idle-calls", "1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=50)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(out.read_text())
+    small, large = result["rows"]
+    assert (small["transport"], small["size"], large["size"]) == ("tcp-cubic", 1000, 30000)
+    assert 10.0 <= small["back_to_back_ms"] <= large["back_to_back_ms"] + 1.0
+    assert result["rtt_s"] == pytest.approx(0.01) and "net.ipv4.tcp_congestion_control" in result["kernel"]
