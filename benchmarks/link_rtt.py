@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--ask-tcp", nargs=2, metavar=("ADDRESS", "CC"), help=argparse.SUPPRESS)
     ap.add_argument("--ask-ray", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.calls < 1 or args.idle_calls < 1:
+        ap.error("--calls and --idle-calls must be at least 1")
     if args.serve:
         serve(*args.serve)
         return {}
@@ -162,7 +164,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 assert server.stdout is not None
                 server.stdout.readline()  # "listening"
                 asked = hosts.run(0, [*me, "--ask-tcp", hosts.address(1), cc, "--sizes", *sizes, *counts],
-                                  capture_output=True, text=True, timeout=600, check=True)
+                                  capture_output=True, text=True, timeout=600)
+                if asked.returncode != 0:
+                    raise RuntimeError(f"the TCP calls with {cc} failed:\n{asked.stderr[-2000:]}")
                 rows += _rows(asked.stdout)
             finally:
                 server.kill()

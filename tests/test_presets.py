@@ -177,6 +177,7 @@ def test_a_config_built_directly_is_told_what_the_command_line_would_set():
     assert presets.hand_built_note("ppo", presets.make_config("ppo", "CartPole-v1", preset="none")) is None
     assert presets.hand_built_note("ppo", PPOConfig(env="CartPole-v1", preset="none")) is None
     assert presets.hand_built_note("ppo", PPOConfig(env="NoSuchEnv-v0")) is None  # the run says it cannot build it
+    assert presets.hand_built_note("ppo", PPOConfig(env="ALE/NoSuchGame-v5")) is None  # nor its family
     assert presets.hand_built_note("hsa2c", PPOConfig(env="CartPole-v1")) is None  # no preset file: nothing differs
     assert presets.hand_built_note("ppo", PPOConfig(env=lambda: None)) is None  # no command line runs a callable
     with pytest.raises(ValueError, match="^config has fields"):  # the user's field, not the preset's

@@ -214,6 +214,11 @@ def clear_shaping(ns: str, dev: str = DEV) -> None:
     _ns_cmd(ns, ["tc", "qdisc", "del", "dev", dev, "clsact"], check=False)
 
 
+def tbf_burst(rate_bits: int) -> int:
+    """The burst (bytes) of the token bucket a rate limit gets: ~4 ms of traffic, at least four full-size frames."""
+    return max(rate_bits // 8 // 250, 4 * 1514)
+
+
 def apply_shaping(ns: str, dev: str = DEV, rate: Rate = None, delay: Delay = None, loss: Loss = None) -> None:
     """Replace the egress shaping of ``dev`` in namespace ``ns``; all ``None`` leaves it unshaped.
 
@@ -243,7 +248,7 @@ def apply_shaping(ns: str, dev: str = DEV, rate: Rate = None, delay: Delay = Non
     tbf_args: list[str] = []
     if rate_bits is not None:
         # burst: ~4 ms of traffic, at least a few full-size frames; queue up to ~200 ms of traffic
-        burst = max(rate_bits // 8 // 250, 4 * 1514)
+        burst = tbf_burst(rate_bits)
         tbf_args = ["tbf", "rate", f"{rate_bits}bit", "burst", str(burst), "latency", "200ms"]
 
     if netem_args:
@@ -447,7 +452,7 @@ class TestHosts:
             if self.link == "tun":
                 apply_shaping(self.namespaces[i], self.dev, rate=rate, loss=loss)
                 self._tell_forwarder(f"delay {i} {parse_delay(delay) if delay is not None else 0.0}")
-                self._tell_forwarder(f"rate {i} {port_rate or 0}")
+                self._tell_forwarder(f"rate {i} {port_rate or 0} {tbf_burst(port_rate) if port_rate else 0}")
             else:
                 apply_shaping(self.namespaces[i], self.dev, rate=rate, delay=delay, loss=loss)
                 if self.switch is not None:  # the bridge's port toward host i: its egress is the host's ingress

@@ -12,10 +12,10 @@ at the 1,500-byte MTU), on a core the hosts' processes share.
 
 Run by :class:`~frugalrl.netem.TestHosts`: ``python -m frugalrl.tunlink CONFIG_JSON`` (``namespaces``, ``dev``,
 ``subnet``, ``delays``) creates the devices in the namespaces, prints ``ready``, then forwards until its stdin
-closes; a line ``delay HOST SECONDS`` on stdin changes a host's egress delay live, ``rate HOST BITS`` the rate of
-the switch port toward a host (0: none), where every other host's traffic to it queues, as at a real NIC's
-ingress (for at most :data:`PORT_QUEUE_S`; later packets are dropped, as a full switch buffer drops them). Needs
-root.
+closes; a line ``delay HOST SECONDS`` on stdin changes a host's egress delay live, ``rate HOST BITS BURST`` the
+token bucket of the switch port toward a host (0: none; ``BURST`` bytes, as the hosts' ``tbf``), where the other
+hosts' packets to it queue in the order they reach it, as at a real NIC's ingress (for at most
+:data:`PORT_QUEUE_S`; later packets are dropped, as a full switch buffer drops them). Needs root.
 """
 
 from __future__ import annotations
@@ -70,12 +70,14 @@ class Forwarder:
     def __init__(self, fds: list[int], subnet: str, delays: list[float]) -> None:
         self.delays = list(delays)
         self.rates = [0.0] * len(fds)  # bits/s of the switch port toward each host (0: no limit)
+        self.bursts = [0.0] * len(fds)  # its token bucket's depth, in seconds of its rate
         self.port_free = [0.0] * len(fds)  # when each port has sent what it holds
         prefix = bytes(int(x) for x in subnet.split("."))
         self.route = {prefix + bytes([i + 1]): i for i in range(len(fds))}
         self.fds = fds
         self.source = {fd: i for i, fd in enumerate(fds)}
-        self.queue: list[tuple[float, int, int, bytes]] = []  # (due, order, destination fd, packet)
+        # (due, order, destination host, packet, whether it still has to pass the port toward that host)
+        self.queue: list[tuple[float, int, int, bytes, bool]] = []
         self.order = 0
 
     def take(self, fd: int, now: float) -> None:
@@ -91,23 +93,34 @@ class Forwarder:
             dest = self.route.get(packet[16:20])
             if dest is None:
                 continue
-            due = now + delay
-            rate = self.rates[dest]
-            if rate:  # the port toward ``dest`` sends one packet after another at its rate
-                start = max(due, self.port_free[dest])
-                if start - due > PORT_QUEUE_S:
-                    continue
-                due = self.port_free[dest] = start + len(packet) * 8 / rate
             self.order += 1
-            heapq.heappush(self.queue, (due, self.order, self.fds[dest], packet))
+            heapq.heappush(self.queue, (now + delay, self.order, dest, packet, bool(self.rates[dest])))
+
+    def _through_port(self, due: float, dest: int, packet: bytes) -> float | None:
+        """When a packet that reaches the port toward ``dest`` at ``due`` leaves it (a token bucket: what exceeds
+        the burst waits its turn at the rate), or None if it would wait longer than :data:`PORT_QUEUE_S`."""
+        rate = self.rates[dest]
+        if not rate:
+            return due
+        finish = max(due, self.port_free[dest]) + len(packet) * 8 / rate
+        leave = max(due, finish - self.bursts[dest])
+        if leave - due > PORT_QUEUE_S:
+            return None
+        self.port_free[dest] = finish
+        return leave
 
     def deliver(self, now: float) -> None:
         """Write every packet that is due."""
         queue = self.queue
         while queue and queue[0][0] <= now:
-            _, _, out, packet = heapq.heappop(queue)
+            due, order, dest, packet, at_port = heapq.heappop(queue)
+            if at_port:  # the port takes packets in the order they reach it, whatever their senders' delays
+                leave = self._through_port(due, dest, packet)
+                if leave is not None:
+                    heapq.heappush(queue, (leave, order, dest, packet, False))
+                continue
             try:
-                os.write(out, packet)
+                os.write(self.fds[dest], packet)
             except OSError:  # the receiving device is down or its queue full: the packet is lost, as on a wire
                 pass
 
@@ -145,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 words = line.decode().split()
                 if len(words) == 3 and words[0] == "delay":
                     forwarder.delays[int(words[1])] = float(words[2])
-                elif len(words) == 3 and words[0] == "rate":
-                    forwarder.rates[int(words[1])] = float(words[2])
+                elif len(words) == 4 and words[0] == "rate":
+                    host, rate, burst = int(words[1]), float(words[2]), float(words[3])
+                    forwarder.rates[host] = rate
+                    forwarder.bursts[host] = burst * 8 / rate if rate else 0.0
         forwarder.deliver(now)
 
 

@@ -232,11 +232,15 @@ def hand_built_note(algo: str, cfg: Any) -> str | None:
     env that cannot be built here)."""
     if cfg.preset is not None or cfg.sources or not isinstance(cfg.env, str):  # a callable: no command line runs it
         return None
-    given = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-             if f.name not in ("preset", "sources") and getattr(cfg, f.name) != _default(f)}
+    unbuilt: list[str] = []
     try:
-        cli = configure(algo, type(cfg), given)
+        given = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+                 if f.name not in ("preset", "sources") and getattr(cfg, f.name) != _default(f)}
+        cli = configure(algo, type(cfg), given, note=lambda line: unbuilt.append(line)
+                        if line.startswith("cannot build") else None)
     except Exception:  # the run reports an env it cannot build, or a value it does not take
+        return None
+    if unbuilt:  # nor can it tell what the command line would choose
         return None
     what = [f"{k}={json.dumps(getattr(cli, k))}" for k, source in cli.sources.items() if source != "command line"]
     if cli.env != cfg.env:
