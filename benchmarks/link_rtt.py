@@ -32,7 +32,7 @@ from frugalrl import netem
 RESULTS = Path(__file__).parent / "results"
 PORT = 5599
 REPLY = 100
-IDLE_S = 0.5  # longer than the RTO of a 40 ms round trip (~240 ms): the window restarts after it
+IDLE_S = 0.5  # at least; longer than the RTO of a 40 ms round trip (~240 ms): the window restarts after it
 
 
 def _recv(conn: socket.socket, n: int) -> bytes:
@@ -68,8 +68,8 @@ def serve(address: str, cc: str) -> None:
         conn.sendall(bytes(reply))
 
 
-def _timings(call: Any, size: int, calls: int, idle_calls: int) -> dict[str, float]:
-    """Median milliseconds of ``call(size)`` back to back and after an idle spell each."""
+def _timings(call: Any, size: int, calls: int, idle_calls: int, idle_s: float) -> dict[str, float]:
+    """Median milliseconds of ``call(size)`` back to back and after an idle spell of ``idle_s`` each."""
     for _ in range(3):
         call(size)
     back = []
@@ -79,14 +79,19 @@ def _timings(call: Any, size: int, calls: int, idle_calls: int) -> dict[str, flo
         back.append(time.perf_counter() - start)
     idle = []
     for _ in range(idle_calls):
-        time.sleep(IDLE_S)
+        time.sleep(idle_s)
         start = time.perf_counter()
         call(size)
         idle.append(time.perf_counter() - start)
     return {"back_to_back_ms": statistics.median(back) * 1e3, "after_idle_ms": statistics.median(idle) * 1e3}
 
 
-def ask_tcp(address: str, cc: str, sizes: list[int], calls: int, idle_calls: int) -> None:
+def idle_seconds(one_way: float) -> float:
+    """An idle spell longer than TCP's retransmission timeout on a link of ``one_way`` delay (~3 round trips)."""
+    return max(IDLE_S, 6 * one_way + 0.2)
+
+
+def ask_tcp(address: str, cc: str, sizes: list[int], calls: int, idle_calls: int, idle_s: float) -> None:
     """Time requests of each size to :func:`serve`; prints one JSON row per size."""
     sock = _tcp_socket(socket.create_connection((address, PORT)), cc)
 
@@ -95,11 +100,11 @@ def ask_tcp(address: str, cc: str, sizes: list[int], calls: int, idle_calls: int
         _recv(sock, REPLY)
 
     for size in sizes:
-        print(json.dumps({"transport": f"tcp-{cc}", "size": size, **_timings(call, size, calls, idle_calls)}),
+        print(json.dumps({"transport": f"tcp-{cc}", "size": size, **_timings(call, size, calls, idle_calls, idle_s)}),
               flush=True)
 
 
-def ask_ray(address: str, sizes: list[int], calls: int, idle_calls: int) -> None:
+def ask_ray(address: str, sizes: list[int], calls: int, idle_calls: int, idle_s: float) -> None:
     """Time Ray actor calls whose argument is ``size`` bytes (sent inline: under Ray's 100 KiB) on the other host."""
     import numpy as np
     import ray
@@ -115,7 +120,8 @@ def ask_ray(address: str, sizes: list[int], calls: int, idle_calls: int) -> None
     ray.get(actor.answer.remote(b""))
     payloads = {size: np.zeros(size, np.uint8) for size in sizes}
     for size in sizes:
-        row = _timings(lambda n: ray.get(actor.answer.remote(payloads[n])), size, calls, idle_calls)
+        row = _timings(lambda n: ray.get(actor.answer.remote(payloads[n])), size, calls, idle_calls,
+                       idle_s)
         print(json.dumps({"transport": "ray", "size": size, **row}), flush=True)
 
 
@@ -139,19 +145,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     if args.calls < 1 or args.idle_calls < 1:
         ap.error("--calls and --idle-calls must be at least 1")
+    one_way = netem.parse_delay(args.delay)
+    idle_s = idle_seconds(one_way)
     if args.serve:
         serve(*args.serve)
         return {}
     if args.ask_tcp:
-        ask_tcp(*args.ask_tcp, args.sizes, args.calls, args.idle_calls)
+        ask_tcp(*args.ask_tcp, args.sizes, args.calls, args.idle_calls, idle_s)
         return {}
     if args.ask_ray:
-        ask_ray(args.ask_ray, args.sizes, args.calls, args.idle_calls)
+        ask_ray(args.ask_ray, args.sizes, args.calls, args.idle_calls, idle_s)
         return {}
 
-    one_way = netem.parse_delay(args.delay)
     sizes = [str(s) for s in args.sizes]
-    counts = ["--calls", str(args.calls), "--idle-calls", str(args.idle_calls)]
+    counts = ["--calls", str(args.calls), "--idle-calls", str(args.idle_calls), "--delay", args.delay]
     me = [sys.executable, str(Path(__file__).resolve())]
     rows: list[dict[str, Any]] = []
     with netem.TestHosts(n=2, link=netem.default_link(one_way > 0)) as hosts:
@@ -191,11 +198,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "commit": measured_commit(),
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "delay": args.delay, "rate": args.rate, "rtt_s": 2 * one_way, "link": netem.default_link(one_way > 0),
-        "kernel": kernel, "reply_bytes": REPLY, "idle_s": IDLE_S, "rows": rows,
+        "kernel": kernel, "reply_bytes": REPLY, "idle_s": idle_s, "rows": rows,
     }
     for row in rows:
         print(f"{row['transport']:>10} {row['size']:>7} B: {row['back_to_back_ms']:7.1f} ms back to back, "
-              f"{row['after_idle_ms']:7.1f} ms after {IDLE_S} s idle")
+              f"{row['after_idle_ms']:7.1f} ms after {idle_s:g} s idle")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

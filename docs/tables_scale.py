@@ -62,16 +62,21 @@ def t_scale_model_parts(arg: str) -> list[Table]:
     return [Table(header, rows, sources=[s.name], commands=[s.command()], align="ll" + "r" * 8)]
 
 
+def _cell(run: dict) -> tuple:
+    """What tells a run (or its model row) from the others of a ``shaped_links.py`` file."""
+    return run["rate"], run.get("delay", "0"), run["sync"], run["uplink"], run["workers"]
+
+
 def t_link_latency(arg: str) -> list[Table]:
     """Link latency (``shaped_links.py --delays``): seconds per iteration with the weights in the rollout request
     (the first file) against weights sent on their own (the second, the same command before that change), and the
     model's prediction from the runs without delay."""
     now, before = (Source(name) for name in arg.split())
-    old = {(r["delay"], r["sync"], r["workers"]): i for i, r in enumerate(before("runs"))}
-    models = {(m["delay"], m["sync"], m["workers"]): i for i, m in enumerate(now("model"))}
+    old = {_cell(r): i for i, r in enumerate(before("runs"))}
+    models = {_cell(m): i for i, m in enumerate(now("model"))}
     rows: list[list[Cell]] = []
     for i, r in enumerate(now("runs")):
-        key = (r["delay"], r["sync"], r["workers"])
+        key = _cell(r)
         m = models[key]
         rows.append([[r["delay"]], [r["sync"]], [str(r["workers"])],
                      [before.num("runs", old[key], "s_per_iter_median", fmt=".0f", scale=1e3)],
@@ -89,11 +94,11 @@ def t_link_latency_rounds(arg: str) -> list[Table]:
     """Link latency in repeated rounds (``shaped_links.py --delays``, the same command run once per file): each
     cell's seconds per iteration and the model's error, round by round."""
     rounds = [Source(name) for name in arg.split()]
-    index = [{(r["delay"], r["sync"], r["workers"]): i for i, r in enumerate(s("runs"))} for s in rounds]
-    models = [{(m["delay"], m["sync"], m["workers"]): i for i, m in enumerate(s("model"))} for s in rounds]
+    index = [{_cell(r): i for i, r in enumerate(s("runs"))} for s in rounds]
+    models = [{_cell(m): i for i, m in enumerate(s("model"))} for s in rounds]
     rows: list[list[Cell]] = []
     for r in rounds[0]("runs"):
-        key = (r["delay"], r["sync"], r["workers"])
+        key = _cell(r)
         row: list[Cell] = [[r["delay"]], [r["sync"]], [str(r["workers"])]]
         row += [[s.num("runs", ix[key], "s_per_iter_median", fmt=".0f", scale=1e3)] for s, ix in zip(rounds, index, strict=True)]
         row += [[s.num("model", mx[key], "error", "s_per_iter", fmt="+.0%")] for s, mx in zip(rounds, models, strict=True)]
@@ -123,11 +128,11 @@ def t_link_ingress(arg: str) -> list[Table]:
     """The same ``shaped_links.py`` command without and with ``--ingress`` (the first and second file): seconds per
     iteration and the model's error, where only the hosts' egress is shaped and where the learner's ingress is too."""
     egress, both = (Source(name) for name in arg.split())
-    runs = {(r["delay"], r["sync"], r["workers"]): i for i, r in enumerate(egress("runs"))}
-    models = [{(m["delay"], m["sync"], m["workers"]): i for i, m in enumerate(s("model"))} for s in (egress, both)]
+    runs = {_cell(r): i for i, r in enumerate(egress("runs"))}
+    models = [{_cell(m): i for i, m in enumerate(s("model"))} for s in (egress, both)]
     rows: list[list[Cell]] = []
     for i, r in enumerate(both("runs")):
-        key = (r["delay"], r["sync"], r["workers"])
+        key = _cell(r)
         rows.append([[r["delay"]], [r["sync"]], [str(r["workers"])],
                      [egress.num("runs", runs[key], "s_per_iter_median", fmt=".0f", scale=1e3)],
                      [egress.num("model", models[0][key], "error", "s_per_iter", fmt="+.0%")],

@@ -348,6 +348,7 @@ def test_command_line_shapes_the_bridge_ports_with_ingress():
         assert "tbf" not in port_qdisc()
         assert netem.main(["--prefix", PREFIX, "shape", "--rate", "5mbit", "--ingress"]) == 0
         assert "5Mbit" in port_qdisc()
+        assert netem.main(["--prefix", PREFIX, "shape", "--ingress"]) == 1  # a rate is needed
     finally:
         netem.main(["--prefix", PREFIX, "down"])
     assert not [ns for ns in netem.list_namespaces() if ns.startswith(f"{PREFIX}-cli-")]

@@ -564,6 +564,9 @@ def _main(argv: Sequence[str] | None) -> int:
                     _delete_namespace(ns)
                     print("deleted", ns)
         return 0
+    if args.cmd in ("up", "shape") and args.ingress and args.rate is None:
+        print("error: --ingress limits the switch ports to --rate: give a --rate", file=sys.stderr)
+        return 1
     if args.cmd == "up":
         if _sets(args.prefix).get(CLI_TAG):
             print(f"{args.prefix}-{CLI_TAG}-* already exist; run 'down' first", file=sys.stderr)
