@@ -370,14 +370,10 @@ class TestHosts:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], _CMD_TIMEOUT)
         line = proc.stdout.readline() if ready else b""
-        if line.strip() != b"ready":
-            proc.kill()
-            code = proc.wait()
-            self._forwarder = None
-            for pipe in (proc.stdin, proc.stdout):
-                if pipe is not None:
-                    pipe.close()
-            raise RuntimeError(f"the TUN forwarder did not start (exit code {code})")
+        if line.strip() != b"ready":  # setup's teardown stops it
+            code = proc.poll()
+            raise RuntimeError("the TUN forwarder did not start" + (f" (exit code {code})" if code is not None else
+                                                                     f" within {_CMD_TIMEOUT:g} s"))
 
     def _stop_forwarder(self) -> None:
         proc, self._forwarder = self._forwarder, None
@@ -452,7 +448,7 @@ class TestHosts:
             if self.link == "tun":
                 apply_shaping(self.namespaces[i], self.dev, rate=rate, loss=loss)
                 self._tell_forwarder(f"delay {i} {parse_delay(delay) if delay is not None else 0.0}")
-                self._tell_forwarder(f"rate {i} {port_rate or 0} {tbf_burst(port_rate) if port_rate else 0}")
+                self._tell_forwarder(f"rate {i} {port_rate or 0}")
             else:
                 apply_shaping(self.namespaces[i], self.dev, rate=rate, delay=delay, loss=loss)
                 if self.switch is not None:  # the bridge's port toward host i: its egress is the host's ingress
@@ -583,11 +579,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if not names:
             print(f"no {args.prefix}-{CLI_TAG}-h* hosts; run 'up' first", file=sys.stderr)
             return 1
-        switch = f"{args.prefix}-{CLI_TAG}-sw" if len(names) > 2 else None
-        for i, ns in enumerate(names):
-            apply_shaping(ns, DEV, rate=args.rate, delay=args.delay, loss=args.loss)
-            if switch is not None:  # the bridge's port toward host i (as TestHosts.shape)
-                apply_shaping(switch, f"p{i}", rate=args.rate if args.ingress else None)
+        TestHosts(len(names), args.prefix, tag=CLI_TAG, link="veth").shape(args.rate, args.delay, args.loss,
+                                                                           ingress=args.ingress)
         return 0
     return 2  # pragma: no cover
 

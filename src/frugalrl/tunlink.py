@@ -12,8 +12,8 @@ at the 1,500-byte MTU), on a core the hosts' processes share.
 
 Run by :class:`~frugalrl.netem.TestHosts`: ``python -m frugalrl.tunlink CONFIG_JSON`` (``namespaces``, ``dev``,
 ``subnet``, ``delays``) creates the devices in the namespaces, prints ``ready``, then forwards until its stdin
-closes; a line ``delay HOST SECONDS`` on stdin changes a host's egress delay live, ``rate HOST BITS BURST`` the
-token bucket of the switch port toward a host (0: none; ``BURST`` bytes, as the hosts' ``tbf``), where the other
+closes; a line ``delay HOST SECONDS`` on stdin changes a host's egress delay live, ``rate HOST BITS`` the token
+bucket of the switch port toward a host (0: none; the hosts' ``tbf`` burst, :meth:`Forwarder.set_port`), where the other
 hosts' packets to it queue in the order they reach it, as at a real NIC's ingress (for at most
 :data:`PORT_QUEUE_S`; later packets are dropped, as a full switch buffer drops them). Needs root.
 """
@@ -29,6 +29,8 @@ import select
 import struct
 import sys
 import time
+
+from frugalrl.netem import tbf_burst
 
 TUNSETIFF = 0x400454CA
 IFF_TUN = 0x0001
@@ -96,6 +98,14 @@ class Forwarder:
             self.order += 1
             heapq.heappush(self.queue, (now + delay, self.order, dest, packet, bool(self.rates[dest])))
 
+    def set_port(self, host: int, rate: float, burst: float | None = None) -> None:
+        """Limit the switch port toward ``host`` to ``rate`` bits/s (0: no limit), a token bucket of ``burst`` bytes
+        (default: the hosts' ``tbf`` burst, :func:`frugalrl.netem.tbf_burst`)."""
+        if burst is None:
+            burst = tbf_burst(int(rate)) if rate else 0
+        self.rates[host] = rate
+        self.bursts[host] = burst * 8 / rate if rate else 0.0
+
     def _through_port(self, due: float, dest: int, packet: bytes) -> float | None:
         """When a packet that reaches the port toward ``dest`` at ``due`` leaves it (a token bucket: what exceeds
         the burst waits its turn at the rate), or None if it would wait longer than :data:`PORT_QUEUE_S`."""
@@ -158,10 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                 words = line.decode().split()
                 if len(words) == 3 and words[0] == "delay":
                     forwarder.delays[int(words[1])] = float(words[2])
-                elif len(words) == 4 and words[0] == "rate":
-                    host, rate, burst = int(words[1]), float(words[2]), float(words[3])
-                    forwarder.rates[host] = rate
-                    forwarder.bursts[host] = burst * 8 / rate if rate else 0.0
+                elif len(words) == 3 and words[0] == "rate":
+                    forwarder.set_port(int(words[1]), float(words[2]))
         forwarder.deliver(now)
 
 

@@ -375,7 +375,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         # A worker that syncs gets the weights in its rollout request (one round trip, not two); the head then
         # holds the words it acts with, so its behaviour can be recomputed.
         recomputable = self.uplink.behaviour == "recompute"
-        requests = {w: recompute if recomputable and (w in chosen or self.policies.can_recompute(w, agent)) else msg
+        syncing = set(chosen)
+        requests = {w: recompute if recomputable and (w in syncing or self.policies.can_recompute(w, agent)) else msg
                     for w in range(self.num_workers)}
         replies = self._request_with_weights(agent, requests, chosen, recover)
         # Every worker replaced during this call (in its sync too: its envs were reset) is reported.

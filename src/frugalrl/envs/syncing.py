@@ -67,7 +67,9 @@ class WeightSyncs:
         """Replies to ``requests``, the workers ``chosen`` getting the agent's weights inside theirs (one chosen but
         sent no request is not synced); a worker that fails is ``on_failure``'s and stays unsynced (it holds
         nothing: a rollout's recovery syncs it, a step's next request does)."""
-        weights = {w: self.policies.message(agent, w) for w in chosen if w in requests} if agent is not None else {}
+        if agent is None or not chosen:  # nothing to carry (every plain step): the requests as they are
+            return self._request(requests, on_failure=on_failure)
+        weights = {w: self.policies.message(agent, w) for w in chosen if w in requests}
         combined: dict[tuple[int, int], Message] = {}  # one object per distinct pair: Ray sends it once per node
         sent = {}
         for w, msg in requests.items():
@@ -96,10 +98,8 @@ class WeightSyncs:
         refused = self.policies.refusals({w: replies[w] for w in weights if w not in failed})
         reached = {w: m for w, m in weights.items() if w not in failed and w not in refused}
         if reached:
-            assert agent is not None
             self.policies.acknowledged(agent, reached)
         if refused:  # these did not act on the request: a full copy first, then the request
-            assert agent is not None
             self._send_weights(agent, refused)
             replies.update(self._request({w: requests[w] for w in refused}, on_failure=on_failure))
         return replies

@@ -145,10 +145,15 @@ def build(cls: type, values: dict[str, Any], name: str | None, given: dict[str, 
     data = {**values, **given, "preset": name}
     cfg = config_from_dict(cls, data, where="config" if name in (None, NONE) else label(name))
     origin = {**{k: label(name) for k in values if name is not None}, **{k: given_as for k in given}}
-    cfg.sources = {f.name: origin[f.name] for f in dataclasses.fields(cls)
-                   if f.name in origin and f.name not in ("preset", "sources")
-                   and getattr(cfg, f.name) != _default(f)}
+    cfg.sources = {name: origin[name] for name in _set_fields(cfg) if name in origin}
     return cfg
+
+
+def _set_fields(cfg: Any) -> list[str]:
+    """The fields of config ``cfg`` whose value differs from the dataclass's default (``preset`` and ``sources``
+    aside)."""
+    return [f.name for f in dataclasses.fields(cfg)
+            if f.name not in ("preset", "sources") and getattr(cfg, f.name) != _default(f)]
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -196,11 +201,12 @@ def make_config(algo: str, env: str, preset: str | None = AUTO, **overrides: Any
 
 
 def configure(algo: str, cls: type, given: dict[str, Any], preset: str | None = AUTO,
-              given_as: str = "command line", note: Callable[[str], object] | None = None) -> Any:
+              given_as: str = "command line", note: Callable[[str], object] | None = None,
+              strict: bool = False) -> Any:
     """Config ``cls`` of ``algo`` from the preset ``preset`` names (the env's own by default, else its family's),
     then the fields ``given``; ``note`` hears what a user should know (an Atari id preprocessed, no preset for the
     env, an env that cannot be built here to choose its family). An Atari id without ``env_kwargs`` becomes
-    :func:`atari_frames`' factory, as rl-zoo does."""
+    :func:`atari_frames`' factory, as rl-zoo does. With ``strict``, an env that cannot be built raises."""
     note = note or (lambda _: None)
     given = dict(given)
     env = given.get("env", next(f.default for f in dataclasses.fields(cls) if f.name == "env"))
@@ -212,8 +218,8 @@ def configure(algo: str, cls: type, given: dict[str, Any], preset: str | None = 
         given["env"] = env
     try:
         values, name = resolve(algo, env, preset, given.get("env_kwargs"), given.get("env_wrappers"))
-    except Exception as e:  # auto only: the run itself reports an env it cannot build
-        if preset != AUTO:
+    except Exception as e:  # auto only (unless ``strict``): the run itself reports an env it cannot build
+        if preset != AUTO or strict:
             raise
         note(f"cannot build {env} here to choose its family ({e}); using the defaults of {cls.__name__}")
         return build(cls, {}, None, given, given_as)
@@ -232,15 +238,9 @@ def hand_built_note(algo: str, cfg: Any) -> str | None:
     env that cannot be built here)."""
     if cfg.preset is not None or cfg.sources or not isinstance(cfg.env, str):  # a callable: no command line runs it
         return None
-    unbuilt: list[str] = []
     try:
-        given = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-                 if f.name not in ("preset", "sources") and getattr(cfg, f.name) != _default(f)}
-        cli = configure(algo, type(cfg), given, note=lambda line: unbuilt.append(line)
-                        if line.startswith("cannot build") else None)
-    except Exception:  # the run reports an env it cannot build, or a value it does not take
-        return None
-    if unbuilt:  # nor can it tell what the command line would choose
+        cli = configure(algo, type(cfg), {name: getattr(cfg, name) for name in _set_fields(cfg)}, strict=True)
+    except Exception:  # the run reports an env it cannot build (nor can this tell its family), or a bad value
         return None
     what = [f"{k}={json.dumps(getattr(cli, k))}" for k, source in cli.sources.items() if source != "command line"]
     if cli.env != cfg.env:
