@@ -28,21 +28,12 @@ from typing import Any
 from _commit import measured_commit
 
 from frugalrl import netem
+from frugalrl.wire.channel import recv_exact
 
 RESULTS = Path(__file__).parent / "results"
 PORT = 5599
 REPLY = 100
 IDLE_S = 0.5  # at least; longer than the RTO of a 40 ms round trip (~240 ms): the window restarts after it
-
-
-def _recv(conn: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return bytes(data)
 
 
 def _tcp_socket(sock: socket.socket, cc: str) -> socket.socket:
@@ -61,10 +52,10 @@ def serve(address: str, cc: str) -> None:
     conn = _tcp_socket(listener.accept()[0], cc)
     while True:
         try:
-            size, reply = struct.unpack("!II", _recv(conn, 8))
+            size, reply = struct.unpack("!II", recv_exact(conn, 8))
         except EOFError:
             return
-        _recv(conn, size)
+        recv_exact(conn, size)
         conn.sendall(bytes(reply))
 
 
@@ -97,7 +88,7 @@ def ask_tcp(address: str, cc: str, sizes: list[int], calls: int, idle_calls: int
 
     def call(size: int) -> None:
         sock.sendall(struct.pack("!II", size, REPLY) + bytes(size))
-        _recv(sock, REPLY)
+        recv_exact(sock, REPLY)
 
     for size in sizes:
         print(json.dumps({"transport": f"tcp-{cc}", "size": size, **_timings(call, size, calls, idle_calls, idle_s)}),
@@ -162,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     me = [sys.executable, str(Path(__file__).resolve())]
     rows: list[dict[str, Any]] = []
     with netem.TestHosts(n=2, link=netem.default_link(one_way > 0)) as hosts:
-        hosts.shape(rate=args.rate, delay=args.delay if one_way > 0 else None)
+        link = hosts.link
+        hosts.shape(rate=args.rate, delay=args.delay)
         kernel = {key: hosts.run(0, ["sysctl", "-n", key], capture_output=True, text=True).stdout.strip()
                   for key in ("net.ipv4.tcp_congestion_control", "net.ipv4.tcp_slow_start_after_idle")}
         for cc in args.ccs.split(","):
@@ -197,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": "link_rtt.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "commit": measured_commit(),
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        "delay": args.delay, "rate": args.rate, "rtt_s": 2 * one_way, "link": netem.default_link(one_way > 0),
+        "delay": args.delay, "rate": args.rate, "rtt_s": 2 * one_way, "link": link,
         "kernel": kernel, "reply_bytes": REPLY, "idle_s": idle_s, "rows": rows,
     }
     for row in rows:

@@ -206,7 +206,7 @@ def main() -> None:
                           check=True, timeout=10)
         for rate, delay in [(r, d) for r in args.rates.split(",") for d in delays]:
             one_way = netem.parse_delay(delay)
-            hosts.shape(rate=rate, delay=delay if one_way > 0 else None, ingress=args.ingress)
+            hosts.shape(rate=rate, delay=delay, ingress=args.ingress)
             for sync, uplink, workers in [(s, u, w) for s in args.syncs.split(",") for u in args.uplinks.split(",")
                                           for w in sorted(args.workers)]:
                 name = f"{rate}-{sync}-{uplink}-w{workers}" + (f"-d{delay}" if one_way > 0 else "")

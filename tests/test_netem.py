@@ -354,7 +354,7 @@ def test_command_line_shapes_the_bridge_ports_with_ingress():
     assert not [ns for ns in netem.list_namespaces() if ns.startswith(f"{PREFIX}-cli-")]
 
 
-@pytest.mark.skipif(not TUN, reason="no /dev/net/tun")
+@pytest.mark.skipif(not (TUN or netem.netem_available()[0]), reason="no delay here: neither netem nor /dev/net/tun")
 def test_link_rtt_benchmark_times_a_round_trip_by_request_size(tmp_path):
     """benchmarks/link_rtt.py on a 5 ms link: raw TCP's request/reply takes at least the round trip, larger
     requests no less, and the file says which link and kernel settings it ran on."""
@@ -368,4 +368,5 @@ def test_link_rtt_benchmark_times_a_round_trip_by_request_size(tmp_path):
     small, large = result["rows"]
     assert (small["transport"], small["size"], large["size"]) == ("tcp-cubic", 1000, 30000)
     assert 10.0 <= small["back_to_back_ms"] <= large["back_to_back_ms"] + 1.0
+    assert small["after_idle_ms"] >= 10.0 and result["kernel"]["net.ipv4.tcp_slow_start_after_idle"] in {"0", "1"}
     assert result["rtt_s"] == pytest.approx(0.01) and "net.ipv4.tcp_congestion_control" in result["kernel"]

@@ -7,16 +7,15 @@ import socket
 
 import pytest
 
+from frugalrl.netem import SUBNET
 from frugalrl.tunlink import PORT_QUEUE_S, Forwarder
-
-SUBNET = "10.213.0"
 
 
 def _packet(dest: int, size: int = 1000) -> bytes:
     """An IPv4 packet of ``size`` bytes to host ``dest`` (only what the forwarder reads is filled in)."""
     header = bytearray(20)
     header[0] = 0x45
-    header[16:20] = bytes([10, 213, 0, dest + 1])
+    header[16:20] = bytes([*(int(x) for x in SUBNET.split(".")), dest + 1])
     return bytes(header) + bytes(size - 20)
 
 
@@ -33,7 +32,7 @@ def hosts():
 
 def _forwarder(hosts, delays, rate=0.0, burst_bytes=0.0):
     fw = Forwarder([ours.fileno() for ours, _ in hosts], SUBNET, delays)
-    fw.rates[2], fw.bursts[2] = rate, (burst_bytes * 8 / rate if rate else 0.0)
+    fw.set_port(2, rate, burst_bytes)
     return fw
 
 

@@ -249,7 +249,7 @@ def test_a_sync_rides_in_the_rollout_request_and_changes_nothing_else(backend, c
     the same rollouts, versions, syncs and weight bytes as weights sent on their own first, and no more header
     bytes (one header fewer per sync, the rollout's unnumbered where it carries)."""
     envs = [closing(ClusterEnv("CartPole-v1", 2, 2, backend=backend, seed=4, weights_codec="bf16", sync=rule))
-            for rule in (AAPS(0.01), AAPS(0.01))]
+            for rule in (AAPS(0.01), AAPS(0.01))]  # a rule each: they keep state
     sent = _record_requests(envs[1])
     outs = []
     for i, env in enumerate(envs):
@@ -271,6 +271,8 @@ def test_a_sync_rides_in_the_rollout_request_and_changes_nothing_else(backend, c
     assert alone["weight_syncs"] == riding["weight_syncs"] and riding["weight_syncs"]["total"] > 2
     assert alone["bytes"]["weights"] == riding["bytes"]["weights"]
     assert riding["bytes"]["control"] <= alone["bytes"]["control"]
+    # one round trip, not two: each carried sync saves a request and its reply
+    assert riding["bytes"]["messages"] == alone["bytes"]["messages"] - 2 * riding["weight_syncs"]["total"]
     rollouts = [m for _, m in sent if m.op == "rollout"]
     assert [m.op for _, m in sent].count("weights") == riding["weight_syncs"]["total"]  # every one carried
     assert len(rollouts) == 2 * 6 and sum("carries" in m.meta for m in rollouts) == riding["weight_syncs"]["total"]
