@@ -78,11 +78,20 @@ def model_check(rows: list[dict], base_delay: str | None = None) -> list[dict]:
     measured: bytes per iteration each way and the median seconds per iteration."""
     from frugalrl.scale_model import RunFigures, predict
 
+    def setting(r: dict) -> tuple:  # a delay by its seconds: "0", "0ms" and "0s" are one
+        rate, delay, sync, uplink = _key(r)
+        return rate, netem.parse_delay(delay), sync, uplink
+
+    if base_delay is not None and not any(netem.parse_delay(r.get("delay", "0")) == netem.parse_delay(base_delay)
+                                          for r in rows):
+        raise ValueError(f"no run has the delay to model from ({base_delay!r}); the runs' delays: "
+                         f"{sorted({r.get('delay', '0') for r in rows})}")
     out = []
     for r in rows:
         rate, delay, sync, uplink = _key(r)
-        same = [q for q in rows if _key(q) == (rate, delay if base_delay is None else base_delay, sync, uplink)]
-        if not same:
+        base_s = netem.parse_delay(delay if base_delay is None else base_delay)
+        same = [q for q in rows if setting(q) == (rate, base_s, sync, uplink)]
+        if not same:  # e.g. a rate or sync run only at other delays
             continue
         base = min(same, key=lambda q: q["workers"])
         link = None if r["rate"] == "unshaped" else _rate_bps(r["rate"]) / 1e9
@@ -197,6 +206,8 @@ def main() -> None:
     per_host = -(-max(args.workers) // args.hosts)  # CPUs per worker node: the most workers fill every host
     delays = args.delays.split(",")
     delayed = any(netem.parse_delay(d) > 0 for d in delays)
+    if args.model_from_delay is not None and netem.parse_delay(args.model_from_delay) not in map(netem.parse_delay, delays):
+        sys.exit(f"--model-from-delay {args.model_from_delay} is not one of --delays {args.delays}")
     link = netem.default_link(delayed)
     with tempfile.TemporaryDirectory(prefix="frl-shaped-") as run_dir, \
             netem.TestHosts(n=args.hosts + 1, link=link) as hosts, RayCluster(hosts, worker_cpus=per_host) as cluster:

@@ -67,47 +67,46 @@ def _cell(run: dict) -> tuple:
     return run["rate"], run.get("delay", "0"), run["sync"], run["uplink"], run["workers"]
 
 
+_MS = {"fmt": ".0f", "scale": 1e3}
+_ERROR = {"fmt": "+.0%"}
+_COUNT = {"fmt": "d"}
+
+
+def _by_cell(files: list[Source], rows_of: int, columns: list[tuple[int, str, tuple, dict]],
+             header: list[str]) -> list[Table]:
+    """A table of ``shaped_links.py`` files' cells matched by setting: one row per run of ``files[rows_of]``
+    (delay, sync, workers), then per column ``(file, "runs" or "model", path in the row, format)``."""
+    index = [{part: {_cell(r): i for i, r in enumerate(f(part))} for part in ("runs", "model")} for f in files]
+    rows: list[list[Cell]] = []
+    for r in files[rows_of]("runs"):
+        row: list[Cell] = [[r["delay"]], [r["sync"]], [str(r["workers"])]]
+        for f, part, path, fmt in columns:
+            row.append([files[f].num(part, index[f][part][_cell(r)], *path, **fmt)])
+        rows.append(row)
+    return [Table(["one-way delay", "sync", "workers", *header], rows, sources=[f.name for f in files],
+                  commands=[f.command() for f in files], align="lll" + "r" * len(columns))]
+
+
 def t_link_latency(arg: str) -> list[Table]:
     """Link latency (``shaped_links.py --delays``): seconds per iteration with the weights in the rollout request
     (the first file) against weights sent on their own (the second, the same command before that change), and the
     model's prediction from the runs without delay."""
-    now, before = (Source(name) for name in arg.split())
-    old = {_cell(r): i for i, r in enumerate(before("runs"))}
-    models = {_cell(m): i for i, m in enumerate(now("model"))}
-    rows: list[list[Cell]] = []
-    for i, r in enumerate(now("runs")):
-        key = _cell(r)
-        m = models[key]
-        rows.append([[r["delay"]], [r["sync"]], [str(r["workers"])],
-                     [before.num("runs", old[key], "s_per_iter_median", fmt=".0f", scale=1e3)],
-                     [now.num("runs", i, "s_per_iter_median", fmt=".0f", scale=1e3)],
-                     [now.num("model", m, "predicted", "s_per_iter", fmt=".0f", scale=1e3)],
-                     [now.num("model", m, "error", "s_per_iter", fmt="+.0%")],
-                     [now.num("runs", i, "weight_syncs", fmt="d")]])
-    header = ["one-way delay", "sync", "workers", "ms/iter, weights on their own", "ms/iter, weights in the request",
-              "model (from no delay)", "error", "syncs"]
-    return [Table(header, rows, sources=[now.name, before.name], commands=[now.command(), before.command()],
-                  align="lllrrrrr")]
+    files = [Source(name) for name in arg.split()]
+    return _by_cell(files, 0, [(1, "runs", ("s_per_iter_median",), _MS), (0, "runs", ("s_per_iter_median",), _MS),
+                               (0, "model", ("predicted", "s_per_iter"), _MS), (0, "model", ("error", "s_per_iter"), _ERROR),
+                               (0, "runs", ("weight_syncs",), _COUNT)],
+                    ["ms/iter, weights on their own", "ms/iter, weights in the request", "model (from no delay)",
+                     "error", "syncs"])
 
 
 def t_link_latency_rounds(arg: str) -> list[Table]:
     """Link latency in repeated rounds (``shaped_links.py --delays``, the same command run once per file): each
     cell's seconds per iteration and the model's error, round by round."""
-    rounds = [Source(name) for name in arg.split()]
-    index = [{_cell(r): i for i, r in enumerate(s("runs"))} for s in rounds]
-    models = [{_cell(m): i for i, m in enumerate(s("model"))} for s in rounds]
-    rows: list[list[Cell]] = []
-    for r in rounds[0]("runs"):
-        key = _cell(r)
-        row: list[Cell] = [[r["delay"]], [r["sync"]], [str(r["workers"])]]
-        row += [[s.num("runs", ix[key], "s_per_iter_median", fmt=".0f", scale=1e3)] for s, ix in zip(rounds, index, strict=True)]
-        row += [[s.num("model", mx[key], "error", "s_per_iter", fmt="+.0%")] for s, mx in zip(rounds, models, strict=True)]
-        rows.append(row)
-    n = len(rounds)
-    header = ["one-way delay", "sync", "workers", *(f"ms/iter, round {j + 1}" for j in range(n)),
-              *(f"model error, round {j + 1}" for j in range(n))]
-    return [Table(header, rows, sources=[s.name for s in rounds], commands=[s.command() for s in rounds],
-                  align="lll" + "r" * (2 * n))]
+    files = [Source(name) for name in arg.split()]
+    n = range(len(files))
+    return _by_cell(files, 0, [*((j, "runs", ("s_per_iter_median",), _MS) for j in n),
+                               *((j, "model", ("error", "s_per_iter"), _ERROR) for j in n)],
+                    [*(f"ms/iter, round {j + 1}" for j in n), *(f"model error, round {j + 1}" for j in n)])
 
 
 def t_link_rtt(arg: str) -> list[Table]:
@@ -127,19 +126,8 @@ def t_link_rtt(arg: str) -> list[Table]:
 def t_link_ingress(arg: str) -> list[Table]:
     """The same ``shaped_links.py`` command without and with ``--ingress`` (the first and second file): seconds per
     iteration and the model's error, where only the hosts' egress is shaped and where the learner's ingress is too."""
-    egress, both = (Source(name) for name in arg.split())
-    runs = {_cell(r): i for i, r in enumerate(egress("runs"))}
-    models = [{_cell(m): i for i, m in enumerate(s("model"))} for s in (egress, both)]
-    rows: list[list[Cell]] = []
-    for i, r in enumerate(both("runs")):
-        key = _cell(r)
-        rows.append([[r["delay"]], [r["sync"]], [str(r["workers"])],
-                     [egress.num("runs", runs[key], "s_per_iter_median", fmt=".0f", scale=1e3)],
-                     [egress.num("model", models[0][key], "error", "s_per_iter", fmt="+.0%")],
-                     [both.num("runs", i, "s_per_iter_median", fmt=".0f", scale=1e3)],
-                     [both.num("model", models[1][key], "error", "s_per_iter", fmt="+.0%")],
-                     [both.num("runs", i, "weight_syncs", fmt="d")]])
-    header = ["one-way delay", "sync", "workers", "ms/iter, egress shaped", "model error", "ms/iter, ingress too",
-              "model error", "syncs"]
-    return [Table(header, rows, sources=[egress.name, both.name], commands=[egress.command(), both.command()],
-                  align="lllrrrrr")]
+    files = [Source(name) for name in arg.split()]
+    return _by_cell(files, 1, [(0, "runs", ("s_per_iter_median",), _MS), (0, "model", ("error", "s_per_iter"), _ERROR),
+                               (1, "runs", ("s_per_iter_median",), _MS), (1, "model", ("error", "s_per_iter"), _ERROR),
+                               (1, "runs", ("weight_syncs",), _COUNT)],
+                    ["ms/iter, egress shaped", "model error", "ms/iter, ingress too", "model error", "syncs"])

@@ -38,3 +38,26 @@ def test_only_actors_on_this_node_are_read_for_the_memory_bound():
         assert sorted(env.backend.worker_rss_mb()) == [0]
     finally:
         env.close()
+
+
+def test_a_large_message_for_several_actors_goes_to_the_object_store_once(monkeypatch):
+    """The first weights, the same bytes for both actors, are put in Ray's object store once when they exceed Ray's
+    inline limit (read from its variable), and travel inside each call when they do not."""
+    from frugalrl import ClusterEnv, make_agent
+    from frugalrl.envs.backends import ray as ray_backend
+
+    puts: list[int] = []
+    put = ray.put
+    monkeypatch.setattr(ray, "put", lambda blob, **kw: puts.append(len(blob)) or put(blob, **kw))
+    for limit, stored in ((10**9, 0), (1024, 1)):
+        monkeypatch.setenv("RAY_max_direct_call_object_size", str(limit))
+        assert ray_backend.inline_bytes() == limit
+        puts.clear()
+        env = ClusterEnv("CartPole-v1", 2, 1, backend="ray", ray_num_cpus=0, seed=0)
+        try:
+            agent = make_agent(env.single_observation_space, env.single_action_space)
+            batch = env.rollout(agent, 4)
+            assert batch.obs.shape == (4, 2, 4)
+            assert len(puts) == stored and all(n > limit for n in puts)
+        finally:
+            env.close()

@@ -241,3 +241,22 @@ def test_an_impala_run_is_modelled_with_its_overlapped_loop(tmp_path, capsys):
         assert predict(fig, p["workers"], 10.0, overlap=False)["s_per_iter"] >= p["s_per_iter"]
     assert main(["scale-model", str(tmp_path / "i"), "--workers", "8"]) == 0
     assert "rollout thread" in capsys.readouterr().out
+
+
+def test_the_shaped_links_check_reads_a_delay_by_its_seconds():
+    """``shaped_links.py --model-from-delay 0ms`` models a file whose runs say ``0`` (it once matched nothing and
+    printed an empty model); a delay no run has is an error, not an empty model."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        import shaped_links
+    finally:
+        sys.path.remove(str(bench))
+    runs = json.loads((bench / "results" / "shaped_links_delay_round3.json").read_text())["runs"]
+    by_string = shaped_links.model_check(runs, "0")
+    assert len(by_string) == len(runs) and shaped_links.model_check(runs, "0ms") == by_string
+    with pytest.raises(ValueError, match="no run has the delay to model from"):
+        shaped_links.model_check(runs, "5ms")

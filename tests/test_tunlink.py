@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from frugalrl.netem import SUBNET
-from frugalrl.tunlink import PORT_QUEUE_S, Forwarder
+from frugalrl.netem import QUEUE_S, SUBNET
+from frugalrl.tunlink import Forwarder
 
 
 def _packet(dest: int, size: int = 1000) -> bytes:
@@ -75,8 +75,8 @@ def test_an_idle_port_lets_a_burst_through_and_queues_the_rest_at_its_rate(hosts
 
 def test_a_packet_that_would_queue_too_long_is_dropped(hosts):
     fw = _forwarder(hosts, [0.0, 0.0, 0.0], rate=1e5)  # 80 ms per 1000-byte packet, no burst
-    n = int(PORT_QUEUE_S / 0.08) + 3  # the ones past 200 ms of waiting are dropped
+    n = int(QUEUE_S / 0.08) + 3  # the ones past 200 ms of waiting are dropped
     for _ in range(n):
         hosts[1][1].send(_packet(2))
     fw.take(hosts[1][0].fileno(), now=0.0)
-    assert _arrivals(fw, hosts[2], [10.0])[-1] == int(PORT_QUEUE_S / 0.08)  # each waits its own 80 ms too
+    assert _arrivals(fw, hosts[2], [10.0])[-1] == int(QUEUE_S / 0.08)  # each waits its own 80 ms too

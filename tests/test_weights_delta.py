@@ -25,7 +25,7 @@ from frugalrl.wire.delta import (
     undo_difference,
     weights_update,
 )
-from frugalrl.wire.message import Message, carried, decode_message, encode_message, message_sizes
+from frugalrl.wire.message import Message, WireError, decode_message, encode_message, message_sizes, uncarried
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -197,7 +197,7 @@ def _record_requests(env: ClusterEnv) -> list[tuple[int, Message]]:
 
     def recording(requests):
         for w, msg in requests.items():
-            inside = carried(msg)
+            _, inside = uncarried(msg)
             sent.extend([(w, inside), (w, msg)] if inside is not None else [(w, msg)])
         return request(requests)
 
@@ -341,6 +341,14 @@ def test_a_request_carries_weights_and_nothing_else():
     that way (nothing but weights may ride in a request)."""
     from frugalrl.wire.message import carrying
 
+    weights = Message("weights", {"version": 3}, {"w/x": np.ones(2, np.float32)})
+    outer, inside = uncarried(carrying(Message("rollout", {"num_steps": 4}), weights))
+    assert (outer.op, outer.meta, outer.arrays) == ("rollout", {"num_steps": 4}, {})
+    assert inside is not None and (inside.op, inside.meta) == ("weights", {"version": 3})
+    assert inside.arrays["w/x"] is weights.arrays["w/x"]  # shared, not copied
+    assert uncarried(outer) == (outer, None)
+    with pytest.raises(WireError, match="not a message"):
+        uncarried(Message("rollout", {"carries": "weights"}))
     worker = EnvWorker(0, to_env_spec("CartPole-v1"), 1)
     reply = worker.handle(carrying(Message("reset", {"seed": 1}), Message("close")))
     assert reply.op == "error" and "weights only" in reply.meta["error"]

@@ -214,6 +214,11 @@ def clear_shaping(ns: str, dev: str = DEV) -> None:
     _ns_cmd(ns, ["tc", "qdisc", "del", "dev", dev, "clsact"], check=False)
 
 
+QUEUE_S = 0.2
+"""The longest a packet waits at a rate limit (``tbf``'s ``latency``; a TUN link's switch port the same); later
+packets are dropped, as a full buffer drops them."""
+
+
 def tbf_burst(rate_bits: int) -> int:
     """The burst (bytes) of the token bucket a rate limit gets: ~4 ms of traffic, at least four full-size frames."""
     return max(rate_bits // 8 // 250, 4 * 1514)
@@ -247,9 +252,8 @@ def apply_shaping(ns: str, dev: str = DEV, rate: Rate = None, delay: Delay = Non
         netem_args += ["loss", f"{loss_pct:g}%"]
     tbf_args: list[str] = []
     if rate_bits is not None:
-        # burst: ~4 ms of traffic, at least a few full-size frames; queue up to ~200 ms of traffic
         burst = tbf_burst(rate_bits)
-        tbf_args = ["tbf", "rate", f"{rate_bits}bit", "burst", str(burst), "latency", "200ms"]
+        tbf_args = ["tbf", "rate", f"{rate_bits}bit", "burst", str(burst), "latency", f"{QUEUE_S * 1e3:g}ms"]
 
     if netem_args:
         # netem's own queue (packets) must hold what the delay keeps in flight

@@ -15,7 +15,7 @@ Run by :class:`~frugalrl.netem.TestHosts`: ``python -m frugalrl.tunlink CONFIG_J
 closes; a line ``delay HOST SECONDS`` on stdin changes a host's egress delay live, ``rate HOST BITS`` the token
 bucket of the switch port toward a host (0: none; the hosts' ``tbf`` burst, :meth:`Forwarder.set_port`), where the other
 hosts' packets to it queue in the order they reach it, as at a real NIC's ingress (for at most
-:data:`PORT_QUEUE_S`; later packets are dropped, as a full switch buffer drops them). Needs root.
+:data:`frugalrl.netem.QUEUE_S`; later packets are dropped, as a full switch buffer drops them). Needs root.
 """
 
 from __future__ import annotations
@@ -30,15 +30,13 @@ import struct
 import sys
 import time
 
-from frugalrl.netem import tbf_burst
+from frugalrl.netem import QUEUE_S, tbf_burst
 
 TUNSETIFF = 0x400454CA
 IFF_TUN = 0x0001
 IFF_NO_PI = 0x1000
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/var/run/netns"
-PORT_QUEUE_S = 0.2
-"""The longest a packet waits for a rate-limited switch port (as the hosts' ``tbf`` queues: ``latency 200ms``)."""
 
 
 def _setns(fd: int) -> None:
@@ -108,13 +106,13 @@ class Forwarder:
 
     def _through_port(self, due: float, dest: int, packet: bytes) -> float | None:
         """When a packet that reaches the port toward ``dest`` at ``due`` leaves it (a token bucket: what exceeds
-        the burst waits its turn at the rate), or None if it would wait longer than :data:`PORT_QUEUE_S`."""
+        the burst waits its turn at the rate), or None if it would wait longer than :data:`frugalrl.netem.QUEUE_S`."""
         rate = self.rates[dest]
         if not rate:
             return due
         finish = max(due, self.port_free[dest]) + len(packet) * 8 / rate
         leave = max(due, finish - self.bursts[dest])
-        if leave - due > PORT_QUEUE_S:
+        if leave - due > QUEUE_S:
             return None
         self.port_free[dest] = finish
         return leave

@@ -53,7 +53,7 @@ from frugalrl.npactor import NumpyActor, runs_in_numpy
 from frugalrl.onnxactor import OnnxActor, OnnxCnnActor, cnn_on_onnxruntime, runs_on_onnxruntime
 from frugalrl.runs import jsonable
 from frugalrl.wire.delta import DeltaError, HeldWeights, from_words
-from frugalrl.wire.message import Message, carried, state_arrays
+from frugalrl.wire.message import Message, state_arrays, uncarried
 from frugalrl.wire.uplink import UplinkCodecs, UplinkOptions
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class EnvWorker:
             handler = getattr(self, f"_op_{msg.op}", None)
             if handler is None:
                 raise WorkerError(f"unknown operation {msg.op!r}")
-            inside = carried(msg)
+            msg, inside = uncarried(msg)
             if inside is not None:  # weights sent with the request that needs them: loaded first
                 if inside.op != "weights":
                     raise WorkerError(f"a request may carry weights only, not {inside.op!r}")

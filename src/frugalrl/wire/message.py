@@ -80,22 +80,24 @@ class Message:
 def carrying(msg: Message, extra: Message) -> Message:
     """``msg``, a request of no arrays of its own, with ``extra`` inside it (its op and meta under
     ``meta["carries"]``, its arrays as the message's): one message, answered in one round trip, where the two
-    would take two on a link with latency. The receiver handles :func:`carried` first."""
+    would take two on a link with latency. The receiver takes it out with :func:`uncarried` and handles it first."""
     if "carries" in msg.meta or msg.arrays:
         raise ValueError(f"a {msg.op!r} message cannot carry a {extra.op!r} one (it carries one, or has arrays)")
     return Message(msg.op, {**msg.meta, "carries": {"op": extra.op, "meta": extra.meta}}, dict(extra.arrays),
                    dict(extra.codecs), dict(extra.kinds))
 
 
-def carried(msg: Message) -> Message | None:
-    """The message :func:`carrying` put inside ``msg`` (with ``msg``'s arrays, shared, not copied), or None;
-    ``WireError`` for a ``carries`` entry that does not describe one."""
+def uncarried(msg: Message) -> tuple[Message, Message | None]:
+    """``msg`` without what :func:`carrying` put inside it, and that message (the two sharing ``msg``'s arrays,
+    not copies), or ``(msg, None)`` when it carries nothing; ``WireError`` for a ``carries`` entry that does not
+    describe a message."""
     inside = msg.meta.get("carries")
     if inside is None:
-        return None
+        return msg, None
     if not isinstance(inside, dict) or not isinstance(inside.get("op"), str) or not isinstance(inside.get("meta"), dict):
         raise WireError(f"a {msg.op!r} message carries something that is not a message: {inside!r}")
-    return Message(inside["op"], inside["meta"], msg.arrays, msg.codecs, msg.kinds)
+    outer = Message(msg.op, {k: v for k, v in msg.meta.items() if k != "carries"})
+    return outer, Message(inside["op"], inside["meta"], msg.arrays, msg.codecs, msg.kinds)
 
 
 def _specs(msg: Message) -> list[list[Any]]:

@@ -10,7 +10,7 @@ keep the link's :class:`~frugalrl.wire.headers.HeaderBook` pair, new with each a
 message, as for the local backend (env factories must be importable by the actors: a Gymnasium id, a
 ``"module:function"`` path, or a module-level function of a module installed on every node).
 
-A message of more than :data:`INLINE_BYTES` sent in full to several workers (weights, mostly, while their header
+A message of more than :func:`inline_bytes` sent in full to several workers (weights, mostly, while their header
 is new: a header that crossed twice crosses as a number of each link's own) is put in Ray's object store once and
 the same ``ObjectRef`` is handed to every actor; a smaller one travels inside each actor call's request, as Ray
 sends small arguments (a reference would cost the worker's node a fetch, round trips of its own). Replies are gathered with ``ray.wait`` under the backend's
@@ -24,6 +24,7 @@ Ray itself (a Ray this process already runs, the cluster at ``ray_address``, or 
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +43,11 @@ if TYPE_CHECKING:
     from frugalrl.envs.worker import EnvWorker
 
 
-INLINE_BYTES = 100 * 1024
-"""Ray's ``max_direct_call_object_size`` default: an argument up to this size goes inside the task's request;
-a larger one through the object store, from which the worker's node fetches it."""
+def inline_bytes() -> int:
+    """Ray's ``max_direct_call_object_size`` (its ``RAY_max_direct_call_object_size`` variable, else its default of
+    100 KiB): an argument up to this size goes inside the task's request, a larger one through the object store,
+    from which the worker's node fetches it. A value set through ``ray.init(_system_config=...)`` is not seen."""
+    return int(os.environ.get("RAY_max_direct_call_object_size", 100 * 1024))  # noqa: SIM112 - Ray spells it so
 
 
 class EnvActor(ActorBody["EnvWorker"]):
@@ -178,6 +181,7 @@ class RayBackend(Backend):
                 encoded[id(msg)] = (blob, sizes)
         shared: dict[int, Any] = {}
         pending: dict[Any, int] = {}  # ObjectRef -> worker
+        inline = inline_bytes()
         for w, msg in requests.items():
             actor = self.actors[w]
             if actor is None:
@@ -185,7 +189,7 @@ class RayBackend(Backend):
                 continue
             blob, sizes = encoded[id(msg)]
             payload, sizes = headers.pack(blob, sizes, self._books[w][0])
-            if payload is blob and count[id(msg)] > 1 and len(blob) > INLINE_BYTES:  # to the object store once
+            if payload is blob and count[id(msg)] > 1 and len(blob) > inline:  # to the object store once
                 if id(msg) not in shared:
                     shared[id(msg)] = ray.put(blob)
                 payload = shared[id(msg)]

@@ -27,7 +27,7 @@ from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, bu
 from frugalrl.wire import headers
 from frugalrl.wire.cache import WireCache
 from frugalrl.wire.headers import HeaderBook
-from frugalrl.wire.message import Message, carried, encode_message
+from frugalrl.wire.message import Message, encode_message, uncarried
 from frugalrl.wire.meter import DOWN, UP, ByteMeter
 
 #: Distinct rollout fragments recorded per ``num_steps`` (emulated workers cycle through them).
@@ -89,10 +89,9 @@ class ReplayBackend(Backend):
 
     def _answer(self, w: int, msg: Message) -> bytes:
         """The encoded reply of emulated worker ``w`` to ``msg`` (weights it carries are taken first)."""
-        inside = carried(msg)
+        msg, inside = uncarried(msg)
         if inside is not None:
             self._answer(w, inside)
-            msg = Message(msg.op, {k: v for k, v in msg.meta.items() if k != "carries"})
         if msg.op == "weights":
             if self._source.version < 0 or not self._fragments:  # the source acts with the first weights
                 self._source.handle(msg)
