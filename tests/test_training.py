@@ -282,3 +282,41 @@ def test_a_budget_that_is_not_whole_iterations_is_said_and_kept_exact(tmp_path, 
         assert notes == ([] if total == taken else [f"frugalrl: note: total_timesteps={total} is not a whole number "
                                                     f"of 32-step iterations: the run takes {taken} env steps "
                                                     f"({taken // 32} iteration{'' if taken == 32 else 's'})"])
+
+
+def test_update_rows_thinned_by_time_keep_evaluations_the_end_and_every_episode(tmp_path, caplog, monkeypatch):
+    """With ``log_every_s``, an update's row is written after that long, with an evaluation and at the end; the
+    training return of a written row is that of every episode since the last one. With 0, every update has its
+    row, and a run whose files grow fast is told once of the setting."""
+    import json
+    import logging
+
+    from frugalrl import runs
+    from frugalrl.config import RunConfig
+
+    returns = [[1.0, 2.0], [3.0], [], [4.0, 5.0, 6.0], [7.0], [8.0]]
+
+    def rows(every_s: float) -> list[dict]:
+        cfg = RunConfig(run_dir=str(tmp_path), progress=False, tensorboard=False, plots=False, eval_every=3,
+                        eval_stochastic=False, log_every_s=every_s, run_name=f"every-{every_s}")
+        drive(Scripted(cfg, [(_nothing, 10, r) for r in returns], evaluate=lambda: Evaluation(5.0, 1.0, 10)))
+        lines = (tmp_path / f"every-{every_s}" / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    thinned = rows(1e6)
+    assert [r["step"] for r in thinned] == [10, 30, 60]  # the first, then the two with an evaluation (the last)
+    assert [r["train/episode_return"] for r in thinned] == [1.5, 3.0, 6.0]
+    assert all("eval/return_mean" in r for r in thinned[1:])
+
+    monkeypatch.setattr(runs, "GROWTH_AFTER_S", 0.0)
+    monkeypatch.setattr(runs, "GROWTH_MB_PER_HOUR", 0.0)
+    with caplog.at_level(logging.WARNING, logger="frugalrl"):
+        every = rows(0.0)
+    assert [r["step"] for r in every] == [10, 20, 30, 40, 50, 60]
+    assert [r.get("train/episode_return") for r in every] == [1.5, 3.0, None, 5.0, 7.0, 8.0]
+    told = [m for m in caplog.messages if "--log-every-s 1" in m]
+    assert len(told) == 1 and "MB an hour" in told[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="frugalrl"):
+        rows(1e-9)  # thinned at all: not told
+    assert not [m for m in caplog.messages if "--log-every-s" in m]

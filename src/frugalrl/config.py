@@ -164,6 +164,11 @@ class RunConfig(ConfigPart):
     """Show a progress bar."""
     tensorboard: bool = True
     """Write TensorBoard events into the run directory."""
+    log_every_s: float = 0.0
+    """Write an update's metrics row (metrics.jsonl, TensorBoard) once this many seconds of training passed since
+    the last one written, and always with an evaluation and at the end; its training return and length are then
+    those of every episode since that row (0: a row for every update, exact for plots such as AAPS's KL at each
+    sync). Bounds a fast, long run's files: a run at 0 that writes over 100 MB an hour is told so."""
     plots: bool = True
     """Draw PNG plots into the run directory at the end."""
 
@@ -171,7 +176,7 @@ class RunConfig(ConfigPart):
         """Check the run fields."""
         super().validate()
         check_fields(self, positive_ints=("total_timesteps", "torch_threads", "eval_max_steps"),
-                     nonneg=("eval_episodes", "eval_every", "checkpoint_every"))
+                     nonneg=("eval_episodes", "eval_every", "checkpoint_every", "log_every_s"))
         if not isinstance(self.env_kwargs, dict):
             raise ValueError(f"env_kwargs must be a dict, got {type(self.env_kwargs).__name__}")
         if not isinstance(self.env_wrappers, list) or not all(

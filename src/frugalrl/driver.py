@@ -243,7 +243,7 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         evaluation = _evaluate(run, update, setup, row)
         if evaluation is not None and any(cb.on_evaluation(run, evaluation) is False for cb in callbacks):
             run.stop("callback")
-        run.log(row)
+        run.log_update(row, keep=evaluation is not None or run.stopped)
         if any(cb.on_update(run, update, row) is False for cb in callbacks) and not run.stopped:
             run.stop("callback")
         signals.stop(run)

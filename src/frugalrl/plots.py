@@ -48,7 +48,8 @@ BYTES = "bytes/"
 
 AAPS_NAMES = ("aaps", "kl", "adaptive", "adaptivekl")
 """``sync`` values that name AAPS (see :func:`frugalrl.sync.make_sync_rule`)."""
-UNLABELLED = frozenset({"run_name", "run_dir", "_meta", "progress", "tensorboard", "plots", "torch_threads"})
+UNLABELLED = frozenset({"run_name", "run_dir", "_meta", "progress", "tensorboard", "log_every_s", "plots",
+                        "torch_threads"})
 """Config keys that never label a run in an overlay (they do not change what a run does)."""
 
 

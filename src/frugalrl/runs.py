@@ -19,6 +19,7 @@ every row after its checkpoint, so no step is logged twice.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
@@ -33,6 +34,11 @@ CHECKPOINT = "latest.pt"
 """The checkpoint ``--resume`` and ``frugalrl eval`` read, in ``<run>/checkpoints/``."""
 BEST = "best.pt"
 """The policy of the run's best evaluation so far (``frugalrl eval RUN --checkpoint best``), beside ``latest.pt``."""
+GROWTH_AFTER_S = 600.0
+"""Training seconds after which a run's metrics growth is judged (a shorter run's files are small anyway)."""
+GROWTH_MB_PER_HOUR = 100.0
+"""Metrics growth above which a run that writes a row for every update is told of ``log_every_s``."""
+log = logging.getLogger("frugalrl")
 
 
 @dataclass
@@ -184,6 +190,10 @@ class RunDirectory:
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, step)
 
+    def bytes_written(self) -> int:
+        """Bytes of ``metrics.jsonl`` and the TensorBoard events so far."""
+        return self._metrics.tell() + sum(p.stat().st_size for p in self.dir.glob("events.out.tfevents.*"))
+
     def save_checkpoint(self, payload: dict[str, Any], name: str = CHECKPOINT) -> Path:
         """Write ``checkpoints/<name>`` (``latest.pt``; ``best.pt`` holds the best-evaluated policy) atomically
         (torch.save of tensors and plain containers only, so that :func:`read_checkpoint` reads it with
@@ -207,6 +217,52 @@ class RunDirectory:
         self._metrics.close()
         if self._tb is not None:
             self._tb.close()
+
+
+class UpdateRows:
+    """The update rows of a run's metrics: one for every update (``every_s`` 0), or one each ``every_s`` seconds of
+    training and whenever one is kept (an evaluation, a stop), the latest update's; a row then has the training
+    return and length of every episode since the last row written, so thinning drops none. A run that writes a row
+    for every update is told once, after :data:`GROWTH_AFTER_S`, if its files grow faster than
+    :data:`GROWTH_MB_PER_HOUR`."""
+
+    def __init__(self, directory: RunDirectory, every_s: float) -> None:
+        self.directory = directory
+        self.every_s = every_s
+        self._held: tuple[int, float, dict[str, Any]] | None = None  # (env steps, seconds, row) not yet written
+        self._written_s: float | None = None
+        self._since: list[tuple[float, Any]] = []  # (return, length or None) of episodes since the last row
+        self._judged = False
+
+    def episodes(self, returns: list[float], lengths: list[Any]) -> None:
+        """Episodes that ended in the update about to be added."""
+        self._since += zip(returns, lengths or [None] * len(returns), strict=False)
+
+    def add(self, step: int, seconds: float, updates: int, row: dict[str, Any], keep: bool = False) -> None:
+        """An update's row, at ``step`` env steps and ``seconds`` of training, the run's ``updates``-th."""
+        self._held = (step, seconds, row)
+        if keep or self._written_s is None or seconds - self._written_s >= self.every_s:
+            self.flush()
+        if not self._judged and seconds >= GROWTH_AFTER_S:
+            self._judged = True
+            mb_per_hour = self.directory.bytes_written() / 1e6 / seconds * 3600
+            if mb_per_hour > GROWTH_MB_PER_HOUR and not self.every_s:
+                log.warning("frugalrl: this run's metrics.jsonl and TensorBoard events grow by %.0f MB an hour (a row "
+                            "for each of %.0f updates a second); --log-every-s 1 writes at most a row a second",
+                            mb_per_hour, updates / seconds)
+
+    def flush(self) -> None:
+        """Write the held row, if any."""
+        if self._held is None:
+            return
+        step, seconds, row = self._held
+        if self._since:
+            row = {**row, "train/episode_return": float(np.mean([r for r, _ in self._since]))}
+            lengths = [float(n) for _, n in self._since if n is not None]
+            if lengths:
+                row["train/episode_length"] = float(np.mean(lengths))
+        self.directory.log(step, seconds, row)
+        self._held, self._written_s, self._since = None, seconds, []
 
 
 def read_checkpoint(path: str | Path, name: str = CHECKPOINT) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from frugalrl.evaluation import (
     evaluation_regression,
     regression_recheck,
 )
-from frugalrl.runs import BEST, RunDirectory, RunSummary, jsonable, read_checkpoint, read_config
+from frugalrl.runs import BEST, RunDirectory, RunSummary, UpdateRows, jsonable, read_checkpoint, read_config
 from frugalrl.sync_state import StallWatch
 
 log = logging.getLogger("frugalrl")
@@ -44,7 +44,7 @@ log = logging.getLogger("frugalrl")
 CHECKPOINT_FORMAT = 1
 MIN_LATE_EPISODES = 5
 """Training episodes of the run's last fifth that the final evaluations are checked against, at least."""
-_NOT_COMPARED = {"progress", "tensorboard", "plots", "run_dir", "run_name", "total_timesteps", "_meta", "algo", "sources"}
+_NOT_COMPARED = {"progress", "tensorboard", "log_every_s", "plots", "run_dir", "run_name", "total_timesteps", "_meta", "algo", "sources"}
 
 
 class Stateful(Protocol):
@@ -146,6 +146,7 @@ class RunRecorder:
         """The last 100 training episodes: (return, env steps at the update that reported it)."""
         self._lag_sum = 0.0
         self._lag_n = 0
+        self.rows = UpdateRows(self.directory, cfg.log_every_s)
         self._parts: dict[str, Stateful | None] = {}
         self._evaluate: Evaluator | None = None
         self._evaluate_stochastic: Evaluator | None = None
@@ -297,6 +298,7 @@ class RunRecorder:
         lengths = list(episode_lengths)
         self.episodes += len(returns)
         self._recent.extend((r, self.env_steps) for r in returns)
+        self.rows.episodes(returns, lengths)
         row = dict(row)
         row["charts/sps"] = self.env_steps / max(self.seconds(), 1e-9)
         if returns:
@@ -359,6 +361,11 @@ class RunRecorder:
     def log(self, row: dict[str, Any], step: int | None = None, seconds: float | None = None) -> None:
         """Log an extra row (a fault, a monitor event) at ``step`` (default: the current env step)."""
         self.directory.log(self.env_steps if step is None else step, self.seconds() if seconds is None else seconds, row)
+
+    def log_update(self, row: dict[str, Any], keep: bool = False) -> None:
+        """Log the row of the update just recorded (:class:`~frugalrl.runs.UpdateRows`: written now if ``keep``, an
+        evaluation or a stop, or ``cfg.log_every_s`` after the last; else held for a later one or the end)."""
+        self.rows.add(self.env_steps, self.seconds(), self.updates, row, keep)
 
     def set_clock(self, seconds: float) -> None:
         """Set the training seconds so far, for an algorithm that measures them itself (a server's optimisation
@@ -494,6 +501,7 @@ class RunRecorder:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        self.rows.flush()
         cfg = self.cfg
         last = self._last_eval
         at_end = bool(self.eval_history) and self.eval_history[-1]["step"] == self.env_steps

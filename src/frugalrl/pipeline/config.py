@@ -126,7 +126,7 @@ class PipelinePPOConfig(NormConfig, PPOLossConfig, OptimConfig, RunConfig):
 
     def digest(self) -> str:
         """Hash of everything both stages must agree on (all fields but where and how to connect, and output)."""
-        local = {"rank", "master_addr", "master_port", "timeout", "progress", "tensorboard", "plots", "run_dir",
-                 "run_name", "torch_threads"}
+        local = {"rank", "master_addr", "master_port", "timeout", "progress", "tensorboard", "log_every_s", "plots",
+                 "run_dir", "run_name", "torch_threads"}
         shared = {k: v for k, v in dataclasses.asdict(self).items() if k not in local}
         return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:32]
