@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch
@@ -71,11 +72,12 @@ def _key(r: dict) -> tuple:
     return r["rate"], r.get("delay", "0"), r["sync"], r["uplink"]
 
 
-def model_check(rows: list[dict], base_delay: str | None = None) -> list[dict]:
+def model_check(rows: list[dict], base_delay: str | None = None, pacing: Any = None) -> list[dict]:
     """frugalrl.scale_model's predictions for every run from the smallest worker count's run of the same link,
     sync and uplink (its bytes, its rollout time less its transfers and latency, its update time per sample) and,
     with ``base_delay``, of that delay (the model then adds the other delays' round trips), against what each run
-    measured: bytes per iteration each way and the median seconds per iteration."""
+    measured: bytes per iteration each way and the median seconds per iteration. ``pacing``: a
+    :class:`frugalrl.scale_model.Pacing` for the round trips (None: one round trip an iteration)."""
     from frugalrl.scale_model import RunFigures, predict
 
     def setting(r: dict) -> tuple:  # a delay by its seconds: "0", "0ms" and "0s" are one
@@ -98,7 +100,7 @@ def model_check(rows: list[dict], base_delay: str | None = None) -> list[dict]:
         fig = RunFigures.from_summary(base["summary"], link, rtt_s=base.get("rtt_s", 0.0))
         scale = r["summary"]["details"]["envs_per_worker"] / base["summary"]["details"]["envs_per_worker"]
         p = predict(fig, r["workers"], link, worker_cores=os.cpu_count(), env_scale=scale,
-                    iterations=r["updates"], rtt_s=r.get("rtt_s", 0.0))
+                    iterations=r["updates"], rtt_s=r.get("rtt_s", 0.0), pacing=pacing)
         measured = {"s_per_iter": r["s_per_iter_median"], "up_bytes_per_iter": r["up_bytes_per_iter"],
                     "down_bytes_per_iter": r["down_bytes_per_iter"]}
         out.append({"rate": r["rate"], "delay": delay, "sync": r["sync"], "uplink": r["uplink"],
@@ -136,17 +138,24 @@ def plot_model(model: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def remodel(path: Path) -> None:
+def remodel(path: Path, pacing: str | None = None) -> None:
     """Replace a results file's ``model`` with this commit's predictions from the same measured runs (the runs stay
-    as measured; ``model_from`` records the recomputation)."""
+    as measured; ``model_from`` records the recomputation); with ``pacing`` (``link_rtt.py``'s JSON[:TRANSPORT]),
+    write them as ``model_paced`` beside the model, which stays as it is."""
+    from frugalrl.scale_model import Pacing
+
     out = json.loads(path.read_text())
-    out["model"] = model_check(out["runs"], out["config"].get("model_from_delay"))
-    out["model_from"] = {"command": " ".join(shlex.quote(a) for a in sys.argv), "commit": measured_commit(),
-                         "date": time.strftime("%Y-%m-%d")}
-    if len({r["workers"] for r in out["runs"]}) > 1:
+    key, paced = "model", None
+    if pacing is not None:
+        file, _, transport = pacing.partition(":")
+        key, paced = "model_paced", Pacing.from_link_rtt(file, transport or "tcp-bbr")
+    out[key] = model_check(out["runs"], out["config"].get("model_from_delay"), paced)
+    out[f"{key}_from"] = {"command": " ".join(shlex.quote(a) for a in sys.argv), "commit": measured_commit(),
+                          "date": time.strftime("%Y-%m-%d")}
+    if len({r["workers"] for r in out["runs"]}) > 1 and paced is None:
         plot_model(out["model"], path.with_suffix(".png"))
     path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"rewrote the model of {path}")
+    print(f"rewrote the {key} of {path}")
 
 
 def main() -> None:
@@ -188,10 +197,15 @@ def main() -> None:
     parser.add_argument("--remodel", metavar="JSON",
                         help="run nothing: recompute the model's predictions (and plot) of a results file from the "
                              "runs it stored, with this commit's frugalrl.scale_model")
+    parser.add_argument("--pacing", metavar="JSON[:TRANSPORT]",
+                        help="with --remodel: the predictions with TCP's pacing (link_rtt.py's measurement, "
+                             "transport tcp-bbr by default), written as model_paced")
     args = parser.parse_args()
     if args.remodel:
-        remodel(Path(args.remodel))
+        remodel(Path(args.remodel), args.pacing)
         return
+    if args.pacing:
+        sys.exit("--pacing goes with --remodel")
     unknown = set(args.syncs.split(",")) - set(SYNCS)
     if unknown:
         sys.exit(f"unknown --syncs {sorted(unknown)}; expected some of {list(SYNCS)}")
@@ -235,7 +249,7 @@ def main() -> None:
                         # the LunarLander settings of benchmarks/_ppo_runs.py
                         "--num-minibatches", "32", "--learning-rate", "5e-4", "--gamma", "0.999",
                         "--gae-lambda", "0.98",
-                        "--tensorboard", "false", "--plots", "false", "--run-dir", run_dir, "--run-name", name]
+                        "--tensorboard", "false", "--log-every-s", "0", "--plots", "false", "--run-dir", run_dir, "--run-name", name]
                 t0 = time.monotonic()
                 proc = hosts.run(0, argv, capture_output=True, text=True, timeout=args.timeout, env=cluster.env)
                 if proc.returncode != 0:

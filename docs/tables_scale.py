@@ -73,12 +73,16 @@ _COUNT = {"fmt": "d"}
 
 
 def _by_cell(files: list[Source], rows_of: int, columns: list[tuple[int, str, tuple, dict]],
-             header: list[str]) -> list[Table]:
+             header: list[str], delayed_only: bool = False) -> list[Table]:
     """A table of ``shaped_links.py`` files' cells matched by setting: one row per run of ``files[rows_of]``
-    (delay, sync, workers), then per column ``(file, "runs" or "model", path in the row, format)``."""
-    index = [{part: {_cell(r): i for i, r in enumerate(f(part))} for part in ("runs", "model")} for f in files]
+    (delay, sync, workers; ``delayed_only``: those with a delay), then per column ``(file, "runs", "model" or
+    "model_paced", path in the row, format)``."""
+    parts = {part for _, part, _, _ in columns} | {"runs"}
+    index = [{part: {_cell(r): i for i, r in enumerate(f(part))} for part in parts if part in f.data} for f in files]
     rows: list[list[Cell]] = []
     for r in files[rows_of]("runs"):
+        if delayed_only and r.get("delay", "0") == "0":
+            continue
         row: list[Cell] = [[r["delay"]], [r["sync"]], [str(r["workers"])]]
         for f, part, path, fmt in columns:
             row.append([files[f].num(part, index[f][part][_cell(r)], *path, **fmt)])
@@ -121,6 +125,21 @@ def t_link_rtt(arg: str) -> list[Table]:
     header = ["transport", "request bytes", "ms, back to back", "round trips above one", "ms, after idle",
               "round trips above one"]
     return [Table(header, rows, sources=[s.name], commands=[s.command()], align="lrrrrr")]
+
+
+def t_link_pacing(arg: str) -> list[Table]:
+    """The model's error per delayed cell with one round trip an iteration and with TCP's pacing added
+    (``shaped_links.py --remodel FILE --pacing link_rtt.json``: ``model_paced``), file by file (files of one rate)."""
+    files = [Source(name) for name in arg.split()]
+    n = range(len(files))
+    return _by_cell(files, 0, [col for j in n for col in ((j, "model", ("error", "s_per_iter"), _ERROR),
+                                                          (j, "model_paced", ("error", "s_per_iter"), _ERROR))],
+                    [h for f in files for h in (f"{_label(f)}: one round trip", "paced")], delayed_only=True)
+
+
+def _label(f: Source) -> str:
+    """A ``shaped_links_delay_*.json`` file's short name in a column header."""
+    return f.name.removeprefix("shaped_links_delay_").removesuffix(".json").replace("_", " ")
 
 
 def t_link_ingress(arg: str) -> list[Table]:

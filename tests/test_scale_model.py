@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from frugalrl.cli import main
-from frugalrl.scale_model import RunFigures, contention, predict, saturation
+from frugalrl.scale_model import Pacing, RunFigures, contention, predict, saturation
 
 
 def summary(workers: int = 2, syncs: int = 20, updates: int = 10, link_bytes: float = 1.0) -> dict:
@@ -206,6 +207,13 @@ def test_cli_on_a_real_run(tmp_path, capsys):
     assert main(["scale-model", str(tmp_path / "r"), "--workers", "8", "--rtt-ms", "40", "--json"]) == 0
     far = json.loads(capsys.readouterr().out)["predictions"][0]
     assert far["latency_s"] == 0.04 and far["link_s"] >= 0.04  # one round trip an iteration, in the link's time
+    link_rtt = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "link_rtt.json"
+    assert main(["scale-model", str(tmp_path / "r"), "--workers", "8", "--rtt-ms", "40", "--pacing",
+                 f"{link_rtt}:tcp-cubic", "--json"]) == 0
+    paced = json.loads(capsys.readouterr().out)["predictions"][0]
+    assert paced["pacing_s"] > 0 and paced["latency_s"] == pytest.approx(0.04 + paced["pacing_s"])
+    assert main(["scale-model", str(tmp_path / "r"), "--pacing", str(tmp_path / "r" / "summary.json")]) == 2
+    assert "is not a link_rtt.py result" in capsys.readouterr().err
     assert main(["train", "ppo", "--env", "CartPole-v1", "--backend", "serial", "--workers", "4",
                  "--envs-per-worker", "2", "--num-steps", "64", "--total-timesteps", "2048", "--eval-episodes", "1",
                  "--run-dir", str(tmp_path), "--run-name", "r4", "--no-progress", "--no-tensorboard",
@@ -260,3 +268,21 @@ def test_the_shaped_links_check_reads_a_delay_by_its_seconds():
     assert len(by_string) == len(runs) and shaped_links.model_check(runs, "0ms") == by_string
     with pytest.raises(ValueError, match="no run has the delay to model from"):
         shaped_links.model_check(runs, "5ms")
+
+
+def test_pacing_adds_the_round_trips_of_each_direction_by_message_size():
+    """Each iteration's request and reply, each at its size, take the measured extra round trips (linear between
+    the measured sizes, flat past the largest); the measured run's own pacing is taken out of its compute."""
+    pacing = Pacing((10_000.0, 30_000.0), (0.2, 0.5))
+    assert pacing.extra(0) == 0.0 and pacing.extra(5_000) == pytest.approx(0.1)
+    assert pacing.extra(20_000) == pytest.approx(0.35) and pacing.extra(1e9) == 0.5
+    fig = RunFigures.from_summary(summary(syncs=20))
+    rtt, n = 0.04, 4
+    plain, paced = predict(fig, n, None, rtt_s=rtt), predict(fig, n, None, rtt_s=rtt, pacing=pacing)
+    up, down = paced["up_bytes_per_iter"] / n, paced["down_bytes_per_iter"] / n
+    assert paced["pacing_s"] > 0 and paced["pacing_s"] == pytest.approx(rtt * (pacing.extra(up) + pacing.extra(down)))
+    assert paced["s_per_iter"] == pytest.approx(plain["s_per_iter"] + paced["pacing_s"])
+    assert predict(fig, n, None, pacing=pacing)["pacing_s"] == 0.0  # no delay, nothing to pace over
+    delayed = replace(fig, rtt_s=rtt)
+    assert predict(delayed, fig.workers, None, rtt_s=rtt, pacing=pacing)["s_per_iter"] == pytest.approx(
+        predict(delayed, fig.workers, None, rtt_s=rtt)["s_per_iter"])  # the measured run predicts itself either way

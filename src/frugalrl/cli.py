@@ -202,6 +202,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     help="the round-trip time between the learner and its workers in ms (default: 0, none)")
     sm.add_argument("--run-rtt-ms", type=float, default=0.0,
                     help="the round-trip time the measured run had (its latency is taken out of its rollouts)")
+    sm.add_argument("--pacing", default=None, metavar="JSON[:TRANSPORT]",
+                    help="benchmarks/link_rtt.py's measurement of the link: the round trips a message takes beyond "
+                         "one by its size, added to each iteration's (default transport tcp-bbr; default: none)")
     sm.add_argument("--worker-cores", type=int, default=None,
                     help="cores the workers share (default: a core per worker)")
     sm.add_argument("--step-rate", type=float, default=None,
@@ -286,12 +289,16 @@ def _search_working_dir() -> None:
 
 
 def _scale_model(args: argparse.Namespace) -> int:
-    from frugalrl.scale_model import report
+    from frugalrl.scale_model import Pacing, report
 
     try:
+        pacing = None
+        if args.pacing is not None:
+            path, _, transport = args.pacing.partition(":")
+            pacing = Pacing.from_link_rtt(path, transport or "tcp-bbr")
         out = report(args.run_dir, args.workers, args.link_gbit, args.run_link_gbit, args.worker_cores, args.step_rate,
                      args.same_total_envs, args.serve_us_per_step, args.update_fit_run, args.rtt_ms / 1e3,
-                     args.run_rtt_ms / 1e3)
+                     args.run_rtt_ms / 1e3, pacing)
     except (FileNotFoundError, ValueError) as e:
         return _error(str(e))
     if args.json:
@@ -313,7 +320,8 @@ def _scale_model(args: argparse.Namespace) -> int:
               "can come down to")
     print(f"\n{'workers':>8s} {'up MB/iter':>11s} {'down MB/iter':>13s}" + (f" {'down floor':>11s}" if floor else "")
           + f" {'link s':>8s} {'rollout s':>10s} {'serve s':>8s} {'update s':>9s} {'s/iter':>8s}   (link "
-          f"{args.link_gbit:g} Gbit/s" + (f", {args.rtt_ms:g} ms round trips: in 'link s'" if args.rtt_ms else "")
+          f"{args.link_gbit:g} Gbit/s" + (f", {args.rtt_ms:g} ms round trips{' paced' if pacing else ''}: in 'link s'"
+                                             if args.rtt_ms else "")
           + ")")
     for p in out["predictions"]:
         print(f"{p['workers']:8d} {p['up_bytes_per_iter'] / 1e6:11.3f} {p['down_bytes_per_iter'] / 1e6:13.3f}"

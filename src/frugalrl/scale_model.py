@@ -20,12 +20,13 @@ A first-order model of PPO's loop (IMPALA's overlapped one: :func:`predict`), fr
   N·r·(down + q·w/E) bytes/s (headers down included), and the learner core spends ``(serve + update)_per_sample``
   per env step; each saturates at the N where that reaches the link rate or one core.
 
-It leaves out TCP's pacing on a link with delay (up to half a round trip more), stragglers, codec ratios and
-AAPS's sync rate changing with N (docs/multi-node.md#scale-model: its checks).
+TCP's pacing on a link with delay (up to half a round trip more a message) counts where given (:class:`Pacing`). It
+leaves out stragglers, codec ratios and AAPS's sync rate changing with N (docs/multi-node.md#scale-model).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import asdict, dataclass, replace
@@ -33,6 +34,40 @@ from pathlib import Path
 from typing import Any
 
 LINKS_GBIT = (1.0, 10.0, 25.0, 100.0)
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """The round trips a message of a given size takes beyond one, on a link with delay: TCP paces a message's
+    segments over the round trip (docs/multi-node.md#latency). Measured by ``benchmarks/link_rtt.py`` per size;
+    linear between the sizes, flat past the largest."""
+
+    sizes: tuple[float, ...]
+    extra_rtt: tuple[float, ...]
+
+    @classmethod
+    def from_link_rtt(cls, path: str | Path, transport: str = "tcp-bbr") -> Pacing:
+        """From a ``link_rtt.py`` JSON's back-to-back rows of ``transport`` (e.g. ``tcp-bbr``, ``tcp-cubic``)."""
+        try:
+            rows = sorted((r["size"], r["back_to_back_extra_rtt"]) for r in json.loads(Path(path).read_text())["rows"]
+                          if r["transport"] == transport)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a link_rtt.py result (no {e})") from None
+        if not rows:
+            raise ValueError(f"{path} has no rows of transport {transport!r}")
+        return cls(tuple(float(s) for s, _ in rows), tuple(max(0.0, float(x)) for _, x in rows))
+
+    def extra(self, size: float) -> float:
+        """Round trips beyond one for a message of ``size`` bytes (0 for an empty one)."""
+        xs, ys = (0.0, *self.sizes), (0.0, *self.extra_rtt)
+        i = bisect.bisect_right(xs, size)
+        if i >= len(xs):
+            return ys[-1]
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (size - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+    def seconds(self, rtt_s: float, up: float, down: float) -> float:
+        """What pacing adds to an iteration whose worker sends ``up`` bytes and receives ``down``."""
+        return rtt_s * (self.extra(up) + self.extra(down)) if rtt_s else 0.0
 
 
 @dataclass(frozen=True)
@@ -142,14 +177,14 @@ class RunFigures:
         rate); 0 without a bound."""
         return min(self.syncs_per_worker_iter, 1.0 / self.lag_bound) if self.lag_bound else 0.0
 
-    def rollout_compute_s(self) -> float:
-        """The measured rollout time less the measured run's own transfers over its link, their latency and its
-        serving."""
+    def rollout_compute_s(self, pacing: Pacing | None = None) -> float:
+        """The measured rollout time less the measured run's own transfers over its link, their latency (paced by
+        ``pacing``, if given) and its serving."""
         serve = self.serve_s_per_sample * self.workers * self.env_steps_per_worker_iter
-        if self.link_gbit is None:
-            return max(0.0, self.rollout_s_per_iter - serve - self.rtt_s)
         up, down = self.bytes_per_iter(self.workers, iterations=self.iterations or None)
-        return max(0.0, self.rollout_s_per_iter - serve - self.rtt_s - (up + down) * 8 / (self.link_gbit * 1e9))
+        latency = self.rtt_s + (pacing.seconds(self.rtt_s, up / self.workers, down / self.workers) if pacing else 0.0)
+        transfer = 0.0 if self.link_gbit is None else (up + down) * 8 / (self.link_gbit * 1e9)
+        return max(0.0, self.rollout_s_per_iter - serve - latency - transfer)
 
 
 def _lag_bound(summary: dict[str, Any]) -> int | None:
@@ -170,9 +205,9 @@ def contention(workers: int, worker_cores: int | None) -> float:
 
 def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores: int | None = None,
             env_scale: float = 1.0, overlap: bool | None = None, iterations: int | None = None,
-            rtt_s: float = 0.0) -> dict[str, Any]:
+            rtt_s: float = 0.0, pacing: Pacing | None = None) -> dict[str, Any]:
     """Bytes and seconds per iteration at ``workers`` workers on a learner link of ``link_gbit`` (None: no limit)
-    and ``rtt_s`` of round-trip time,
+    and ``rtt_s`` of round-trip time (its messages paced by ``pacing``, if given),
     each worker with ``env_scale`` times the measured run's envs (e.g. ½ for the same total envs on twice the
     workers): its env steps, experience bytes and compute scale with it; its weights messages do not. In a run of
     ``iterations`` (each worker's first full copy spread over them); None: steady state, a long run.
@@ -183,8 +218,9 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     overlap = fig.overlap if overlap is None else overlap
     up, down = fig.bytes_per_iter(workers, env_scale, iterations)
     # one round trip an iteration: every worker's rollout request (its weights inside) at once
-    link_s = (0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)) + rtt_s
-    compute = (fig.rollout_compute_s() * env_scale * contention(workers, worker_cores)
+    paced = pacing.seconds(rtt_s, up / workers, down / workers) if pacing else 0.0
+    link_s = (0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)) + rtt_s + paced
+    compute = (fig.rollout_compute_s(pacing) * env_scale * contention(workers, worker_cores)
                / contention(fig.workers, worker_cores))
     samples = workers * fig.env_steps_per_worker_iter * env_scale
     update = fig.update_s_per_iter + fig.update_s_per_sample * samples
@@ -192,7 +228,7 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     s_per_iter = max(link_s + compute + serve, serve + update) if overlap else link_s + compute + serve + update
     down_floor = fig.bytes_per_iter(workers, env_scale, iterations, fig.sync_floor())[1]
     return {"workers": workers, "up_bytes_per_iter": up, "down_bytes_per_iter": down,
-            "down_bytes_per_iter_floor": down_floor, "link_s": link_s, "latency_s": rtt_s,
+            "down_bytes_per_iter_floor": down_floor, "link_s": link_s, "latency_s": rtt_s + paced, "pacing_s": paced,
             "rollout_compute_s": compute, "serve_s": serve,
             "update_s": update, "s_per_iter": s_per_iter}
 
@@ -217,18 +253,20 @@ def saturation(fig: RunFigures, step_rate: float | None = None,
 def report(run_dir: str | Path, workers: list[int], link_gbit: float | None, run_link_gbit: float | None = None,
            worker_cores: int | None = None, step_rate: float | None = None,
            same_total_envs: bool = False, serve_us_per_step: float = 0.0,
-           update_fit_run: str | Path | None = None, rtt_s: float = 0.0, run_rtt_s: float = 0.0) -> dict[str, Any]:
+           update_fit_run: str | Path | None = None, rtt_s: float = 0.0, run_rtt_s: float = 0.0,
+           pacing: Pacing | None = None) -> dict[str, Any]:
     """The model's figures, predictions at ``workers`` and saturation counts, as ``frugalrl scale-model`` prints;
     ``same_total_envs`` spreads the run's envs over each worker count instead of giving each worker as many;
     ``update_fit_run``, a run of the same update at another batch size, splits off the update's fixed part;
-    ``rtt_s`` and ``run_rtt_s``: the round trips of the predicted link and of the measured run's."""
+    ``rtt_s`` and ``run_rtt_s``: the round trips of the predicted link and of the measured run's, their messages
+    paced by ``pacing`` if given."""
     fig = replace(RunFigures.from_run(run_dir, run_link_gbit), serve_s_per_sample=serve_us_per_step * 1e-6,
                   rtt_s=run_rtt_s)
     if update_fit_run is not None:
         fig = fig.with_update_fit(RunFigures.from_run(update_fit_run))
     return {"figures": asdict(fig), "link_gbit": link_gbit, "worker_cores": worker_cores,
             "same_total_envs": same_total_envs,
-            "rtt_s": rtt_s,
+            "rtt_s": rtt_s, "pacing": None if pacing is None else asdict(pacing),
             "predictions": [predict(fig, n, link_gbit, worker_cores, fig.workers / n if same_total_envs else 1.0,
-                                    rtt_s=rtt_s) for n in workers],
+                                    rtt_s=rtt_s, pacing=pacing) for n in workers],
             "saturation": saturation(fig, step_rate)}
