@@ -308,6 +308,24 @@ def test_update_rows_thinned_by_time_keep_evaluations_the_end_and_every_episode(
     assert [r["train/episode_return"] for r in thinned] == [1.5, 3.0, 6.0]
     assert all("eval/return_mean" in r for r in thinned[1:])
 
+    # A checkpoint writes the row held back (a resume starts after it); an event column is written at once.
+    cfg = RunConfig(run_dir=str(tmp_path), progress=False, tensorboard=False, plots=False, eval_episodes=0,
+                    checkpoint_every=2, log_every_s=1e6, run_name="events")
+
+
+    class FaultAtFive(Scripted):
+        def update(self, step: Step) -> Update:
+            done = super().update(step)
+            if step.index == 5:
+                done.row["faults/restarted_workers"] = 1
+            return done
+
+    drive(FaultAtFive(cfg, [(_nothing, 10, r) for r in returns]))
+    events = [json.loads(line) for line in (tmp_path / "events" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in events] == [10, 20, 40, 50, 60]  # first, checkpoints at 2 and 4, the fault, the end
+    assert [r.get("train/episode_return") for r in events] == [1.5, 3.0, 5.0, 7.0, 8.0]
+    assert "faults/restarted_workers" in events[3]
+
     monkeypatch.setattr(runs, "GROWTH_AFTER_S", 0.0)
     monkeypatch.setattr(runs, "GROWTH_MB_PER_HOUR", 0.0)
     with caplog.at_level(logging.WARNING, logger="frugalrl"):

@@ -166,9 +166,10 @@ class RunConfig(ConfigPart):
     """Write TensorBoard events into the run directory."""
     log_every_s: float = 0.0
     """Write an update's metrics row (metrics.jsonl, TensorBoard) once this many seconds of training passed since
-    the last one written, and always with an evaluation and at the end; its training return and length are then
-    those of every episode since that row (0: a row for every update, exact for plots such as AAPS's KL at each
-    sync). Bounds a fast, long run's files: a run at 0 that writes over 100 MB an hour is told so."""
+    the last one written, and always with an evaluation, an event (a fault, a stall), a checkpoint and at the end;
+    its training return and length are then those of every episode since that row (0: a row for every update,
+    exact for plots such as AAPS's KL at each sync). Bounds a fast, long run's files: a run at 0 that writes over
+    100 MB an hour is told so. HSA2C evaluates at every row it logs (its eval_every): this changes nothing there."""
     plots: bool = True
     """Draw PNG plots into the run directory at the end."""
 
@@ -186,6 +187,8 @@ class RunConfig(ConfigPart):
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         check_fields(self, positive=("checkpoint_every_s",))
+        if not math.isfinite(self.log_every_s):
+            raise ValueError(f"log_every_s must be a finite number of seconds >= 0, got {self.log_every_s!r}")
         if self.target_return is not None and not math.isfinite(self.target_return):
             raise ValueError(f"target_return must be a finite number or None, got {self.target_return!r}")
 

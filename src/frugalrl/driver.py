@@ -180,7 +180,8 @@ class Callback:
     (``stop_reason`` "callback"); None or True goes on."""
 
     def on_update(self, run: RunRecorder, update: Update, row: dict[str, Any]) -> bool | None:
-        """After every update, with its metrics row (already logged)."""
+        """After every update, with its metrics row (logged, or held for a later row by ``log_every_s``: change a
+        copy)."""
         return None
 
     def on_evaluation(self, run: RunRecorder, evaluation: Evaluation) -> bool | None:

@@ -38,6 +38,8 @@ GROWTH_AFTER_S = 600.0
 """Training seconds after which a run's metrics growth is judged (a shorter run's files are small anyway)."""
 GROWTH_MB_PER_HOUR = 100.0
 """Metrics growth above which a run that writes a row for every update is told of ``log_every_s``."""
+EVENT_COLUMNS = ("faults/", "health/", "monitor/")
+"""Column prefixes of events a thinned row must not drop (:class:`UpdateRows` writes such a row at once)."""
 log = logging.getLogger("frugalrl")
 
 
@@ -191,7 +193,9 @@ class RunDirectory:
                     self._tb.add_scalar(key, value, step)
 
     def bytes_written(self) -> int:
-        """Bytes of ``metrics.jsonl`` and the TensorBoard events so far."""
+        """Bytes of ``metrics.jsonl`` and the TensorBoard events so far (the events flushed first)."""
+        if self._tb is not None:
+            self._tb.flush()
         return self._metrics.tell() + sum(p.stat().st_size for p in self.dir.glob("events.out.tfevents.*"))
 
     def save_checkpoint(self, payload: dict[str, Any], name: str = CHECKPOINT) -> Path:
@@ -221,9 +225,10 @@ class RunDirectory:
 
 class UpdateRows:
     """The update rows of a run's metrics: one for every update (``every_s`` 0), or one each ``every_s`` seconds of
-    training and whenever one is kept (an evaluation, a stop), the latest update's; a row then has the training
-    return and length of every episode since the last row written, so thinning drops none. A run that writes a row
-    for every update is told once, after :data:`GROWTH_AFTER_S`, if its files grow faster than
+    training, the latest update's, and every row that is kept: one with an evaluation, at a stop or a checkpoint,
+    or with an event column (:data:`EVENT_COLUMNS`: a restarted worker, a stall, the Monitor's check). A row has the
+    training return and length of every episode since the last row written, so thinning drops none. A run process
+    that writes a row for every update is told once, after :data:`GROWTH_AFTER_S`, if its files grow faster than
     :data:`GROWTH_MB_PER_HOUR`."""
 
     def __init__(self, directory: RunDirectory, every_s: float) -> None:
@@ -233,23 +238,26 @@ class UpdateRows:
         self._written_s: float | None = None
         self._since: list[tuple[float, Any]] = []  # (return, length or None) of episodes since the last row
         self._judged = False
+        self._rows = self._kept = 0  # rows written by this process, and those written whatever every_s is
 
     def episodes(self, returns: list[float], lengths: list[Any]) -> None:
-        """Episodes that ended in the update about to be added."""
-        self._since += zip(returns, lengths or [None] * len(returns), strict=False)
+        """Episodes that ended in the update about to be added (lengths: the same count, or none known)."""
+        self._since += zip(returns, list(lengths[:len(returns)]) + [None] * (len(returns) - len(lengths)), strict=True)
 
-    def add(self, step: int, seconds: float, updates: int, row: dict[str, Any], keep: bool = False) -> None:
-        """An update's row, at ``step`` env steps and ``seconds`` of training, the run's ``updates``-th."""
+    def add(self, step: int, seconds: float, row: dict[str, Any], keep: bool = False) -> None:
+        """An update's row, at ``step`` env steps and ``seconds`` of training; ``keep``: written now."""
+        keep = keep or any(k.startswith(EVENT_COLUMNS) for k in row)
         self._held = (step, seconds, row)
-        if keep or self._written_s is None or seconds - self._written_s >= self.every_s:
+        if keep or not self.every_s or self._written_s is None or seconds - self._written_s >= self.every_s:
+            self._kept += keep
             self.flush()
         if not self._judged and seconds >= GROWTH_AFTER_S:
             self._judged = True
             mb_per_hour = self.directory.bytes_written() / 1e6 / seconds * 3600
-            if mb_per_hour > GROWTH_MB_PER_HOUR and not self.every_s:
-                log.warning("frugalrl: this run's metrics.jsonl and TensorBoard events grow by %.0f MB an hour (a row "
-                            "for each of %.0f updates a second); --log-every-s 1 writes at most a row a second",
-                            mb_per_hour, updates / seconds)
+            if mb_per_hour > GROWTH_MB_PER_HOUR and not self.every_s and self._kept < self._rows / 2:
+                log.warning("frugalrl: this run's metrics.jsonl and TensorBoard events grow by %.0f MB an hour, a row "
+                            "for every update; --log-every-s 1 writes at most a row a second (and every evaluation)",
+                            mb_per_hour)
 
     def flush(self) -> None:
         """Write the held row, if any."""
@@ -263,6 +271,7 @@ class UpdateRows:
                 row["train/episode_length"] = float(np.mean(lengths))
         self.directory.log(step, seconds, row)
         self._held, self._written_s, self._since = None, seconds, []
+        self._rows += 1
 
 
 def read_checkpoint(path: str | Path, name: str = CHECKPOINT) -> dict[str, Any]:

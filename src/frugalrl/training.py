@@ -365,7 +365,7 @@ class RunRecorder:
     def log_update(self, row: dict[str, Any], keep: bool = False) -> None:
         """Log the row of the update just recorded (:class:`~frugalrl.runs.UpdateRows`: written now if ``keep``, an
         evaluation or a stop, or ``cfg.log_every_s`` after the last; else held for a later one or the end)."""
-        self.rows.add(self.env_steps, self.seconds(), self.updates, row, keep)
+        self.rows.add(self.env_steps, self.seconds(), row, keep)
 
     def set_clock(self, seconds: float) -> None:
         """Set the training seconds so far, for an algorithm that measures them itself (a server's optimisation
@@ -430,7 +430,8 @@ class RunRecorder:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
-        """Write the checkpoint (atomically)."""
+        """Write the checkpoint (atomically), and the update row held back till then (a resume starts after it)."""
+        self.rows.flush()
         parts = {name: (None if part is None else self._part_state(name, part)) for name, part in self._parts.items()}
         payload: dict[str, Any] = {
             "format": CHECKPOINT_FORMAT,

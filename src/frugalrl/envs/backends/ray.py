@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 def inline_bytes() -> int:
     """Ray's ``max_direct_call_object_size`` (its ``RAY_max_direct_call_object_size`` variable, else its default of
     100 KiB): an argument up to this size goes inside the task's request, a larger one through the object store,
-    from which the worker's node fetches it. A value set through ``ray.init(_system_config=...)`` is not seen."""
+    from which the worker's node fetches it. Read in this process's environment: a value set through
+    ``ray.init(_system_config=...)``, or only in a remote cluster's environment, is not seen."""
     return int(os.environ.get("RAY_max_direct_call_object_size", 100 * 1024))  # noqa: SIM112 - Ray spells it so
 
 
