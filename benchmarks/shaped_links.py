@@ -147,8 +147,7 @@ def remodel(path: Path, pacing: str | None = None) -> None:
     out = json.loads(path.read_text())
     key, paced = "model", None
     if pacing is not None:
-        file, _, transport = pacing.partition(":")
-        key, paced = "model_paced", Pacing.from_link_rtt(file, transport or "tcp-bbr")
+        key, paced = "model_paced", Pacing.parse(pacing)
     out[key] = model_check(out["runs"], out["config"].get("model_from_delay"), paced)
     out[f"{key}_from"] = {"command": " ".join(shlex.quote(a) for a in sys.argv), "commit": measured_commit(),
                           "date": time.strftime("%Y-%m-%d")}

@@ -39,6 +39,8 @@ def combine(op: str, values: Sequence[Any]) -> float | None:
     present = [float(v) for v in values if v is not None]
     if op == "mean":
         return sum(present) / len(present) if present else None
+    if op == "mean_abs":
+        return sum(abs(x) for x in present) / len(present) if present else None
     if op == "std":  # sample standard deviation (ddof = 1) over seeds: the claims protocol's; 0 for one value
         if not present:
             return None
@@ -154,7 +156,7 @@ class Source:
 
     def agg(self, op: str, paths: Sequence[Pointer], fmt: str = ".1f", scale: float = 1.0, prefix: str = "",
             suffix: str = "") -> Num:
-        """``op`` (mean, std, ratio, sum, count) of the numbers at ``paths``."""
+        """``op`` (mean, mean_abs, std, ratio, sum, count) of the numbers at ``paths``."""
         return pooled(op, [(self, p) for p in paths], fmt, scale, prefix, suffix)
 
     def command(self) -> str:
@@ -172,7 +174,8 @@ def cross(a: Source, pa: Pointer, b: Source, pb: Pointer, fmt: str, prefix: str 
 
 def pooled(op: str, parts: Sequence[tuple[Source, Pointer]], fmt: str = ".1f", scale: float = 1.0, prefix: str = "",
            suffix: str = "") -> Num:
-    """``op`` (mean, std, ratio, sum, count) of the numbers at ``(source, path)`` pairs, from one file or several."""
+    """``op`` (mean, mean_abs, std, ratio, sum, count) of the numbers at ``(source, path)`` pairs, from one file or
+    several."""
     values = [walk(src.data, path) for src, path in parts]
     return Num(combine(op, values), fmt, tuple((src.name, tuple(path)) for src, path in parts), op, scale, prefix,
                suffix)

@@ -137,9 +137,32 @@ def t_link_pacing(arg: str) -> list[Table]:
                     [h for f in files for h in (f"{_label(f)}: one round trip", "paced")], delayed_only=True)
 
 
+def t_link_pacing_summary(arg: str) -> list[Table]:
+    """Per ``shaped_links.py`` file and worker group, over its cells with a delay: the model's mean error and mean
+    absolute error with one round trip an iteration and with TCP's pacing (``model_paced``)."""
+    files = [Source(name) for name in arg.split()]
+    rows: list[list[Cell]] = []
+    for f in files:
+        paced = {_cell(m): i for i, m in enumerate(f("model_paced"))}
+        for group, workers in (("4–8", (4, 8)), ("16", (16,))):
+            cells = [(i, paced[_cell(m)]) for i, m in enumerate(f("model"))
+                     if m["delay"] != "0" and m["workers"] in workers]
+            if not cells:
+                continue
+            one = [("model", i, "error", "s_per_iter") for i, _ in cells]
+            two = [("model_paced", j, "error", "s_per_iter") for _, j in cells]
+            rows.append([[_label(f)], [group], [str(len(cells))],
+                         [f.agg("mean", one, fmt="+.1%")], [f.agg("mean", two, fmt="+.1%")],
+                         [f.agg("mean_abs", one, fmt=".1%")], [f.agg("mean_abs", two, fmt=".1%")]])
+    header = ["file", "workers", "delayed cells", "mean error: one round trip", "paced", "mean |error|: one round trip",
+              "paced"]
+    return [Table(header, rows, sources=[f.name for f in files], commands=[f.command() for f in files],
+                  align="lllrrrr")]
+
+
 def _label(f: Source) -> str:
-    """A ``shaped_links_delay_*.json`` file's short name in a column header."""
-    return f.name.removeprefix("shaped_links_delay_").removesuffix(".json").replace("_", " ")
+    """A ``shaped_links_*.json`` file's short name in a table."""
+    return f.name.removeprefix("shaped_links_").removesuffix(".json")
 
 
 def t_link_ingress(arg: str) -> list[Table]:

@@ -83,6 +83,8 @@ def _expected(op: str, values: list[Any]) -> float | None:
     mean = math.fsum(xs) / len(xs)
     if op == "mean":
         return mean
+    if op == "mean_abs":
+        return math.fsum(abs(x) for x in xs) / len(xs)
     if op == "std":
         return math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
     if op == "sum":

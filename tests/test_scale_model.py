@@ -213,7 +213,7 @@ def test_cli_on_a_real_run(tmp_path, capsys):
     paced = json.loads(capsys.readouterr().out)["predictions"][0]
     assert paced["pacing_s"] > 0 and paced["latency_s"] == pytest.approx(0.04 + paced["pacing_s"])
     assert main(["scale-model", str(tmp_path / "r"), "--pacing", str(tmp_path / "r" / "summary.json")]) == 2
-    assert "is not a link_rtt.py result" in capsys.readouterr().err
+    assert "is not a readable link_rtt.py result" in capsys.readouterr().err
     assert main(["train", "ppo", "--env", "CartPole-v1", "--backend", "serial", "--workers", "4",
                  "--envs-per-worker", "2", "--num-steps", "64", "--total-timesteps", "2048", "--eval-episodes", "1",
                  "--run-dir", str(tmp_path), "--run-name", "r4", "--no-progress", "--no-tensorboard",
@@ -271,18 +271,51 @@ def test_the_shaped_links_check_reads_a_delay_by_its_seconds():
 
 
 def test_pacing_adds_the_round_trips_of_each_direction_by_message_size():
-    """Each iteration's request and reply, each at its size, take the measured extra round trips (linear between
-    the measured sizes, flat past the largest); the measured run's own pacing is taken out of its compute."""
+    """Each iteration's reply at its size, and its request with the weights inside as often as any worker syncs
+    (the iteration waits for the slowest), take the measured extra round trips (linear between the measured sizes,
+    flat past the largest); the measured run's own pacing is taken out of its compute."""
     pacing = Pacing((10_000.0, 30_000.0), (0.2, 0.5))
-    assert pacing.extra(0) == 0.0 and pacing.extra(5_000) == pytest.approx(0.1)
+    assert pacing.extra(0) == 0.0 and pacing.extra(-5) == 0.0 and pacing.extra(5_000) == pytest.approx(0.1)
     assert pacing.extra(20_000) == pytest.approx(0.35) and pacing.extra(1e9) == 0.5
-    fig = RunFigures.from_summary(summary(syncs=20))
-    rtt, n = 0.04, 4
-    plain, paced = predict(fig, n, None, rtt_s=rtt), predict(fig, n, None, rtt_s=rtt, pacing=pacing)
-    up, down = paced["up_bytes_per_iter"] / n, paced["down_bytes_per_iter"] / n
-    assert paced["pacing_s"] > 0 and paced["pacing_s"] == pytest.approx(rtt * (pacing.extra(up) + pacing.extra(down)))
-    assert paced["s_per_iter"] == pytest.approx(plain["s_per_iter"] + paced["pacing_s"])
-    assert predict(fig, n, None, pacing=pacing)["pacing_s"] == 0.0  # no delay, nothing to pace over
+    rtt = 0.04
+    for syncs, n in ((20, 4), (2, 1), (2, 16)):  # q = 1, and q = 0.1 with one worker or sixteen
+        fig = RunFigures.from_summary(summary(syncs=syncs))
+        q = fig.syncs_per_worker_iter
+        reply = fig.bytes_per_iter(1)[0]
+        request = fig.bytes_per_iter(1, syncs_per_worker_iter=0.0)[1]
+        any_sync = 1 - (1 - q) ** n
+        expected = rtt * (pacing.extra(reply) + any_sync * pacing.extra(request + fig.weight_bytes_per_sync)
+                          + (1 - any_sync) * pacing.extra(request))
+        plain, paced = predict(fig, n, None, rtt_s=rtt), predict(fig, n, None, rtt_s=rtt, pacing=pacing)
+        assert paced["pacing_s"] == pytest.approx(expected) and expected > 0
+        assert paced["s_per_iter"] == pytest.approx(plain["s_per_iter"] + expected)
+        assert predict(fig, n, None, pacing=pacing)["pacing_s"] == 0.0  # no delay, nothing to pace over
+    assert predict(fig, 16, None, rtt_s=rtt, pacing=pacing)["pacing_s"] > predict(
+        fig, 1, None, rtt_s=rtt, pacing=pacing)["pacing_s"]  # more workers: some worker's request carries weights
     delayed = replace(fig, rtt_s=rtt)
     assert predict(delayed, fig.workers, None, rtt_s=rtt, pacing=pacing)["s_per_iter"] == pytest.approx(
         predict(delayed, fig.workers, None, rtt_s=rtt)["s_per_iter"])  # the measured run predicts itself either way
+
+
+def test_pacing_is_read_from_a_link_rtt_file_and_refuses_what_it_cannot_use(tmp_path):
+    """Rows of the chosen transport, one size's rows averaged; a colon inside the file's path is not a transport;
+    a file that is not a link_rtt.py result, a missing transport or sizes out of order are one clear error."""
+    folder = tmp_path / "a:b"
+    folder.mkdir()
+    path = folder / "rtt.json"
+    rows = [{"transport": "tcp-bbr", "size": 16_000, "back_to_back_extra_rtt": 0.3},
+            {"transport": "tcp-bbr", "size": 1_000, "back_to_back_extra_rtt": 0.02},
+            {"transport": "tcp-bbr", "size": 16_000, "back_to_back_extra_rtt": 0.4},
+            {"transport": "ray", "size": 1_000, "back_to_back_extra_rtt": -0.01}]
+    path.write_text(json.dumps({"rows": rows}))
+    assert Pacing.parse(str(path)) == Pacing((1_000.0, 16_000.0), (0.02, 0.35))
+    assert Pacing.parse(f"{path}:ray") == Pacing((1_000.0,), (0.0,))  # a negative extra is none
+    with pytest.raises(ValueError, match="no rows of transport 'quic'"):
+        Pacing.parse(f"{path}:quic")
+    (tmp_path / "empty.json").write_text("")
+    with pytest.raises(ValueError, match="empty.json is not a readable link_rtt.py result"):
+        Pacing.from_link_rtt(tmp_path / "empty.json")
+    with pytest.raises(ValueError, match="is not a readable link_rtt.py result"):
+        Pacing.from_link_rtt(tmp_path)  # a folder
+    with pytest.raises(ValueError, match="increasing positive sizes"):
+        Pacing((2.0, 1.0), (0.1, 0.2))

@@ -292,10 +292,7 @@ def _scale_model(args: argparse.Namespace) -> int:
     from frugalrl.scale_model import Pacing, report
 
     try:
-        pacing = None
-        if args.pacing is not None:
-            path, _, transport = args.pacing.partition(":")
-            pacing = Pacing.from_link_rtt(path, transport or "tcp-bbr")
+        pacing = None if args.pacing is None else Pacing.parse(args.pacing)
         out = report(args.run_dir, args.workers, args.link_gbit, args.run_link_gbit, args.worker_cores, args.step_rate,
                      args.same_total_envs, args.serve_us_per_step, args.update_fit_run, args.rtt_ms / 1e3,
                      args.run_rtt_ms / 1e3, pacing)

@@ -39,35 +39,53 @@ LINKS_GBIT = (1.0, 10.0, 25.0, 100.0)
 @dataclass(frozen=True)
 class Pacing:
     """The round trips a message of a given size takes beyond one, on a link with delay: TCP paces a message's
-    segments over the round trip (docs/multi-node.md#latency). Measured by ``benchmarks/link_rtt.py`` per size;
-    linear between the sizes, flat past the largest."""
+    segments over the round trip (docs/multi-node.md#latency). Measured by ``benchmarks/link_rtt.py`` per size, back
+    to back (with CUBIC, a message after an idle spell longer than the RTO takes more: its ``after_idle`` rows);
+    linear between the sizes, flat past the largest. Measured on a link without a rate limit: on a slow one, part
+    of it is the serialisation the model counts already."""
 
     sizes: tuple[float, ...]
     extra_rtt: tuple[float, ...]
 
+    def __post_init__(self) -> None:
+        if (len(self.sizes) != len(self.extra_rtt) or not self.sizes or self.sizes[0] <= 0
+                or any(b <= a for a, b in zip(self.sizes, self.sizes[1:], strict=False))
+                or not all(x >= 0 for x in self.extra_rtt)):
+            raise ValueError(f"pacing needs increasing positive sizes, each with extra round trips >= 0; got "
+                             f"{self.sizes} and {self.extra_rtt}")
+
     @classmethod
     def from_link_rtt(cls, path: str | Path, transport: str = "tcp-bbr") -> Pacing:
-        """From a ``link_rtt.py`` JSON's back-to-back rows of ``transport`` (e.g. ``tcp-bbr``, ``tcp-cubic``)."""
+        """From a ``link_rtt.py`` JSON's back-to-back rows of ``transport`` (e.g. ``tcp-bbr``, ``tcp-cubic``, ``ray``);
+        rows of one size are averaged."""
         try:
-            rows = sorted((r["size"], r["back_to_back_extra_rtt"]) for r in json.loads(Path(path).read_text())["rows"]
-                          if r["transport"] == transport)
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{path} is not a link_rtt.py result (no {e})") from None
-        if not rows:
+            by_size: dict[float, list[float]] = {}
+            for r in json.loads(Path(path).read_text())["rows"]:
+                if r["transport"] == transport:
+                    by_size.setdefault(float(r["size"]), []).append(max(0.0, float(r["back_to_back_extra_rtt"])))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a readable link_rtt.py result ({type(e).__name__}: {e})") from None
+        if not by_size:
             raise ValueError(f"{path} has no rows of transport {transport!r}")
-        return cls(tuple(float(s) for s, _ in rows), tuple(max(0.0, float(x)) for _, x in rows))
+        sizes = sorted(by_size)
+        return cls(tuple(sizes), tuple(sum(by_size[n]) / len(by_size[n]) for n in sizes))
+
+    @classmethod
+    def parse(cls, spec: str) -> Pacing:
+        """From ``FILE`` or ``FILE:TRANSPORT`` (tcp-bbr by default); a ``FILE`` with a colon in its path is read whole."""
+        path, sep, transport = spec.rpartition(":")
+        if not sep or Path(spec).is_file() or "/" in transport or "\\" in transport:
+            return cls.from_link_rtt(spec)
+        return cls.from_link_rtt(path, transport or "tcp-bbr")
 
     def extra(self, size: float) -> float:
         """Round trips beyond one for a message of ``size`` bytes (0 for an empty one)."""
         xs, ys = (0.0, *self.sizes), (0.0, *self.extra_rtt)
+        size = max(0.0, size)
         i = bisect.bisect_right(xs, size)
         if i >= len(xs):
             return ys[-1]
         return ys[i - 1] + (ys[i] - ys[i - 1]) * (size - xs[i - 1]) / (xs[i] - xs[i - 1])
-
-    def seconds(self, rtt_s: float, up: float, down: float) -> float:
-        """What pacing adds to an iteration whose worker sends ``up`` bytes and receives ``down``."""
-        return rtt_s * (self.extra(up) + self.extra(down)) if rtt_s else 0.0
 
 
 @dataclass(frozen=True)
@@ -177,12 +195,24 @@ class RunFigures:
         rate); 0 without a bound."""
         return min(self.syncs_per_worker_iter, 1.0 / self.lag_bound) if self.lag_bound else 0.0
 
+    def pacing_s(self, pacing: Pacing | None, workers: int, env_scale: float, rtt_s: float) -> float:
+        """What TCP's pacing adds to an iteration on a link of ``rtt_s``: a worker's reply at its size, and its
+        request, with the weights inside where any of the ``workers`` syncs (the iteration waits for the slowest:
+        with ``q`` syncs per worker, one of them syncs with probability 1 − (1 − q)^N)."""
+        if pacing is None or not rtt_s:
+            return 0.0
+        reply = self.bytes_per_iter(1, env_scale)[0]
+        request = self.bytes_per_iter(1, env_scale, syncs_per_worker_iter=0.0)[1]
+        any_sync = 1.0 - (1.0 - min(1.0, self.syncs_per_worker_iter)) ** workers
+        carrying = pacing.extra(request + self.weight_bytes_per_sync)
+        return rtt_s * (pacing.extra(reply) + any_sync * carrying + (1.0 - any_sync) * pacing.extra(request))
+
     def rollout_compute_s(self, pacing: Pacing | None = None) -> float:
         """The measured rollout time less the measured run's own transfers over its link, their latency (paced by
         ``pacing``, if given) and its serving."""
         serve = self.serve_s_per_sample * self.workers * self.env_steps_per_worker_iter
         up, down = self.bytes_per_iter(self.workers, iterations=self.iterations or None)
-        latency = self.rtt_s + (pacing.seconds(self.rtt_s, up / self.workers, down / self.workers) if pacing else 0.0)
+        latency = self.rtt_s + self.pacing_s(pacing, self.workers, 1.0, self.rtt_s)
         transfer = 0.0 if self.link_gbit is None else (up + down) * 8 / (self.link_gbit * 1e9)
         return max(0.0, self.rollout_s_per_iter - serve - latency - transfer)
 
@@ -218,7 +248,7 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     overlap = fig.overlap if overlap is None else overlap
     up, down = fig.bytes_per_iter(workers, env_scale, iterations)
     # one round trip an iteration: every worker's rollout request (its weights inside) at once
-    paced = pacing.seconds(rtt_s, up / workers, down / workers) if pacing else 0.0
+    paced = fig.pacing_s(pacing, workers, env_scale, rtt_s)
     link_s = (0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)) + rtt_s + paced
     compute = (fig.rollout_compute_s(pacing) * env_scale * contention(workers, worker_cores)
                / contention(fig.workers, worker_cores))
