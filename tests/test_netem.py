@@ -212,6 +212,15 @@ def test_delay_unavailable_on_veth_is_reported_and_cleaned_up():
         TestHosts(2, prefix=PREFIX, delay="10ms", link="veth").setup()
 
 
+@pytest.mark.parametrize(("has_netem", "delayed", "link"),
+                         [(True, True, "veth"), (True, False, "veth"), (False, True, "tun"), (False, False, "veth")])
+def test_the_default_link_is_tun_only_for_a_delay_the_kernel_cannot_add(monkeypatch, has_netem, delayed, link):
+    monkeypatch.setattr(netem, "netem_available", lambda: (has_netem, "" if has_netem else "no sch_netem"))
+    assert netem.default_link(delayed) == link
+    hosts = TestHosts(3, prefix=PREFIX, delay="1ms" if delayed else None)  # not entered: nothing is built
+    assert hosts.link == link and (hosts.switch is None) == (link == "tun")
+
+
 @pytest.mark.skipif(not TUN, reason="no /dev/net/tun")
 def test_tun_link_where_netem_is_missing_joins_hosts_shapes_rates_and_leaves_nothing():
     """A delay without netem gets a TUN link by itself; its forwarder joins three hosts (no bridge), tc's rate
