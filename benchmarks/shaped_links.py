@@ -72,12 +72,14 @@ def _key(r: dict) -> tuple:
     return r["rate"], r.get("delay", "0"), r["sync"], r["uplink"]
 
 
-def model_check(rows: list[dict], base_delay: str | None = None, pacing: Any = None) -> list[dict]:
+def model_check(rows: list[dict], base_delay: str | None = None, pacing: Any = None, step_cost: Any = None
+                ) -> list[dict]:
     """frugalrl.scale_model's predictions for every run from the smallest worker count's run of the same link,
     sync and uplink (its bytes, its rollout time less its transfers and latency, its update time per sample) and,
     with ``base_delay``, of that delay (the model then adds the other delays' round trips), against what each run
     measured: bytes per iteration each way and the median seconds per iteration. ``pacing``: a
-    :class:`frugalrl.scale_model.Pacing` for the round trips (None: one round trip an iteration)."""
+    :class:`frugalrl.scale_model.Pacing` for the round trips (None: one round trip an iteration); ``step_cost``: a
+    :class:`frugalrl.scale_model.StepCost` (None: a worker's compute proportional to its envs)."""
     from frugalrl.scale_model import RunFigures, predict
 
     def setting(r: dict) -> tuple:  # a delay by its seconds: "0", "0ms" and "0s" are one
@@ -100,7 +102,7 @@ def model_check(rows: list[dict], base_delay: str | None = None, pacing: Any = N
         fig = RunFigures.from_summary(base["summary"], link, rtt_s=base.get("rtt_s", 0.0))
         scale = r["summary"]["details"]["envs_per_worker"] / base["summary"]["details"]["envs_per_worker"]
         p = predict(fig, r["workers"], link, worker_cores=os.cpu_count(), env_scale=scale,
-                    iterations=r["updates"], rtt_s=r.get("rtt_s", 0.0), pacing=pacing)
+                    iterations=r["updates"], rtt_s=r.get("rtt_s", 0.0), pacing=pacing, step_cost=step_cost)
         measured = {"s_per_iter": r["s_per_iter_median"], "up_bytes_per_iter": r["up_bytes_per_iter"],
                     "down_bytes_per_iter": r["down_bytes_per_iter"]}
         out.append({"rate": r["rate"], "delay": delay, "sync": r["sync"], "uplink": r["uplink"],
@@ -138,20 +140,21 @@ def plot_model(model: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def remodel(path: Path, pacing: str | None = None) -> None:
+def remodel(path: Path, pacing: str | None = None, step_cost: str | None = None) -> None:
     """Replace a results file's ``model`` with this commit's predictions from the same measured runs (the runs stay
-    as measured; ``model_from`` records the recomputation); with ``pacing`` (``link_rtt.py``'s JSON[:TRANSPORT]),
-    write them as ``model_paced`` beside the model, which stays as it is."""
-    from frugalrl.scale_model import Pacing
+    as measured; ``model_from`` records the recomputation); with ``pacing`` (``link_rtt.py``'s JSON[:TRANSPORT])
+    and/or ``step_cost`` (``worker_step_cost.py``'s JSON), write them as ``model_paced``, ``model_stepcost`` or
+    ``model_paced_stepcost`` beside the model, which stays as it is."""
+    from frugalrl.scale_model import Pacing, StepCost
 
     out = json.loads(path.read_text())
-    key, paced = "model", None
-    if pacing is not None:
-        key, paced = "model_paced", Pacing.parse(pacing)
-    out[key] = model_check(out["runs"], out["config"].get("model_from_delay"), paced)
+    paced = None if pacing is None else Pacing.parse(pacing)
+    cost = None if step_cost is None else StepCost.from_json(step_cost)
+    key = "model" + ("_paced" if paced else "") + ("_stepcost" if cost else "")
+    out[key] = model_check(out["runs"], out["config"].get("model_from_delay"), paced, cost)
     out[f"{key}_from"] = {"command": " ".join(shlex.quote(a) for a in sys.argv), "commit": measured_commit(),
                           "date": time.strftime("%Y-%m-%d")}
-    if len({r["workers"] for r in out["runs"]}) > 1 and paced is None:
+    if len({r["workers"] for r in out["runs"]}) > 1 and key == "model":
         plot_model(out["model"], path.with_suffix(".png"))
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"rewrote the {key} of {path}")
@@ -199,12 +202,15 @@ def main() -> None:
     parser.add_argument("--pacing", metavar="JSON[:TRANSPORT]",
                         help="with --remodel: the predictions with TCP's pacing (link_rtt.py's measurement, "
                              "transport tcp-bbr by default), written as model_paced")
+    parser.add_argument("--step-cost", metavar="JSON",
+                        help="with --remodel: the predictions with a worker's step cost by its envs "
+                             "(worker_step_cost.py's measurement), written as model_stepcost (or _paced_stepcost)")
     args = parser.parse_args()
     if args.remodel:
-        remodel(Path(args.remodel), args.pacing)
+        remodel(Path(args.remodel), args.pacing, args.step_cost)
         return
-    if args.pacing:
-        sys.exit("--pacing goes with --remodel")
+    if args.pacing or args.step_cost:
+        sys.exit("--pacing and --step-cost go with --remodel")
     unknown = set(args.syncs.split(",")) - set(SYNCS)
     if unknown:
         sys.exit(f"unknown --syncs {sorted(unknown)}; expected some of {list(SYNCS)}")

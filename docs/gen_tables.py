@@ -72,6 +72,7 @@ from tables_scale import (  # noqa: E402
     t_link_pacing,
     t_link_pacing_summary,
     t_link_rtt,
+    t_link_stepcost_summary,
     t_scale_model,
     t_scale_model_paced,
     t_scale_model_parts,
@@ -462,6 +463,7 @@ BENCHES: dict[str, Callable[[str], list[Table]]] = {
     "link_rtt": t_link_rtt,  # ARGS: link_rtt.py --out
     "link_pacing": t_link_pacing,  # ARGS: shaped_links.py --out files remodelled with --pacing
     "link_pacing_summary": t_link_pacing_summary,  # ARGS: the same, of any rates
+    "link_stepcost_summary": t_link_stepcost_summary,  # ARGS: shaped_links.py --out files remodelled with --step-cost
     "link_latency_rounds": t_link_latency_rounds,  # ARGS: the same shaped_links.py --delays command's --out, per round
     "scale_model_paced": t_scale_model_paced,  # ARG: learner_capacity.py --pace's --out
     "scale_model_parts": t_scale_model_parts,  # ARG: learner_capacity.py --backend local --pace worker's --out

@@ -160,6 +160,30 @@ def t_link_pacing_summary(arg: str) -> list[Table]:
                   align="lllrrrr")]
 
 
+def t_link_stepcost_summary(arg: str) -> list[Table]:
+    """Per ``shaped_links.py`` file and worker count, over the cells the model predicts (not its fitting runs): the
+    model's mean error and mean absolute error without and with a worker's step cost (``model_stepcost``, or
+    ``model_paced_stepcost`` against ``model_paced`` where the file has pacing)."""
+    files = [Source(name) for name in arg.split()]
+    rows: list[list[Cell]] = []
+    for f in files:
+        base = "model_paced" if "model_paced" in f.data else "model"
+        costed = {_cell(m): i for i, m in enumerate(f(f"{base}_stepcost"))}
+        predicted = [(i, m) for i, m in enumerate(f(base))
+                     if (m["workers"], m.get("delay", "0")) != (m["from_workers"], m.get("from_delay", "0"))]
+        for workers in sorted({m["workers"] for _, m in predicted}):
+            cells = [(i, costed[_cell(m)]) for i, m in predicted if m["workers"] == workers]
+            one = [(base, i, "error", "s_per_iter") for i, _ in cells]
+            two = [(f"{base}_stepcost", j, "error", "s_per_iter") for _, j in cells]
+            rows.append([[_label(f)], [str(workers)], [str(len(cells))],
+                         [f.agg("mean", one, fmt="+.1%")], [f.agg("mean", two, fmt="+.1%")],
+                         [f.agg("mean_abs", one, fmt=".1%")], [f.agg("mean_abs", two, fmt=".1%")]])
+    header = ["file", "workers", "cells", "mean error: envs-proportional", "step cost",
+              "mean |error|: envs-proportional", "step cost"]
+    return [Table(header, rows, sources=[f.name for f in files], commands=[f.command() for f in files],
+                  align="lllrrrr")]
+
+
 def _label(f: Source) -> str:
     """A ``shaped_links_*.json`` file's short name in a table."""
     return f.name.removeprefix("shaped_links_").removesuffix(".json")

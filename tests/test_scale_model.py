@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from frugalrl.cli import main
-from frugalrl.scale_model import Pacing, RunFigures, contention, predict, saturation
+from frugalrl.scale_model import Pacing, RunFigures, StepCost, contention, predict, saturation
 
 
 def summary(workers: int = 2, syncs: int = 20, updates: int = 10, link_bytes: float = 1.0) -> dict:
@@ -212,6 +212,11 @@ def test_cli_on_a_real_run(tmp_path, capsys):
                  f"{link_rtt}:tcp-cubic", "--json"]) == 0
     paced = json.loads(capsys.readouterr().out)["predictions"][0]
     assert paced["pacing_s"] > 0 and paced["latency_s"] == pytest.approx(0.04 + paced["pacing_s"])
+    step_cost = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "worker_step_cost.json"
+    assert main(["scale-model", str(tmp_path / "r"), "--workers", "2", "8", "--same-total-envs", "--step-cost",
+                 str(step_cost), "--json"]) == 0
+    own, spread = json.loads(capsys.readouterr().out)["predictions"]
+    assert spread["rollout_compute_s"] > own["rollout_compute_s"] / 4  # a quarter of the envs, more of the time
     assert main(["scale-model", str(tmp_path / "r"), "--pacing", str(tmp_path / "r" / "summary.json")]) == 2
     assert "is not a readable link_rtt.py result" in capsys.readouterr().err
     assert main(["train", "ppo", "--env", "CartPole-v1", "--backend", "serial", "--workers", "4",
@@ -319,3 +324,27 @@ def test_pacing_is_read_from_a_link_rtt_file_and_refuses_what_it_cannot_use(tmp_
         Pacing.from_link_rtt(tmp_path)  # a folder
     with pytest.raises(ValueError, match="increasing positive sizes"):
         Pacing((2.0, 1.0), (0.1, 0.2))
+
+
+def test_a_step_cost_keeps_a_worker_of_fewer_envs_from_being_proportionally_faster(tmp_path):
+    """With a + b·k per step, the same envs over four times the workers cost each worker (a + b·k/4) / (a + b·k) of
+    its compute, not a quarter; with no fixed part it is a quarter again, as without a step cost."""
+    fig = RunFigures.from_summary(summary())  # 4 envs per worker
+    assert fig.envs_per_worker == 4
+    cost = StepCost(fixed_s=30e-6, per_env_s=10e-6)
+    base = fig.rollout_compute_s()
+    quarter = predict(fig, 8, None, worker_cores=None, env_scale=0.25)["rollout_compute_s"]
+    costed = predict(fig, 8, None, worker_cores=None, env_scale=0.25, step_cost=cost)["rollout_compute_s"]
+    assert quarter == pytest.approx(base / 4)
+    assert costed == pytest.approx(base * (30 + 10 * 1) / (30 + 10 * 4))
+    flat = StepCost(fixed_s=0.0, per_env_s=10e-6)
+    assert predict(fig, 8, None, env_scale=0.25, step_cost=flat)["rollout_compute_s"] == pytest.approx(quarter)
+    assert predict(fig, 2, None, step_cost=cost)["s_per_iter"] == pytest.approx(predict(fig, 2, None)["s_per_iter"])
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"fixed_s_per_step": 3e-5, "s_per_env_step": 1e-5}))
+    assert StepCost.from_json(path) == cost
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="is not a readable worker_step_cost.py result"):
+        StepCost.from_json(path)
+    with pytest.raises(ValueError, match="per_env_s > 0"):
+        StepCost(1e-5, 0.0)

@@ -205,6 +205,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sm.add_argument("--pacing", default=None, metavar="JSON[:TRANSPORT]",
                     help="benchmarks/link_rtt.py's measurement of the link: the round trips a message takes beyond "
                          "one by its size, added to each iteration's (default transport tcp-bbr; default: none)")
+    sm.add_argument("--step-cost", default=None, metavar="JSON",
+                    help="benchmarks/worker_step_cost.py's measurement of a worker's step: its fixed part keeps a "
+                         "worker of fewer envs from being proportionally faster (default: none, proportional)")
     sm.add_argument("--worker-cores", type=int, default=None,
                     help="cores the workers share (default: a core per worker)")
     sm.add_argument("--step-rate", type=float, default=None,
@@ -289,13 +292,14 @@ def _search_working_dir() -> None:
 
 
 def _scale_model(args: argparse.Namespace) -> int:
-    from frugalrl.scale_model import Pacing, report
+    from frugalrl.scale_model import Pacing, StepCost, report
 
     try:
         pacing = None if args.pacing is None else Pacing.parse(args.pacing)
+        step_cost = None if args.step_cost is None else StepCost.from_json(args.step_cost)
         out = report(args.run_dir, args.workers, args.link_gbit, args.run_link_gbit, args.worker_cores, args.step_rate,
                      args.same_total_envs, args.serve_us_per_step, args.update_fit_run, args.rtt_ms / 1e3,
-                     args.run_rtt_ms / 1e3, pacing)
+                     args.run_rtt_ms / 1e3, pacing, step_cost)
     except (FileNotFoundError, ValueError) as e:
         return _error(str(e))
     if args.json:

@@ -20,8 +20,8 @@ A first-order model of PPO's loop (IMPALA's overlapped one: :func:`predict`), fr
   N·r·(down + q·w/E) bytes/s (headers down included), and the learner core spends ``(serve + update)_per_sample``
   per env step; each saturates at the N where that reaches the link rate or one core.
 
-TCP's pacing on a link with delay (up to half a round trip more a message) counts where given (:class:`Pacing`). It
-leaves out stragglers, codec ratios and AAPS's sync rate changing with N (docs/multi-node.md#scale-model).
+Where given, TCP's pacing (:class:`Pacing`) and the part of a worker's step its envs do not change (:class:`StepCost`)
+count too; stragglers, codec ratios and AAPS's sync rate changing with N do not (docs/multi-node.md#scale-model).
 """
 
 from __future__ import annotations
@@ -89,6 +89,33 @@ class Pacing:
 
 
 @dataclass(frozen=True)
+class StepCost:
+    """A worker's seconds per rollout step with ``k`` envs, ``fixed_s + per_env_s · k``: the policy call and the loop
+    cost the same for 2 envs as for 8, so a worker with a quarter of the envs is not 4× faster. Measured by
+    ``benchmarks/worker_step_cost.py`` (one worker, alone on a core)."""
+
+    fixed_s: float
+    per_env_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.fixed_s >= 0 and self.per_env_s > 0):
+            raise ValueError(f"a step cost needs fixed_s >= 0 and per_env_s > 0, got {self.fixed_s}, {self.per_env_s}")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> StepCost:
+        """From a ``worker_step_cost.py`` JSON."""
+        try:
+            d = json.loads(Path(path).read_text())
+            return cls(float(d["fixed_s_per_step"]), float(d["s_per_env_step"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a readable worker_step_cost.py result ({type(e).__name__}: {e})") from None
+
+    def factor(self, envs_from: float, envs_to: float) -> float:
+        """How much longer a step of ``envs_to`` envs takes than one of ``envs_from``."""
+        return (self.fixed_s + self.per_env_s * envs_to) / (self.fixed_s + self.per_env_s * envs_from)
+
+
+@dataclass(frozen=True)
 class RunFigures:
     """The per-worker figures of one measured run that the model scales."""
 
@@ -127,6 +154,8 @@ class RunFigures:
     ``lag_bound`` updates, whatever its KL; None: no bound (or not recorded)."""
     rtt_s: float = 0.0
     """The round-trip time of the measured run's learner link (0: none, or not known)."""
+    envs_per_worker: float = 0.0
+    """The measured run's envs per worker (0: not known; a :class:`StepCost` then cannot apply)."""
 
     @classmethod
     def from_summary(cls, summary: dict[str, Any], link_gbit: float | None = None, rtt_s: float = 0.0) -> RunFigures:
@@ -157,7 +186,8 @@ class RunFigures:
                    syncs_per_worker_iter=later / updates / workers,
                    rollout_s_per_iter=d["rollout_seconds"] / rollouts,
                    update_s_per_sample=d["learner_update_seconds"] / steps, link_gbit=link_gbit,
-                   overlap=bool(d.get("overlap", False)), lag_bound=_lag_bound(summary), rtt_s=rtt_s)
+                   overlap=bool(d.get("overlap", False)), lag_bound=_lag_bound(summary), rtt_s=rtt_s,
+                   envs_per_worker=float(d["envs_per_worker"]))
 
     @classmethod
     def from_run(cls, run_dir: str | Path, link_gbit: float | None = None) -> RunFigures:
@@ -235,11 +265,12 @@ def contention(workers: int, worker_cores: int | None) -> float:
 
 def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores: int | None = None,
             env_scale: float = 1.0, overlap: bool | None = None, iterations: int | None = None,
-            rtt_s: float = 0.0, pacing: Pacing | None = None) -> dict[str, Any]:
+            rtt_s: float = 0.0, pacing: Pacing | None = None, step_cost: StepCost | None = None) -> dict[str, Any]:
     """Bytes and seconds per iteration at ``workers`` workers on a learner link of ``link_gbit`` (None: no limit)
     and ``rtt_s`` of round-trip time (its messages paced by ``pacing``, if given),
     each worker with ``env_scale`` times the measured run's envs (e.g. ½ for the same total envs on twice the
-    workers): its env steps, experience bytes and compute scale with it; its weights messages do not. In a run of
+    workers): its env steps and experience bytes scale with it, its compute too (or as ``step_cost`` says); its
+    weights messages do not. In a run of
     ``iterations`` (each worker's first full copy spread over them); None: steady state, a long run.
 
     ``overlap`` (default: the measured run's loop): the next rollout runs while the learner updates (IMPALA's
@@ -250,7 +281,9 @@ def predict(fig: RunFigures, workers: int, link_gbit: float | None, worker_cores
     # one round trip an iteration: every worker's rollout request (its weights inside) at once
     paced = fig.pacing_s(pacing, workers, env_scale, rtt_s)
     link_s = (0.0 if link_gbit is None else (up + down) * 8 / (link_gbit * 1e9)) + rtt_s + paced
-    compute = (fig.rollout_compute_s(pacing) * env_scale * contention(workers, worker_cores)
+    per_worker = (step_cost.factor(fig.envs_per_worker, fig.envs_per_worker * env_scale)
+                  if step_cost is not None and fig.envs_per_worker else env_scale)
+    compute = (fig.rollout_compute_s(pacing) * per_worker * contention(workers, worker_cores)
                / contention(fig.workers, worker_cores))
     samples = workers * fig.env_steps_per_worker_iter * env_scale
     update = fig.update_s_per_iter + fig.update_s_per_sample * samples
@@ -284,12 +317,12 @@ def report(run_dir: str | Path, workers: list[int], link_gbit: float | None, run
            worker_cores: int | None = None, step_rate: float | None = None,
            same_total_envs: bool = False, serve_us_per_step: float = 0.0,
            update_fit_run: str | Path | None = None, rtt_s: float = 0.0, run_rtt_s: float = 0.0,
-           pacing: Pacing | None = None) -> dict[str, Any]:
+           pacing: Pacing | None = None, step_cost: StepCost | None = None) -> dict[str, Any]:
     """The model's figures, predictions at ``workers`` and saturation counts, as ``frugalrl scale-model`` prints;
     ``same_total_envs`` spreads the run's envs over each worker count instead of giving each worker as many;
     ``update_fit_run``, a run of the same update at another batch size, splits off the update's fixed part;
     ``rtt_s`` and ``run_rtt_s``: the round trips of the predicted link and of the measured run's, their messages
-    paced by ``pacing`` if given."""
+    paced by ``pacing`` if given; ``step_cost``: a worker's step time by its envs (else proportional to them)."""
     fig = replace(RunFigures.from_run(run_dir, run_link_gbit), serve_s_per_sample=serve_us_per_step * 1e-6,
                   rtt_s=run_rtt_s)
     if update_fit_run is not None:
@@ -297,6 +330,7 @@ def report(run_dir: str | Path, workers: list[int], link_gbit: float | None, run
     return {"figures": asdict(fig), "link_gbit": link_gbit, "worker_cores": worker_cores,
             "same_total_envs": same_total_envs,
             "rtt_s": rtt_s, "pacing": None if pacing is None else asdict(pacing),
+            "step_cost": None if step_cost is None else asdict(step_cost),
             "predictions": [predict(fig, n, link_gbit, worker_cores, fig.workers / n if same_total_envs else 1.0,
-                                    rtt_s=rtt_s, pacing=pacing) for n in workers],
+                                    rtt_s=rtt_s, pacing=pacing, step_cost=step_cost) for n in workers],
             "saturation": saturation(fig, step_rate)}
