@@ -1,11 +1,12 @@
 """A worker's time per rollout step against its number of envs: the part that does not grow with them.
 
-One :class:`frugalrl.envs.worker.EnvWorker` in this process (BLAS and torch on one thread, as in a worker process)
-with ``k`` envs, the default agent's weights loaded, answers ``rollout`` requests of ``--num-steps`` steps and
-encodes each reply, as a worker does; the median seconds per step, per ``k``, fitted by least squares to
-``a + b·k``. ``a`` is what a step costs whatever the envs (the policy call, the loop, the reply's fixed part),
-``b`` what each env adds. ``frugalrl scale-model --step-cost`` reads the JSON to scale a worker's compute when its
-envs change. Writes ``results/worker_step_cost.json``.
+The worker a PPO run's ClusterEnv builds (PPO's uplink settings; BLAS and torch on one thread, as in a worker
+process), with ``k`` envs and the default agent's weights, answers the rollout request its head sent, of
+``--num-steps`` steps, and encodes each reply; the median seconds per step, per ``k``, fitted by least squares to
+``a + b·k`` (a transport's own per-message work, e.g. Ray's, is not in it). ``a`` is what a step costs whatever
+the envs (the policy call, the loop, the reply's fixed part), ``b`` what each env adds. ``frugalrl scale-model
+--step-cost`` reads the JSON to scale a worker's compute when its envs change. Writes
+``results/worker_step_cost.json``.
 """
 
 from __future__ import annotations
@@ -26,38 +27,36 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 from _commit import measured_commit  # noqa: E402
 
-from frugalrl import make_agent  # noqa: E402
-from frugalrl.envs.spec import to_env_spec  # noqa: E402
-from frugalrl.envs.worker import EnvWorker  # noqa: E402
-from frugalrl.nets import acting_state  # noqa: E402
-from frugalrl.wire.delta import full_message, to_words  # noqa: E402
-from frugalrl.wire.message import Message, encode_message  # noqa: E402
+from frugalrl import ClusterEnv, make_agent  # noqa: E402
+from frugalrl.algos.ppo import PPOConfig  # noqa: E402
+from frugalrl.wire.message import Message, encode_message, uncarried  # noqa: E402
 
 
 def time_worker(env: str, k: int, num_steps: int, repeats: int, seed: int) -> float:
-    """Median seconds per step of ``repeats`` rollouts of ``num_steps`` by a worker of ``k`` envs, reply encoded."""
-    worker = EnvWorker(0, to_env_spec(env, None), k, seed=seed)
+    """Median seconds per step of ``repeats`` rollouts of ``num_steps`` by a worker of ``k`` envs, reply encoded: the
+    worker a training run's ClusterEnv builds (PPO's uplink settings), answering the rollout request its head sent."""
+    envs = ClusterEnv(env, num_workers=1, envs_per_worker=k, backend="serial", seed=seed,
+                      uplink=PPOConfig().uplink_options())
     try:
-        worker.handle(Message("reset", {"seed": seed}))
-        agent = make_agent(worker.obs_space, worker.act_space)
-        state = {name: t.detach().numpy() for name, t in acting_state(agent).items()}
-        words = to_words(state, "fp32", getattr(agent, "exact_tensors", ()))
-        weights = full_message(words, {"version": 0, "codec": "fp32", "spec": agent.spec.to_json()})
-        loaded = worker.handle(weights)
-        if loaded.op != "ok":
-            raise RuntimeError(f"the worker refused the weights: {loaded.meta}")
+        sent: list[Message] = []
+        request = envs.backend.request
+        envs.backend.request = lambda requests: (sent.extend(requests.values()), request(requests))[1]
+        agent = make_agent(envs.single_observation_space, envs.single_action_space)
+        for _ in range(2):  # the first carries the weights; the second is a plain request, as most are under AAPS
+            envs.rollout(agent, num_steps)
+        msg = uncarried([m for m in sent if m.op == "rollout"][-1])[0]
+        worker = envs.backend.workers[0]
         times = []
-        for i in range(repeats + 1):
+        for _ in range(repeats):
             t0 = time.perf_counter()
-            reply = worker.handle(Message("rollout", {"num_steps": num_steps}))
+            reply = worker.handle(msg)
             encode_message(reply)
-            if i:  # the first warms up
-                times.append(time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
             if reply.op != "rollout":
                 raise RuntimeError(f"rollout failed: {reply.meta}")
         return statistics.median(times) / num_steps
     finally:
-        worker.close()
+        envs.close()
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -86,6 +85,8 @@ def main() -> None:
         points.append((k, time_worker(args.env, k, args.num_steps, args.repeats, args.seed)))
         print(f"{k:3d} envs: {points[-1][1] * 1e6:7.1f} µs per step", flush=True)
     a, b = fit(points)
+    if a < 0 or b <= 0:
+        sys.exit(f"the fit gives a = {a * 1e6:.1f} µs and b = {b * 1e6:.1f} µs: noise; rerun with more --repeats")
     worst = max(abs(a + b * k - t) / t for k, t in points)
     print(f"a = {a * 1e6:.1f} µs per step, b = {b * 1e6:.1f} µs per env step (largest misfit {worst:.1%})")
     out = {"command": shlex.join(["benchmarks/worker_step_cost.py", *sys.argv[1:]]), "commit": measured_commit(),

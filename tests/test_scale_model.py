@@ -337,6 +337,8 @@ def test_a_step_cost_keeps_a_worker_of_fewer_envs_from_being_proportionally_fast
     costed = predict(fig, 8, None, worker_cores=None, env_scale=0.25, step_cost=cost)["rollout_compute_s"]
     assert quarter == pytest.approx(base / 4)
     assert costed == pytest.approx(base * (30 + 10 * 1) / (30 + 10 * 4))
+    shared = predict(fig, 8, None, worker_cores=2, env_scale=0.25, step_cost=cost)["rollout_compute_s"]
+    assert shared == pytest.approx(costed * 4)  # 8 workers on 2 cores against the measured 2 on 2: 4× the time
     flat = StepCost(fixed_s=0.0, per_env_s=10e-6)
     assert predict(fig, 8, None, env_scale=0.25, step_cost=flat)["rollout_compute_s"] == pytest.approx(quarter)
     assert predict(fig, 2, None, step_cost=cost)["s_per_iter"] == pytest.approx(predict(fig, 2, None)["s_per_iter"])
@@ -348,3 +350,18 @@ def test_a_step_cost_keeps_a_worker_of_fewer_envs_from_being_proportionally_fast
         StepCost.from_json(path)
     with pytest.raises(ValueError, match="per_env_s > 0"):
         StepCost(1e-5, 0.0)
+
+
+def test_the_step_cost_benchmark_fits_a_line_through_its_points():
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        import worker_step_cost
+    finally:
+        sys.path.remove(str(bench))
+    assert worker_step_cost.fit([(1, 3.0), (2, 5.0), (4, 9.0)]) == pytest.approx((1.0, 2.0))
+    stored = json.loads((bench / "results" / "worker_step_cost.json").read_text())
+    a, b = worker_step_cost.fit([(p["envs"], p["s_per_step"]) for p in stored["points"]])
+    assert (a, b) == pytest.approx((stored["fixed_s_per_step"], stored["s_per_env_step"]))

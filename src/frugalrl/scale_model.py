@@ -92,7 +92,8 @@ class Pacing:
 class StepCost:
     """A worker's seconds per rollout step with ``k`` envs, ``fixed_s + per_env_s · k``: the policy call and the loop
     cost the same for 2 envs as for 8, so a worker with a quarter of the envs is not 4× faster. Measured by
-    ``benchmarks/worker_step_cost.py`` (one worker, alone on a core)."""
+    ``benchmarks/worker_step_cost.py`` (one worker, alone on a core). :func:`predict` scales the measured run's
+    rollout compute with it whole: head-side work in it (unless ``serve_s_per_sample`` took it out) scales too."""
 
     fixed_s: float
     per_env_s: float
