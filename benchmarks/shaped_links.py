@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -32,6 +32,9 @@ from _commit import measured_commit
 
 from frugalrl import netem
 from frugalrl.ray_hosts import RayCluster
+
+if TYPE_CHECKING:
+    from frugalrl.scale_model import Pacing, StepCost
 
 #: Sync setting → its flags (weights delta-coded, the default, in all).
 SYNCS = {"every": ["--sync", "every", "--weights-codec", "fp32"], "aaps": ["--sync", "aaps", "--weights-codec", "fp32"],
@@ -72,8 +75,8 @@ def _key(r: dict) -> tuple:
     return r["rate"], r.get("delay", "0"), r["sync"], r["uplink"]
 
 
-def model_check(rows: list[dict], base_delay: str | None = None, pacing: Any = None, step_cost: Any = None
-                ) -> list[dict]:
+def model_check(rows: list[dict], base_delay: str | None = None, pacing: Pacing | None = None,
+                step_cost: StepCost | None = None) -> list[dict]:
     """frugalrl.scale_model's predictions for every run from the smallest worker count's run of the same link,
     sync and uplink (its bytes, its rollout time less its transfers and latency, its update time per sample) and,
     with ``base_delay``, of that delay (the model then adds the other delays' round trips), against what each run
@@ -86,6 +89,7 @@ def model_check(rows: list[dict], base_delay: str | None = None, pacing: Any = N
         rate, delay, sync, uplink = _key(r)
         return rate, netem.parse_delay(delay), sync, uplink
 
+    settings = [setting(q) for q in rows]
     if base_delay is not None and not any(netem.parse_delay(r.get("delay", "0")) == netem.parse_delay(base_delay)
                                           for r in rows):
         raise ValueError(f"no run has the delay to model from ({base_delay!r}); the runs' delays: "
@@ -94,7 +98,7 @@ def model_check(rows: list[dict], base_delay: str | None = None, pacing: Any = N
     for r in rows:
         rate, delay, sync, uplink = _key(r)
         base_s = netem.parse_delay(delay if base_delay is None else base_delay)
-        same = [q for q in rows if setting(q) == (rate, base_s, sync, uplink)]
+        same = [q for q, at in zip(rows, settings, strict=True) if at == (rate, base_s, sync, uplink)]
         if not same:  # e.g. a rate or sync run only at other delays
             continue
         base = min(same, key=lambda q: q["workers"])

@@ -4,6 +4,8 @@ what :mod:`frugalrl.scale_model` predicted from the smallest run, against what e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from table_model import Cell, Source, Table
 
 
@@ -137,51 +139,55 @@ def t_link_pacing(arg: str) -> list[Table]:
                     [h for f in files for h in (f"{_label(f)}: one round trip", "paced")], delayed_only=True)
 
 
+def _error_summary(files: list[Source], before: Callable[[Source], str], after: str,
+                   groups: Callable[[dict], str | None], header: list[str]) -> list[Table]:
+    """Per file and group of its model rows (``groups``: a row's group, None to leave it out; groups of fewer workers
+    first), the mean error and mean absolute error of seconds per iteration under the model key ``before(file)`` and
+    under that key with ``after`` appended, the same cells matched by setting."""
+    rows: list[list[Cell]] = []
+    for f in files:
+        base = before(f)
+        other = {_cell(m): i for i, m in enumerate(f(base + after))}
+        cells: dict[str, list[tuple[int, int]]] = {}
+        for i, m in enumerate(f(base)):
+            group = groups(m)
+            if group is not None:
+                cells.setdefault(group, []).append((i, other[_cell(m)]))
+        for group, pairs in sorted(cells.items(), key=lambda g: f(base)[g[1][0][0]]["workers"]):  # fewest first
+            one = [(base, i, "error", "s_per_iter") for i, _ in pairs]
+            two = [(base + after, j, "error", "s_per_iter") for _, j in pairs]
+            rows.append([[_label(f)], [group], [str(len(pairs))],
+                         [f.agg("mean", one, fmt="+.1%")], [f.agg("mean", two, fmt="+.1%")],
+                         [f.agg("mean_abs", one, fmt=".1%")], [f.agg("mean_abs", two, fmt=".1%")]])
+    return [Table(["file", "workers", *header], rows, sources=[f.name for f in files],
+                  commands=[f.command() for f in files], align="lllrrrr")]
+
+
 def t_link_pacing_summary(arg: str) -> list[Table]:
     """Per ``shaped_links.py`` file and worker group, over its cells with a delay: the model's mean error and mean
     absolute error with one round trip an iteration and with TCP's pacing (``model_paced``)."""
-    files = [Source(name) for name in arg.split()]
-    rows: list[list[Cell]] = []
-    for f in files:
-        paced = {_cell(m): i for i, m in enumerate(f("model_paced"))}
-        for group, workers in (("4–8", (4, 8)), ("16", (16,))):
-            cells = [(i, paced[_cell(m)]) for i, m in enumerate(f("model"))
-                     if m["delay"] != "0" and m["workers"] in workers]
-            if not cells:
-                continue
-            one = [("model", i, "error", "s_per_iter") for i, _ in cells]
-            two = [("model_paced", j, "error", "s_per_iter") for _, j in cells]
-            rows.append([[_label(f)], [group], [str(len(cells))],
-                         [f.agg("mean", one, fmt="+.1%")], [f.agg("mean", two, fmt="+.1%")],
-                         [f.agg("mean_abs", one, fmt=".1%")], [f.agg("mean_abs", two, fmt=".1%")]])
-    header = ["file", "workers", "delayed cells", "mean error: one round trip", "paced", "mean |error|: one round trip",
-              "paced"]
-    return [Table(header, rows, sources=[f.name for f in files], commands=[f.command() for f in files],
-                  align="lllrrrr")]
+    def group(m: dict) -> str | None:
+        if m["delay"] == "0":
+            return None
+        return "16" if m["workers"] == 16 else "4–8" if m["workers"] in (4, 8) else None
+
+    return _error_summary([Source(name) for name in arg.split()], lambda f: "model", "_paced", group,
+                          ["delayed cells", "mean error: one round trip", "paced", "mean |error|: one round trip",
+                           "paced"])
 
 
 def t_link_stepcost_summary(arg: str) -> list[Table]:
     """Per ``shaped_links.py`` file and worker count, over the cells the model predicts (not its fitting runs): the
     model's mean error and mean absolute error without and with a worker's step cost (``model_stepcost``, or
     ``model_paced_stepcost`` against ``model_paced`` where the file has pacing)."""
-    files = [Source(name) for name in arg.split()]
-    rows: list[list[Cell]] = []
-    for f in files:
-        base = "model_paced" if "model_paced" in f.data else "model"
-        costed = {_cell(m): i for i, m in enumerate(f(f"{base}_stepcost"))}
-        predicted = [(i, m) for i, m in enumerate(f(base))
-                     if (m["workers"], m.get("delay", "0")) != (m["from_workers"], m.get("from_delay", "0"))]
-        for workers in sorted({m["workers"] for _, m in predicted}):
-            cells = [(i, costed[_cell(m)]) for i, m in predicted if m["workers"] == workers]
-            one = [(base, i, "error", "s_per_iter") for i, _ in cells]
-            two = [(f"{base}_stepcost", j, "error", "s_per_iter") for _, j in cells]
-            rows.append([[_label(f)], [str(workers)], [str(len(cells))],
-                         [f.agg("mean", one, fmt="+.1%")], [f.agg("mean", two, fmt="+.1%")],
-                         [f.agg("mean_abs", one, fmt=".1%")], [f.agg("mean_abs", two, fmt=".1%")]])
-    header = ["file", "workers", "cells", "mean error: envs-proportional", "step cost",
-              "mean |error|: envs-proportional", "step cost"]
-    return [Table(header, rows, sources=[f.name for f in files], commands=[f.command() for f in files],
-                  align="lllrrrr")]
+    def group(m: dict) -> str | None:
+        fitting = (m["workers"], m.get("delay", "0")) == (m["from_workers"], m.get("from_delay", "0"))
+        return None if fitting else str(m["workers"])
+
+    return _error_summary([Source(name) for name in arg.split()],
+                          lambda f: "model_paced" if "model_paced" in f.data else "model", "_stepcost", group,
+                          ["cells", "mean error: envs-proportional", "step cost", "mean |error|: envs-proportional",
+                           "step cost"])
 
 
 def _label(f: Source) -> str:

@@ -29,11 +29,22 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 LINKS_GBIT = (1.0, 10.0, 25.0, 100.0)
+T = TypeVar("T")
+
+
+def _read_result(path: str | Path, script: str, parse: Callable[[Any], T]) -> T:
+    """``parse`` of the JSON a benchmark ``script`` wrote at ``path``: one ``ValueError`` line naming the file when it
+    cannot be read or parsed."""
+    try:
+        return parse(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a readable {script} result ({type(e).__name__}: {e})") from None
 
 
 @dataclass(frozen=True)
@@ -58,17 +69,17 @@ class Pacing:
     def from_link_rtt(cls, path: str | Path, transport: str = "tcp-bbr") -> Pacing:
         """From a ``link_rtt.py`` JSON's back-to-back rows of ``transport`` (e.g. ``tcp-bbr``, ``tcp-cubic``, ``ray``);
         rows of one size are averaged."""
-        try:
+        def parse(d: Any) -> Pacing:
             by_size: dict[float, list[float]] = {}
-            for r in json.loads(Path(path).read_text())["rows"]:
+            for r in d["rows"]:
                 if r["transport"] == transport:
                     by_size.setdefault(float(r["size"]), []).append(max(0.0, float(r["back_to_back_extra_rtt"])))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path} is not a readable link_rtt.py result ({type(e).__name__}: {e})") from None
-        if not by_size:
-            raise ValueError(f"{path} has no rows of transport {transport!r}")
-        sizes = sorted(by_size)
-        return cls(tuple(sizes), tuple(sum(by_size[n]) / len(by_size[n]) for n in sizes))
+            if not by_size:
+                raise ValueError(f"it has no rows of transport {transport!r}")
+            sizes = sorted(by_size)
+            return cls(tuple(sizes), tuple(sum(by_size[n]) / len(by_size[n]) for n in sizes))
+
+        return _read_result(path, "link_rtt.py", parse)
 
     @classmethod
     def parse(cls, spec: str) -> Pacing:
@@ -105,11 +116,8 @@ class StepCost:
     @classmethod
     def from_json(cls, path: str | Path) -> StepCost:
         """From a ``worker_step_cost.py`` JSON."""
-        try:
-            d = json.loads(Path(path).read_text())
-            return cls(float(d["fixed_s_per_step"]), float(d["s_per_env_step"]))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path} is not a readable worker_step_cost.py result ({type(e).__name__}: {e})") from None
+        return _read_result(path, "worker_step_cost.py",
+                            lambda d: cls(float(d["fixed_s_per_step"]), float(d["s_per_env_step"])))
 
     def factor(self, envs_from: float, envs_to: float) -> float:
         """How much longer a step of ``envs_to`` envs takes than one of ``envs_from``."""

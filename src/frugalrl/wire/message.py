@@ -88,9 +88,9 @@ def carrying(msg: Message, extra: Message) -> Message:
 
 
 def uncarried(msg: Message) -> tuple[Message, Message | None]:
-    """``msg`` without what :func:`carrying` put inside it, and that message (the two sharing ``msg``'s arrays,
-    not copies), or ``(msg, None)`` when it carries nothing; ``WireError`` for a ``carries`` entry that does not
-    describe a message."""
+    """``msg`` without what :func:`carrying` put inside it (its op and meta: a carrying request has no arrays of its
+    own), and that message, which keeps ``msg``'s arrays (shared, not copied); ``(msg, None)`` when it carries
+    nothing; ``WireError`` for a ``carries`` entry that does not describe a message."""
     inside = msg.meta.get("carries")
     if inside is None:
         return msg, None

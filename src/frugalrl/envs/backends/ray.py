@@ -96,6 +96,7 @@ class RayBackend(Backend):
             raise ValueError(f"ray_num_cpus must be >= 0, got {num_cpus!r}")
         self.address = address
         self.num_cpus = float(num_cpus)
+        self._inline_bytes = inline_bytes()  # read once: every request checks against it
         self._configs = [Message("config", config_to_json(c, "ray")) for c in configs]
         self.actors: list[Any] = [None] * len(configs)
         self._info: list[dict[str, Any]] = [{} for _ in configs]
@@ -182,7 +183,6 @@ class RayBackend(Backend):
                 encoded[id(msg)] = (blob, sizes)
         shared: dict[int, Any] = {}
         pending: dict[Any, int] = {}  # ObjectRef -> worker
-        inline = inline_bytes()
         for w, msg in requests.items():
             actor = self.actors[w]
             if actor is None:
@@ -190,7 +190,7 @@ class RayBackend(Backend):
                 continue
             blob, sizes = encoded[id(msg)]
             payload, sizes = headers.pack(blob, sizes, self._books[w][0])
-            if payload is blob and count[id(msg)] > 1 and len(blob) > inline:  # to the object store once
+            if payload is blob and count[id(msg)] > 1 and len(blob) > self._inline_bytes:  # to the object store once
                 if id(msg) not in shared:
                     shared[id(msg)] = ray.put(blob)
                 payload = shared[id(msg)]
