@@ -60,6 +60,8 @@ def test_train_eval_plots(tmp_path):
     ev = _frugalrl("eval", str(tmp_path / "tiny"), "--episodes", "2")
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout)["episodes"] == 2
+    threads = _frugalrl("eval", str(tmp_path / "tiny"), "--torch-threads", "0")
+    assert threads.returncode == 2 and "--torch-threads must be a positive integer" in threads.stderr
 
     pl = _frugalrl("plots", str(tmp_path / "tiny"))
     assert pl.returncode == 0 and "bytes_by_kind.png" in pl.stdout

@@ -269,3 +269,55 @@ def test_an_ignored_signal_stays_ignored(tmp_path):
     finally:
         signal.signal(signal.SIGINT, inherited)
     assert summary["stop_reason"] == "budget" and summary["updates"] == 16
+
+
+SIGNAL_AT_EVAL_STEP: list[int] = []
+"""The evaluation env step at which :func:`_signalling_cartpole` envs send SIGTERM once (empty: never)."""
+
+
+def _signalling_cartpole() -> gym.Env:
+    """CartPole that sends this process SIGTERM at the evaluation step in :data:`SIGNAL_AT_EVAL_STEP`, once: a
+    scheduler's preemption that lands while an evaluation plays."""
+    steps = [0]
+
+    class Signalling(gym.Wrapper):
+        def step(self, action):
+            steps[0] += 1
+            if SIGNAL_AT_EVAL_STEP and steps[0] == SIGNAL_AT_EVAL_STEP[0]:
+                SIGNAL_AT_EVAL_STEP.clear()
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().step(action)
+
+    return Signalling(gym.make("CartPole-v1"))
+
+
+class SlowEvaluation(HillClimb):
+    """The toy, evaluated on :func:`_signalling_cartpole` envs with many episodes (a slow env's evaluation)."""
+
+    def setup(self) -> Setup:
+        setup = super().setup()
+        setup.evaluate = policy_evaluator(self.agent, to_env_spec(_signalling_cartpole, {}), self.cfg)
+        return setup
+
+
+@pytest.mark.parametrize("eval_every, stopped_at", [(0, 16), (4, 4)])
+def test_a_signal_during_an_evaluation_saves_at_once_and_the_resume_evaluates(tmp_path, eval_every, stopped_at):
+    """SIGTERM while the final evaluation (or a scheduled one) plays: the evaluation stops within its episode, the
+    run is saved without it (its training is on disk before the final one starts), with the signal's stop reason;
+    the resumed run evaluates and ends where an uninterrupted one does."""
+    overrides = {"eval_every": eval_every, "eval_episodes": 50, "checkpoint_every": 0}
+    whole = drive(HillClimb(_config(tmp_path / "whole", **overrides)))
+    inherited = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        SIGNAL_AT_EVAL_STEP[:] = [30]
+        cut = drive(SlowEvaluation(_config(tmp_path / "cut", **overrides)))
+    finally:
+        SIGNAL_AT_EVAL_STEP.clear()
+        signal.signal(signal.SIGTERM, inherited)
+    assert cut["stop_reason"] == "preempted" and cut["updates"] == stopped_at
+    assert cut["eval_history"] == [] and cut["eval_episodes"] == 0  # the cut evaluation is not recorded
+    assert torch.load(f"{cut['run_dir']}/checkpoints/latest.pt", weights_only=False)["counters"]["updates"] == stopped_at
+    resumed = drive(HillClimb(_config(tmp_path / "cut", **overrides)), resume=cut["run_dir"])
+    assert resumed["stop_reason"] == "budget" and resumed["updates"] == 16
+    assert resumed["eval_history"][-1]["step"] == 800 and resumed["eval_episodes"] == 50
+    assert torch.equal(_weights(resumed), _weights(whole))

@@ -29,7 +29,7 @@ import numpy as np
 from frugalrl import presets
 from frugalrl.config import RunConfig
 from frugalrl.envs.restarts import WorkersFailed
-from frugalrl.evaluation import Evaluation, Evaluator
+from frugalrl.evaluation import Evaluation, EvaluationInterrupted, Evaluator
 from frugalrl.training import RunRecorder
 
 log = logging.getLogger("frugalrl")
@@ -221,7 +221,7 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         log.warning("frugalrl: note: total_timesteps=%d is not a whole number of %d-step iterations: the run takes "
                     "%d env steps (%d iteration%s)", run.cfg.total_timesteps, setup.steps_per_update, planned, n,
                     "" if n == 1 else "s")
-    run.begin(setup.evaluate, planned, evaluate_stochastic=setup.evaluate_stochastic)
+    run.begin(setup.evaluate, planned, evaluate_stochastic=setup.evaluate_stochastic, stop_signal=lambda: signals.reason)
     algo.start()
     total, saved = setup.total_updates, run.updates
     failure: WorkersFailed | None = None
@@ -240,6 +240,7 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
             run.stop("workers_failed")
             break
         row = _account(run, update, setup.cluster)
+        run.show_progress(update.steps, row, update.postfix)  # before an evaluation, which shows its own progress
         run.new_best = False
         evaluation = _evaluate(run, update, setup, row)
         if evaluation is not None and any(cb.on_evaluation(run, evaluation) is False for cb in callbacks):
@@ -255,7 +256,6 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         if checkpoint:
             run.save()
             saved = run.updates
-        run.show_progress(update.steps, row, update.postfix)
         algo.after_update(run.stopped, checkpoint)
         if run.stopped:
             break
@@ -331,14 +331,18 @@ def _account(run: RunRecorder, update: Update, cluster: Any) -> dict[str, Any]:
 
 
 def _evaluate(run: RunRecorder, update: Update, setup: Setup, row: dict[str, Any]) -> Evaluation | None:
-    """Record the algorithm's own evaluation, or make the scheduled one; put it in ``row``."""
+    """Record the algorithm's own evaluation, or make the scheduled one; put it in ``row``. None also when a stop
+    signal cut the scheduled one short (the run then stops without it)."""
     if update.evaluation is not None:
         run.record_eval(update.evaluation, run.env_steps, run.seconds(), **update.evaluation_info)
         row["eval/return_mean"] = update.evaluation.mean
         return update.evaluation
     if setup.evaluate is None or not run.cfg.evaluates_after(run.updates, setup.total_updates or 0):
         return None
-    result = run.evaluate()
+    try:
+        result = run.evaluate()
+    except EvaluationInterrupted:
+        return None
     row["eval/return_mean"], row["eval/return_std"] = result.mean, result.std
     if run.last_stochastic is not None:
         row["eval/stochastic_return_mean"] = run.last_stochastic.mean

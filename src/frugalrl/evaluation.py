@@ -33,6 +33,8 @@ MAX_STEPS = 10_000
 """An evaluation episode that has not ended after this many steps is cut and its return so far counted (the
 default of ``RunConfig.eval_max_steps``): an env without a time limit of its own can otherwise play one episode of
 a policy that never reaches an end for as long as the machine lasts."""
+POLL_STEPS = 256
+"""An evaluation's ``poll`` is called after each episode and every this many steps within one."""
 RECHECK_SEED = 30_000
 """A run with seed s that seems to end below its best evaluation scores both policies again on env seeds
 ``RECHECK_SEED + s, ...``: episodes that none of its evaluations played (nor ``frugalrl eval``'s, ``FRESH_SEED``)."""
@@ -53,6 +55,15 @@ class Evaluation:
 
 
 Evaluator = Callable[[], Evaluation]
+Poll = Callable[[int], None]
+"""Called by :func:`play` with the number of episodes finished so far, after each episode and every
+:data:`POLL_STEPS` steps: to show progress, or to stop at once by raising :class:`EvaluationInterrupted`."""
+
+
+class EvaluationInterrupted(Exception):
+    """A stop signal came while an evaluation was playing. Its episodes are dropped: a scheduler's grace period
+    after SIGTERM (30 s by default on SLURM) is too short to finish a slow env's evaluation, and the run's
+    progress must reach the disk first."""
 
 
 def evaluation_disagreement(deterministic: Evaluation | None, stochastic: Evaluation | None,
@@ -155,11 +166,11 @@ def evaluate(
 
 
 def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, deterministic: bool = True,
-         max_steps: int = MAX_STEPS) -> tuple[list[float], int]:
+         max_steps: int = MAX_STEPS, poll: Poll | None = None) -> tuple[list[float], int]:
     """The undiscounted return of each of ``episodes`` episodes, and how many were cut at ``max_steps`` steps.
 
     Episodes run on one environment seeded ``seed, seed + 1, ...``; ``deterministic`` picks the
-    distribution's mode, else actions are sampled.
+    distribution's mode, else actions are sampled. ``poll`` (see :data:`Poll`) may stop it.
     """
     env = env_spec.make()
     action_space = env.action_space
@@ -182,8 +193,12 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
                 total += float(r)
                 done = term or trunc
                 steps += 1
+                if poll is not None and steps % POLL_STEPS == 0:
+                    poll(ep)
             returns.append(total)
             cut += not done
+            if poll is not None:
+                poll(ep + 1)
     finally:
         env.close()
     return returns, cut
@@ -219,20 +234,20 @@ class PolicyEvaluator:
     deterministic: bool = True
     max_steps: int = MAX_STEPS
 
-    def __call__(self, seed: int | None = None) -> Evaluation:
+    def __call__(self, seed: int | None = None, poll: Poll | None = None) -> Evaluation:
         returns, cut = play(self.agent, self.env_spec, self.episodes, self.seed if seed is None else seed,
-                            self.deterministic, self.max_steps)
+                            self.deterministic, self.max_steps, poll)
         return Evaluation(float(np.mean(returns)), float(np.std(returns)), self.episodes, self.deterministic, returns,
                           cut)
 
-    def compare(self, other: dict[str, Any], seed: int) -> tuple[Evaluation, Evaluation]:
+    def compare(self, other: dict[str, Any], seed: int, poll: Poll | None = None) -> tuple[Evaluation, Evaluation]:
         """The agent with the weights ``other`` (a state dict) and as it is, on the same episodes from env seed
         ``seed``; the agent keeps its own weights."""
         own = {k: v.clone() for k, v in self.agent.state_dict().items()}
-        mine = self(seed=seed)
+        mine = self(seed=seed, poll=poll)
         self.agent.load_state_dict(other)
         try:
-            theirs = self(seed=seed)
+            theirs = self(seed=seed, poll=poll)
         finally:
             self.agent.load_state_dict(own)
         return theirs, mine

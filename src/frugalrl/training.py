@@ -15,11 +15,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import random
 import time
-import typing
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -30,12 +28,14 @@ from frugalrl.config import RunConfig
 from frugalrl.evaluation import (
     RECHECK_SEED,
     Evaluation,
+    EvaluationInterrupted,
     Evaluator,
     PolicyEvaluator,
     evaluation_disagreement,
     evaluation_regression,
     regression_recheck,
 )
+from frugalrl.rng import GeneratorState, rng_state, seed_everything, set_rng_state
 from frugalrl.runs import BEST, RunDirectory, RunSummary, UpdateRows, jsonable, read_checkpoint, read_config
 from frugalrl.sync_state import StallWatch
 
@@ -53,42 +53,6 @@ class Stateful(Protocol):
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any) -> Any: ...
-
-
-def seed_everything(seed: int) -> None:
-    """Seed torch, NumPy's global generator and Python's ``random``."""
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    """The global RNG states of torch, NumPy and Python (checkpoint-safe types only)."""
-    kind, keys, pos, has_gauss, gauss = typing.cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
-    return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
-                                                     gauss], "python": random.getstate()}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore :func:`rng_state`."""
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-
-
-class _GeneratorState:
-    """A ``torch.Generator`` as a checkpoint part."""
-
-    def __init__(self, generator: torch.Generator) -> None:
-        self.generator = generator
-
-    def state_dict(self) -> torch.Tensor:
-        return self.generator.get_state()
-
-    def load_state_dict(self, state: torch.Tensor) -> None:
-        self.generator.set_state(state)
 
 
 def slug(text: str) -> str:
@@ -150,6 +114,7 @@ class RunRecorder:
         self._parts: dict[str, Stateful | None] = {}
         self._evaluate: Evaluator | None = None
         self._evaluate_stochastic: Evaluator | None = None
+        self._stop_signal: Callable[[], str | None] = lambda: None
         self._last_eval: Evaluation | None = None
         self._last_stochastic: Evaluation | None = None
         self._eval_seconds = 0.0
@@ -160,6 +125,7 @@ class RunRecorder:
         self.new_best = False
         """Whether the latest evaluation is the run's best so far (the driver then checkpoints)."""
         self._bar: Any = None
+        self._bar_name = f"{algo} {cfg.env.split(':')[-1]}"
         self.stall_watch = StallWatch()
         """Notices a sync rule that leaves the workers on an old policy while training stops improving."""
 
@@ -206,16 +172,20 @@ class RunRecorder:
         """Register what a checkpoint holds: objects with ``state_dict``/``load_state_dict``, or a
         ``torch.Generator``. ``agent`` is the policy ``frugalrl eval`` scores. None entries are skipped."""
         for name, part in parts.items():
-            self._parts[name] = _GeneratorState(part) if isinstance(part, torch.Generator) else part
+            self._parts[name] = GeneratorState(part) if isinstance(part, torch.Generator) else part
 
-    def begin(self, evaluate: Evaluator | None, total_steps: int, evaluate_stochastic: Evaluator | None = None) -> None:
+    def begin(self, evaluate: Evaluator | None, total_steps: int, evaluate_stochastic: Evaluator | None = None,
+              stop_signal: Callable[[], str | None] | None = None) -> None:
         """Restore the checkpoint when resuming (after the parts are built: building consumed the RNG as
         it did in the first run), start the clocks and the progress bar.
 
         ``evaluate``: the (deterministic) evaluation of the schedule and the end; ``evaluate_stochastic``: one
-        beside each, sampling actions; ``total_steps``: the progress bar's end."""
+        beside each, sampling actions; ``total_steps``: the progress bar's end; ``stop_signal``: the stop reason of
+        a signal that came (None: none), which cuts a :class:`PolicyEvaluator`'s evaluation short."""
         self._evaluate = evaluate
         self._evaluate_stochastic = evaluate_stochastic
+        if stop_signal is not None:
+            self._stop_signal = stop_signal
         if self._checkpoint is not None:
             self._restore(self._checkpoint)
             self._checkpoint = None
@@ -223,7 +193,7 @@ class RunRecorder:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, initial=self.env_steps, unit="step", unit_scale=True,
-                             dynamic_ncols=True, desc=f"{self.algo} {self.cfg.env.split(':')[-1]}")
+                             dynamic_ncols=True, desc=self._bar_name)
         self._t0 = time.monotonic()
         self._saved_at = self.seconds()  # a resumed run's clock goes on from its checkpoint
 
@@ -374,18 +344,41 @@ class RunRecorder:
 
     def evaluate(self) -> Evaluation:
         """Evaluate now (timed apart from training): deterministically, and sampling actions too when the run
-        has a stochastic evaluator and ``cfg.eval_stochastic``; record both; stop if it reaches the target."""
+        has a stochastic evaluator and ``cfg.eval_stochastic``; record both; stop if it reaches the target.
+        Raises :class:`~frugalrl.evaluation.EvaluationInterrupted` (nothing recorded) if a stop signal comes."""
         if self._evaluate is None:
             raise RuntimeError("this run has no evaluator")
         seconds = self.seconds()
-        t0 = time.monotonic()
-        result = self._evaluate()
+        result = self._play(self._evaluate)
         stochastic = None
         if self._evaluate_stochastic is not None and self.cfg.eval_stochastic:
-            stochastic = self._evaluate_stochastic()
-        self._eval_seconds += time.monotonic() - t0
+            stochastic = self._play(self._evaluate_stochastic)
         self.record_eval(result, self.env_steps, seconds, stochastic=stochastic)
         return result
+
+    def _play(self, evaluator: Evaluator, compare_with: dict[str, Any] | None = None) -> Any:
+        """``evaluator``'s evaluation (or :meth:`PolicyEvaluator.compare` against ``compare_with``), timed apart from
+        training. A PolicyEvaluator shows its episodes on the progress bar and stops as soon as a signal comes."""
+        t0, shown = time.monotonic(), [-1]
+        kind = "recheck" if compare_with is not None else "eval" if getattr(evaluator, "deterministic", 1) else "sampling"
+
+        def poll(done: int) -> None:
+            if (reason := self._stop_signal()) is not None:
+                raise EvaluationInterrupted(reason)
+            if self._bar is not None and done != shown[0]:
+                shown[0] = done
+                self._bar.set_description_str(f"{self._bar_name} ({kind}: {done} episodes done)")
+
+        try:
+            if not isinstance(evaluator, PolicyEvaluator):
+                return evaluator()
+            if compare_with is not None:
+                return evaluator.compare(compare_with, RECHECK_SEED + self.cfg.seed, poll)
+            return evaluator(poll=poll)
+        finally:
+            self._eval_seconds += time.monotonic() - t0
+            if self._bar is not None:
+                self._bar.set_description_str(self._bar_name)
 
     def record_eval(self, result: Evaluation, step: int, seconds: float, stochastic: Evaluation | None = None,
                     **extra: Any) -> None:
@@ -453,6 +446,25 @@ class RunRecorder:
         self._saved_at = self.seconds()
         return self.directory.save_checkpoint(payload)
 
+    def _final_evaluations(self, evaluate: bool, always: bool) -> tuple[Evaluation | None, Evaluation | None]:
+        """The run's last evaluations, deterministic and sampling: made now (if ``evaluate``) unless the cadence
+        made them at the last step (``always``: make the deterministic one anyway)."""
+        cfg = self.cfg
+        last = self._last_eval
+        at_end = bool(self.eval_history) and self.eval_history[-1]["step"] == self.env_steps
+        if evaluate and self._evaluate is not None and cfg.eval_episodes > 0 and (always or not at_end):
+            reason = self.stop_reason
+            last = self.evaluate()
+            self.stop_reason = reason  # the run stopped for its own reason, whatever this evaluation says
+            self.directory.log(self.env_steps, self.seconds(), {"eval/return_mean": last.mean, "eval/return_std": last.std})
+        fresh = bool(self.eval_history) and self.eval_history[-1]["step"] == self.env_steps
+        stochastic = self._last_stochastic if fresh else None  # the cadence's, when it ran at the last step
+        if evaluate and stochastic is None and self._evaluate_stochastic is not None and cfg.eval_episodes > 0:
+            stochastic = self._play(self._evaluate_stochastic)  # in the summary (the metrics keep one row per step)
+            if stochastic.cut:
+                self._warn_cut(stochastic.cut, stochastic.episodes)
+        return last, stochastic
+
     def _save_best(self, entry: dict[str, Any]) -> None:
         """Write ``checkpoints/best.pt``: the attached agent (which holds the weights just evaluated) with its spec,
         for ``frugalrl eval RUN --checkpoint best``; nothing for a run without one (the split pipeline model)."""
@@ -471,10 +483,7 @@ class RunRecorder:
         evaluator, path = self._evaluate, self.directory.checkpoints / BEST
         if not isinstance(evaluator, PolicyEvaluator) or evaluator.episodes < 2 or not path.exists():
             return regression
-        t0 = time.monotonic()
-        recheck = regression_recheck(*evaluator.compare(read_checkpoint(path)["parts"]["agent"],
-                                                        RECHECK_SEED + self.cfg.seed))
-        self._eval_seconds += time.monotonic() - t0
+        recheck = regression_recheck(*self._play(evaluator, read_checkpoint(path)["parts"]["agent"]))
         if not recheck["confirmed"]:
             log.info("frugalrl: the final evaluation is below the best one, but %s: the best one was lucky",
                      recheck["message"])
@@ -499,26 +508,17 @@ class RunRecorder:
         ``traffic``: ``bytes``, ``weight_syncs``, ``restarts`` and ``uplink`` (the experience codecs per stream,
         put in ``details``; see :func:`cluster_traffic`).
         """
+        self.rows.flush()
+        cfg = self.cfg
+        try:
+            last, stochastic = self._final_evaluations(evaluate, always_evaluate)
+        except EvaluationInterrupted as e:  # the run has not ended: its resumption evaluates, as a signal stop's
+            self.stop_reason, evaluate = str(e), False
+            last, stochastic = self._last_eval, None
+            log.warning("frugalrl: a stop signal cut the final evaluation short: the run is saved without it")
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        self.rows.flush()
-        cfg = self.cfg
-        last = self._last_eval
-        at_end = bool(self.eval_history) and self.eval_history[-1]["step"] == self.env_steps
-        if evaluate and self._evaluate is not None and cfg.eval_episodes > 0 and (always_evaluate or not at_end):
-            reason = self.stop_reason
-            last = self.evaluate()
-            self.stop_reason = reason  # the run stopped for its own reason, whatever this evaluation says
-            self.directory.log(self.env_steps, self.seconds(), {"eval/return_mean": last.mean, "eval/return_std": last.std})
-        fresh = bool(self.eval_history) and self.eval_history[-1]["step"] == self.env_steps
-        stochastic = self._last_stochastic if fresh else None  # the cadence's, when it ran at the last step
-        if evaluate and stochastic is None and self._evaluate_stochastic is not None and cfg.eval_episodes > 0:
-            t0 = time.monotonic()
-            stochastic = self._evaluate_stochastic()  # in the summary (the metrics keep one row per step)
-            if stochastic.cut:
-                self._warn_cut(stochastic.cut, stochastic.episodes)
-            self._eval_seconds += time.monotonic() - t0
         if checkpoint:
             self.save()
         seconds = self.seconds()
@@ -533,7 +533,10 @@ class RunRecorder:
         regression = evaluation_regression(self.eval_history)
         best = self.directory.checkpoints / BEST
         if regression is not None and evaluate:
-            regression = self._recheck(regression)
+            try:
+                regression = self._recheck(regression)
+            except EvaluationInterrupted:  # reported unconfirmed, as after a signal stop
+                pass
         if regression is not None:
             if best.exists():
                 regression["message"] += f"; the policy of that evaluation is {best} (frugalrl eval {self.directory.dir} --checkpoint best)"
