@@ -114,6 +114,21 @@ class DiesAfterEnv(CounterEnv):
         return super().step(action)
 
 
+class RaisesOnceEnv(CounterEnv):
+    """Raises at its step ``raise_at`` in the first process that gets there (it creates ``marker``), as a simulator
+    that turns unstable once in a long run; every later env steps normally."""
+
+    def __init__(self, marker: str, raise_at: int = 100) -> None:
+        super().__init__(horizon=10)
+        self.marker, self.raise_at, self.steps = marker, int(raise_at), 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.raise_at and _first_to_create(self.marker):
+            raise RuntimeError(f"simulation unstable at step {self.steps}")
+        return super().step(action)
+
+
 _LEAKED: list[mmap.mmap] = []
 
 

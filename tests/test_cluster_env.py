@@ -12,6 +12,7 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from frugalrl import ClusterEnv, make_agent
+from frugalrl.envs.spec import flat_observations
 from frugalrl.monitor import MixPolicy
 
 pytestmark = pytest.mark.timeout(120)
@@ -201,6 +202,21 @@ def test_discrete_and_tuple_observations_arrive_one_hot(env_id, size, ones, clos
         out, ref_out = env.step(actions), ref.step(actions)
         np.testing.assert_array_equal(out[0], ref_out[0])
         np.testing.assert_array_equal(out[1], ref_out[1])
+
+
+class _OutsideItsSpace(gym.Env):
+    """A Dict observation whose text part holds a character its Text space's charset lacks."""
+
+    observation_space = gym.spaces.Dict({"pos": gym.spaces.Discrete(3), "mission": gym.spaces.Text(8)})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return {"pos": 0, "mission": "go left"}, {}
+
+
+def test_an_observation_outside_its_space_fails_with_one_clear_line():
+    with pytest.raises(ValueError, match=r"does not fit the env's observation space Dict.*KeyError: ' '"):
+        flat_observations(_OutsideItsSpace()).reset(seed=0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

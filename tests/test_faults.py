@@ -251,6 +251,28 @@ def test_run_whose_workers_keep_failing_saves_the_learner_and_says_how_to_resume
     assert (tmp_path / "run" / "checkpoints" / "latest.pt").exists()
 
 
+def test_an_env_that_raises_mid_run_saves_the_run_and_the_resume_finishes_it(tmp_path, capsys):
+    """An env raises in a worker after useful work (never retried: it may raise again): the learner is intact, so
+    the run writes its checkpoint and summary ("worker_error", the error) and the CLI prints one line with the
+    --resume command; resumed, the run reaches its budget."""
+    from frugalrl.cli import main as cli_main
+
+    env_kwargs = json.dumps({"marker": str(tmp_path / "marker"), "raise_at": 200})
+    argv = ["train", "ppo", "--env", "envs_for_tests:RaisesOnceEnv", "--env-kwargs", env_kwargs, "--preset", "none",
+            "--workers", "1", "--envs-per-worker", "1", "--num-steps", "16", "--total-timesteps", "400",
+            "--run-dir", str(tmp_path), "--run-name", "run", "--no-progress", "--no-plots", "--no-tensorboard",
+            "--eval-episodes", "1"]
+    code = cli_main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("frugalrl: error: worker 0: RuntimeError: simulation unstable at step 200"), err
+    assert err[-1].endswith(f"frugalrl train ppo --resume {tmp_path / 'run'}")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "worker_error" and summary["env_steps"] == 192
+    assert "simulation unstable" in summary["details"]["worker_error"]
+    assert cli_main(["train", "ppo", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["env_steps"] == 400
+
+
 def test_a_worker_over_its_memory_bound_is_recycled_between_rollouts(closing, monkeypatch):
     """A worker whose env leaks 1 MiB per step passes its bound: it is replaced before the next rollout, which
     is whole and from a fresh process; the replacement's memory is back near the start."""

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 import types
 import typing
 from pathlib import Path
@@ -372,6 +371,7 @@ def _error(message: str) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from frugalrl.envs.restarts import WorkersFailed
+    from frugalrl.envs.worker import WorkerError
     from frugalrl.runs import read_config
 
     mod, cls = algorithm(args.algo).load()
@@ -388,9 +388,9 @@ def _train(args: argparse.Namespace) -> int:
         summary = mod.train(cfg, resume=args.resume)
     except (ValueError, TypeError, FileNotFoundError) as e:
         return _error(str(e))
-    except WorkersFailed as e:
+    except (WorkerError, WorkersFailed) as e:  # an env raised in a worker, or workers kept dying
         saved_to = f"; the run is saved: continue with  frugalrl train {args.algo} --resume {e.run_dir}" if e.run_dir else ""
-        return _error(f"workers failed: {e}{saved_to}")
+        return _error(f"{'workers failed: ' if isinstance(e, WorkersFailed) else ''}{e}{saved_to}")
     except KeyboardInterrupt:
         print("frugalrl: interrupted; workers stopped", file=sys.stderr)
         return 130
@@ -422,7 +422,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from frugalrl.algos import load_policy
     from frugalrl.envs.spec import to_env_spec
-    from frugalrl.evaluation import MAX_STEPS, PolicyEvaluator
+    from frugalrl.evaluation import MAX_STEPS, PolicyEvaluator, progress_lines
     from frugalrl.runs import read_config
 
     try:
@@ -437,14 +437,7 @@ def _eval(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.torch_threads)
     spec = to_env_spec(config["env"], config.get("env_kwargs") or {}, config.get("env_wrappers"))
     max_steps = args.max_steps or int(config.get("eval_max_steps") or MAX_STEPS)
-    last = [time.monotonic()]
-
-    def progress(done: int) -> None:  # a slow env's progress on stderr (stdout is the JSON), every 5 s at most
-        if time.monotonic() - last[0] >= 5:
-            last[0] = time.monotonic()
-            print(f"frugalrl eval: {done} of {args.episodes} episodes done", file=sys.stderr, flush=True)
-
-    played = PolicyEvaluator(agent, spec, args.episodes, args.seed, not args.stochastic, max_steps)(poll=progress)
+    played = PolicyEvaluator(agent, spec, args.episodes, args.seed, not args.stochastic, max_steps)(poll=progress_lines(args.episodes))
     result = {"run_dir": str(Path(args.run_dir)), "algo": config.get("algo"), "env_id": config["env"],
               "checkpoint": args.checkpoint, "checkpoint_step": counters.get("env_steps"), "episodes": args.episodes,
               "deterministic": not args.stochastic, "return_mean": played.mean, "return_std": played.std,

@@ -29,6 +29,7 @@ import numpy as np
 from frugalrl import presets
 from frugalrl.config import RunConfig
 from frugalrl.envs.restarts import WorkersFailed
+from frugalrl.envs.worker import WorkerError
 from frugalrl.evaluation import Evaluation, EvaluationInterrupted, Evaluator
 from frugalrl.training import RunRecorder
 
@@ -224,7 +225,7 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
     run.begin(setup.evaluate, planned, evaluate_stochastic=setup.evaluate_stochastic, stop_signal=lambda: signals.reason)
     algo.start()
     total, saved = setup.total_updates, run.updates
-    failure: WorkersFailed | None = None
+    failure: WorkersFailed | WorkerError | None = None
     # The stop is decided once per turn, before the algorithm is told of it (after_update): a signal that comes
     # later is the next turn's, so a remote half never waits for an update that does not come.
     while total is None or run.updates < total:
@@ -235,9 +236,9 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         at_rest = due or (setup.evaluate is not None and cfg.evaluates_after(index, total or 0))
         try:
             update = algo.update(Step(index, total or 0, at_rest))
-        except WorkersFailed as e:  # the learner is intact: save it, then report the failure
-            failure = e
-            run.stop("workers_failed")
+        except (WorkersFailed, WorkerError) as e:  # the learner is intact: save it, then report the failure
+            failure = e  # (WorkerError: an env raised, e.g. a simulator's instability on day three)
+            run.stop("workers_failed" if isinstance(e, WorkersFailed) else "worker_error")
             break
         row = _account(run, update, setup.cluster)
         run.show_progress(update.steps, row, update.postfix)  # before an evaluation, which shows its own progress
@@ -263,8 +264,10 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
     if last is not None:
         _account(run, last, None)
     details = algo.details()
-    if failure is not None:
+    if isinstance(failure, WorkersFailed):
         details["workers_failed"] = {"worker": failure.worker, "errors": failure.errors}
+    elif failure is not None:
+        details["worker_error"] = str(failure)
     # A signal asks for the checkpoint and summary within a scheduler's grace period: no final evaluation then.
     summary = run.finish(details, traffic=algo.traffic(), always_evaluate=setup.final_evaluation == "always",
                          evaluate=signals.reason is None and failure is None)

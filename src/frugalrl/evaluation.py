@@ -9,6 +9,8 @@ below its best evaluation, and :func:`regression_recheck` whether fresh episodes
 from __future__ import annotations
 
 import math
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -202,6 +204,18 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
     finally:
         env.close()
     return returns, cut
+
+
+def progress_lines(episodes: int, every_s: float = 5.0) -> Poll:
+    """A :data:`Poll` that prints the episodes done on stderr, at most every ``every_s`` seconds (a slow env's
+    evaluation by ``frugalrl eval``, whose stdout is its JSON)."""
+    last = [time.monotonic()]
+
+    def poll(done: int) -> None:
+        if time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            print(f"frugalrl eval: {done} of {episodes} episodes done", file=sys.stderr, flush=True)
+    return poll
 
 
 def random_states(env: gym.Env, n: int, seed: int, close: bool = True) -> np.ndarray:

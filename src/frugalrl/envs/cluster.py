@@ -50,7 +50,7 @@ from frugalrl.envs.restarts import CrashLoopRule, Replacements
 from frugalrl.envs.spaces import Batches, check_inference, check_worker_spaces, probe
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.syncing import WeightSyncs
-from frugalrl.envs.worker import compact_int_dtype
+from frugalrl.envs.worker import WorkerError, compact_int_dtype
 from frugalrl.experience import space_shape
 from frugalrl.nets import ActorCritic, as_agent
 from frugalrl.npactor import one_blas_thread
@@ -443,7 +443,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
     def _accept(self, w: int, reply: Message) -> Message:
         """Worker ``w``'s reply; an ``error`` reply raises, experience counts as useful work (not a crash loop)."""
         if reply.op == "error":
-            raise RuntimeError(f"worker {w}: {reply.meta.get('error')}")
+            raise WorkerError(f"worker {w}: {reply.meta.get('error')}")
         if reply.op in _EXPERIENCE_REPLIES:
             if w in self._deferred:  # its first step after a deferred reset only reset its envs
                 self._deferred.discard(w)

@@ -75,6 +75,19 @@ FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBina
 """Observation spaces :func:`flat_observations` turns into one flat Box."""
 
 
+class _Flatten(gym.wrappers.FlattenObservation):
+    """Gymnasium's ``FlattenObservation``, with one clear line for an observation that its space cannot hold (a
+    character outside a Text space's charset fails deep in Gymnasium as ``KeyError: ' '``)."""
+
+    def observation(self, observation: Any) -> Any:
+        try:
+            return super().observation(observation)
+        except (KeyError, ValueError, IndexError, TypeError) as e:
+            raise ValueError(f"an observation does not fit the env's observation space {self.env.observation_space} "
+                             f"({type(e).__name__}: {e}); gymnasium.utils.env_checker.check_env(env) finds where"
+                             ) from None
+
+
 def flat_observations(env: gym.Env) -> gym.Env:
     """``env`` with Discrete, MultiDiscrete, MultiBinary, Tuple and Dict observations as one flat Box, as
     Stable-Baselines3's preprocessing sees them: each discrete part one-hot, the parts concatenated (Gymnasium's
@@ -84,8 +97,8 @@ def flat_observations(env: gym.Env) -> gym.Env:
     if not isinstance(env.observation_space, FLATTENED):
         return env
     try:
-        flat = gym.wrappers.FlattenObservation(env)
-    except NotImplementedError:  # e.g. a Graph or Text part
+        flat = _Flatten(env)
+    except NotImplementedError:  # e.g. a Graph part
         return env
     space = flat.observation_space
     assert isinstance(space, gym.spaces.Box)

@@ -82,7 +82,11 @@ _EXPERIENCE_OPS = ("reset", "step", "rollout")
 
 
 class WorkerError(RuntimeError):
-    """An error raised inside a worker, reported back to the head."""
+    """An error raised inside a worker, reported back to the head; the head raises it again, naming the worker (an
+    env's own exception arrives as its type and message, never as a pickle)."""
+
+    run_dir: str | None = None
+    """The run directory whose checkpoint and summary were written before this reached the caller (the driver's)."""
 
 
 def _seed_for(seed: int, index: int) -> int:
