@@ -321,3 +321,12 @@ def test_a_signal_during_an_evaluation_saves_at_once_and_the_resume_evaluates(tm
     assert resumed["stop_reason"] == "budget" and resumed["updates"] == 16
     assert resumed["eval_history"][-1]["step"] == 800 and resumed["eval_episodes"] == 50
     assert torch.equal(_weights(resumed), _weights(whole))
+
+
+def test_a_resume_right_after_the_last_evaluation_reports_it(tmp_path):
+    """A run resumed from a checkpoint taken at its last evaluation (here: a finished run resumed again) does not
+    evaluate again, and its summary reports that evaluation rather than none."""
+    first = drive(HillClimb(_config(tmp_path)))
+    again = drive(HillClimb(_config(tmp_path)), resume=first["run_dir"])
+    assert again["eval_history"] == first["eval_history"] and again["eval_episodes"] == 2
+    assert again["eval_return_mean"] == first["eval_return_mean"]

@@ -9,6 +9,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -269,8 +271,43 @@ def test_an_env_that_raises_mid_run_saves_the_run_and_the_resume_finishes_it(tmp
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stop_reason"] == "worker_error" and summary["env_steps"] == 192
     assert "simulation unstable" in summary["details"]["worker_error"]
+    capsys.readouterr()
     assert cli_main(["train", "ppo", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["env_steps"] == 400
+    assert "could not be rebuilt" not in capsys.readouterr().err  # the envs start anew, not from a failed rollout
+
+
+def _file_size_limit(limit: int):
+    """For a child process: files it writes may not pass ``limit`` bytes (EFBIG, as a full disk's ENOSPC)."""
+    def preexec() -> None:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return preexec
+
+
+def test_a_run_out_of_disk_stops_with_one_line_and_resumes_from_its_last_checkpoint(tmp_path):
+    """A write that fails for want of space (here a file size limit: a real EFBIG from the kernel) stops the run
+    with one line naming the error and the --resume command; the checkpoint before it is intact, no partial
+    copy is left, and the resumed run (with space again) reaches its budget."""
+    argv = [sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--env", "CartPole-v1", "--backend", "serial",
+            "--workers", "1", "--envs-per-worker", "2", "--num-steps", "16", "--total-timesteps", "12000",
+            "--checkpoint-every", "20", "--no-progress", "--no-tensorboard", "--no-plots", "--eval-episodes", "1",
+            "--run-dir", str(tmp_path), "--run-name", "run"]
+    # 250 kB: a checkpoint (~170 kB here) fits; metrics.jsonl passes it after ~10k steps
+    full = subprocess.run(argv, capture_output=True, text=True, timeout=300, preexec_fn=_file_size_limit(250_000))
+    last = (full.stderr.strip().splitlines() or [f"no stderr; exit {full.returncode}"])[-1]
+    assert full.returncode == 2 and last.startswith("frugalrl: error: [Errno 27] File too large"), full.stderr[-2000:]
+    step = int(last.rsplit("(from step ", 1)[1].rstrip(")"))
+    assert last.endswith(f"frugalrl train ppo --resume {tmp_path / 'run'} (from step {step})") and step > 0
+    assert not list((tmp_path / "run").rglob("*.tmp"))
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=False)
+    assert ckpt["counters"]["env_steps"] == step
+    resumed = subprocess.run([sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--resume", str(tmp_path / "run"),
+                              "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["env_steps"] == 12000
 
 
 def test_a_worker_over_its_memory_bound_is_recycled_between_rollouts(closing, monkeypatch):

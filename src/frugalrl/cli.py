@@ -370,6 +370,7 @@ def _error(message: str) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from frugalrl.driver import StorageFull
     from frugalrl.envs.restarts import WorkersFailed
     from frugalrl.envs.worker import WorkerError
     from frugalrl.runs import read_config
@@ -388,6 +389,10 @@ def _train(args: argparse.Namespace) -> int:
         summary = mod.train(cfg, resume=args.resume)
     except (ValueError, TypeError, FileNotFoundError) as e:
         return _error(str(e))
+    except StorageFull as e:
+        then = (f"free space, then continue with  frugalrl train {args.algo} --resume {e.run_dir} (from step {e.step})"
+                if e.step is not None else "no checkpoint was written yet: free space and start it again")
+        return _error(f"{e}: the run stopped; {then}")
     except (WorkerError, WorkersFailed) as e:  # an env raised in a worker, or workers kept dying
         saved_to = f"; the run is saved: continue with  frugalrl train {args.algo} --resume {e.run_dir}" if e.run_dir else ""
         return _error(f"{'workers failed: ' if isinstance(e, WorkersFailed) else ''}{e}{saved_to}")

@@ -15,6 +15,7 @@ at once.
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import threading
@@ -203,8 +204,21 @@ def drive(algo: Algorithm, *, resume: str | Path | None = None, callbacks: Seque
     with StopSignals() as signals:
         try:
             return _loop(algo, run, callbacks, signals)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # a full disk or quota on day three
+                raise StorageFull(e, run.dir, run.saved_step) from e
+            raise
         finally:
             algo.close()
+
+
+class StorageFull(OSError):
+    """A write of the run failed for want of space (disk full, quota, file size limit): the run stopped; its last
+    checkpoint, written atomically, is intact (``step``: its env step, None: none yet)."""
+
+    def __init__(self, error: OSError, run_dir: Path, step: int | None) -> None:
+        super().__init__(error.errno, error.strerror, error.filename or str(run_dir))  # metrics appends name none
+        self.run_dir, self.step = run_dir, step
 
 
 def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], signals: StopSignals) -> dict[str, Any]:
@@ -217,7 +231,7 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         raise
     run.attach(**setup.parts)
     planned = (setup.total_updates or 0) * setup.steps_per_update
-    if setup.exact_steps and setup.total_updates and planned != run.cfg.total_timesteps and not run.updates:
+    if setup.exact_steps and setup.total_updates and planned != run.cfg.total_timesteps and not run.resumed:
         n = setup.total_updates
         log.warning("frugalrl: note: total_timesteps=%d is not a whole number of %d-step iterations: the run takes "
                     "%d env steps (%d iteration%s)", run.cfg.total_timesteps, setup.steps_per_update, planned, n,
@@ -238,6 +252,8 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
             update = algo.update(Step(index, total or 0, at_rest))
         except (WorkersFailed, WorkerError) as e:  # the learner is intact: save it, then report the failure
             failure = e  # (WorkerError: an env raised, e.g. a simulator's instability on day three)
+            if isinstance(e, WorkerError) and setup.cluster is not None:
+                setup.cluster.close()  # its workers stopped mid-request: the checkpoint keeps its books only
             run.stop("workers_failed" if isinstance(e, WorkersFailed) else "worker_error")
             break
         row = _account(run, update, setup.cluster)

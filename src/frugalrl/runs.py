@@ -130,11 +130,17 @@ def jsonable(obj: Any) -> Any:
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` by ``data`` so that a crash leaves either the old file or the new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:  # a full disk: the partial copy must not keep its space
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(path)  # which file could not be written
+        raise
     _fsync_dir(path.parent)
 
 

@@ -122,6 +122,8 @@ class RunRecorder:
         self._past_seconds = 0.0
         self._t0 = time.monotonic()
         self._saved_at = 0.0  # training seconds at the last checkpoint
+        self.saved_step: int | None = None
+        """The env step of the last checkpoint written (or resumed from); None: none yet."""
         self.new_best = False
         """Whether the latest evaluation is the run's best so far (the driver then checkpoints)."""
         self._bar: Any = None
@@ -215,11 +217,15 @@ class RunRecorder:
             part.load_state_dict(state)
         c = ckpt["counters"]
         self.env_steps, self.updates, self.episodes = int(c["env_steps"]), int(c["updates"]), int(c["episodes"])
+        self.saved_step = self.env_steps
         returns = c["recent_returns"]
         self._recent.extend(zip(returns, c.get("recent_steps", [self.env_steps] * len(returns)), strict=True))
         self._lag_sum, self._lag_n = float(c["lag_sum"]), int(c["lag_n"])
         self._past_seconds, self._eval_seconds = float(c["seconds"]), float(c["eval_seconds"])
         self.eval_history = list(c["eval_history"])
+        if self.eval_history:  # the summary of a run resumed right after its last evaluation reports that one
+            e = self.eval_history[-1]
+            self._last_eval = Evaluation(e["mean"], e["std"], int(e.get("episodes", 1)))
         self.time_to_target = c.get("time_to_target")
         self.stall_watch.events = list(c.get("sync_stalls", []))
         self.resumes = list(c["resumes"]) + [{"step": self.env_steps, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -444,7 +450,9 @@ class RunRecorder:
         if agent is not None and hasattr(agent, "spec"):
             payload["spec"] = agent.spec.to_json()
         self._saved_at = self.seconds()
-        return self.directory.save_checkpoint(payload)
+        path = self.directory.save_checkpoint(payload)
+        self.saved_step = self.env_steps
+        return path
 
     def _final_evaluations(self, evaluate: bool, always: bool) -> tuple[Evaluation | None, Evaluation | None]:
         """The run's last evaluations, deterministic and sampling: made now (if ``evaluate``) unless the cadence
@@ -512,9 +520,10 @@ class RunRecorder:
         cfg = self.cfg
         try:
             last, stochastic = self._final_evaluations(evaluate, always_evaluate)
-        except EvaluationInterrupted as e:  # the run has not ended: its resumption evaluates, as a signal stop's
-            self.stop_reason, evaluate = str(e), False
-            last, stochastic = self._last_eval, None
+        except EvaluationInterrupted as e:
+            if self.stop_reason == "budget":  # not ended yet: its resumption evaluates, as a signal stop's
+                self.stop_reason = str(e)
+            evaluate, last, stochastic = False, self._last_eval, None
             log.warning("frugalrl: a stop signal cut the final evaluation short: the run is saved without it")
         if self._bar is not None:
             self._bar.close()

@@ -85,7 +85,7 @@ class _Flatten(gym.wrappers.FlattenObservation):
         except (KeyError, ValueError, IndexError, TypeError) as e:
             raise ValueError(f"an observation does not fit the env's observation space {self.env.observation_space} "
                              f"({type(e).__name__}: {e}); gymnasium.utils.env_checker.check_env(env) finds where"
-                             ) from None
+                             ) from e
 
 
 def flat_observations(env: gym.Env) -> gym.Env:
