@@ -304,8 +304,13 @@ def test_a_run_out_of_disk_stops_with_one_line_and_resumes_from_its_last_checkpo
     assert not list((tmp_path / "run").rglob("*.tmp"))
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=False)
     assert ckpt["counters"]["env_steps"] == step
-    resumed = subprocess.run([sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--resume", str(tmp_path / "run"),
-                              "--no-progress"], capture_output=True, text=True, timeout=300)
+    resume = [sys.executable, "-m", "frugalrl.cli", "train", "ppo", "--resume", str(tmp_path / "run"), "--no-progress"]
+    still_full = subprocess.run(resume, capture_output=True, text=True, timeout=300,
+                                preexec_fn=_file_size_limit(250_000))  # still full: it stops again, saying so
+    assert still_full.returncode == 2, still_full.stderr[-2000:]
+    assert f"frugalrl train ppo --resume {tmp_path / 'run'}" in still_full.stderr.strip().splitlines()[-1]
+    assert not list((tmp_path / "run").rglob("*.tmp"))
+    resumed = subprocess.run(resume, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["env_steps"] == 12000
 

@@ -390,8 +390,9 @@ def _train(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, FileNotFoundError) as e:
         return _error(str(e))
     except StorageFull as e:
-        then = (f"free space, then continue with  frugalrl train {args.algo} --resume {e.run_dir} (from step {e.step})"
-                if e.step is not None else "no checkpoint was written yet: free space and start it again")
+        resume = f"free space, then continue with  frugalrl train {args.algo} --resume {e.run_dir}"
+        then = (f"{resume} (from step {e.step})" if e.step is not None else resume if args.resume
+                else "no checkpoint was written yet: free space and start it again")
         return _error(f"{e}: the run stopped; {then}")
     except (WorkerError, WorkersFailed) as e:  # an env raised in a worker, or workers kept dying
         saved_to = f"; the run is saved: continue with  frugalrl train {args.algo} --resume {e.run_dir}" if e.run_dir else ""

@@ -199,15 +199,20 @@ def drive(algo: Algorithm, *, resume: str | Path | None = None, callbacks: Seque
         note = presets.hand_built_note(algo.name, cfg)
         if note:
             log.warning("frugalrl: %s", note)
-    run = RunRecorder(algo.name, cfg, tag=algo.tag(), resume=resume)
+    try:  # a resume rewrites metrics.jsonl up to its checkpoint: a full disk may refuse that too
+        run = RunRecorder(algo.name, cfg, tag=algo.tag(), resume=resume)
+    except OSError as e:
+        if (full := StorageFull.of(e, resume)) is None:
+            raise
+        raise full from e
     algo.run = run
     with StopSignals() as signals:
         try:
             return _loop(algo, run, callbacks, signals)
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # a full disk or quota on day three
-                raise StorageFull(e, run.dir, run.saved_step) from e
-            raise
+            if (full := StorageFull.of(e, run.dir, run.saved_step)) is None:
+                raise
+            raise full from e
         finally:
             algo.close()
 
@@ -217,8 +222,14 @@ class StorageFull(OSError):
     checkpoint, written atomically, is intact (``step``: its env step, None: none yet)."""
 
     def __init__(self, error: OSError, run_dir: Path, step: int | None) -> None:
-        super().__init__(error.errno, error.strerror, error.filename or str(run_dir))  # metrics appends name none
+        super().__init__(error.errno, error.strerror, error.filename or str(run_dir))  # TensorBoard's name none
         self.run_dir, self.step = run_dir, step
+
+    @staticmethod
+    def of(error: OSError, run_dir: str | Path | None, step: int | None = None) -> StorageFull | None:
+        """``error`` as a StorageFull if it is one of want of space in a run directory, else None."""
+        full = error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk or quota on day three
+        return StorageFull(error, Path(run_dir), step) if full and run_dir is not None else None
 
 
 def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], signals: StopSignals) -> dict[str, Any]:
@@ -253,7 +264,10 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         except (WorkersFailed, WorkerError) as e:  # the learner is intact: save it, then report the failure
             failure = e  # (WorkerError: an env raised, e.g. a simulator's instability on day three)
             if isinstance(e, WorkerError) and setup.cluster is not None:
-                setup.cluster.close()  # its workers stopped mid-request: the checkpoint keeps its books only
+                try:
+                    setup.cluster.close()  # its workers stopped mid-request: the checkpoint keeps its books only
+                except Exception as close_error:  # the learner is saved all the same
+                    log.warning("frugalrl: closing the workers after their error failed: %s", close_error)
             run.stop("workers_failed" if isinstance(e, WorkersFailed) else "worker_error")
             break
         row = _account(run, update, setup.cluster)

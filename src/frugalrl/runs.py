@@ -191,8 +191,12 @@ class RunDirectory:
     def log(self, step: int, seconds: float, values: dict[str, Any]) -> None:
         """Record scalar ``values`` at ``step`` env steps, ``seconds`` into the run."""
         row = {"step": int(step), "time": round(seconds, 3), **jsonable(values)}
-        self._metrics.write(json.dumps(row) + "\n")
-        self._metrics.flush()
+        try:
+            self._metrics.write(json.dumps(row) + "\n")
+            self._metrics.flush()
+        except OSError as e:  # a full disk: say which file
+            e.filename = e.filename or str(self.dir / "metrics.jsonl")
+            raise
         if self._tb is not None:
             for key, value in values.items():
                 if isinstance(value, int | float) and not isinstance(value, bool):
@@ -328,17 +332,21 @@ def keep_metrics_to(path: Path, step: int) -> None:
     """Keep the rows of ``metrics.jsonl`` at ``path`` up to env step ``step`` (a torn last line dropped), line by line
     into a new file that replaces it: a resumed days-long run's file is gigabytes, never read into memory."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        if path.exists():
-            with open(path, encoding="utf-8") as rows:
-                for line in rows:
-                    if not line.endswith("\n"):  # a row is written with its newline: only a kill tears one
-                        break
-                    if line.strip() and _row_step(line) <= step:
-                        out.write(line)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            if path.exists():
+                with open(path, encoding="utf-8") as rows:
+                    for line in rows:
+                        if not line.endswith("\n"):  # a row is written with its newline: only a kill tears one
+                            break
+                        if line.strip() and _row_step(line) <= step:
+                            out.write(line)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: the partial copy must not keep the space just freed
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 

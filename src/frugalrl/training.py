@@ -122,7 +122,7 @@ class RunRecorder:
         self._past_seconds = 0.0
         self._t0 = time.monotonic()
         self._saved_at = 0.0  # training seconds at the last checkpoint
-        self.saved_step: int | None = None
+        self.saved_step = None if self._checkpoint is None else int(self._checkpoint["counters"]["env_steps"])
         """The env step of the last checkpoint written (or resumed from); None: none yet."""
         self.new_best = False
         """Whether the latest evaluation is the run's best so far (the driver then checkpoints)."""
