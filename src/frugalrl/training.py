@@ -368,10 +368,10 @@ class RunRecorder:
         t0, shown = time.monotonic(), [-1]
         kind = "recheck" if compare_with is not None else "eval" if getattr(evaluator, "deterministic", 1) else "sampling"
 
-        def poll(done: int) -> None:
+        def poll(done: int) -> None:  # shown once it has taken a second: a quick one would only fill logs
             if (reason := self._stop_signal()) is not None:
                 raise EvaluationInterrupted(reason)
-            if self._bar is not None and done != shown[0]:
+            if self._bar is not None and done != shown[0] and time.monotonic() - t0 > 1.0:
                 shown[0] = done
                 self._bar.set_description_str(f"{self._bar_name} ({kind}: {done} episodes done)")
 
@@ -383,7 +383,7 @@ class RunRecorder:
             return evaluator(poll=poll)
         finally:
             self._eval_seconds += time.monotonic() - t0
-            if self._bar is not None:
+            if self._bar is not None and shown[0] >= 0:
                 self._bar.set_description_str(self._bar_name)
 
     def record_eval(self, result: Evaluation, step: int, seconds: float, stochastic: Evaluation | None = None,
