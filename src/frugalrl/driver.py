@@ -199,22 +199,20 @@ def drive(algo: Algorithm, *, resume: str | Path | None = None, callbacks: Seque
         note = presets.hand_built_note(algo.name, cfg)
         if note:
             log.warning("frugalrl: %s", note)
-    try:  # a resume rewrites metrics.jsonl up to its checkpoint: a full disk may refuse that too
+    run: RunRecorder | None = None
+    try:  # a full disk may refuse any write, a resume's rewrite of metrics.jsonl included
         run = RunRecorder(algo.name, cfg, tag=algo.tag(), resume=resume)
+        algo.run = run
+        with StopSignals() as signals:
+            try:
+                return _loop(algo, run, callbacks, signals)
+            finally:
+                algo.close()
     except OSError as e:
-        if (full := StorageFull.of(e, resume)) is None:
+        at = (resume, None) if run is None else (run.dir, run.saved_step)
+        if (full := StorageFull.of(e, *at)) is None:
             raise
         raise full from e
-    algo.run = run
-    with StopSignals() as signals:
-        try:
-            return _loop(algo, run, callbacks, signals)
-        except OSError as e:
-            if (full := StorageFull.of(e, run.dir, run.saved_step)) is None:
-                raise
-            raise full from e
-        finally:
-            algo.close()
 
 
 class StorageFull(OSError):
