@@ -255,10 +255,11 @@ def test_env_wrappers_choose_the_family_train_and_evaluate_the_wrapped_env(tmp_p
 def test_the_summary_shows_syncs_per_worker_briefly_when_workers_are_many():
     from frugalrl.cli import _per_worker
 
-    assert _per_worker([]) == ""
-    assert _per_worker([4] * 64) == " (4 per worker)"
-    assert _per_worker([3, 5]) == " (per worker [3, 5])"
-    assert _per_worker([5, 3, 4, 4, 4, 6, 4, 4, 4]) == " (per worker 3 to 6, median 4)"
+    assert _per_worker([], 0) == ""
+    assert _per_worker([4] * 64, 256) == " (4 per worker)"
+    assert _per_worker([3, 5], 8) == " (per worker [3, 5])"
+    assert _per_worker([5, 3, 4, 4, 4, 6, 4, 4, 4], 38) == " (per worker 3 to 6, median 4)"
+    assert _per_worker([3, 5], 20) == " (per worker since the resume on 2 workers [3, 5])"  # resumed on fewer
 
 
 def test_a_run_stopped_before_its_final_evaluation_says_so_not_nan():

@@ -15,6 +15,7 @@ import torch
 
 from frugalrl.algos import resume
 from frugalrl.algos.ppo import PPOConfig, train
+from frugalrl.driver import Callback
 from frugalrl.runs import read_checkpoint, read_metrics
 from frugalrl.wire.meter import KINDS
 
@@ -118,6 +119,52 @@ def test_resume_refuses_another_algorithm(tmp_path):
 
     with pytest.raises(ValueError, match="ppo run"):
         train_impala(IMPALAConfig(backend="serial", run_dir=str(tmp_path), progress=False), resume=tmp_path / "p")
+
+
+class _StopAfter(Callback):
+    """A callback that stops the run after ``n`` updates (its end writes the checkpoint a resume starts from)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def on_update(self, run, update, row):
+        return run.updates < self.n
+
+
+class _Rates(Callback):
+    """A callback that keeps the learning rate of every update."""
+
+    def __init__(self) -> None:
+        self.rates: list[float] = []
+
+    def on_update(self, run, update, row):
+        self.rates.append(row["charts/lr"])
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_run_resumed_on_another_number_of_workers_keeps_its_budget_and_schedule(tmp_path, caplog, workers):
+    """A run preempted on 2 workers and resumed on fewer or more (a smaller or larger allocation): its envs start
+    new episodes, its budget and learning-rate schedule go on in env steps, its sync total carries over."""
+    cfg = {**SMALL, "backend": "serial", "total_timesteps": 128 * 12, "seed": 3, "run_dir": str(tmp_path),
+           "run_name": "r", "tensorboard": False, "eval_every": 0}
+    first = train(PPOConfig(**cfg), callbacks=[_StopAfter(4)])
+    assert first["stop_reason"] == "callback" and first["env_steps"] == 512
+    rates = _Rates()
+    with caplog.at_level("WARNING", logger="frugalrl"):
+        resumed = train(PPOConfig(**{**cfg, "workers": workers}), resume=tmp_path / "r", callbacks=[rates])
+    spu = workers * 2 * 32
+    total = cfg["total_timesteps"] // spu
+    done = -(-512 // spu)  # the updates of the new size the first 512 steps count as
+    assert f"the run resumes on {workers} worker{'s' * (workers > 1)} × 2 envs (it ran on 2 × 2)" in caplog.text
+    assert f"it goes on as update {done + 1} of {total}" in caplog.text
+    assert resumed["resumes"][0]["envs"] == "reset"
+    assert resumed["env_steps"] == 512 + (total - done) * spu <= cfg["total_timesteps"]
+    assert resumed["updates"] == 4 + total - done
+    lr = PPOConfig(**cfg).learning_rate
+    assert rates.rates[0] == pytest.approx((1 - done / total) * lr) and rates.rates[-1] == pytest.approx(lr / total)
+    syncs = resumed["weight_syncs"]
+    assert len(syncs["per_worker"]) == workers
+    assert syncs["total"] == first["weight_syncs"]["total"] + sum(syncs["per_worker"])
 
 
 @pytest.mark.timeout(240)

@@ -536,16 +536,18 @@ def _slurm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _per_worker(counts: list[int]) -> str:
-    """Syncs per worker as the summary line shows them: the list for a few workers, the spread for many."""
+def _per_worker(counts: list[int], total: int) -> str:
+    """Syncs per worker as the summary line shows them: the list for a few workers, the spread for many (since
+    the resume on another number of workers, if the counts fall short of the ``total``)."""
     if not counts:
         return ""
+    since = "" if sum(counts) == total else f" since the resume on {len(counts)} workers"
     if len(set(counts)) == 1:
-        return f" ({counts[0]} per worker)"
+        return f" ({counts[0]} per worker{since})"
     if len(counts) <= 8:
-        return f" (per worker {counts})"
+        return f" (per worker{since} {counts})"
     ordered = sorted(counts)
-    return f" (per worker {ordered[0]} to {ordered[-1]}, median {ordered[len(ordered) // 2]})"
+    return f" (per worker{since} {ordered[0]} to {ordered[-1]}, median {ordered[len(ordered) // 2]})"
 
 
 def _evaluation_line(summary: dict[str, Any], how: str) -> str:
@@ -573,7 +575,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     ]
     syncs = summary.get("weight_syncs") or {}
     if syncs.get("total"):
-        per_worker = _per_worker(syncs.get("per_worker") or [])
+        per_worker = _per_worker(syncs.get("per_worker") or [], syncs.get("total", 0))
         deltas = f", {syncs['delta']} as deltas" if syncs.get("delta") else ""
         lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}{deltas}")
     lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")

@@ -245,14 +245,15 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         log.warning("frugalrl: note: total_timesteps=%d is not a whole number of %d-step iterations: the run takes "
                     "%d env steps (%d iteration%s)", run.cfg.total_timesteps, setup.steps_per_update, planned, n,
                     "" if n == 1 else "s")
+    run.schedule_offset = _schedule_offset(run, setup)
     run.begin(setup.evaluate, planned, evaluate_stochastic=setup.evaluate_stochastic, stop_signal=lambda: signals.reason)
     algo.start()
-    total, saved = setup.total_updates, run.updates
+    total, saved, shift = setup.total_updates, run.updates, run.schedule_offset
     failure: WorkersFailed | WorkerError | None = None
     # The stop is decided once per turn, before the algorithm is told of it (after_update): a signal that comes
     # later is the next turn's, so a remote half never waits for an update that does not come.
-    while total is None or run.updates < total:
-        index = run.updates + 1
+    while total is None or run.updates + shift < total:
+        index = run.updates + shift + 1
         # decided before the update, so that an algorithm that overlaps collection with learning leaves nothing in
         # flight; a scheduled evaluation may become the best, which is checkpointed too
         due = cfg.checkpoints_after(index) or run.checkpoint_due()
@@ -280,7 +281,7 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         signals.stop(run)
         every = cfg.checkpoint_every
         crossed = bool(every) and run.updates // every > saved // every  # an update may stand for several
-        ending = run.stopped or (total is not None and run.updates >= total)  # the end writes its own
+        ending = run.stopped or (total is not None and run.updates + shift >= total)  # the end writes its own
         checkpoint = not ending and (due or crossed or (run.new_best and cfg.checkpoint_every_s is not None))
         if checkpoint:
             run.save()
@@ -361,6 +362,22 @@ def _account(run: RunRecorder, update: Update, cluster: Any) -> dict[str, Any]:
     return row
 
 
+def _schedule_offset(run: RunRecorder, setup: Setup) -> int:
+    """Updates the schedules count beyond ``run.updates``: a run resumed with updates of another size (other
+    workers, envs per worker or steps) goes on at the env steps it has done, counted in updates of the new size,
+    so that its budget, learning-rate and clip schedules and evaluations keep to their env steps."""
+    spu = setup.steps_per_update
+    if run.resumed_from is None or not (setup.exact_steps and setup.total_updates):
+        return 0
+    steps, updates = run.resumed_from
+    if steps == updates * spu:
+        return 0
+    shift = -(-steps // spu) - updates  # a part-update counts whole: the run never passes its budget
+    log.warning("frugalrl: the run resumes with %d-step updates (its %d updates so far made %d env steps): it goes on "
+                "as update %d of %d", spu, updates, steps, updates + shift + 1, setup.total_updates)
+    return shift
+
+
 def _evaluate(run: RunRecorder, update: Update, setup: Setup, row: dict[str, Any]) -> Evaluation | None:
     """Record the algorithm's own evaluation, or make the scheduled one; put it in ``row``. None also when a stop
     signal cut the scheduled one short (the run then stops without it)."""
@@ -368,7 +385,8 @@ def _evaluate(run: RunRecorder, update: Update, setup: Setup, row: dict[str, Any
         run.record_eval(update.evaluation, run.env_steps, run.seconds(), **update.evaluation_info)
         row["eval/return_mean"] = update.evaluation.mean
         return update.evaluation
-    if setup.evaluate is None or not run.cfg.evaluates_after(run.updates, setup.total_updates or 0):
+    if setup.evaluate is None or not run.cfg.evaluates_after(run.updates + run.schedule_offset,
+                                                              setup.total_updates or 0):
         return None
     try:
         result = run.evaluate()

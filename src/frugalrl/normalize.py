@@ -99,6 +99,8 @@ class ReturnScaler:
         return {"rms": self.rms.state_dict(), "returns": torch.from_numpy(self.returns.copy())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`."""
+        """Continue from :meth:`state_dict`. Saved for another number of envs (a run resumed on another layout,
+        whose envs start new episodes), each env's return starts at zero."""
         self.rms.load_state_dict(state["rms"])
-        self.returns = state["returns"].numpy().copy()
+        returns = state["returns"].numpy()
+        self.returns = returns.copy() if returns.shape == self.returns.shape else np.zeros_like(self.returns)

@@ -76,6 +76,7 @@ class PolicySync:
         self._fingerprint: tuple[int, ...] | None = None
         self._tracked: weakref.ref[ActorCritic] | None = None
         self.delta_syncs = 0  # syncs sent as a delta (the others are full copies)
+        self.earlier_syncs = 0  # syncs sent to the workers of an earlier segment on another number of workers
         # What each worker acknowledged holding: the version of its words (a delta's base) and the spec.
         self._bases: list[int | None] = [None] * num_workers
         self._specs: list[dict[str, Any] | None] = [None] * num_workers
@@ -325,7 +326,8 @@ class PolicySync:
         rule's bound on a worker's lag in updates), versions, the last KL of each worker and the rule."""
         held = next(iter(self._words.values()), None)  # every version's words have the same layout
         return {
-            "weight_syncs": {"total": int(self.sync_counts.sum()), "per_worker": self.sync_counts.tolist(),
+            "weight_syncs": {"total": self.earlier_syncs + int(self.sync_counts.sum()),
+                             "per_worker": self.sync_counts.tolist(),
                              "delta": self.delta_syncs,
                              "full_bytes": 0 if held is None else int(sum(a.nbytes for a in held.values())),
                              "lag_bound": self.rule.lag_bound},
@@ -344,22 +346,30 @@ class PolicySync:
             "worker_versions": list(self.worker_versions),
             "sync_counts": torch.from_numpy(self.sync_counts.copy()),
             "delta_syncs": self.delta_syncs,
+            "earlier_syncs": self.earlier_syncs,
             "last_kl": list(self.last_kl),
             "recent": [None if r is None else [t.clone() for t in r.tensors()] for r in self.recent],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`."""
+        """Continue from :meth:`state_dict`. Saved for another number of workers (a run resumed on more or fewer),
+        the learner's version and the sync totals go on, and every worker starts as a new one."""
+        n = len(self.worker_versions)
         self.learner_version = int(state["learner_version"])
-        self.worker_versions = list(state["worker_versions"])
-        self.sync_counts = state["sync_counts"].numpy().copy()
         self.delta_syncs = int(state.get("delta_syncs", 0))
-        self.last_kl = list(state["last_kl"])
-        self.recent = [None if r is None else Evidence(*r) for r in state["recent"]]
+        self.earlier_syncs = int(state.get("earlier_syncs", 0))
+        if len(state["worker_versions"]) == n:
+            self.worker_versions = list(state["worker_versions"])
+            self.sync_counts = state["sync_counts"].numpy().copy()
+            self.last_kl = list(state["last_kl"])
+            self.recent = [None if r is None else Evidence(*r) for r in state["recent"]]
+        else:
+            self.earlier_syncs += int(state["sync_counts"].sum())
+            self.worker_versions, self.last_kl, self.recent = [None] * n, [None] * n, [None] * n
+            self.sync_counts = np.zeros(n, dtype=np.int64)
         self._fingerprint = self._tracked = self._held = self._spec = None
         self._older, self._actors = {}, {}
-        self._restored = [None] * len(self.worker_versions)
-        n = len(self.worker_versions)
+        self._restored = [None] * n
         self._bases, self._specs, self._words, self._messages = [None] * n, [None] * n, {}, {}
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from frugalrl.config import RunConfig
+from frugalrl.envs.checkpoint import resume_envs
 from frugalrl.evaluation import (
     RECHECK_SEED,
     Evaluation,
@@ -100,6 +101,8 @@ class RunRecorder:
             self.directory = RunDirectory(self._new_dir(tag), config, cfg.tensorboard)
         self.env_steps = 0
         self.updates = 0
+        self.schedule_offset = 0
+        """Updates the schedules count beyond :attr:`updates` (set by the driver when a resume changed their size)."""
         self.episodes = 0
         self.stopped = False
         self.stop_reason = "budget"
@@ -124,6 +127,9 @@ class RunRecorder:
         self._saved_at = 0.0  # training seconds at the last checkpoint
         self.saved_step = None if self._checkpoint is None else int(self._checkpoint["counters"]["env_steps"])
         """The env step of the last checkpoint written (or resumed from); None: none yet."""
+        counters = None if self._checkpoint is None else self._checkpoint["counters"]
+        self.resumed_from = None if counters is None else (int(counters["env_steps"]), int(counters["updates"]))
+        """The env steps and updates of the checkpoint resumed from; None: a new run."""
         self.new_best = False
         """Whether the latest evaluation is the run's best so far (the driver then checkpoints)."""
         self._bar: Any = None
@@ -208,7 +214,7 @@ class RunRecorder:
             if part is None:
                 continue
             if name == "envs":
-                envs_state = self._restore_envs(part, state, resumes=len(ckpt["counters"]["resumes"]) + 1)
+                envs_state = resume_envs(part, state, seed=self.cfg.seed + 1_000_003 * (len(ckpt["counters"]["resumes"]) + 1))
                 continue
             if state is None and hasattr(part, "state_when_missing"):  # a part newer than the checkpoint
                 state = part.state_when_missing(ckpt["counters"])
@@ -231,19 +237,6 @@ class RunRecorder:
         self.resumes = list(c["resumes"]) + [{"step": self.env_steps, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                "envs": envs_state}]
         set_rng_state(ckpt["rng"])
-
-    def _restore_envs(self, envs: Any, state: Any, resumes: int) -> Any:
-        """Rebuild the envs; a checkpoint without their state (or envs that cannot hold it) resets them, with
-        seeds no earlier segment used (``resumes``: this resume's number)."""
-        if state is not None and state.get("workers") is not None and getattr(envs, "replayable", False):
-            inexact = envs.load_state_dict(state)
-            return [int(i) for i in inexact] if inexact else "restored"
-        if state is not None:
-            envs.load_state_dict({**state, "workers": None})  # their books: bytes, syncs, restarts
-        log.warning("frugalrl: the checkpoint holds no env state; the envs start new episodes")
-        if hasattr(envs, "reset"):
-            envs.reset(seed=self.cfg.seed + 1_000_003 * resumes)
-        return "reset"
 
     # ------------------------------------------------------------------ the loop
     def seconds(self) -> float:

@@ -129,3 +129,24 @@ class Checkpoints:
                         "its np_random: its env can say on what with get_reset_state() and set_reset_state(), "
                         "docs/clusterenv.md); they start new episodes", inexact, self.env_spec.describe())
         return inexact
+
+
+def resume_envs(envs: Any, state: dict[str, Any] | None, seed: int) -> list[int] | str:
+    """Rebuild a resumed run's envs from their checkpoint ``state``: "restored", or the envs that could not be
+    rebuilt exactly. A checkpoint without their state, envs that cannot hold it, or envs on another number of
+    workers or envs per worker (a run resumed on another allocation) take back their books only and start new
+    episodes from ``seed`` (one no earlier segment used): "reset"."""
+    if state is not None and state.get("workers") is not None and getattr(envs, "replayable", False):
+        saved = (len(state["workers"]), state["obs"].shape[0] // len(state["workers"]))
+        if saved == (envs.num_workers, envs.envs_per_worker):
+            inexact = envs.load_state_dict(state)
+            return [int(i) for i in inexact] if inexact else "restored"
+        log.warning("frugalrl: the run resumes on %d worker%s × %d envs (it ran on %d × %d): the envs start new "
+                    "episodes", envs.num_workers, "s" * (envs.num_workers > 1), envs.envs_per_worker, *saved)
+    else:
+        log.warning("frugalrl: the checkpoint holds no env state; the envs start new episodes")
+    if state is not None:
+        envs.load_state_dict({**state, "workers": None})  # their books: bytes, syncs, restarts
+    if hasattr(envs, "reset"):
+        envs.reset(seed=seed)
+    return "reset"
