@@ -24,7 +24,7 @@ from frugalrl import algos
 from frugalrl.config import RunConfig
 from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, drive
 from frugalrl.envs.spec import to_env_spec
-from frugalrl.evaluation import policy_evaluator
+from frugalrl.evaluation import Evaluation, policy_evaluator
 from frugalrl.nets import make_agent
 from frugalrl.runs import RunSummary, read_metrics
 from frugalrl.training import RunRecorder
@@ -330,3 +330,27 @@ def test_a_resume_right_after_the_last_evaluation_reports_it(tmp_path):
     again = drive(HillClimb(_config(tmp_path)), resume=first["run_dir"])
     assert again["eval_history"] == first["eval_history"] and again["eval_episodes"] == 2
     assert again["eval_return_mean"] == first["eval_return_mean"]
+
+
+class SampledToo(HillClimb):
+    """The toy with a sampling evaluation beside each deterministic one (as PPO's and IMPALA's), counted."""
+
+    played = 0
+
+    def setup(self) -> Setup:
+        setup = super().setup()
+        sampling = policy_evaluator(self.agent, to_env_spec("CartPole-v1", {}), self.cfg, deterministic=False)
+
+        def counted() -> Evaluation:
+            SampledToo.played += 1
+            return sampling()
+
+        setup.evaluate_stochastic = counted
+        return setup
+
+
+def test_a_resume_right_after_the_last_evaluation_does_not_play_its_sampling_one_again(tmp_path):
+    first = drive(SampledToo(_config(tmp_path)))
+    assert first["stochastic_return_mean"] is not None and SampledToo.played == 1
+    again = drive(SampledToo(_config(tmp_path)), resume=first["run_dir"])
+    assert again["stochastic_return_mean"] == first["stochastic_return_mean"] and SampledToo.played == 1

@@ -24,9 +24,10 @@ import os
 import platform
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -127,21 +128,30 @@ def jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` so that a crash leaves either the old file or the new one."""
+@contextmanager
+def replacing(path: Path, binary: bool = True) -> Iterator[IO[Any]]:
+    """A new file for ``path``: written beside it, synced, then renamed over it (the rename synced too), so that a
+    crash leaves either the old file or the new one. A failure (a full disk) removes the partial copy, which must
+    not keep the space, and names ``path`` in its OSError."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException as e:  # a full disk: the partial copy must not keep its space
+        _fsync_dir(path.parent)
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.filename is None:
             e.filename = str(path)  # which file could not be written
         raise
-    _fsync_dir(path.parent)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` (:func:`replacing`)."""
+    with replacing(path) as f:
+        f.write(data)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -331,23 +341,14 @@ def _row_step(line: str) -> int:
 def keep_metrics_to(path: Path, step: int) -> None:
     """Keep the rows of ``metrics.jsonl`` at ``path`` up to env step ``step`` (a torn last line dropped), line by line
     into a new file that replaces it: a resumed days-long run's file is gigabytes, never read into memory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as out:
-            if path.exists():
-                with open(path, encoding="utf-8") as rows:
-                    for line in rows:
-                        if not line.endswith("\n"):  # a row is written with its newline: only a kill tears one
-                            break
-                        if line.strip() and _row_step(line) <= step:
-                            out.write(line)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk: the partial copy must not keep the space just freed
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    with replacing(path, binary=False) as out:
+        if path.exists():
+            with open(path, encoding="utf-8") as rows:
+                for line in rows:
+                    if not line.endswith("\n"):  # a row is written with its newline: only a kill tears one
+                        break
+                    if line.strip() and _row_step(line) <= step:
+                        out.write(line)
 
 
 def read_metrics_thinned(run_dir: str | Path, max_rows: int = 20_000) -> list[dict[str, Any]]:

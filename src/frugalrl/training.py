@@ -232,6 +232,8 @@ class RunRecorder:
         if self.eval_history:  # the summary of a run resumed right after its last evaluation reports that one
             e = self.eval_history[-1]
             self._last_eval = Evaluation(e["mean"], e["std"], int(e.get("episodes", 1)))
+            if c.get("last_stochastic") is not None:  # and its sampling one (the summary's), not played again
+                self._last_stochastic = Evaluation(**c["last_stochastic"], deterministic=False)
         self.time_to_target = c.get("time_to_target")
         self.stall_watch.events = list(c.get("sync_stalls", []))
         self.resumes = list(c["resumes"]) + [{"step": self.env_steps, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -436,7 +438,8 @@ class RunRecorder:
                 "lag_sum": self._lag_sum, "lag_n": self._lag_n,
                 "seconds": self._past_seconds + (time.monotonic() - self._t0), "eval_seconds": self._eval_seconds,
                 "eval_history": self.eval_history, "time_to_target": self.time_to_target, "resumes": self.resumes,
-                "sync_stalls": self.stall_watch.events,
+                "sync_stalls": self.stall_watch.events, "last_stochastic": None if (e := self._last_stochastic) is None
+                else {"mean": e.mean, "std": e.std, "episodes": e.episodes},  # beside the history's last entry
             },
         }
         agent = self._parts.get("agent")
@@ -513,6 +516,7 @@ class RunRecorder:
         cfg = self.cfg
         try:
             last, stochastic = self._final_evaluations(evaluate, always_evaluate)
+            self._last_stochastic = stochastic if self.eval_history else None  # saved: a resume reports it
         except EvaluationInterrupted as e:
             if self.stop_reason == "budget":  # not ended yet: its resumption evaluates, as a signal stop's
                 self.stop_reason = str(e)
