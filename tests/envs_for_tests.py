@@ -192,18 +192,19 @@ class MultiDiscreteEnv(CounterEnv):
 
 class MatchEnv(gym.Env):
     """Say the target back: each step shows a random target (one-hot per sub-action, or bits) and pays the share of
-    the action's parts that match it. MultiDiscrete(``nvec``) actions, or MultiBinary(``bits``) with ``bits``;
-    ``horizon`` steps an episode, so a perfect policy returns ``horizon`` and a random one
-    ``horizon * mean(1 / nvec)`` (half of it for bits)."""
+    the action's parts that match it. MultiDiscrete(``nvec``) actions (Discrete for one ``nvec``), from ``start``, or
+    MultiBinary(``bits``) with ``bits``; ``horizon`` steps an episode, so a perfect policy returns ``horizon`` and a
+    random one ``horizon * mean(1 / nvec)`` (half of it for bits)."""
 
-    def __init__(self, nvec: tuple[int, ...] = (3, 4, 2), bits: int = 0, horizon: int = 8) -> None:
+    def __init__(self, nvec: tuple[int, ...] = (3, 4, 2), bits: int = 0, horizon: int = 8, start: int = 0) -> None:
         self.nvec = [int(n) for n in nvec]
-        self.bits, self.horizon = int(bits), int(horizon)
+        self.bits, self.horizon, self.start = int(bits), int(horizon), int(start)
         if self.bits:
             self.action_space: gym.Space = gym.spaces.MultiBinary(self.bits)
             size = self.bits
         else:
-            self.action_space = gym.spaces.MultiDiscrete(self.nvec)
+            self.action_space = (gym.spaces.Discrete(self.nvec[0], start=self.start) if len(self.nvec) == 1 else
+                                 gym.spaces.MultiDiscrete(self.nvec, start=[self.start] * len(self.nvec)))
             size = sum(self.nvec)
         self.observation_space = gym.spaces.Box(0.0, 1.0, (size,), np.float32)
         self.t = 0
@@ -224,9 +225,30 @@ class MatchEnv(gym.Env):
 
     def step(self, action):
         assert self.action_space.contains(np.asarray(action, dtype=self.action_space.dtype)), action
-        reward = float(np.mean(np.asarray(action) == self.target))
+        reward = float(np.mean(np.asarray(action) - self.start == self.target))
         self.t += 1
         return self._draw(), reward, False, self.t >= self.horizon, {}
+
+
+class MatrixActionEnv(gym.Env):
+    """Box actions of shape (2, 3), one bound infinite: each step pays ``-sum((action - 0.5)²)``; 8 steps an episode,
+    so the best policy returns 0 and one that acts 0 returns −12."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        self.action_space = gym.spaces.Box(-2.0, np.inf, (2, 3), np.float32)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.np_random.uniform(-1, 1, 3).astype(np.float32), {}
+
+    def step(self, action):
+        assert action.shape == (2, 3) and self.action_space.contains(action.astype(np.float32)), action
+        self.t += 1
+        reward = -float(np.square(action - 0.5).sum())
+        return self.np_random.uniform(-1, 1, 3).astype(np.float32), reward, False, self.t >= 8, {}
 
 
 class TextObservationEnv(CounterEnv):

@@ -91,7 +91,7 @@ def test_an_action_space_no_agent_takes_is_named_as_the_agents_limit():
     """A MultiDiscrete env of two dimensions under ``frugalrl train`` first meets the checkpoints' check: the line
     says that the agents are what does not take it, which spaces they take, and what takes any."""
     with pytest.raises(TypeError, match=r"replayable=True \(checkpoints\) needs .* frugalrl's agents act in Box, "
-                                        r"Discrete, MultiDiscrete \(of one dimension, from 0\) and MultiBinary \(of "
+                                        r"Discrete, MultiDiscrete \(of one dimension\) and MultiBinary \(of "
                                         r"one dimension\) action spaces: step\(actions\) with a policy of your own "
                                         r"takes any"):
         ClusterEnv("envs_for_tests:MultiDiscreteEnv", 1, backend="serial", replayable=True)

@@ -1,34 +1,48 @@
-"""MultiDiscrete and MultiBinary actions: frugalrl's agents act in them on torch-free workers, every algorithm with a
-flat actor learns with them, checkpoints replay them, and the split model says it does not take them."""
+"""MultiDiscrete and MultiBinary actions, and Discrete ones from a start and Box ones of two dimensions: frugalrl's
+agents act in them on torch-free workers, every algorithm with a flat actor learns with them, checkpoints replay
+them, and the split model says which it does not take."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 from frugalrl import ClusterEnv, make_agent
+from frugalrl.experience import env_actions
 
 pytestmark = pytest.mark.timeout(180)
 
 MATCH = "envs_for_tests:MatchEnv"
+MATRIX = "envs_for_tests:MatrixActionEnv"
 SPACES = {"multidiscrete": {}, "multibinary": {"bits": 6}}
 
 
-@pytest.mark.parametrize("kwargs", SPACES.values(), ids=SPACES.keys())
-def test_workers_act_without_torch_and_a_checkpoint_replays_their_actions(kwargs):
-    env = ClusterEnv(MATCH, 2, 3, backend="local", inline_workers=0, seed=3, env_kwargs=kwargs, replayable=True,
+CASES = {**{name: (MATCH, kwargs) for name, kwargs in SPACES.items()},
+         "discrete-from-minus-1": (MATCH, {"nvec": (3,), "start": -1}), "box-2x3": (MATRIX, {})}
+"""Each action space the workers act in without torch, and one of each kind the policy's actions are shifted
+(a Discrete space's start) or reshaped (a Box of two dimensions) for."""
+
+
+@pytest.mark.parametrize(("env_id", "kwargs"), CASES.values(), ids=CASES.keys())
+def test_workers_act_without_torch_and_a_checkpoint_replays_their_actions(env_id, kwargs):
+    """The rollout holds what the policy chose (an index from 0; a Box's sample, in the Box's shape), which the envs
+    got shifted or clipped (each test env checks every action it gets); a checkpoint replays the envs exactly."""
+    env = ClusterEnv(env_id, 2, 3, backend="local", inline_workers=0, seed=3, env_kwargs=kwargs, replayable=True,
                      uplink={"behaviour": "logprob"})
-    other = ClusterEnv(MATCH, 2, 3, backend="local", inline_workers=0, seed=3, env_kwargs=kwargs, replayable=True)
+    other = ClusterEnv(env_id, 2, 3, backend="local", inline_workers=0, seed=3, env_kwargs=kwargs, replayable=True)
     try:
         torch.manual_seed(0)
         agent = make_agent(env.single_observation_space, env.single_action_space)
         ro = env.rollout(agent, 20)
         space = env.single_action_space
-        assert ro.actions.shape == (20, 6, *space.shape) and all(space.contains(a.astype(space.dtype))
-                                                                 for a in ro.actions.reshape(-1, *space.shape))
+        assert ro.actions.shape == (20, 6, *space.shape)
+        if not isinstance(space, gym.spaces.Box):
+            assert all(space.contains(env_actions(space, a).astype(space.dtype))
+                       for a in ro.actions.reshape(-1, *space.shape))
         assert ro.behaviour_logp.shape == (20, 6)
         assert ["libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in env.backend.worker_pids().values()] \
             == [False, False]
@@ -60,12 +74,32 @@ def test_every_flat_algorithm_learns_them_with_no_flags(algo, kwargs, at_least, 
     assert out["eval_return_mean"] >= at_least, out["eval_return_mean"]
 
 
+@pytest.mark.parametrize(("algo", "env", "kwargs", "at_least"), [
+    ("ppo", MATCH, {"nvec": (3,), "start": -1}, 7.0), ("impala", MATCH, {"start": 5}, 5.0),
+    ("hsa2c", MATCH, {"nvec": (4,), "start": 1}, 6.0), ("ppo", MATRIX, {}, -4.0)])
+def test_actions_from_a_start_and_of_a_box_of_two_dimensions(algo, env, kwargs, at_least, tmp_path):
+    """Discrete(3, start=-1), MultiDiscrete from 5, Discrete(4, start=1) and Box((2, 3)) actions: the envs check
+    every action they get (a policy's index from 0 shifted by the start; a flat Gaussian's sample in the Box's shape)
+    and each algorithm learns with no flags. A random policy returns 2.7 (Discrete(3)), 2.9, 2 (Discrete(4)); the
+    Box's policy at its start, −12."""
+    from frugalrl.algos import algorithm
+    from frugalrl.presets import make_config
+
+    train = algorithm(algo).load()[0].train
+    out = train(make_config(algo, env, env_kwargs=kwargs, total_timesteps=16_000, seed=1, run_dir=str(tmp_path),
+                            progress=False, plots=False, tensorboard=False))
+    assert out["eval_return_mean"] >= at_least, out["eval_return_mean"]
+
+
 def test_the_split_model_names_the_spaces_it_takes(tmp_path):
     from frugalrl.pipeline import PipelinePPOConfig, train
 
     with pytest.raises(ValueError, match=r"pipeline PPO's split model acts in Discrete and Box action spaces, not "
                                          r"MultiDiscrete\(\[3 4 2\]\)"):
         train(PipelinePPOConfig(env=MATCH, total_timesteps=1024, run_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"pipeline PPO needs Discrete actions from 0, got Discrete\(3, start=-1\)"):
+        train(PipelinePPOConfig(env=MATCH, env_kwargs={"nvec": (3,), "start": -1}, total_timesteps=1024,
+                                run_dir=str(tmp_path)))
 
 
 def test_aaps_keeps_each_states_parameter_rows():

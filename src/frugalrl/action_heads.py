@@ -21,9 +21,9 @@ def action_desc(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n)}
     if isinstance(space, gym.spaces.MultiDiscrete):
-        if space.nvec.ndim != 1 or np.any(space.start != 0):
+        if space.nvec.ndim != 1:
             raise TypeError(f"unsupported action space {space}; frugalrl's agents take MultiDiscrete spaces of one "
-                            "dimension that start at 0")
+                            "dimension")
         return {"type": "multidiscrete", "nvec": [int(n) for n in space.nvec]}
     if isinstance(space, gym.spaces.MultiBinary):
         if len(space.shape) != 1:

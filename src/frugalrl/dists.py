@@ -75,7 +75,7 @@ def log_prob(kind: DistKind, params: torch.Tensor, actions: torch.Tensor) -> tor
         bits = actions.to(params.dtype)
         return (bits * F.logsigmoid(params) + (1 - bits) * F.logsigmoid(-params)).sum(-1)
     mean, log_std = _split(params)
-    z = (actions - mean) / log_std.exp()
+    z = (actions.reshape(mean.shape) - mean) / log_std.exp()  # a Box of several dimensions: its actions, flat
     return (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 

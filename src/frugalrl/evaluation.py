@@ -21,7 +21,7 @@ import torch
 
 from frugalrl import dists
 from frugalrl.envs.spec import EnvSpec
-from frugalrl.experience import clip_actions, env_action
+from frugalrl.experience import env_action, env_actions
 from frugalrl.nets import ActorCritic
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
                     # a squashed policy (the split model's tanh-Gaussian) maps its sample to the env's action
                     squash = getattr(agent, "env_action", None)
                     action = (u if squash is None else squash(u))[0].numpy()
-                obs, r, term, trunc, _ = env.step(env_action(action_space, clip_actions(action_space, action)))
+                obs, r, term, trunc, _ = env.step(env_action(action_space, env_actions(action_space, action)))
                 total += float(r)
                 done = term or trunc
                 steps += 1

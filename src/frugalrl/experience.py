@@ -150,7 +150,7 @@ class EnvGroup:
     # ------------------------------------------------------------------ stepping
     def step(self, actions: Sequence[Any] | np.ndarray, infos: bool = False, autoreset: Autoreset | None = None
              ) -> Stepped:
-        """Step every env with its action (as given: clip sampled Box actions first, :func:`clip_actions`), with the
+        """Step every env with its action (as given: a policy's go through :func:`env_actions` first), with the
         group's autoreset mode unless ``autoreset`` says otherwise.
 
         The loop over envs only steps and records; the NaN/inf check runs once over the step and, when it fires or
@@ -327,19 +327,21 @@ def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: i
     ep_r: list[float] = []
     ep_l: list[int] = []
     space = group.action_space
-    box = isinstance(space, gym.spaces.Box)
-    low, high = (space.low, space.high) if isinstance(space, gym.spaces.Box) else (None, None)
+    # a Box of several dimensions: its flat Gaussian's samples are kept in its shape
+    box_shape = space.shape if isinstance(space, gym.spaces.Box) and len(space.shape) > 1 else None
     step = functools.partial(group.step, autoreset=SAME_STEP) if isinstance(group, EnvGroup) else group.step
     for t in range(num_steps):
         obs_buf[t] = group.obs
         actions, params = policy(obs_buf[t])
+        if box_shape is not None:
+            actions = actions.reshape(len(actions), *box_shape)
         if act_buf is None:  # the first step: the buffers take the policy's shapes and dtypes
             act_buf = np.empty((num_steps, *actions.shape), dtype=actions.dtype)
             par_buf = None if params is None else np.empty((num_steps, *params.shape), dtype=np.float32)
         act_buf[t] = actions
         if par_buf is not None:
             par_buf[t] = params
-        stepped = step(np.clip(actions, low, high) if box else actions)
+        stepped = step(env_actions(space, actions))
         rewards[t], terms[t], truncs[t] = stepped.rewards, stepped.terminations, stepped.truncations
         if stepped.reset_only:
             valid[t, stepped.reset_only] = False
@@ -435,16 +437,22 @@ def _set_moments(layer: gym.Env, name: str, state: dict[str, Any]) -> None:
         layer.discounted_reward = np.asarray(state["discounted"], dtype=np.float64)  # type: ignore[attr-defined]
 
 
-def clip_actions(space: gym.Space, actions: np.ndarray) -> np.ndarray:
-    """Sampled Box actions clipped to the space's bounds; other actions unchanged."""
+def env_actions(space: gym.Space, actions: np.ndarray) -> np.ndarray:
+    """A policy's actions (one, or a batch) as the env takes them. Box: reshaped to the space's shape (a policy's
+    Gaussian is flat) and clipped to its bounds; Discrete and MultiDiscrete: shifted by the space's ``start`` (a
+    policy picks from 0); others unchanged."""
     if isinstance(space, gym.spaces.Box):
+        if len(space.shape) > 1 and actions.shape[max(actions.ndim - len(space.shape), 0):] != space.shape:
+            actions = actions.reshape(*actions.shape[:-1], *space.shape)
         return np.clip(actions, space.low, space.high)
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and np.any(space.start != 0):
+        return actions + space.start
     return actions
 
 
 def env_action(space: gym.Space, action: Any) -> Any:
-    """One env's action as its space takes it: a Discrete space's as an int, a Box space's as it is (clip a sampled
-    one first, :func:`clip_actions`), others' (MultiDiscrete, MultiBinary) as an array of the space's dtype."""
+    """One env's action as its space takes it: a Discrete space's as an int, a Box space's as it is (a policy's goes
+    through :func:`env_actions` first), others' (MultiDiscrete, MultiBinary) as an array of the space's dtype."""
     if isinstance(space, gym.spaces.Discrete):
         return int(action)
     if isinstance(space, gym.spaces.Box):

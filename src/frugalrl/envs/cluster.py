@@ -551,7 +551,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         versions = np.full(n, -1, dtype=np.int64)
         for w, reply in replies.items():
             sl = slice(w * k, (w + 1) * k)
-            actions[sl] = reply.arrays["actions"]
+            actions[sl] = reply.arrays["actions"].reshape(actions[sl].shape)  # a Box's flat samples in its shape
             params[sl] = reply.arrays["dist_params"]
             versions[sl] = reply.meta["version"]
             self._remember(w, states[sl], reply.arrays["dist_params"], append=True)

@@ -44,7 +44,7 @@ def is_simple(space: gym.Space) -> bool:
 
 def agents_act_in(space: gym.Space) -> bool:
     """Whether frugalrl's agents act in the action space ``space``: those :func:`frugalrl.action_heads.action_desc`
-    describes (Box, Discrete, MultiDiscrete from 0 and MultiBinary, of one dimension each)."""
+    describes (Box, Discrete, and MultiDiscrete and MultiBinary of one dimension)."""
     try:
         action_desc(space)
     except TypeError:
@@ -59,7 +59,7 @@ def check_inference(obs_space: gym.Space, act_space: gym.Space,
         hint = ("; wrap the env into Box observations (env_wrappers, --env-wrappers: e.g. minigrid.wrappers."
                 "ImgObsWrapper, gymnasium.wrappers.FlattenObservation)") if isinstance(obs_space, S.Dict | S.Tuple) else ""
         if not agents_act_in(act_space):
-            hint += ("; frugalrl's agents act in Box, Discrete, MultiDiscrete (of one dimension, from 0) and "
+            hint += ("; frugalrl's agents act in Box, Discrete, MultiDiscrete (of one dimension) and "
                      "MultiBinary (of one dimension) action spaces: step(actions) with a policy of your own takes any")
         one_line = " ".join(f"not {obs_space} and {act_space}".split())  # a multi-dimensional nvec prints rows
         raise TypeError(f"{what} needs Box observations and an action space frugalrl's agents act in, {one_line}{hint}")

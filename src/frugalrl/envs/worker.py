@@ -41,9 +41,9 @@ from frugalrl.experience import (
     NEXT_STEP,
     SAME_STEP,
     EnvGroup,
-    clip_actions,
     collect_fragment,
     env_action,
+    env_actions,
     jsonable_began,
     restore_start_state,
     space_shape,
@@ -322,7 +322,7 @@ class EnvWorker:
     def _op_act_step(self, msg: Message) -> Message:
         self._check_inference()
         actions, params = self._policy(self.group.obs)
-        reply = self._step_reply(clip_actions(self.act_space, actions))
+        reply = self._step_reply(env_actions(self.act_space, actions))
         # Envs that were autoresetting (NEXT_STEP) ignored their action; it is still reported.
         reply.arrays.update(actions=self._wire_actions(actions), dist_params=params)
         return reply

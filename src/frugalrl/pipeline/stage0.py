@@ -58,6 +58,9 @@ def check_spaces(cfg: PipelinePPOConfig) -> tuple[gym.Space, gym.Space]:
     if desc["type"] not in ("discrete", "box"):
         raise ValueError(f"pipeline PPO's split model acts in Discrete and Box action spaces, not {act_space} "
                          "(frugalrl train ppo, impala and hsa2c act in MultiDiscrete and MultiBinary ones)")
+    if isinstance(act_space, gym.spaces.Discrete) and act_space.start != 0:
+        raise ValueError(f"pipeline PPO needs Discrete actions from 0, got {act_space} (frugalrl train ppo, impala "
+                         "and hsa2c shift them by the space's start)")
     if desc["type"] == "box" and len(desc["shape"]) != 1:
         raise ValueError(f"pipeline PPO needs flat Box actions, got shape {desc['shape']}")
     if desc["type"] == "box" and not np.all(np.isfinite(desc["low"] + desc["high"])):
