@@ -59,6 +59,27 @@ class NaNObsEnv(CounterEnv):
         return obs, r, te, tr, info
 
 
+class OldAPIEnv(CounterEnv):
+    """A CounterEnv that breaks Gymnasium's API after ``after`` steps: ``reset`` returns only the observation (the old
+    Gym API's), ``step`` four values (``done`` for terminated and truncated), or a reward that is an array."""
+
+    def __init__(self, broken: str = "reset", after: int = 2) -> None:
+        super().__init__()
+        self.broken, self.after = broken, int(after)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return obs if self.broken == "reset" else (obs, info)
+
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        if self.t < self.after:
+            return obs, r, te, tr, info
+        if self.broken == "step":
+            return obs, r, te or tr, info
+        return obs, np.array([r]), te, tr, info
+
+
 class NaNRewardEnv(CounterEnv):
     """Emits a NaN reward on step ``nan_after``."""
 

@@ -276,6 +276,24 @@ def test_nan_reward_in_rollout(backend):
         env.close()
 
 
+@pytest.mark.parametrize(("broken", "says"), [
+    ("reset", r"reset\(\) returned one ndarray, Gymnasium's API returns \(obs, info\)"),
+    ("step", r"step\(\) returned 4 values, Gymnasium's API returns \(obs, reward, terminated, truncated, info\)"),
+    ("reward", r"step\(\) returned the reward array\(\[1\.\]\), not a number")])
+def test_an_env_of_the_old_gym_api_is_named_in_one_line(broken, says):
+    """Gymnasium's SyncVectorEnv fails with "too many values to unpack" or "setting an array element with a sequence";
+    the line here names the env, the call and what Gymnasium's API returns."""
+    env = ClusterEnv("envs_for_tests:OldAPIEnv", 1, 2, backend="serial", env_kwargs={"broken": broken})
+    try:
+        with pytest.raises(RuntimeError, match=rf"worker 0: EnvAPIError: worker 0, env 0 \(envs_for_tests:OldAPIEnv\): "
+                                               rf"{says}"):
+            env.reset(seed=0)
+            for _ in range(3):
+                env.step(np.zeros(2, dtype=np.int64))
+    finally:
+        env.close()
+
+
 def test_nan_checks_can_be_disabled():
     env = ClusterEnv("envs_for_tests:NaNObsEnv", 1, backend="serial", env_kwargs={"nan_after": 1}, check_finite=False)
     try:

@@ -35,6 +35,21 @@ class NonFiniteExperience(ValueError):
     """An environment returned a NaN or infinite observation or reward."""
 
 
+class EnvAPIError(TypeError):
+    """An environment's ``reset()`` or ``step()`` returned what Gymnasium's API does not (the old Gym API's
+    ``obs`` or four values, a reward that is not a number)."""
+
+
+_NOTHING = object()
+"""What :meth:`EnvGroup.step` holds for an env's step before it returns."""
+
+
+def _api_error(where: str, call: str, expected: str, got: Any) -> EnvAPIError:
+    shape = f"{len(got)} values" if isinstance(got, tuple) else f"one {type(got).__name__}"
+    return EnvAPIError(f"{where}: {call} returned {shape}, Gymnasium's API returns {expected} (an env of the old Gym "
+                       "API: gymnasium.wrappers / shimmy convert it; gymnasium.utils.env_checker.check_env(env) checks)")
+
+
 @dataclass(slots=True)
 class Stepped:
     """One step of every env of a group."""
@@ -100,7 +115,10 @@ class EnvGroup:
         if self.actions is not None:
             self.began[i] = {"seed": seed, "options": options, **start_state(self.envs[i], seeded=seed is not None)}
             self.actions[i] = []
-        obs, info = self.envs[i].reset(seed=seed, options=options)
+        result = self.envs[i].reset(seed=seed, options=options)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise _api_error(self.where(i), "reset()", "(obs, info)", result)
+        obs, info = result
         self.check(i, obs)
         self.obs[i] = obs
         self.needs_reset[i] = False
@@ -170,6 +188,7 @@ class EnvGroup:
         finals: list[Any] = []
         step_infos: dict[int, dict[str, Any]] = {}
         batched: dict[str, Any] = {}
+        result: Any = _NOTHING
         try:
             for i in range(k):
                 if needs[i]:
@@ -178,7 +197,9 @@ class EnvGroup:
                     if infos and info:
                         step_infos[i] = info
                     continue
-                obs, r, te, tr, info = envs[i].step(actions[i])
+                result = _NOTHING  # until this env's step returns (if it raises, the error is its own)
+                result = envs[i].step(actions[i])
+                obs, r, te, tr, info = result
                 if logs is not None:
                     logs[i].append(actions[i])
                 stepped.append((i, obs, r))
@@ -194,14 +215,21 @@ class EnvGroup:
             if self.check_finite and self._suspect(rewards, final_obs):
                 self._check_each(stepped)
                 rewards = None
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, ValueError | TypeError) and result is not _NOTHING and not (
+                    isinstance(result, tuple) and len(result) == 5):
+                raise _api_error(self.where(i), "step()", "(obs, reward, terminated, truncated, info)", result) from e
             if self.check_finite:
                 self._check_each(stepped)
             raise
         if rewards is None:  # not plain finite numbers: assign one by one, exactly as numpy does
             rewards = np.zeros(k, dtype=np.float64)
             for i, _, r in stepped:
-                rewards[i] = r
+                try:
+                    rewards[i] = r
+                except (TypeError, ValueError) as e:
+                    raise EnvAPIError(f"{self.where(i)}: step() returned the reward {r!r}, not a number (Gymnasium's "
+                                      "API returns a float)") from e
         self.ep_return += rewards
         if reset_only:
             acted = np.ones(k, dtype=bool)
