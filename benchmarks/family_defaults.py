@@ -67,7 +67,8 @@ SIDES = ["frugal", "frugal-every", "sb3"]
 #: MinAtar's 10×10 grids is its MlpPolicy: its CnnPolicy (NatureCNN) needs frames of at least 36×36.
 FACTORIES: dict[str, tuple[str, dict[str, Any]]] = {
     "MinAtar-Breakout": (MINATAR, SUITE_ENVS["MinAtar-Breakout"]["env_kwargs"]),
-    "MinAtar-SpaceInvaders": (MINATAR, {"game": "space_invaders"})}
+    "MinAtar-SpaceInvaders": (MINATAR, {"game": "space_invaders"}),
+    "MinAtar-Asterix": (MINATAR, {"game": "asterix"})}
 EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
 #: PPO's continuous batch and update under IMPALA's loop (a candidate for IMPALA's continuous family).
 IMPALA_CONT_PPO = ["--preset", "none", "--envs-per-worker", "1", "--num-steps", "1024", "--num-minibatches", "32",

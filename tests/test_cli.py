@@ -63,8 +63,36 @@ def test_train_eval_plots(tmp_path):
     threads = _frugalrl("eval", str(tmp_path / "tiny"), "--torch-threads", "0")
     assert threads.returncode == 2 and "--torch-threads must be a positive integer" in threads.stderr
 
+    for video in ("agent.mp4", "agent.gif"):  # the same episodes, recorded: one frame per reset and per step
+        rec = _frugalrl("eval", str(tmp_path / "tiny"), "--episodes", "2", "--video", str(tmp_path / video))
+        assert rec.returncode == 0, rec.stderr
+        played = json.loads(rec.stdout)
+        assert played["returns"] == json.loads(ev.stdout)["returns"]
+        frames = int(sum(played["returns"])) + 2  # CartPole pays 1 per step
+        assert f"{frames} frames of 2 episodes written to" in rec.stderr
+        assert _frames(tmp_path / video) == frames * (1 if video.endswith(".mp4") else 20)
+    bad = _frugalrl("eval", str(tmp_path / "tiny"), "--video", str(tmp_path / "agent.avi"))
+    assert bad.returncode == 2 and "a video is written as .mp4 or .gif" in bad.stderr
+
     pl = _frugalrl("plots", str(tmp_path / "tiny"))
     assert pl.returncode == 0 and "bytes_by_kind.png" in pl.stdout
+
+
+def _frames(path: Path) -> int:
+    """The frames of an MP4 (through OpenCV); a GIF's milliseconds (through Pillow, which writes a frame like the last
+    one as a longer last one)."""
+    if path.suffix == ".gif":
+        from PIL import Image, ImageSequence
+
+        with Image.open(path) as gif:
+            return sum(int(frame.info["duration"]) for frame in ImageSequence.Iterator(gif))
+    import cv2
+
+    capture = cv2.VideoCapture(str(path))
+    try:
+        return int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+    finally:
+        capture.release()
 
 
 def test_bad_flags_give_clear_errors(tmp_path):
@@ -253,7 +281,7 @@ def test_env_wrappers_choose_the_family_train_and_evaluate_the_wrapped_env(tmp_p
 
 
 def test_the_summary_shows_syncs_per_worker_briefly_when_workers_are_many():
-    from frugalrl.cli import _per_worker
+    from frugalrl.summary_text import per_worker as _per_worker
 
     assert _per_worker([], 0) == ""
     assert _per_worker([4] * 64, 256) == " (4 per worker)"
@@ -263,7 +291,7 @@ def test_the_summary_shows_syncs_per_worker_briefly_when_workers_are_many():
 
 
 def test_a_run_stopped_before_its_final_evaluation_says_so_not_nan():
-    from frugalrl.cli import _evaluation_line
+    from frugalrl.summary_text import evaluation_line as _evaluation_line
 
     stopped = {"eval_episodes": 0, "eval_return_mean": float("nan"), "eval_return_std": float("nan"),
                "eval_history": [{"step": 4096, "mean": 123.45}]}

@@ -176,6 +176,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                          "(default: the run's eval_max_steps)")
     ev.add_argument("--torch-threads", type=int, default=1,
                     help="threads torch may use (default: 1: one observation at a time runs faster on one)")
+    ev.add_argument("--video", default=None, metavar="FILE",
+                    help="also write the episodes as a video, FILE.mp4 or FILE.gif (the env renders rgb_array frames)")
     pl = sub.add_parser("plots", help="(re)draw a run's PNG plots, or overlay several runs in one figure")
     pl.add_argument("run_dirs", nargs="+", metavar="RUN", help="a run directory; several: one overlay figure")
     pl.add_argument("--out", default=None, help="one run: the folder for its PNGs (default: RUN/plots); several: "
@@ -403,8 +405,9 @@ def _train(args: argparse.Namespace) -> int:
     if not summary:  # a lone pipeline stage 1 has nothing to report
         return 0
     from frugalrl.driver import EXIT_PREEMPTED, STOP_SIGNALS
+    from frugalrl.summary_text import summary_text
 
-    _print_summary(summary)
+    print(summary_text(summary))
     if summary["stop_reason"] in STOP_SIGNALS.values():
         print(f"frugalrl: {summary['stop_reason']}: continue with  frugalrl train {args.algo} --resume "
               f"{summary['run_dir']}", file=sys.stderr)
@@ -443,7 +446,17 @@ def _eval(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.torch_threads)
     spec = to_env_spec(config["env"], config.get("env_kwargs") or {}, config.get("env_wrappers"))
     max_steps = args.max_steps or int(config.get("eval_max_steps") or MAX_STEPS)
-    played = PolicyEvaluator(agent, spec, args.episodes, args.seed, not args.stochastic, max_steps)(poll=progress_lines(args.episodes))
+    evaluator = PolicyEvaluator(agent, spec, args.episodes, args.seed, not args.stochastic, max_steps)
+    if args.video is None:
+        played = evaluator(poll=progress_lines(args.episodes))
+    else:
+        from frugalrl.video import record
+
+        try:
+            played, frames = record(evaluator, args.video, poll=progress_lines(args.episodes))
+        except ValueError as e:
+            return _error(str(e))
+        print(f"frugalrl: {frames} frames of {args.episodes} episodes written to {args.video}", file=sys.stderr)
     result = {"run_dir": str(Path(args.run_dir)), "algo": config.get("algo"), "env_id": config["env"],
               "checkpoint": args.checkpoint, "checkpoint_step": counters.get("env_steps"), "episodes": args.episodes,
               "deterministic": not args.stochastic, "return_mean": played.mean, "return_std": played.std,
@@ -534,66 +547,6 @@ def _slurm(args: argparse.Namespace) -> int:
             print(f"frugalrl: error: {e}", file=sys.stderr)
             return 1
     return 0
-
-
-def _per_worker(counts: list[int], total: int) -> str:
-    """Syncs per worker as the summary line shows them: the list for a few workers, the spread for many (since
-    the resume on another number of workers, if the counts fall short of the ``total``)."""
-    if not counts:
-        return ""
-    since = "" if sum(counts) == total else f" since the resume on {len(counts)} workers"
-    if len(set(counts)) == 1:
-        return f" ({counts[0]} per worker{since})"
-    if len(counts) <= 8:
-        return f" (per worker{since} {counts})"
-    ordered = sorted(counts)
-    return f" (per worker{since} {ordered[0]} to {ordered[-1]}, median {ordered[len(ordered) // 2]})"
-
-
-def _evaluation_line(summary: dict[str, Any], how: str) -> str:
-    """The summary's evaluation; a run stopped before its final evaluation (a signal) names its last one instead."""
-    if not summary["eval_episodes"]:
-        history = summary.get("eval_history") or []
-        last = f": the last one {history[-1]['mean']:.1f} at step {history[-1]['step']}" if history else ""
-        return f"  not evaluated at the end{last}"
-    return (f"  evaluation return {summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f} "
-            f"({summary['eval_episodes']} {how} episode{'' if summary['eval_episodes'] == 1 else 's'})"
-            + ("" if summary.get("stochastic_return_mean") is None else
-               f"; sampling actions {summary['stochastic_return_mean']:.1f} ± {summary['stochastic_return_std']:.1f}"))
-
-
-def _print_summary(summary: dict[str, Any]) -> None:
-    nbytes = {k: v for k, v in summary.get("bytes", {}).items()
-              if k not in ("total", "messages") and isinstance(v, int | float) and v}  # kinds only
-    top = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in sorted(nbytes.items(), key=lambda kv: -kv[1])[:3])
-    how = "deterministic" if summary.get("eval_deterministic", True) else "stochastic"
-    lines = [
-        f"\n{summary['algo']} on {summary['env_id']} (seed {summary['seed']}): {summary['env_steps']} steps in "
-        f"{summary['train_seconds']:.1f} s of training ({summary['steps_per_second']:.0f} steps/s), "
-        f"{summary['updates']} update{'' if summary['updates'] == 1 else 's'}, stopped by {summary['stop_reason']}",
-        _evaluation_line(summary, how),
-    ]
-    syncs = summary.get("weight_syncs") or {}
-    if syncs.get("total"):
-        per_worker = _per_worker(syncs.get("per_worker") or [], syncs.get("total", 0))
-        deltas = f", {syncs['delta']} as deltas" if syncs.get("delta") else ""
-        lines.append(f"  weight syncs {syncs.get('total', 0)}{per_worker}{deltas}")
-    lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")
-    history = summary.get("eval_history") or []
-    if history and history[-1].get("cut_episodes"):
-        lines.append(f"  WARNING: {history[-1]['cut_episodes']} evaluation episodes were cut at --eval-max-steps "
-                     "before they ended: their returns are partial")
-    for key in ("eval_disagreement", "eval_regression"):
-        if summary.get(key):
-            lines.append(f"  WARNING: {summary[key]['message']}")
-    for stall in summary.get("sync_stalls") or []:
-        lines.append(f"  WARNING at step {stall['step']}: {stall['message']}")
-    for warning in (summary.get("details") or {}).get("warnings") or []:
-        lines.append(f"  WARNING at {warning}")
-    if summary.get("resumes"):
-        lines.append(f"  resumed {len(summary['resumes'])} time(s), last at step {summary['resumes'][-1]['step']}")
-    lines.append(f"  run directory: {summary['run_dir']}")
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":

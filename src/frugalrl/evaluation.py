@@ -168,11 +168,13 @@ def evaluate(
 
 
 def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, deterministic: bool = True,
-         max_steps: int = MAX_STEPS, poll: Poll | None = None) -> tuple[list[float], int]:
+         max_steps: int = MAX_STEPS, poll: Poll | None = None, seen: Callable[[gym.Env], None] | None = None
+         ) -> tuple[list[float], int]:
     """The undiscounted return of each of ``episodes`` episodes, and how many were cut at ``max_steps`` steps.
 
     Episodes run on one environment seeded ``seed, seed + 1, ...``; ``deterministic`` picks the
-    distribution's mode, else actions are sampled. ``poll`` (see :data:`Poll`) may stop it.
+    distribution's mode, else actions are sampled. ``poll`` (see :data:`Poll`) may stop it; ``seen`` is called with
+    the env after each reset and step (:mod:`frugalrl.video` renders it).
     """
     env = env_spec.make()
     action_space = env.action_space
@@ -182,6 +184,8 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
     try:
         for ep in range(episodes):
             obs, _ = env.reset(seed=seed + ep)
+            if seen is not None:
+                seen(env)
             total, done, steps = 0.0, False, 0
             while not done and steps < max_steps:
                 with torch.no_grad():
@@ -192,6 +196,8 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
                     squash = getattr(agent, "env_action", None)
                     action = (u if squash is None else squash(u))[0].numpy()
                 obs, r, term, trunc, _ = env.step(env_action(action_space, env_actions(action_space, action)))
+                if seen is not None:
+                    seen(env)
                 total += float(r)
                 done = term or trunc
                 steps += 1
