@@ -252,12 +252,13 @@ class MatchEnv(gym.Env):
 
 
 class MatrixActionEnv(gym.Env):
-    """Box actions of shape (2, 3), one bound infinite: each step pays ``-sum((action - 0.5)²)``; 8 steps an episode,
-    so the best policy returns 0 and one that acts 0 returns −12."""
+    """Box actions of ``shape`` ((2, 3) by default; () a scalar), one bound infinite: each step pays
+    ``-sum((action - 0.5)²)``; 8 steps an episode, so the best policy returns 0 and one that acts 0 returns −12 (for
+    (2, 3))."""
 
-    def __init__(self) -> None:
+    def __init__(self, shape: tuple[int, ...] = (2, 3)) -> None:
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
-        self.action_space = gym.spaces.Box(-2.0, np.inf, (2, 3), np.float32)
+        self.action_space = gym.spaces.Box(-2.0, np.inf, tuple(shape), np.float32)
         self.t = 0
 
     def reset(self, *, seed=None, options=None):
@@ -266,7 +267,7 @@ class MatrixActionEnv(gym.Env):
         return self.np_random.uniform(-1, 1, 3).astype(np.float32), {}
 
     def step(self, action):
-        assert action.shape == (2, 3) and self.action_space.contains(action.astype(np.float32)), action
+        assert self.action_space.contains(np.asarray(action, dtype=np.float32)), action
         self.t += 1
         reward = -float(np.square(action - 0.5).sum())
         return self.np_random.uniform(-1, 1, 3).astype(np.float32), reward, False, self.t >= 8, {}

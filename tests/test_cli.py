@@ -78,6 +78,31 @@ def test_train_eval_plots(tmp_path):
     assert pl.returncode == 0 and "bytes_by_kind.png" in pl.stdout
 
 
+def test_a_video_scales_small_float_frames_up_and_leaves_nothing_on_failure(tmp_path):
+    """MinAtar renders 10 × 10 frames of floats in [0, 1]: they become uint8 blocks of 16 × 16 pixels. A recording
+    that fails leaves neither the file nor its temporary copy."""
+    import numpy as np
+
+    from frugalrl.video import Frames, VideoError
+
+    frames = Frames(tmp_path / "grid.mp4", fps=20)
+    for v in (0.0, 0.5, 1.0):
+        frames.add(np.full((10, 10, 3), v))
+    frames.close(keep=True)
+    assert frames.count == 3 and _frames(tmp_path / "grid.mp4") == 3
+    import cv2
+
+    capture = cv2.VideoCapture(str(tmp_path / "grid.mp4"))
+    assert int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)) == 160
+    capture.release()
+    broken = Frames(tmp_path / "broken.gif", fps=20)
+    broken.add(np.zeros((4, 4, 3), np.uint8))
+    with pytest.raises(VideoError, match=r"render\(\) gave None, not an RGB frame"):
+        broken.add(None)
+    broken.close(keep=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.mp4"]
+
+
 def _frames(path: Path) -> int:
     """The frames of an MP4 (through OpenCV); a GIF's milliseconds (through Pillow, which writes a frame like the last
     one as a longer last one)."""

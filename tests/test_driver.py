@@ -350,6 +350,7 @@ class SampledToo(HillClimb):
 
 
 def test_a_resume_right_after_the_last_evaluation_does_not_play_its_sampling_one_again(tmp_path):
+    SampledToo.played = 0
     first = drive(SampledToo(_config(tmp_path)))
     assert first["stochastic_return_mean"] is not None and SampledToo.played == 1
     again = drive(SampledToo(_config(tmp_path)), resume=first["run_dir"])

@@ -22,7 +22,9 @@ SPACES = {"multidiscrete": {}, "multibinary": {"bits": 6}}
 
 
 CASES = {**{name: (MATCH, kwargs) for name, kwargs in SPACES.items()},
-         "discrete-from-minus-1": (MATCH, {"nvec": (3,), "start": -1}), "box-2x3": (MATRIX, {})}
+         "discrete-from-minus-1": (MATCH, {"nvec": (3,), "start": -1}),
+         "discrete-200-from-minus-100": (MATCH, {"nvec": (200,), "start": -100}),  # indices need int16 on the wire
+         "box-2x3": (MATRIX, {}), "box-scalar": (MATRIX, {"shape": ()})}
 """Each action space the workers act in without torch, and one of each kind the policy's actions are shifted
 (a Discrete space's start) or reshaped (a Box of two dimensions) for."""
 

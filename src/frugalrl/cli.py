@@ -450,11 +450,11 @@ def _eval(args: argparse.Namespace) -> int:
     if args.video is None:
         played = evaluator(poll=progress_lines(args.episodes))
     else:
-        from frugalrl.video import record
+        from frugalrl.video import VideoError, record
 
         try:
             played, frames = record(evaluator, args.video, poll=progress_lines(args.episodes))
-        except ValueError as e:
+        except VideoError as e:
             return _error(str(e))
         print(f"frugalrl: {frames} frames of {args.episodes} episodes written to {args.video}", file=sys.stderr)
     result = {"run_dir": str(Path(args.run_dir)), "algo": config.get("algo"), "env_id": config["env"],

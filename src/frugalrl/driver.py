@@ -68,6 +68,10 @@ class Setup:
     exact_steps: bool = True
     """The run takes exactly ``total_updates × steps_per_update`` env steps, and says so when that differs from
     ``total_timesteps`` (False: an asynchronous server's workers may take more)."""
+    resize_on_resume: bool = True
+    """A run resumed with updates of another size (another number of workers, envs, steps) goes on at the env steps
+    it has done (False: at the update it has done, for an algorithm whose parts count updates themselves, as the
+    split-model pipeline's two stages do)."""
     evaluate: Evaluator | None = None
     """The deterministic evaluation of the schedule and the end (None: the run is never evaluated)."""
     evaluate_stochastic: Evaluator | None = None
@@ -84,7 +88,8 @@ class Step:
     """Where the run is when the driver asks for an update."""
 
     index: int
-    """This update's number, from 1 (a resumed run continues the count)."""
+    """This update's number, from 1 (a resumed run continues the count; resumed with updates of another size, it
+    counts the env steps done in updates of the new size: :attr:`Setup.resize_on_resume`)."""
     total: int
     """Updates in the whole run: schedules (learning rate, clip range) anneal over it (0: no budget in updates)."""
     checkpoint_after: bool
@@ -280,7 +285,7 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
             run.stop("callback")
         signals.stop(run)
         every = cfg.checkpoint_every
-        crossed = bool(every) and run.updates // every > saved // every  # an update may stand for several
+        crossed = bool(every) and (run.updates + shift) // every > (saved + shift) // every  # an update may stand for several
         ending = run.stopped or (total is not None and run.updates + shift >= total)  # the end writes its own
         checkpoint = not ending and (due or crossed or (run.new_best and cfg.checkpoint_every_s is not None))
         if checkpoint:
@@ -367,14 +372,15 @@ def _schedule_offset(run: RunRecorder, setup: Setup) -> int:
     workers, envs per worker or steps) goes on at the env steps it has done, counted in updates of the new size,
     so that its budget, learning-rate and clip schedules and evaluations keep to their env steps."""
     spu = setup.steps_per_update
-    if run.resumed_from is None or not (setup.exact_steps and setup.total_updates):
+    if run.resumed_from is None or not (setup.exact_steps and setup.resize_on_resume and setup.total_updates):
         return 0
     steps, updates = run.resumed_from
     if steps == updates * spu:
         return 0
     shift = -(-steps // spu) - updates  # a part-update counts whole: the run never passes its budget
-    log.warning("frugalrl: the run resumes with %d-step updates (its %d updates so far made %d env steps): it goes on "
-                "as update %d of %d", spu, updates, steps, updates + shift + 1, setup.total_updates)
+    if updates + shift < setup.total_updates:
+        log.warning("frugalrl: the run resumes with %d-step updates (its %d updates so far made %d env steps): it goes "
+                    "on as update %d of %d", spu, updates, steps, updates + shift + 1, setup.total_updates)
     return shift
 
 

@@ -195,7 +195,7 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
                     # a squashed policy (the split model's tanh-Gaussian) maps its sample to the env's action
                     squash = getattr(agent, "env_action", None)
                     action = (u if squash is None else squash(u))[0].numpy()
-                obs, r, term, trunc, _ = env.step(env_action(action_space, env_actions(action_space, action)))
+                obs, r, term, trunc, _ = env.step(env_action(action_space, env_actions(action_space, action, batched=False)))
                 if seen is not None:
                     seen(env)
                 total += float(r)

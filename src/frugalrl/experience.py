@@ -45,7 +45,7 @@ _NOTHING = object()
 
 
 def _api_error(where: str, call: str, expected: str, got: Any) -> EnvAPIError:
-    shape = f"{len(got)} values" if isinstance(got, tuple) else f"one {type(got).__name__}"
+    shape = f"{len(got)} values" if isinstance(got, tuple | list) else f"one {type(got).__name__}"
     return EnvAPIError(f"{where}: {call} returned {shape}, Gymnasium's API returns {expected} (an env of the old Gym "
                        "API: gymnasium.wrappers / shimmy convert it; gymnasium.utils.env_checker.check_env(env) checks)")
 
@@ -116,7 +116,7 @@ class EnvGroup:
             self.began[i] = {"seed": seed, "options": options, **start_state(self.envs[i], seeded=seed is not None)}
             self.actions[i] = []
         result = self.envs[i].reset(seed=seed, options=options)
-        if not (isinstance(result, tuple) and len(result) == 2):
+        if not (isinstance(result, tuple | list) and len(result) == 2):
             raise _api_error(self.where(i), "reset()", "(obs, info)", result)
         obs, info = result
         self.check(i, obs)
@@ -217,7 +217,7 @@ class EnvGroup:
                 rewards = None
         except BaseException as e:
             if isinstance(e, ValueError | TypeError) and result is not _NOTHING and not (
-                    isinstance(result, tuple) and len(result) == 5):
+                    isinstance(result, tuple | list) and len(result) == 5):
                 raise _api_error(self.where(i), "step()", "(obs, reward, terminated, truncated, info)", result) from e
             if self.check_finite:
                 self._check_each(stepped)
@@ -226,6 +226,8 @@ class EnvGroup:
             rewards = np.zeros(k, dtype=np.float64)
             for i, _, r in stepped:
                 try:
+                    if np.ndim(r):
+                        raise ValueError("not a scalar")
                     rewards[i] = r
                 except (TypeError, ValueError) as e:
                     raise EnvAPIError(f"{self.where(i)}: step() returned the reward {r!r}, not a number (Gymnasium's "
@@ -355,8 +357,8 @@ def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: i
     ep_r: list[float] = []
     ep_l: list[int] = []
     space = group.action_space
-    # a Box of several dimensions: its flat Gaussian's samples are kept in its shape
-    box_shape = space.shape if isinstance(space, gym.spaces.Box) and len(space.shape) > 1 else None
+    # a Box whose shape is not flat ((2, 3), ()): its flat Gaussian's samples are kept in its shape
+    box_shape = space.shape if isinstance(space, gym.spaces.Box) and len(space.shape) != 1 else None
     step = functools.partial(group.step, autoreset=SAME_STEP) if isinstance(group, EnvGroup) else group.step
     for t in range(num_steps):
         obs_buf[t] = group.obs
@@ -465,14 +467,13 @@ def _set_moments(layer: gym.Env, name: str, state: dict[str, Any]) -> None:
         layer.discounted_reward = np.asarray(state["discounted"], dtype=np.float64)  # type: ignore[attr-defined]
 
 
-def env_actions(space: gym.Space, actions: np.ndarray) -> np.ndarray:
-    """A policy's actions (one, or a batch) as the env takes them. Box: reshaped to the space's shape (a policy's
-    Gaussian is flat) and clipped to its bounds; Discrete and MultiDiscrete: shifted by the space's ``start`` (a
-    policy picks from 0); others unchanged."""
+def env_actions(space: gym.Space, actions: np.ndarray, batched: bool = True) -> np.ndarray:
+    """A policy's actions (a batch, or one: ``batched=False``) as the env takes them. Box: reshaped to the space's
+    shape (a policy's Gaussian is flat: ``(d,)`` for ``Box((1, d))``, ``(1,)`` for ``Box(())``) and clipped to its
+    bounds; Discrete and MultiDiscrete: shifted by the space's ``start`` (a policy picks from 0); others unchanged."""
     if isinstance(space, gym.spaces.Box):
-        if len(space.shape) > 1 and actions.shape[max(actions.ndim - len(space.shape), 0):] != space.shape:
-            actions = actions.reshape(*actions.shape[:-1], *space.shape)
-        return np.clip(actions, space.low, space.high)
+        shape = (len(actions), *space.shape) if batched else space.shape
+        return np.clip(actions if actions.shape == shape else actions.reshape(shape), space.low, space.high)
     if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and np.any(space.start != 0):
         return actions + space.start
     return actions

@@ -99,8 +99,11 @@ class ReturnScaler:
         return {"rms": self.rms.state_dict(), "returns": torch.from_numpy(self.returns.copy())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`. Saved for another number of envs (a run resumed on another layout,
-        whose envs start new episodes), each env's return starts at zero."""
+        """Continue from :meth:`state_dict` (saved for another number of envs: each env's return starts at zero)."""
         self.rms.load_state_dict(state["rms"])
         returns = state["returns"].numpy()
         self.returns = returns.copy() if returns.shape == self.returns.shape else np.zeros_like(self.returns)
+
+    def episodes_restarted(self) -> None:
+        """The envs start new episodes (a resume that could not restore them): each env's return starts at zero."""
+        self.returns[:] = 0.0

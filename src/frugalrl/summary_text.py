@@ -10,7 +10,7 @@ def per_worker(counts: list[int], total: int) -> str:
     the resume on another number of workers, if the counts fall short of the ``total``)."""
     if not counts:
         return ""
-    since = "" if sum(counts) == total else f" since the resume on {len(counts)} workers"
+    since = "" if sum(counts) == total else f" since the resume on {len(counts)} worker{'s' * (len(counts) > 1)}"
     if len(set(counts)) == 1:
         return f" ({counts[0]} per worker{since})"
     if len(counts) <= 8:

@@ -221,6 +221,9 @@ class RunRecorder:
             if state is None:
                 raise ValueError(f"the checkpoint has no {name!r} to resume from")
             part.load_state_dict(state)
+        if envs_state == "reset":  # parts that follow the episodes in progress (a return scaler's returns) restart
+            for part in self._parts.values():
+                getattr(part, "episodes_restarted", lambda: None)()
         c = ckpt["counters"]
         self.env_steps, self.updates, self.episodes = int(c["env_steps"]), int(c["updates"]), int(c["episodes"])
         self.saved_step = self.env_steps

@@ -10,6 +10,7 @@ Pillow, which matplotlib installs).
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,83 +23,111 @@ from frugalrl.evaluation import Evaluation, PolicyEvaluator, Poll, play
 FORMATS = (".mp4", ".gif")
 """The files a video can be written to, by suffix."""
 
+MIN_SIDE = 160
+"""Frames smaller than this (MinAtar's 10 × 10 grid) are scaled up by a whole factor, each cell a block of pixels."""
+
+
+class VideoError(ValueError):
+    """A video that cannot be made: its file, or an env that does not render RGB frames."""
+
 
 class Frames:
-    """Frames written to ``path`` as they come (MP4), or kept and written at :meth:`close` (GIF), at ``fps``."""
+    """Frames written to ``path`` as they come (MP4), or kept as palette images and written at :meth:`close` (GIF;
+    MP4 for long videos), at ``fps``. Until then the file is a temporary one beside ``path``."""
 
     def __init__(self, path: Path, fps: float) -> None:
         self.path, self.fps, self.count = path, float(fps), 0
+        self.tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
         self._writer: Any = None
-        self._kept: list[np.ndarray] = []
+        self._size: tuple[int, int] | None = None
+        self._kept: list[Any] = []
 
     def add(self, frame: Any) -> None:
-        """One RGB frame ``(H, W, 3)`` uint8, as ``env.render()`` returns it in ``rgb_array`` mode."""
+        """One RGB frame ``(H, W, 3)`` as ``env.render()`` returns it in ``rgb_array`` mode (uint8, or floats in
+        [0, 1])."""
         if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[2] == 3):
             got = "None" if frame is None else f"{type(frame).__name__} {getattr(frame, 'shape', '')}".strip()
-            raise ValueError(f"the env's render() gave {got}, not an RGB frame (H, W, 3): it cannot be recorded")
+            raise VideoError(f"the env's render() gave {got}, not an RGB frame (H, W, 3): it cannot be recorded")
+        if frame.dtype.kind == "f":
+            frame = np.clip(frame * 255.0 if frame.max() <= 1.0 else frame, 0, 255)
         frame = np.ascontiguousarray(frame, dtype=np.uint8)
-        if self.path.suffix == ".gif":
-            self._kept.append(frame)
-        else:
+        scale = -(-MIN_SIDE // min(frame.shape[:2]))
+        if scale > 1:
+            frame = frame.repeat(scale, axis=0).repeat(scale, axis=1)
+        size = (frame.shape[1], frame.shape[0])
+        if self._size is None:
+            self._size = size
+        elif size != self._size:  # an env whose frames change size: the first one's
             import cv2
 
+            frame = cv2.resize(frame, self._size)
+        if self.path.suffix == ".gif":
+            from PIL import Image
+
+            self._kept.append(Image.fromarray(frame).quantize())  # a byte a pixel
+        else:
             if self._writer is None:
-                size = (frame.shape[1], frame.shape[0])
-                self._writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter.fourcc(*"mp4v"), self.fps, size)
+                import cv2
+
+                self._writer = cv2.VideoWriter(str(self.tmp), cv2.VideoWriter.fourcc(*"mp4v"), self.fps, self._size)
                 if not self._writer.isOpened():
-                    raise OSError(f"OpenCV could not open {self.path} for writing")
-                self._size = size
-            if (frame.shape[1], frame.shape[0]) != self._size:
-                frame = cv2.resize(frame, self._size)  # an env whose frames change size: the first one's
+                    raise VideoError(f"OpenCV could not open {self.tmp} for writing")
             self._writer.write(frame[:, :, ::-1])  # OpenCV writes BGR
         self.count += 1
 
-    def close(self) -> None:
-        """Finish the file (a GIF is written now)."""
-        if self._writer is not None:
-            self._writer.release()
-        if self._kept:
-            from PIL import Image
-
-            images = [Image.fromarray(f) for f in self._kept]
-            images[0].save(self.path, save_all=True, append_images=images[1:], duration=round(1000 / self.fps),
-                           loop=0)
+    def close(self, keep: bool) -> None:
+        """Finish the file and put it at ``path`` (``keep``), or remove what was written (a failure)."""
+        try:
+            if self._writer is not None:
+                self._writer.release()
+            if keep and self._kept:
+                # browsers play GIF frames shorter than 20 ms at 100 ms: a faster env's video plays slower
+                duration = max(20, round(1000 / self.fps))
+                self._kept[0].save(self.tmp, save_all=True, append_images=self._kept[1:], duration=duration, loop=0)
+            if keep and self.count:
+                os.replace(self.tmp, self.path)
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
 
 def record(evaluator: PolicyEvaluator, path: str | Path, poll: Poll | None = None) -> tuple[Evaluation, int]:
     """Play ``evaluator``'s episodes on envs that render frames and write them to ``path`` (``.mp4`` or ``.gif``);
-    return the evaluation (the same as without the video) and the number of frames written."""
+    return the evaluation (the same as without the video) and the number of frames written. :class:`VideoError` for
+    a path or an env it cannot do."""
     path = Path(path)
     if path.suffix not in FORMATS:
-        raise ValueError(f"--video {path}: a video is written as {' or '.join(FORMATS)}")
+        raise VideoError(f"--video {path}: a video is written as {' or '.join(FORMATS)}")
     if not path.parent.is_dir():
-        raise ValueError(f"--video {path}: the directory {path.parent} does not exist")
+        raise VideoError(f"--video {path}: the directory {path.parent} does not exist")
     spec, fps = rendering(evaluator.env_spec)
     frames = Frames(path, fps)
+    done = False
     try:
         returns, cut = play(evaluator.agent, spec, evaluator.episodes, evaluator.seed, evaluator.deterministic,
                             evaluator.max_steps, poll, seen=lambda env: frames.add(env.render()))
+        done = True
     finally:
-        frames.close()
+        frames.close(keep=done)
     mean, std = float(np.mean(returns)), float(np.std(returns))
     return Evaluation(mean, std, evaluator.episodes, evaluator.deterministic, returns, cut), frames.count
 
 
 def rendering(spec: EnvSpec) -> tuple[EnvSpec, float]:
     """``spec`` whose envs render RGB frames (``render_mode="rgb_array"`` for ``gym.make`` or the factory) and their
-    frame rate (the env's ``render_fps``, else 30); a ``ValueError`` naming the env if it does not take that mode."""
+    frame rate (the env's ``render_fps``, else 30); a :class:`VideoError` naming the env if it does not take that
+    mode."""
     if spec.fns is not None:
-        raise ValueError("a video needs an env id or factory, which it builds with render_mode='rgb_array'")
+        raise VideoError("a video needs an env id or factory, which it builds with render_mode='rgb_array'")
     rendered = dataclasses.replace(spec, kwargs={**spec.kwargs, "render_mode": "rgb_array"})
     try:
         env = rendered.make()
     except (TypeError, gym.error.Error) as e:
-        raise ValueError(f"{spec.describe()} does not take render_mode='rgb_array' ({e}): it cannot be recorded") from e
+        raise VideoError(f"{spec.describe()} does not take render_mode='rgb_array' ({e}): it cannot be recorded") from e
     try:
         mode, fps = getattr(env, "render_mode", None), float(env.metadata.get("render_fps") or 30)
     finally:
         env.close()
     if mode != "rgb_array":
-        raise ValueError(f"{spec.describe()} was built with render_mode='rgb_array' but renders {mode!r}: it cannot be "
+        raise VideoError(f"{spec.describe()} was built with render_mode='rgb_array' but renders {mode!r}: it cannot be "
                          "recorded")
     return rendered, fps

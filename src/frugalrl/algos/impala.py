@@ -348,7 +348,7 @@ class IMPALA(Algorithm):
         self.evals_seen = len(self.run.eval_history)
         self.actor_swaps = 0
         self.wait_seconds = self.learn_seconds = 0.0  # the learner waiting for a rollout / computing an update
-        self.first_update = self.run.updates + 1
+        self.first_update = self.run.updates + self.run.schedule_offset + 1  # the Step.index of its first update
 
     def update(self, step: Step) -> Update:
         cfg, envs, builder, agent = self.cfg, self.envs, self.builder, self.agent

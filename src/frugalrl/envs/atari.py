@@ -19,15 +19,17 @@ def make_atari(
     noop_max: int = 30,
     terminal_on_life_loss: bool = False,
     max_episode_steps: int | None = 27_000,
+    render_mode: str | None = None,
 ) -> gym.Env:
-    """One preprocessed Atari env; raises a clear error if ale-py is missing or the game is unknown."""
+    """One preprocessed Atari env; raises a clear error if ale-py is missing or the game is unknown
+    (``render_mode``: the game's, e.g. "rgb_array" for ``frugalrl eval --video``)."""
     try:
         import ale_py
     except ImportError as e:  # pragma: no cover - ale-py is a dependency
         raise ImportError("Atari environments need ale-py: pip install ale-py") from e
     gym.register_envs(ale_py)
     try:
-        env = gym.make(env_id, frameskip=1, max_episode_steps=max_episode_steps)
+        env = gym.make(env_id, frameskip=1, max_episode_steps=max_episode_steps, render_mode=render_mode)
     except gym.error.Error as e:
         raise ValueError(f"unknown Atari game {env_id!r}: {e}") from e
     env = gym.wrappers.AtariPreprocessing(

@@ -31,12 +31,14 @@ class _ActionRepeat(gym.Wrapper):
         return obs, total, terminated, truncated, info
 
 
-def make_car_racing(frame_stack: int = 4, frame_skip: int = 1, max_episode_steps: int | None = None) -> gym.Env:
-    """One preprocessed CarRacing-v3 env: grayscale, ``frame_stack`` frames, optional action repeat."""
+def make_car_racing(frame_stack: int = 4, frame_skip: int = 1, max_episode_steps: int | None = None,
+                    render_mode: str | None = None) -> gym.Env:
+    """One preprocessed CarRacing-v3 env: grayscale, ``frame_stack`` frames, optional action repeat
+    (``render_mode``: the env's, e.g. "rgb_array" for ``frugalrl eval --video``)."""
     if frame_stack < 1 or frame_skip < 1:
         raise ValueError(f"frame_stack and frame_skip must be >= 1, got {frame_stack}, {frame_skip}")
     kwargs: dict[str, Any] = {} if max_episode_steps is None else {"max_episode_steps": int(max_episode_steps)}
-    env = gym.make("CarRacing-v3", continuous=True, **kwargs)
+    env = gym.make("CarRacing-v3", continuous=True, render_mode=render_mode, **kwargs)
     if frame_skip > 1:
         env = _ActionRepeat(env, frame_skip)
     env = gym.wrappers.GrayscaleObservation(env, keep_dim=False)

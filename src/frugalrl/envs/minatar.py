@@ -149,9 +149,12 @@ def _generator_state(state: Any) -> tuple[Any, ...]:
     return name, np.asarray(key, dtype=np.uint32), int(pos), int(has_gauss), float(cached)
 
 
-def make_minatar(game: str = "breakout", max_episode_steps: int = 10_000, sticky_action_prob: float = 0.1) -> gym.Env:
-    """One MinAtar game (``GAMES``) with its minimal action set, bool observations (10, 10, C)."""
-    env: gym.Env = MinAtarEnv(game, use_minimal_action_set=True, sticky_action_prob=sticky_action_prob)
+def make_minatar(game: str = "breakout", max_episode_steps: int = 10_000, sticky_action_prob: float = 0.1,
+                 render_mode: str | None = None) -> gym.Env:
+    """One MinAtar game (``GAMES``) with its minimal action set, bool observations (10, 10, C) (``render_mode``:
+    e.g. "rgb_array" for ``frugalrl eval --video``)."""
+    env: gym.Env = MinAtarEnv(game, use_minimal_action_set=True, sticky_action_prob=sticky_action_prob,
+                              render_mode=render_mode)
     return gym.wrappers.TimeLimit(env, max_episode_steps=int(max_episode_steps))
 
 

@@ -501,12 +501,14 @@ def float32_if_exact(values: np.ndarray) -> np.ndarray:
 
 
 def compact_int_dtype(space: gym.Space) -> np.dtype:
-    """The smallest integer dtype holding every action of a Discrete or MultiDiscrete space (``TypeError`` for
-    another space)."""
+    """The smallest integer dtype holding every action of a Discrete or MultiDiscrete space and every index a
+    policy picks in it (0 to n − 1: a space with a ``start`` is shifted on the worker; ``TypeError`` for another
+    space)."""
     if isinstance(space, gym.spaces.MultiDiscrete):
         lo, hi = int(np.min(space.start)), int(np.max(space.start + space.nvec - 1))
+        lo, hi = min(lo, 0), max(hi, int(np.max(space.nvec)) - 1)
     elif isinstance(space, gym.spaces.Discrete):
-        lo, hi = int(space.start), int(space.start + space.n - 1)
+        lo, hi = min(int(space.start), 0), max(int(space.start), 0) + int(space.n) - 1
     else:
         raise TypeError(f"integer actions need a Discrete or MultiDiscrete action space, got {space}")
     for dtype in (np.uint8, np.int8, np.uint16, np.int16, np.int32):

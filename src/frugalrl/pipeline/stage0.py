@@ -162,7 +162,8 @@ class Stage0(Algorithm):
         self.truncations = TruncationLog()
         parts = {"encoder": self.encoder, "optimizer": self.optimizer, "order_gen": self.order_gen,
                  "meter": self.chan.meter, "truncations": self.truncations}
-        return Setup(parts, total_updates=cfg.iterations, steps_per_update=cfg.batch_size, evaluate=self._evaluate)
+        return Setup(parts, total_updates=cfg.iterations, steps_per_update=cfg.batch_size, evaluate=self._evaluate,
+                     resize_on_resume=False)  # stage 1 counts the same iterations
 
     @contextlib.contextmanager
     def _control_traffic(self) -> Iterator[None]:
