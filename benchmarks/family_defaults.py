@@ -28,7 +28,8 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
   constant rate tried on LunarLanderContinuous-v3 with no preset;
 - ``impala`` and ``impala-every``: the same two with ``frugalrl train impala`` (``--sides``);
 - ``sb3``: ``PPO("MlpPolicy", make_vec_env(X, n_envs=1, seed=S), seed=S, device="cpu")``: SB3's defaults.
-  The MinAtar games (``MinAtar-Breakout``, the learning suite's key) are built by their factory on both sides
+  The MinAtar games (``MinAtar-Breakout``, the learning suite's key; Space Invaders and Asterix) are built by their
+  factory on both sides
   (:data:`FACTORIES`).
 
 Evaluation: ``EVAL_EPISODES`` deterministic episodes after the last update. frugalrl plays them on a fresh env
