@@ -456,7 +456,8 @@ def _eval(args: argparse.Namespace) -> int:
             played, frames = record(evaluator, args.video, poll=progress_lines(args.episodes))
         except VideoError as e:
             return _error(str(e))
-        print(f"frugalrl: {frames} frames of {args.episodes} episodes written to {args.video}", file=sys.stderr)
+        print(f"frugalrl: {frames} frames of {args.episodes} episode{'s' * (args.episodes != 1)} written to "
+              f"{args.video}", file=sys.stderr)
     result = {"run_dir": str(Path(args.run_dir)), "algo": config.get("algo"), "env_id": config["env"],
               "checkpoint": args.checkpoint, "checkpoint_step": counters.get("env_steps"), "episodes": args.episodes,
               "deterministic": not args.stochastic, "return_mean": played.mean, "return_std": played.std,
