@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ def run_or_load(cfg: PPOConfig, cache_dir: Path, force: bool = False) -> dict:
     if path.exists() and not force:
         return json.loads(path.read_text())
     cfg = replace(cfg, run_dir=str(RESULTS / "runs"), run_name=name)
+    shutil.rmtree(RESULTS / "runs" / name, ignore_errors=True)  # a rerun's: frugalrl never writes over a run
     t0 = time.time()
     print(f"[{time.strftime('%H:%M:%S')}] training {name} ...", flush=True)
     # Each run in a fresh interpreter, through the CLI, exactly as a user would start it.

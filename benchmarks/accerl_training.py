@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +39,7 @@ def run(cfg: IMPALAConfig, cache: Path, force: bool) -> dict:
     if path.exists() and not force:
         return json.loads(path.read_text())
     cfg = replace(cfg, run_dir=str(RESULTS / "runs"), run_name=name)
+    shutil.rmtree(RESULTS / "runs" / name, ignore_errors=True)  # a rerun's: frugalrl never writes over a run
     t0 = time.time()
     print(f"[{time.strftime('%H:%M:%S')}] training {name} ...", flush=True)
     subprocess.run([sys.executable, "-m", "frugalrl.cli", "train", "impala", *config_flags(cfg)], check=True,

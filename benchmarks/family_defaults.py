@@ -45,6 +45,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
         flags = [f.format(family=env_family(env_arg, kwargs)) for f in flags]
     if kwargs:
         flags = ["--env-kwargs", json.dumps(kwargs), *flags]
+    shutil.rmtree(CACHE / "runs" / f"{side}-{env}-s{seed}", ignore_errors=True)  # frugalrl never writes over a run
     return [sys.executable, "-m", "frugalrl.cli", "train", algo, "--env", env_arg, "--total-timesteps", str(steps),
             "--seed", str(seed), *flags, "--torch-threads", "1", "--run-dir", str(CACHE / "runs"),
             "--run-name", f"{side}-{env}-s{seed}", "--no-progress", "--no-tensorboard", "--no-plots"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -63,6 +64,7 @@ def run(env: str, name: str, flags: dict[str, Any], steps: int, seed: int, force
     if path.exists() and not force:
         return json.loads(path.read_text())
     run_name = path.stem
+    shutil.rmtree(CACHE / "runs" / run_name, ignore_errors=True)  # a rerun's: frugalrl never writes over a run
     cmd = [sys.executable, "-m", "frugalrl.cli", "train", "impala", "--env", env, "--total-timesteps", str(steps),
            "--seed", str(seed), "--eval-episodes", "10", "--run-dir", str(CACHE / "runs"), "--run-name", run_name,
            "--no-progress", "--no-tensorboard", "--no-plots", "--preset", "none",

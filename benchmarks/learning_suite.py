@@ -46,6 +46,7 @@ import argparse
 import json
 import math
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -158,6 +159,7 @@ def run_frugal(key: str, variant: str, seed: int) -> dict[str, Any]:
              * values.get("num_steps", defaults.num_steps))
     eval_every = max(1, steps // spec.get("evals", EVALS_PER_RUN) // batch)
     run_name = f"{key}-{variant}-s{seed}"
+    shutil.rmtree(CACHE / "runs" / run_name, ignore_errors=True)  # a rerun's: frugalrl never writes over a run
     cmd = [sys.executable, "-m", "frugalrl.cli", "train", algo, "--env", spec["env"],
            "--env-kwargs", json.dumps(spec.get("env_kwargs", {})), "--total-timesteps", str(steps),
            "--seed", str(seed), "--eval-every", str(eval_every), "--eval-episodes", str(EVAL_EPISODES),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import threading
 import time
 from dataclasses import asdict, replace
@@ -73,6 +74,7 @@ def main() -> None:
                 variant, seed = jobs.pop(0)
             cfg = replace(base, seed=seed, run_name=f"carracing-{variant}-t{args.total_timesteps}-s{seed}",
                           **VARIANTS[variant])
+            shutil.rmtree(RESULTS / "runs" / cfg.run_name, ignore_errors=True)  # frugalrl never writes over a run
             t0 = time.monotonic()
             summary = train(cfg)
             print(f"{variant:10s} seed {seed}: return {summary['eval_return_mean']:8.1f}  "

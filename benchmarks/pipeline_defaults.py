@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ def run(env: str, steps: int, seed: int, flags: list[str], name: str) -> dict[st
     cmd = [sys.executable, "-m", "frugalrl.cli", "train", "pipeline-ppo", "--env", env, "--total-timesteps", str(steps),
            "--seed", str(seed), *flags, "--no-progress", "--no-tensorboard", "--no-plots",
            "--run-dir", str(CACHE / "runs"), "--run-name", name]
+    shutil.rmtree(CACHE / "runs" / name, ignore_errors=True)  # a rerun's: frugalrl never writes over a run
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     wall = time.monotonic() - t0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from dataclasses import asdict, fields
@@ -76,6 +77,7 @@ def config(env: str, cut: str, seed: int, accumulate: str | None) -> PipelinePPO
 
 def run(env: str, cut: str, seed: int, accumulate: str | None) -> dict[str, Any]:
     cfg = config(env, cut, seed, accumulate)
+    shutil.rmtree(Path(cfg.run_dir) / cfg.run_name, ignore_errors=True)  # a rerun's: frugalrl never writes over a run
     t0 = time.monotonic()
     s = train(cfg)
     return {"env": env, "cut": cut, "accumulate": cfg.cut_accumulate, "seed": seed, "config": asdict(cfg),

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -75,6 +76,7 @@ def train(setting: str, steps: int, seed: int, run_dir: Path, force: bool, env_f
                "--no-tensorboard", "--no-plots"]
     summary_path = run_dir / name / "summary.json"
     if force or not summary_path.exists():
+        shutil.rmtree(run_dir / name, ignore_errors=True)  # a rerun's: frugalrl never writes over a run
         print(f"[{time.strftime('%H:%M:%S')}] {' '.join(command)}", flush=True)
         subprocess.run([sys.executable, "-m", "frugalrl.cli", *command[1:]], check=True, stdout=subprocess.DEVNULL)
     return json.loads(summary_path.read_text()), command

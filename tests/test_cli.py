@@ -56,6 +56,10 @@ def test_train_eval_plots(tmp_path):
     assert summary["env_steps"] == 2048
     config = json.loads((tmp_path / "tiny" / "config.json").read_text())
     assert config["workers"] == 2 and config["sync"] == "aaps"
+    again = _frugalrl("train", "ppo", *TINY, "--total-timesteps", "2048", "--run-dir", str(tmp_path), "--run-name", "tiny")
+    assert again.returncode == 2 and f"{tmp_path / 'tiny'} already holds a run: continue it with  frugalrl train ppo " \
+        f"--resume {tmp_path / 'tiny'}" in again.stderr  # the first run's checkpoints are not written over
+    assert json.loads((tmp_path / "tiny" / "summary.json").read_text()) == summary
 
     ev = _frugalrl("eval", str(tmp_path / "tiny"), "--episodes", "2")
     assert ev.returncode == 0, ev.stderr

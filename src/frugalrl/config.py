@@ -157,7 +157,7 @@ class RunConfig(ConfigPart):
     run_dir: str = "runs"
     """Directory that holds the run directories."""
     run_name: str | None = None
-    """Name of this run's directory (default: algorithm, env, seed and time)."""
+    """Name of this run's directory (default: algorithm, env, seed and time); one that holds a run is refused."""
     torch_threads: int = 1
     """Threads torch may use in the training process."""
     progress: bool = True

@@ -164,8 +164,12 @@ class RunRecorder:
 
     def _new_dir(self, tag: str) -> Path:
         cfg = self.cfg
-        if cfg.run_name:
-            return Path(cfg.run_dir) / cfg.run_name
+        if cfg.run_name:  # a run with a checkpoint or a summary is never written over (one killed before: it is)
+            path = Path(cfg.run_dir) / cfg.run_name
+            if (path / "checkpoints" / "latest.pt").exists() or (path / "summary.json").exists():
+                raise ValueError(f"{path} already holds a run: continue it with  frugalrl train {self.algo} --resume "
+                                 f"{path}  or give another --run-name (or remove the directory)")
+            return path
         env = cfg.env_kwargs.get("env_id", cfg.env) if isinstance(cfg.env_kwargs, dict) else cfg.env
         parts = [self.algo, slug(str(env).split(":")[-1]), slug(tag), f"s{cfg.seed}", time.strftime("%Y%m%d-%H%M%S")]
         base = Path(cfg.run_dir) / "-".join(p for p in parts if p)
