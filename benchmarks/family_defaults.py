@@ -116,7 +116,6 @@ def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
         flags = [f.format(family=env_family(env_arg, kwargs)) for f in flags]
     if kwargs:
         flags = ["--env-kwargs", json.dumps(kwargs), *flags]
-    shutil.rmtree(CACHE / "runs" / f"{side}-{env}-s{seed}", ignore_errors=True)  # frugalrl never writes over a run
     return [sys.executable, "-m", "frugalrl.cli", "train", algo, "--env", env_arg, "--total-timesteps", str(steps),
             "--seed", str(seed), *flags, "--torch-threads", "1", "--run-dir", str(CACHE / "runs"),
             "--run-name", f"{side}-{env}-s{seed}", "--no-progress", "--no-tensorboard", "--no-plots"]
@@ -125,6 +124,7 @@ def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
 def run_frugal(env: str, seed: int, steps: int, side: str) -> dict[str, Any]:
     """One frugalrl run through the CLI, as a user starts it; its summary's figures."""
     cmd = frugal_command(env, seed, steps, side)
+    shutil.rmtree(CACHE / "runs" / f"{side}-{env}-s{seed}", ignore_errors=True)  # frugalrl never writes over a run
     t0 = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

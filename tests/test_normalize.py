@@ -70,3 +70,10 @@ def test_return_scaler_divides_by_the_discounted_return_std():
     other.load_state_dict(state)
     assert np.array_equal(other.returns, scaler.returns)
     assert torch.equal(other.rms.var, scaler.rms.var)
+    bigger = ReturnScaler(gamma=0.5, num_envs=3)  # a resume on more envs: their episodes start anew
+    bigger.load_state_dict(state)
+    assert np.array_equal(bigger.returns, np.zeros(3)) and torch.equal(bigger.rms.var, scaler.rms.var)
+    other.episodes_restarted([1])  # env 1 could not be rebuilt exactly
+    assert other.returns[0] == scaler.returns[0] and other.returns[1] == 0.0
+    other.episodes_restarted()
+    assert not other.returns.any()

@@ -439,6 +439,8 @@ def _eval(args: argparse.Namespace) -> int:
         agent, counters = load_policy(args.run_dir, args.checkpoint)
     except (FileNotFoundError, ValueError) as e:
         return _error(str(e))
+    if args.episodes < 1:
+        return _error(f"--episodes must be a positive integer, got {args.episodes}")
     if args.max_steps is not None and args.max_steps < 1:
         return _error(f"--max-steps must be a positive integer, got {args.max_steps}")
     if args.torch_threads < 1:

@@ -104,6 +104,7 @@ class ReturnScaler:
         returns = state["returns"].numpy()
         self.returns = returns.copy() if returns.shape == self.returns.shape else np.zeros_like(self.returns)
 
-    def episodes_restarted(self) -> None:
-        """The envs start new episodes (a resume that could not restore them): each env's return starts at zero."""
-        self.returns[:] = 0.0
+    def episodes_restarted(self, envs: list[int] | None = None) -> None:
+        """Envs ``envs`` (None: all) start new episodes (a resume that could not restore them): their returns start
+        at zero."""
+        self.returns[slice(None) if envs is None else envs] = 0.0

@@ -49,7 +49,8 @@ _NOT_COMPARED = {"progress", "tensorboard", "log_every_s", "plots", "run_dir", "
 
 
 class Stateful(Protocol):
-    """What can be attached to a run: anything with ``state_dict()`` and ``load_state_dict()``."""
+    """What can be attached to a run: anything with ``state_dict()`` and ``load_state_dict()`` (and, if it follows
+    the episodes in progress, ``episodes_restarted(envs)``: a resume could not restore those envs, None: all)."""
 
     def state_dict(self) -> Any: ...
 
@@ -164,9 +165,9 @@ class RunRecorder:
 
     def _new_dir(self, tag: str) -> Path:
         cfg = self.cfg
-        if cfg.run_name:  # a run with a checkpoint or a summary is never written over (one killed before: it is)
+        if cfg.run_name:  # a run with a checkpoint is never written over (one that never saved one: it is)
             path = Path(cfg.run_dir) / cfg.run_name
-            if (path / "checkpoints" / "latest.pt").exists() or (path / "summary.json").exists():
+            if (path / "checkpoints" / "latest.pt").exists():
                 raise ValueError(f"{path} already holds a run: continue it with  frugalrl train {self.algo} --resume "
                                  f"{path}  or give another --run-name (or remove the directory)")
             return path
@@ -225,9 +226,10 @@ class RunRecorder:
             if state is None:
                 raise ValueError(f"the checkpoint has no {name!r} to resume from")
             part.load_state_dict(state)
-        if envs_state == "reset":  # parts that follow the episodes in progress (a return scaler's returns) restart
+        if envs_state != "restored":  # parts that follow the episodes in progress (a return scaler's returns) restart
+            restarted = None if envs_state == "reset" else envs_state  # all envs, or those not rebuilt exactly
             for part in self._parts.values():
-                getattr(part, "episodes_restarted", lambda: None)()
+                getattr(part, "episodes_restarted", lambda envs: None)(restarted)
         c = ckpt["counters"]
         self.env_steps, self.updates, self.episodes = int(c["env_steps"]), int(c["updates"]), int(c["episodes"])
         self.saved_step = self.env_steps

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,15 @@ class VideoError(ValueError):
 
 
 class Frames:
-    """Frames written to ``path`` as they come (MP4), or kept as palette images and written at :meth:`close` (GIF;
-    MP4 for long videos), at ``fps``. Until then the file is a temporary one beside ``path``."""
+    """Frames written to ``path`` as they come (MP4), or kept in memory as palette images, a byte a pixel, and
+    written at :meth:`close` (GIF: for short videos), at ``fps``. Until then the file is a temporary one of its own
+    beside ``path``."""
 
     def __init__(self, path: Path, fps: float) -> None:
         self.path, self.fps, self.count = path, float(fps), 0
-        self.tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+        os.close(fd)
+        self.tmp = Path(name)
         self._writer: Any = None
         self._size: tuple[int, int] | None = None
         self._kept: list[Any] = []
@@ -45,11 +49,11 @@ class Frames:
     def add(self, frame: Any) -> None:
         """One RGB frame ``(H, W, 3)`` as ``env.render()`` returns it in ``rgb_array`` mode (uint8, or floats in
         [0, 1])."""
-        if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[2] == 3):
+        if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[2] == 3 and frame.size):
             got = "None" if frame is None else f"{type(frame).__name__} {getattr(frame, 'shape', '')}".strip()
             raise VideoError(f"the env's render() gave {got}, not an RGB frame (H, W, 3): it cannot be recorded")
         if frame.dtype.kind == "f":
-            frame = np.clip(frame * 255.0 if frame.max() <= 1.0 else frame, 0, 255)
+            frame = np.clip(np.nan_to_num(frame * 255.0 if np.nanmax(frame) <= 1.0 else frame), 0, 255)
         frame = np.ascontiguousarray(frame, dtype=np.uint8)
         scale = -(-MIN_SIDE // min(frame.shape[:2]))
         if scale > 1:
@@ -86,6 +90,9 @@ class Frames:
                 self._kept[0].save(self.tmp, save_all=True, append_images=self._kept[1:], duration=duration, loop=0)
             if keep and self.count:
                 os.replace(self.tmp, self.path)
+        except OSError as e:
+            if keep:  # else the failure that ended the recording is the one to see
+                raise VideoError(f"--video {self.path}: {e}") from e
         finally:
             self.tmp.unlink(missing_ok=True)
 
@@ -97,8 +104,8 @@ def record(evaluator: PolicyEvaluator, path: str | Path, poll: Poll | None = Non
     path = Path(path)
     if path.suffix not in FORMATS:
         raise VideoError(f"--video {path}: a video is written as {' or '.join(FORMATS)}")
-    if not path.parent.is_dir():
-        raise VideoError(f"--video {path}: the directory {path.parent} does not exist")
+    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK) or path.is_dir():
+        raise VideoError(f"--video {path}: not a file that can be written (is {path.parent} a writable directory?)")
     spec, fps = rendering(evaluator.env_spec)
     frames = Frames(path, fps)
     done = False

@@ -126,7 +126,7 @@ def _launch_both(cfg: PipelinePPOConfig, run_dir: Path, resume: str | Path | Non
     """Start both stages (:func:`frugalrl.process.spawn`) and wait for their ``done``; if one fails (reports an
     error, or dies), stop the other and raise. Stage 1's output goes to ``<run dir>/stage1.log``."""
     config = {"config": dataclasses.asdict(cfg), "resume": None if resume is None else str(resume)}
-    with open(run_dir / "stage1.log", "w") as log:
+    with open(run_dir / "stage1.log", "a") as log:  # a resume's segment after the earlier ones
         children = [spawn(STAGE_ENTRY, {**config, "rank": r}, name=f"pipeline stage {r}", log=None if r == 0 else log)
                     for r in (0, 1)]
         # SIGTERM or SIGINT to the launcher goes to stage 0 as SIGTERM (it ignores SIGINT, as every child does):

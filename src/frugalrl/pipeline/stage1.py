@@ -92,6 +92,8 @@ def run_stage1(cfg: PipelinePPOConfig, chan: TorchDistChannel) -> None:
     start = int(hello.get("start_iteration", 0))
     if start:
         _load(cfg, start, parts, gens)
+        if scaler is not None:
+            scaler.episodes_restarted()  # stage 0's envs start new episodes on a resume
     T, N = cfg.num_steps, cfg.num_envs
     n_act = 1 if heads.dist_kind == "categorical" else math.prod(hello["action"]["shape"])
     u_buf = torch.zeros((T, N) if heads.dist_kind == "categorical" else (T, N, n_act))
