@@ -43,7 +43,7 @@ def test_workers_act_without_torch_and_a_checkpoint_replays_their_actions(env_id
         space = env.single_action_space
         assert ro.actions.shape == (20, 6, *space.shape)
         if not isinstance(space, gym.spaces.Box):
-            assert all(space.contains(env_actions(space, a).astype(space.dtype))
+            assert all(space.contains(env_actions(space, batched=False)(a).astype(space.dtype))
                        for a in ro.actions.reshape(-1, *space.shape))
         assert ro.behaviour_logp.shape == (20, 6)
         assert ["libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in env.backend.worker_pids().values()] \

@@ -178,6 +178,7 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
     """
     env = env_spec.make()
     action_space = env.action_space
+    to_env = env_actions(action_space, batched=False)
     generator = torch.Generator().manual_seed(seed)
     returns: list[float] = []
     cut = 0
@@ -195,7 +196,7 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
                     # a squashed policy (the split model's tanh-Gaussian) maps its sample to the env's action
                     squash = getattr(agent, "env_action", None)
                     action = (u if squash is None else squash(u))[0].numpy()
-                obs, r, term, trunc, _ = env.step(env_action(action_space, env_actions(action_space, action, batched=False)))
+                obs, r, term, trunc, _ = env.step(env_action(action_space, to_env(action)))
                 if seen is not None:
                     seen(env)
                 total += float(r)
@@ -254,9 +255,10 @@ class PolicyEvaluator:
     deterministic: bool = True
     max_steps: int = MAX_STEPS
 
-    def __call__(self, seed: int | None = None, poll: Poll | None = None) -> Evaluation:
+    def __call__(self, seed: int | None = None, poll: Poll | None = None,
+                 seen: Callable[[gym.Env], None] | None = None) -> Evaluation:
         returns, cut = play(self.agent, self.env_spec, self.episodes, self.seed if seed is None else seed,
-                            self.deterministic, self.max_steps, poll)
+                            self.deterministic, self.max_steps, poll, seen)
         return Evaluation(float(np.mean(returns)), float(np.std(returns)), self.episodes, self.deterministic, returns,
                           cut)
 

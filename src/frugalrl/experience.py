@@ -41,7 +41,7 @@ class EnvAPIError(TypeError):
 
 
 _NOTHING = object()
-"""What :meth:`EnvGroup.step` holds for an env's step before it returns."""
+"""What :meth:`EnvGroup.step` holds before an env's step returned."""
 
 
 def _api_error(where: str, call: str, expected: str, got: Any) -> EnvAPIError:
@@ -197,9 +197,8 @@ class EnvGroup:
                     if infos and info:
                         step_infos[i] = info
                     continue
-                result = _NOTHING  # until this env's step returns (if it raises, the error is its own)
-                result = envs[i].step(actions[i])
-                obs, r, te, tr, info = result
+                # result first, then unpacked: an env whose step raises leaves the last env's (a valid one) there
+                result = obs, r, te, tr, info = envs[i].step(actions[i])
                 if logs is not None:
                     logs[i].append(actions[i])
                 stepped.append((i, obs, r))
@@ -359,6 +358,7 @@ def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: i
     space = group.action_space
     # a Box whose shape is not flat ((2, 3), ()): its flat Gaussian's samples are kept in its shape
     box_shape = space.shape if isinstance(space, gym.spaces.Box) and len(space.shape) != 1 else None
+    to_env = env_actions(space)
     step = functools.partial(group.step, autoreset=SAME_STEP) if isinstance(group, EnvGroup) else group.step
     for t in range(num_steps):
         obs_buf[t] = group.obs
@@ -371,7 +371,7 @@ def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: i
         act_buf[t] = actions
         if par_buf is not None:
             par_buf[t] = params
-        stepped = step(env_actions(space, actions))
+        stepped = step(to_env(actions))
         rewards[t], terms[t], truncs[t] = stepped.rewards, stepped.terminations, stepped.truncations
         if stepped.reset_only:
             valid[t, stepped.reset_only] = False
@@ -467,16 +467,23 @@ def _set_moments(layer: gym.Env, name: str, state: dict[str, Any]) -> None:
         layer.discounted_reward = np.asarray(state["discounted"], dtype=np.float64)  # type: ignore[attr-defined]
 
 
-def env_actions(space: gym.Space, actions: np.ndarray, batched: bool = True) -> np.ndarray:
-    """A policy's actions (a batch, or one: ``batched=False``) as the env takes them. Box: reshaped to the space's
-    shape (a policy's Gaussian is flat: ``(d,)`` for ``Box((1, d))``, ``(1,)`` for ``Box(())``) and clipped to its
-    bounds; Discrete and MultiDiscrete: shifted by the space's ``start`` (a policy picks from 0); others unchanged."""
+def env_actions(space: gym.Space, batched: bool = True) -> Callable[[np.ndarray], np.ndarray]:
+    """What turns a policy's actions (a batch, or one: ``batched=False``) into the env's, decided once per space (it
+    runs on every step). Box: reshaped to the space's shape (a policy's Gaussian is flat: ``(d,)`` for
+    ``Box((1, d))``, ``(1,)`` for ``Box(())``) and clipped to its bounds; Discrete and MultiDiscrete: shifted by the
+    space's ``start`` (a policy picks from 0); others unchanged."""
     if isinstance(space, gym.spaces.Box):
-        shape = (len(actions), *space.shape) if batched else space.shape
-        return np.clip(actions if actions.shape == shape else actions.reshape(shape), space.low, space.high)
+        low, high, shape = space.low, space.high, space.shape
+
+        def to_box(actions: np.ndarray) -> np.ndarray:
+            want = (len(actions), *shape) if batched else shape
+            return np.clip(actions if actions.shape == want else actions.reshape(want), low, high)
+
+        return to_box
     if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and np.any(space.start != 0):
-        return actions + space.start
-    return actions
+        start = space.start
+        return lambda actions: actions + start
+    return lambda actions: actions
 
 
 def env_action(space: gym.Space, action: Any) -> Any:

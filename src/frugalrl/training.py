@@ -126,11 +126,11 @@ class RunRecorder:
         self._past_seconds = 0.0
         self._t0 = time.monotonic()
         self._saved_at = 0.0  # training seconds at the last checkpoint
-        self.saved_step = None if self._checkpoint is None else int(self._checkpoint["counters"]["env_steps"])
-        """The env step of the last checkpoint written (or resumed from); None: none yet."""
         counters = None if self._checkpoint is None else self._checkpoint["counters"]
         self.resumed_from = None if counters is None else (int(counters["env_steps"]), int(counters["updates"]))
         """The env steps and updates of the checkpoint resumed from; None: a new run."""
+        self.saved_step = None if self.resumed_from is None else self.resumed_from[0]
+        """The env step of the last checkpoint written (or resumed from); None: none yet."""
         self.new_best = False
         """Whether the latest evaluation is the run's best so far (the driver then checkpoints)."""
         self._bar: Any = None
@@ -370,7 +370,6 @@ class RunRecorder:
         """``evaluator``'s evaluation (or :meth:`PolicyEvaluator.compare` against ``compare_with``), timed apart from
         training. A PolicyEvaluator shows its episodes on the progress bar and stops as soon as a signal comes."""
         t0, shown = time.monotonic(), [-1]
-        kind = "recheck" if compare_with is not None else "eval" if getattr(evaluator, "deterministic", 1) else "sampling"
 
         def poll(done: int) -> None:  # shown once it has taken a second: a quick one would only fill logs
             if (reason := self._stop_signal()) is not None:
@@ -382,6 +381,7 @@ class RunRecorder:
         try:
             if not isinstance(evaluator, PolicyEvaluator):
                 return evaluator()
+            kind = "recheck" if compare_with is not None else "eval" if evaluator.deterministic else "sampling"
             if compare_with is not None:
                 return evaluator.compare(compare_with, RECHECK_SEED + self.cfg.seed, poll)
             return evaluator(poll=poll)

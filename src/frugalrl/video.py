@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from frugalrl.envs.spec import EnvSpec
-from frugalrl.evaluation import Evaluation, PolicyEvaluator, Poll, play
+from frugalrl.evaluation import Evaluation, PolicyEvaluator, Poll
 
 FORMATS = (".mp4", ".gif")
 """The files a video can be written to, by suffix."""
@@ -110,13 +110,11 @@ def record(evaluator: PolicyEvaluator, path: str | Path, poll: Poll | None = Non
     frames = Frames(path, fps)
     done = False
     try:
-        returns, cut = play(evaluator.agent, spec, evaluator.episodes, evaluator.seed, evaluator.deterministic,
-                            evaluator.max_steps, poll, seen=lambda env: frames.add(env.render()))
+        played = dataclasses.replace(evaluator, env_spec=spec)(poll=poll, seen=lambda env: frames.add(env.render()))
         done = True
     finally:
         frames.close(keep=done)
-    mean, std = float(np.mean(returns)), float(np.std(returns))
-    return Evaluation(mean, std, evaluator.episodes, evaluator.deterministic, returns, cut), frames.count
+    return played, frames.count
 
 
 def rendering(spec: EnvSpec) -> tuple[EnvSpec, float]:

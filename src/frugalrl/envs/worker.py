@@ -132,6 +132,7 @@ class EnvWorker:
         self.rng = np.random.default_rng(self._generator_seed)  # what a torch-free actor samples with
         self._generator: torch.Generator | None = None  # a torch policy's: made on first use (:attr:`generator`)
         self._box = isinstance(self.act_space, gym.spaces.Box)
+        self._to_env = env_actions(self.act_space)  # its policy's actions as its envs take them
         # Discrete and MultiDiscrete actions travel in the smallest integer type that holds them (uint8 for most envs).
         self._action_wire_dtype = (compact_int_dtype(self.act_space) if isinstance(
             self.act_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) else None)
@@ -322,7 +323,7 @@ class EnvWorker:
     def _op_act_step(self, msg: Message) -> Message:
         self._check_inference()
         actions, params = self._policy(self.group.obs)
-        reply = self._step_reply(env_actions(self.act_space, actions))
+        reply = self._step_reply(self._to_env(actions))
         # Envs that were autoresetting (NEXT_STEP) ignored their action; it is still reported.
         reply.arrays.update(actions=self._wire_actions(actions), dist_params=params)
         return reply
