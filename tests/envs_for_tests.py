@@ -314,3 +314,50 @@ class InfoKindsEnv(CounterEnv):
 
 # Registered on import, for the "module:EnvId" convention (gym.make imports the module, then finds the id).
 gym.register("FrugalCounter-v0", entry_point=CounterEnv, kwargs={"horizon": 7})
+
+
+class RaisesOnResetEnv(CounterEnv):
+    """Builds in the process ``head_pid`` (the test); in any other (a worker) every ``reset()`` raises, as a
+    simulator whose licence server is gone."""
+
+    def __init__(self, head_pid: int) -> None:
+        super().__init__()
+        self.in_worker = os.getpid() != int(head_pid)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if self.in_worker:
+            raise ConnectionError("licence server unreachable")
+        return super().reset(seed=seed, options=options)
+
+
+class RaisesEveryEnv(CounterEnv):
+    """Raises at its every ``raise_every``-th step of its life, as an env that fails now and then for good."""
+
+    def __init__(self, raise_every: int = 30) -> None:
+        super().__init__(horizon=10)
+        self.raise_every, self.steps = int(raise_every), 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps % self.raise_every == 0:
+            raise RuntimeError(f"simulation unstable at step {self.steps}")
+        return super().step(action)
+
+
+class RaisesInEvaluationEnv(CounterEnv):
+    """Raises at step 5 of an episode reset with a seed of 10,000 or more (a run's evaluation episodes: EVAL_SEED),
+    as an env whose rare states only a deterministic policy reaches; training episodes step normally."""
+
+    def __init__(self) -> None:
+        super().__init__(horizon=10)
+        self.evaluating = False
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.evaluating = seed >= 10_000
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.evaluating and self.t == 4:
+            raise RuntimeError("rare state reached")
+        return super().step(action)

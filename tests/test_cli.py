@@ -309,6 +309,17 @@ def test_env_wrappers_choose_the_family_train_and_evaluate_the_wrapped_env(tmp_p
     assert json.loads(played.stdout)["return_mean"] <= 20
 
 
+@pytest.mark.parametrize("given", ['{"gymnasium.wrappers:TimeLimit": {"max_episode_steps": 20}}',
+                                   '[{"gymnasium.wrappers:TimeLimit": {"max_episode_steps": 20}}]'])
+def test_env_wrappers_take_one_json_object_as_the_help_shows_it_or_a_list(given):
+    from frugalrl.cli import build_parser
+
+    args = build_parser(["train", "ppo"]).parse_args(["train", "ppo", "--env-wrappers", given])
+    assert args.env_wrappers == [{"gymnasium.wrappers:TimeLimit": {"max_episode_steps": 20}}]
+    words = build_parser(["train", "ppo"]).parse_args(["train", "ppo", "--env-wrappers", "a:B,c.D"])
+    assert words.env_wrappers == ["a:B", "c.D"]
+
+
 def test_the_summary_shows_syncs_per_worker_briefly_when_workers_are_many():
     from frugalrl.summary_text import per_worker as _per_worker
 

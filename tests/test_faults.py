@@ -254,7 +254,7 @@ def test_run_whose_workers_keep_failing_saves_the_learner_and_says_how_to_resume
 
 
 def test_an_env_that_raises_mid_run_saves_the_run_and_the_resume_finishes_it(tmp_path, capsys):
-    """An env raises in a worker after useful work (never retried: it may raise again): the learner is intact, so
+    """An env raises in a worker after useful work (not retried by default: it may raise again): the learner is intact, so
     the run writes its checkpoint and summary ("worker_error", the error) and the CLI prints one line with the
     --resume command; resumed, the run reaches its budget."""
     from frugalrl.cli import main as cli_main
@@ -266,7 +266,8 @@ def test_an_env_that_raises_mid_run_saves_the_run_and_the_resume_finishes_it(tmp
             "--eval-episodes", "1"]
     code = cli_main(argv)
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("frugalrl: error: worker 0: RuntimeError: simulation unstable at step 200"), err
+    assert code == 2 and err[-1].startswith("frugalrl: error: worker 0: env 0 (envs_for_tests:RaisesOnceEnv) raised "
+                                            "RuntimeError: simulation unstable at step 200; on_env_error='restart'"), err
     assert err[-1].endswith(f"frugalrl train ppo --resume {tmp_path / 'run'}")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stop_reason"] == "worker_error" and summary["env_steps"] == 192

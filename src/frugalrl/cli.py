@@ -51,7 +51,9 @@ def _field_parser(tp: Any) -> Any:
     if origin in (list, tuple):
         item = args[0] if args and args[0] in (int, float, str) else str
         convert = list if origin is list else tuple
+        # a JSON list; one JSON object, a list of one (an env wrapper with its keywords); or words
         return lambda s: (convert(_parse_json_list(s)) if s.lstrip().startswith("[")
+                          else convert([_parse_json_dict(s)]) if s.lstrip().startswith("{")
                           else convert(item(x) for x in s.replace(",", " ").split()))
     if origin is dict or tp is dict:
         return _parse_json_dict
@@ -375,6 +377,7 @@ def _train(args: argparse.Namespace) -> int:
     from frugalrl.driver import StorageFull
     from frugalrl.envs.restarts import WorkersFailed
     from frugalrl.envs.worker import WorkerError
+    from frugalrl.evaluation import EvaluationEnvError
     from frugalrl.runs import read_config
 
     mod, cls = algorithm(args.algo).load()
@@ -396,7 +399,7 @@ def _train(args: argparse.Namespace) -> int:
         then = (f"{resume} (from step {e.step})" if e.step is not None else resume if args.resume
                 else "no checkpoint was written yet: free space and start it again")
         return _error(f"{e}: the run stopped; {then}")
-    except (WorkerError, WorkersFailed) as e:  # an env raised in a worker, or workers kept dying
+    except (WorkerError, WorkersFailed, EvaluationEnvError) as e:  # an env raised, or workers kept dying
         saved_to = f"; the run is saved: continue with  frugalrl train {args.algo} --resume {e.run_dir}" if e.run_dir else ""
         return _error(f"{'workers failed: ' if isinstance(e, WorkersFailed) else ''}{e}{saved_to}")
     except KeyboardInterrupt:
@@ -431,8 +434,9 @@ def _eval(args: argparse.Namespace) -> int:
 
     from frugalrl.algos import load_policy
     from frugalrl.envs.spec import to_env_spec
-    from frugalrl.evaluation import MAX_STEPS, PolicyEvaluator, progress_lines
+    from frugalrl.evaluation import MAX_STEPS, EvaluationEnvError, PolicyEvaluator, progress_lines
     from frugalrl.runs import read_config
+    from frugalrl.video import VideoError, record
 
     try:
         config = read_config(args.run_dir)
@@ -449,15 +453,14 @@ def _eval(args: argparse.Namespace) -> int:
     spec = to_env_spec(config["env"], config.get("env_kwargs") or {}, config.get("env_wrappers"))
     max_steps = args.max_steps or int(config.get("eval_max_steps") or MAX_STEPS)
     evaluator = PolicyEvaluator(agent, spec, args.episodes, args.seed, not args.stochastic, max_steps)
-    if args.video is None:
-        played = evaluator(poll=progress_lines(args.episodes))
-    else:
-        from frugalrl.video import VideoError, record
-
-        try:
+    try:
+        if args.video is None:
+            played = evaluator(poll=progress_lines(args.episodes))
+        else:
             played, frames = record(evaluator, args.video, poll=progress_lines(args.episodes))
-        except VideoError as e:
-            return _error(str(e))
+    except (VideoError, EvaluationEnvError) as e:
+        return _error(str(e))
+    if args.video is not None:
         print(f"frugalrl: {frames} frames of {args.episodes} episode{'s' * (args.episodes != 1)} written to "
               f"{args.video}", file=sys.stderr)
     result = {"run_dir": str(Path(args.run_dir)), "algo": config.get("algo"), "env_id": config["env"],

@@ -40,6 +40,8 @@ Net = Literal["auto", "mlp", "cnn"]
 """The actor-critic network (see :attr:`NetConfig.net` and :func:`frugalrl.nets.make_agent`)."""
 WeightsCodec = Literal["fp32", "bf16", "fp16", "int8"]
 """How weights travel to the workers (see :mod:`frugalrl.wire.codecs`)."""
+EnvErrorRule = Literal["raise", "restart"]
+"""What an env that raises does to a run (:mod:`frugalrl.envs.restarts`)."""
 
 
 RECORDED = {"flag": False}
@@ -123,7 +125,8 @@ class RunConfig(ConfigPart):
     """Keyword arguments for the env (JSON on the command line)."""
     env_wrappers: list[str | dict[str, dict[str, Any]]] = field(default_factory=list)
     """Wrappers around each env, innermost first, as rl-zoo's env_wrapper: 'module:Class' (or 'module.Class'),
-    or {"module:Class": {keyword arguments}}; on the command line, names separated by commas, or a JSON list."""
+    or {"module:Class": {keyword arguments}}; on the command line, names separated by commas, one such JSON object,
+    or a JSON list."""
     preset: str | None = None
     """The preset the settings start from (frugalrl.presets): on the command line the env's own by default (else
     its family's: 'family:continuous', 'family:discrete', 'family:image' or 'family:grid', by the env's spaces,
@@ -263,6 +266,10 @@ class ClusterConfig(ConfigPart):
     """A worker that dies again before completing a request is replaced this many times in a row (after back-offs
     of 0, 0.25, 0.5, ... up to 4 s), then the run stops with its checkpoint; one that dies after useful work is
     always replaced."""
+    on_env_error: EnvErrorRule = "raise"
+    """An env that raises in reset() or step(), or returns a NaN: 'raise' stops the run with its checkpoint and
+    the error; 'restart' replaces its worker as a dead one is (its envs start new episodes, a rollout is collected
+    again), under the same crash-loop rule, and the summary counts it (an evaluation plays the episode again)."""
     inline_workers: int | None = None
     """Local backend: how many workers run in the learner's process (stepped while the other workers step theirs;
     their envs share its fate: no isolation or timeout; they move to processes once the learner has grown by

@@ -31,7 +31,7 @@ from frugalrl import presets
 from frugalrl.config import RunConfig
 from frugalrl.envs.restarts import WorkersFailed
 from frugalrl.envs.worker import WorkerError
-from frugalrl.evaluation import Evaluation, EvaluationInterrupted, Evaluator
+from frugalrl.evaluation import Evaluation, EvaluationEnvError, EvaluationInterrupted, Evaluator
 from frugalrl.training import RunRecorder
 
 log = logging.getLogger("frugalrl")
@@ -175,7 +175,7 @@ class Algorithm(ABC):
 
     def traffic(self) -> dict[str, Any]:
         """``bytes``, ``weight_syncs``, ``restarts`` and ``uplink`` of the run (see
-        :func:`~frugalrl.training.cluster_traffic`); nothing for an algorithm without a wire."""
+        :func:`cluster_traffic`); nothing for an algorithm without a wire."""
         return {}
 
     def close(self) -> None:  # noqa: B027 - an optional hook
@@ -194,6 +194,17 @@ class Callback:
     def on_evaluation(self, run: RunRecorder, evaluation: Evaluation) -> bool | None:
         """After every scheduled evaluation."""
         return None
+
+
+def cluster_traffic(envs: Any) -> dict[str, Any]:
+    """The summary fields a ClusterEnv knows: bytes, weight syncs, restarts (zero traffic for other envs)."""
+    from frugalrl.envs.cluster import ClusterEnv
+
+    if not isinstance(envs, ClusterEnv):
+        return {"bytes": {"total": 0}, "weight_syncs": {"total": 0, "per_worker": []}, "restarts": 0}
+    st = envs.stats()
+    return {"bytes": st["bytes"], "weight_syncs": st["weight_syncs"], "restarts": st["restarts"], "uplink": st["uplink"],
+            "restart_events": st["restart_events"][-20:]}
 
 
 def drive(algo: Algorithm, *, resume: str | Path | None = None, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
@@ -254,7 +265,7 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
     run.begin(setup.evaluate, planned, evaluate_stochastic=setup.evaluate_stochastic, stop_signal=lambda: signals.reason)
     algo.start()
     total, saved, shift = setup.total_updates, run.updates, run.schedule_offset
-    failure: WorkersFailed | WorkerError | None = None
+    failure: WorkersFailed | WorkerError | EvaluationEnvError | None = None
     # The stop is decided once per turn, before the algorithm is told of it (after_update): a signal that comes
     # later is the next turn's, so a remote half never waits for an update that does not come.
     while total is None or run.updates + shift < total:
@@ -265,7 +276,7 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         at_rest = due or (setup.evaluate is not None and cfg.evaluates_after(index, total or 0))
         try:
             update = algo.update(Step(index, total or 0, at_rest))
-        except (WorkersFailed, WorkerError) as e:  # the learner is intact: save it, then report the failure
+        except (WorkersFailed, WorkerError, EvaluationEnvError) as e:  # the learner is intact: save it, then report
             failure = e  # (WorkerError: an env raised, e.g. a simulator's instability on day three)
             if isinstance(e, WorkerError) and setup.cluster is not None:
                 try:
@@ -277,7 +288,13 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         row = _account(run, update, setup.cluster)
         run.show_progress(update.steps, row, update.postfix)  # before an evaluation, which shows its own progress
         run.new_best = False
-        evaluation = _evaluate(run, update, setup, row)
+        try:
+            evaluation = _evaluate(run, update, setup, row)
+        except EvaluationEnvError as e:  # the evaluation's env raised: the run stops as for a worker's env
+            failure = e
+            run.log_update(row, keep=True)
+            run.stop("worker_error")
+            break
         if evaluation is not None and any(cb.on_evaluation(run, evaluation) is False for cb in callbacks):
             run.stop("callback")
         run.log_update(row, keep=evaluation is not None or run.stopped)
@@ -294,7 +311,11 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         algo.after_update(run.stopped, checkpoint)
         if run.stopped:
             break
-    last = algo.end() if failure is None else None
+    try:
+        last = algo.end() if failure is None else None
+    except (WorkersFailed, WorkerError, EvaluationEnvError) as e:  # an asynchronous server's last updates
+        failure, last = e, None
+        run.stop("worker_error")
     if last is not None:
         _account(run, last, None)
     details = algo.details()

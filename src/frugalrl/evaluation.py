@@ -8,6 +8,8 @@ below its best evaluation, and :func:`regression_recheck` whether fresh episodes
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import sys
 import time
@@ -26,6 +28,8 @@ from frugalrl.nets import ActorCritic
 
 if TYPE_CHECKING:
     from frugalrl.config import RunConfig
+
+log = logging.getLogger("frugalrl")
 
 EVAL_SEED = 10_000
 """Evaluation episodes of a run with seed s use env seeds ``EVAL_SEED + s, ...`` (never a training seed)."""
@@ -66,6 +70,14 @@ class EvaluationInterrupted(Exception):
     """A stop signal came while an evaluation was playing. Its episodes are dropped: a scheduler's grace period
     after SIGTERM (30 s by default on SLURM) is too short to finish a slow env's evaluation, and the run's
     progress must reach the disk first."""
+
+
+class EvaluationEnvError(RuntimeError):
+    """The evaluation's env raised in ``reset()`` or ``step()``: with ``on_env_error="raise"`` at once, with
+    ``"restart"`` once the same episode failed in ``tries`` new envs in a row (:func:`play`)."""
+
+    run_dir: str | None = None
+    """The run directory whose checkpoint and summary were written before this was raised (the driver's)."""
 
 
 def evaluation_disagreement(deterministic: Evaluation | None, stochastic: Evaluation | None,
@@ -168,49 +180,109 @@ def evaluate(
 
 
 def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, deterministic: bool = True,
-         max_steps: int = MAX_STEPS, poll: Poll | None = None, seen: Callable[[gym.Env], None] | None = None
-         ) -> tuple[list[float], int]:
+         max_steps: int = MAX_STEPS, poll: Poll | None = None, seen: Callable[[gym.Env], None] | None = None,
+         on_env_error: str | None = None, tries: int = 8) -> tuple[list[float], int]:
     """The undiscounted return of each of ``episodes`` episodes, and how many were cut at ``max_steps`` steps.
 
     Episodes run on one environment seeded ``seed, seed + 1, ...``; ``deterministic`` picks the
     distribution's mode, else actions are sampled. ``poll`` (see :data:`Poll`) may stop it; ``seen`` is called with
-    the env after each reset and step (:mod:`frugalrl.video` renders it).
+    the env after each reset and step (:mod:`frugalrl.video` renders it). An env that raises is an
+    :class:`EvaluationEnvError`; with ``on_env_error="restart"`` its episode is played again in a new env first
+    (sampled actions then differ from the first try's), in at most ``tries`` new envs in a row, as the crash-loop
+    rule replaces a worker; ``"raise"`` says that ``restart`` exists, None (a caller without it) does not.
     """
-    env = env_spec.make()
-    action_space = env.action_space
-    to_env = env_actions(action_space, batched=False)
+    env: gym.Env | None = None
     generator = torch.Generator().manual_seed(seed)
     returns: list[float] = []
-    cut = 0
+    cut = failed = 0
     try:
-        for ep in range(episodes):
-            obs, _ = env.reset(seed=seed + ep)
-            if seen is not None:
-                seen(env)
-            total, done, steps = 0.0, False, 0
-            while not done and steps < max_steps:
-                with torch.no_grad():
-                    params = agent.dist_params(torch.as_tensor(np.asarray(obs))[None])
-                    u = (dists.mode(agent.dist_kind, params) if deterministic
-                         else dists.sample(agent.dist_kind, params, generator))
-                    # a squashed policy (the split model's tanh-Gaussian) maps its sample to the env's action
-                    squash = getattr(agent, "env_action", None)
-                    action = (u if squash is None else squash(u))[0].numpy()
-                obs, r, term, trunc, _ = env.step(env_action(action_space, to_env(action)))
-                if seen is not None:
-                    seen(env)
-                total += float(r)
-                done = term or trunc
-                steps += 1
-                if poll is not None and steps % POLL_STEPS == 0:
-                    poll(ep)
+        ep = 0
+        while ep < episodes:
+            try:
+                if env is None:
+                    env = _made(env_spec)
+                total, done = _episode(agent, env, seed + ep, deterministic, generator, max_steps,
+                                       None if poll is None else functools.partial(poll, ep), seen)
+            except _EnvRaised as e:
+                failed += 1
+                error = f"the evaluation env ({env_spec.describe()}) raised {type(e.error).__name__}: {e.error}"
+                if on_env_error != "restart" or failed > tries:
+                    again = (f" ({failed} times in a row)" if on_env_error == "restart" else
+                             "; on_env_error='restart' (--on-env-error restart) plays its episode again in a new env"
+                             if on_env_error == "raise" else "")
+                    raise EvaluationEnvError(f"{error}{again}") from e.error
+                log.warning("frugalrl: %s; playing episode %d again in a new env", error, ep)
+                if env is not None:
+                    _close_quietly(env)
+                env = None
+                continue
+            failed = 0
             returns.append(total)
             cut += not done
+            ep += 1
             if poll is not None:
-                poll(ep + 1)
+                poll(ep)
     finally:
-        env.close()
+        if env is not None:
+            _close_quietly(env)
     return returns, cut
+
+
+class _EnvRaised(Exception):
+    """What :func:`_episode` raises when its env's ``reset()`` or ``step()`` did (the agent's errors pass as they are)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _made(env_spec: EnvSpec) -> gym.Env:
+    """A new env for :func:`play` (its constructor's error, e.g. a simulator that cannot start, is the env's)."""
+    try:
+        return env_spec.make()
+    except Exception as e:  # noqa: BLE001 - the env's own error: play() decides
+        raise _EnvRaised(e) from e
+
+
+def _episode(agent: ActorCritic, env: gym.Env, seed: int, deterministic: bool, generator: torch.Generator,
+             max_steps: int, poll: Callable[[], None] | None, seen: Callable[[gym.Env], None] | None
+             ) -> tuple[float, bool]:
+    """One episode of ``agent`` in ``env`` from env seed ``seed``: its return, and whether it ended (not cut)."""
+    to_env = env_actions(env.action_space, batched=False)
+    try:
+        obs, _ = env.reset(seed=seed)
+    except Exception as e:  # noqa: BLE001 - the env's own error: play() decides
+        raise _EnvRaised(e) from e
+    if seen is not None:
+        seen(env)
+    total, done, steps = 0.0, False, 0
+    while not done and steps < max_steps:
+        with torch.no_grad():
+            params = agent.dist_params(torch.as_tensor(np.asarray(obs))[None])
+            u = (dists.mode(agent.dist_kind, params) if deterministic
+                 else dists.sample(agent.dist_kind, params, generator))
+            # a squashed policy (the split model's tanh-Gaussian) maps its sample to the env's action
+            squash = getattr(agent, "env_action", None)
+            action = env_action(env.action_space, to_env((u if squash is None else squash(u))[0].numpy()))
+        try:
+            obs, r, term, trunc, _ = env.step(action)
+        except Exception as e:  # noqa: BLE001 - the env's own error: play() decides
+            raise _EnvRaised(e) from e
+        if seen is not None:
+            seen(env)
+        total += float(r)
+        done = term or trunc
+        steps += 1
+        if poll is not None and steps % POLL_STEPS == 0:
+            poll()
+    return total, done
+
+
+def _close_quietly(env: gym.Env) -> None:
+    try:
+        env.close()
+    except Exception as e:  # noqa: BLE001 - a broken env's close may fail too: nothing is left to save
+        log.warning("frugalrl: closing the evaluation env failed: %s", e)
 
 
 def progress_lines(episodes: int, every_s: float = 5.0) -> Poll:
@@ -254,11 +326,16 @@ class PolicyEvaluator:
     seed: int
     deterministic: bool = True
     max_steps: int = MAX_STEPS
+    on_env_error: str | None = None
+    """An env that raises: 'raise' or None (:class:`EvaluationEnvError`) or 'restart' (its episode again, in a new
+    env; see :func:`play`)."""
+    tries: int = 8
+    """'restart': new envs in a row for one episode before :class:`EvaluationEnvError`."""
 
     def __call__(self, seed: int | None = None, poll: Poll | None = None,
                  seen: Callable[[gym.Env], None] | None = None) -> Evaluation:
         returns, cut = play(self.agent, self.env_spec, self.episodes, self.seed if seed is None else seed,
-                            self.deterministic, self.max_steps, poll, seen)
+                            self.deterministic, self.max_steps, poll, seen, self.on_env_error, self.tries)
         return Evaluation(float(np.mean(returns)), float(np.std(returns)), self.episodes, self.deterministic, returns,
                           cut)
 
@@ -278,6 +355,7 @@ class PolicyEvaluator:
 def policy_evaluator(agent: ActorCritic, env_spec: Any, cfg: RunConfig, deterministic: bool = True
                      ) -> PolicyEvaluator:
     """The run's :class:`PolicyEvaluator`: ``cfg.eval_episodes`` episodes of ``agent`` from env seed
-    ``EVAL_SEED + cfg.seed``, each cut at ``cfg.eval_max_steps`` steps."""
+    ``EVAL_SEED + cfg.seed``, each cut at ``cfg.eval_max_steps`` steps; an env that raises as the run's workers'
+    (``on_env_error`` and ``crash_loop_tries`` where the run has workers)."""
     return PolicyEvaluator(agent, env_spec, cfg.eval_episodes, EVAL_SEED + cfg.seed, deterministic,
-                           cfg.eval_max_steps)
+                           cfg.eval_max_steps, getattr(cfg, "on_env_error", None), getattr(cfg, "crash_loop_tries", 8))

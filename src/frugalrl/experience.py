@@ -44,6 +44,31 @@ _NOTHING = object()
 """What :meth:`EnvGroup.step` holds before an env's step returned."""
 
 
+def mark_env_error(e: BaseException, index: int) -> None:
+    """Note on ``e`` that env ``index`` of an :class:`EnvGroup` raised it in its ``reset()`` or ``step()`` (-1: the
+    error names the env, as for a NaN it returned), so that a ClusterEnv may replace the worker rather than stop
+    (``on_env_error``); an :class:`EnvAPIError` (the env's API, which a new worker would break again) and
+    interrupts are not marked."""
+    if isinstance(e, Exception) and not isinstance(e, EnvAPIError) and raised_by_env(e) is None:
+        try:
+            e.raised_by_env = index  # type: ignore[attr-defined]
+        except AttributeError:  # an exception class with __slots__: not replaceable, it stops the run
+            pass
+
+
+def _raised_in_callee(e: BaseException) -> bool:
+    """Whether ``e`` reached the frame that caught it from a function outside this module (the env's code, a
+    wrapper's), not from that frame's own statements or this module's helpers."""
+    tb = e.__traceback__
+    return tb is not None and tb.tb_next is not None and tb.tb_next.tb_frame.f_code.co_filename != __file__
+
+
+def raised_by_env(e: BaseException) -> int | None:
+    """The env (its index in the group; -1: the error names it) that raised ``e`` (:func:`mark_env_error`), or
+    None."""
+    return getattr(e, "raised_by_env", None)
+
+
 def _api_error(where: str, call: str, expected: str, got: Any) -> EnvAPIError:
     shape = f"{len(got)} values" if isinstance(got, tuple | list) else f"one {type(got).__name__}"
     return EnvAPIError(f"{where}: {call} returned {shape}, Gymnasium's API returns {expected} (an env of the old Gym "
@@ -115,11 +140,15 @@ class EnvGroup:
         if self.actions is not None:
             self.began[i] = {"seed": seed, "options": options, **start_state(self.envs[i], seeded=seed is not None)}
             self.actions[i] = []
-        result = self.envs[i].reset(seed=seed, options=options)
-        if not (isinstance(result, tuple | list) and len(result) == 2):
-            raise _api_error(self.where(i), "reset()", "(obs, info)", result)
-        obs, info = result
-        self.check(i, obs)
+        try:
+            result = self.envs[i].reset(seed=seed, options=options)
+            if not (isinstance(result, tuple | list) and len(result) == 2):
+                raise _api_error(self.where(i), "reset()", "(obs, info)", result)
+            obs, info = result
+            self.check(i, obs)
+        except BaseException as e:
+            mark_env_error(e, -1 if isinstance(e, NonFiniteExperience) else i)
+            raise
         self.obs[i] = obs
         self.needs_reset[i] = False
         self.ep_return[i] = 0.0
@@ -214,12 +243,18 @@ class EnvGroup:
             if self.check_finite and self._suspect(rewards, final_obs):
                 self._check_each(stepped)
                 rewards = None
-        except BaseException as e:
+        except Exception as e:  # an interrupt passes as it is
             if isinstance(e, ValueError | TypeError) and result is not _NOTHING and not (
                     isinstance(result, tuple | list) and len(result) == 5):
                 raise _api_error(self.where(i), "step()", "(obs, reward, terminated, truncated, info)", result) from e
             if self.check_finite:
-                self._check_each(stepped)
+                try:
+                    self._check_each(stepped)
+                except NonFiniteExperience as checked:
+                    mark_env_error(checked, -1)
+                    raise
+            if _raised_in_callee(e):  # env i's step (a reset marked its own); not this group's own code
+                mark_env_error(e, i)
             raise
         if rewards is None:  # not plain finite numbers: assign one by one, exactly as numpy does
             rewards = np.zeros(k, dtype=np.float64)

@@ -49,6 +49,10 @@ def summary_text(summary: dict[str, Any]) -> str:
         deltas = f", {syncs['delta']} as deltas" if syncs.get("delta") else ""
         lines.append(f"  weight syncs {syncs.get('total', 0)}{each}{deltas}")
     lines.append(f"  bytes {summary.get('bytes', {}).get('total', 0) / 1e6:.2f} MB ({top})")
+    if summary.get("restarts"):
+        events = (summary.get("details") or {}).get("restart_events") or []
+        last = f" (the last: worker {events[-1]['worker']}, {events[-1]['reason']})" if events else ""
+        lines.append(f"  workers replaced {summary['restarts']} time(s){last}")
     history = summary.get("eval_history") or []
     if history and history[-1].get("cut_episodes"):
         lines.append(f"  WARNING: {history[-1]['cut_episodes']} evaluation episodes were cut at --eval-max-steps "

@@ -29,6 +29,7 @@ from frugalrl.envs.checkpoint import resume_envs
 from frugalrl.evaluation import (
     RECHECK_SEED,
     Evaluation,
+    EvaluationEnvError,
     EvaluationInterrupted,
     Evaluator,
     PolicyEvaluator,
@@ -60,16 +61,6 @@ class Stateful(Protocol):
 def slug(text: str) -> str:
     """``text`` made safe for a directory name (at most 40 characters)."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40]
-
-
-def cluster_traffic(envs: Any) -> dict[str, Any]:
-    """The summary fields a ClusterEnv knows: bytes, weight syncs, restarts (zero traffic for other envs)."""
-    from frugalrl.envs.cluster import ClusterEnv
-
-    if not isinstance(envs, ClusterEnv):
-        return {"bytes": {"total": 0}, "weight_syncs": {"total": 0, "per_worker": []}, "restarts": 0}
-    st = envs.stats()
-    return {"bytes": st["bytes"], "weight_syncs": st["weight_syncs"], "restarts": st["restarts"], "uplink": st["uplink"]}
 
 
 class RunRecorder:
@@ -519,7 +510,7 @@ class RunRecorder:
         summary.json and plots; returns the summary as a dict.
 
         ``traffic``: ``bytes``, ``weight_syncs``, ``restarts`` and ``uplink`` (the experience codecs per stream,
-        put in ``details``; see :func:`cluster_traffic`).
+        put in ``details``; see :func:`frugalrl.driver.cluster_traffic`).
         """
         self.rows.flush()
         cfg = self.cfg
@@ -531,6 +522,10 @@ class RunRecorder:
                 self.stop_reason = str(e)
             evaluate, last, stochastic = False, self._last_eval, None
             log.warning("frugalrl: a stop signal cut the final evaluation short: the run is saved without it")
+        except EvaluationEnvError as e:  # trained to the end all the same: saved, the summary says why unevaluated
+            evaluate, last, stochastic = False, self._last_eval, None
+            details = {**(details or {}), "warnings": [*(details or {}).get("warnings", []), f"the end: {e}"]}
+            log.warning("frugalrl: the final evaluation failed: %s; the run is saved without it", e)
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -550,7 +545,7 @@ class RunRecorder:
         if regression is not None and evaluate:
             try:
                 regression = self._recheck(regression)
-            except EvaluationInterrupted:  # reported unconfirmed, as after a signal stop
+            except (EvaluationInterrupted, EvaluationEnvError):  # reported unconfirmed, as after a signal stop
                 pass
         if regression is not None:
             if best.exists():
@@ -590,7 +585,7 @@ class RunRecorder:
             eval_disagreement=disagreement,
             eval_regression=regression,
             run_dir=str(self.directory.dir),
-            details={**(details or {}), **({"uplink": traffic["uplink"]} if "uplink" in traffic else {})},
+            details={**(details or {}), **{k: traffic[k] for k in ("uplink", "restart_events") if traffic.get(k)}},
         ).to_json()
         self.directory.write_summary(summary)
         self.directory.close()

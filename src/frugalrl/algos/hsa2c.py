@@ -39,8 +39,10 @@ from frugalrl.algos.hsa2c_config import PROBLEM, HSA2CConfig
 from frugalrl.config import config_from_dict
 from frugalrl.dpsgd.rates import decayed_rate
 from frugalrl.dpsgd.run import dpsgd_records
+from frugalrl.dpsgd.transport import DPSGDError
 from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, drive
 from frugalrl.envs.spec import EnvSpec, to_env_spec
+from frugalrl.envs.worker import WorkerError
 from frugalrl.evaluation import EVAL_SEED, Evaluation, evaluate, policy_evaluator
 from frugalrl.experience import EnvGroup, collect_fragment
 from frugalrl.nets import MLPActorCritic, make_agent
@@ -329,6 +331,8 @@ class HSA2C(Algorithm):
         except StopIteration as end:
             self.out = end.value
             return Update(0, updates=0, stop_reason=self._stop_reason())
+        except DPSGDError as e:  # a worker's env raised, or a worker died: the run stops with the recorded weights
+            raise WorkerError(str(e)) from e
         update = self.done + version
         self.problem.load(params)
         return Update((update - self.run.updates) * self.cfg.env_steps_per_update, {"global_update": update},
@@ -352,6 +356,8 @@ class HSA2C(Algorithm):
                     command = None
             except StopIteration as end:
                 self.out = end.value
+            except DPSGDError as e:  # as in update()
+                raise WorkerError(str(e)) from e
         out = self.out
         self.problem.load(out["params"])
         steps = self.steps0 + int(out["gradient_steps"]) * self.cfg.env_steps_per_gradient
@@ -362,7 +368,8 @@ class HSA2C(Algorithm):
 
     def details(self) -> dict[str, Any]:
         cfg, out = self.cfg, self.out
-        assert out is not None
+        if out is None:  # a worker failed: the server's counts went with it
+            return {"workers": cfg.workers, "processes": cfg.processes}
         return {
             "gradients": int(out["gradient_steps"]),
             "global_updates": self.done + int(out["global_updates"]),
@@ -384,7 +391,8 @@ class HSA2C(Algorithm):
         }
 
     def traffic(self) -> dict[str, Any]:
-        assert self.out is not None
+        if self.out is None:  # a worker failed (details())
+            return {}
         return {"bytes": self.out["bytes"], "weight_syncs": {"total": int(self.out["pulls"]), "per_worker": []}}
 
     def close(self) -> None:
@@ -395,7 +403,7 @@ class HSA2C(Algorithm):
 def train(cfg: HSA2CConfig, resume: str | Path | None = None, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Train HSA2C as ``cfg`` says (DPSGD on :class:`A2CProblem`); write the run directory; return the summary
     (``details``: DPSGD's counts, staleness, the rates as used; see :class:`HSA2C`). Raises ``ValueError`` for a bad
-    config, :class:`~frugalrl.dpsgd.DPSGDError` if a worker fails."""
+    config, :class:`~frugalrl.envs.worker.WorkerError` (after the checkpoint) if a worker fails."""
     return drive(HSA2C(cfg), resume=resume, callbacks=callbacks)
 
 

@@ -34,7 +34,7 @@ from frugalrl import dists
 from frugalrl.compress.chain import CompressorChain, parse_chain
 from frugalrl.config import ClusterConfig, NetConfig, NormConfig, OptimConfig, RunConfig, check_fields
 from frugalrl.correct import CorrectionBatch, CorrectorChain, parse_correctors
-from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, drive
+from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, cluster_traffic, drive
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.evaluation import policy_evaluator
 from frugalrl.losses import SurrogateBatch, SurrogateConfig, surrogate_epochs
@@ -43,7 +43,6 @@ from frugalrl.nets import ActorCritic, make_agent
 from frugalrl.normalize import ReturnScaler
 from frugalrl.returns import bootstrap_values
 from frugalrl.rollout import Rollout, RolloutsAhead
-from frugalrl.training import cluster_traffic
 
 log = logging.getLogger("frugalrl.impala")
 

@@ -27,7 +27,7 @@ import torch
 
 from frugalrl import dists
 from frugalrl.config import ClusterConfig, NetConfig, NormConfig, OptimConfig, RunConfig, check_fields
-from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, drive
+from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, cluster_traffic, drive
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import policy_evaluator
@@ -36,7 +36,6 @@ from frugalrl.nets import ActorCritic, make_agent
 from frugalrl.normalize import ReturnScaler
 from frugalrl.returns import bootstrap_values, gae
 from frugalrl.rollout import Rollout, collect_rollout
-from frugalrl.training import cluster_traffic
 
 
 @dataclass(kw_only=True)

@@ -34,7 +34,7 @@ from gymnasium.vector import AutoresetMode
 from frugalrl.envs.asynccalls import AsyncCalls
 from frugalrl.envs.backends import BACKENDS, make_backend, note_torch_threads
 from frugalrl.envs.backends import inline_workers as inline_workers_of
-from frugalrl.envs.backends.base import WorkerConfig, WorkerFailure
+from frugalrl.envs.backends.base import WorkerConfig
 from frugalrl.envs.batching import (
     assemble_rollout,
     check_actions,
@@ -46,7 +46,7 @@ from frugalrl.envs.calls import EnvCalls
 from frugalrl.envs.checkpoint import Checkpoints
 from frugalrl.envs.evidence import Behaviours
 from frugalrl.envs.pool import AsyncSteps
-from frugalrl.envs.restarts import CrashLoopRule, Replacements
+from frugalrl.envs.restarts import CrashLoopRule, Replacements, checked_env_error_rule
 from frugalrl.envs.spaces import Batches, check_inference, check_worker_spaces, probe
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.syncing import WeightSyncs
@@ -100,12 +100,12 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             behaviour stream holds, the link rate ``auto`` assumes); see :mod:`frugalrl.wire.uplink`.
         worker_timeout: seconds without a reply after which a worker is declared dead.
         check_finite: raise on NaN/inf observations or rewards.
-        worker_memory_mb: a worker process over this resident memory (MB) is replaced at the start of a rollout
-            or step, its envs starting new episodes (a step reports them truncated; local backend, checked every
-            10 s at most); inline workers move to processes once this process has grown by as much; None: never.
+        worker_memory_mb: a worker process over this resident memory (MB) is replaced before a rollout or step
+            (local backend, checked every 10 s at most; inline workers move to processes); None: never.
         crash_loop_tries: how many times in a row a worker that dies before completing a request is replaced
             (after 0, 0.25, 0.5, ... up to 4 s) before :class:`~frugalrl.envs.restarts.WorkersFailed`; one that
             dies after useful work is always replaced (:mod:`frugalrl.envs.restarts`).
+        on_env_error: an env that raises: ``"raise"`` (as AsyncVectorEnv) or ``"restart"`` (as a dead worker).
         kl_states: states per worker kept for the AAPS KL estimate.
         ray_address: ``backend="ray"`` only: the Ray cluster to join (``"auto"`` or ``"host:port"``);
             None starts a private single-machine Ray (shut down on close). A Ray already initialised in
@@ -137,6 +137,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         check_finite: bool = True,
         meter: ByteMeter | None = None,
         crash_loop_tries: int = 8,
+        on_env_error: Literal["raise", "restart"] = "raise",
         worker_memory_mb: float | None = 2048.0,
         kl_states: int = 256,
         ray_address: str | None = None,
@@ -206,6 +207,7 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
         self.uplink = uplink_options
         self._codecs_seen: dict[str, dict[str, int]] = {}
         self.restart_rule = CrashLoopRule(self.num_workers, max_tries=int(crash_loop_tries))
+        self.on_env_error = checked_env_error_rule(on_env_error)
         if worker_memory_mb is not None and not worker_memory_mb > 0:
             raise ValueError(f"worker_memory_mb must be > 0 or None, got {worker_memory_mb!r}")
         self.worker_memory_mb = worker_memory_mb
@@ -259,7 +261,8 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
                    inline_workers=cfg.inline_workers,
                    sync=cfg.sync_rule(), seed=cfg.seed, env_kwargs=cfg.env_kwargs, env_wrappers=cfg.env_wrappers,
                    weights_codec=cfg.weights_codec, weights_delta=cfg.weights_delta, uplink=cfg.uplink_options(),
-                   ray_address=cfg.ray_address, replayable=replayable, worker_memory_mb=cfg.worker_memory_mb, crash_loop_tries=cfg.crash_loop_tries)
+                   ray_address=cfg.ray_address, replayable=replayable, worker_memory_mb=cfg.worker_memory_mb,
+                   crash_loop_tries=cfg.crash_loop_tries, on_env_error=cfg.on_env_error)
 
     # ------------------------------------------------------------------ the sync state, read-only
     @property
@@ -431,19 +434,22 @@ class ClusterEnv(AsyncCalls, Checkpoints, Replacements, EnvCalls, AsyncSteps, Be
             results = self.backend.request(requests)
             retry: dict[int, Message] = {}
             for w, result in results.items():
-                if isinstance(result, WorkerFailure):
-                    again = on_failure(w, result.reason)
+                reason = self._failure(result)
+                if reason is not None:
+                    again = on_failure(w, reason)
                     if again is not None:
                         retry[w] = again
                 else:
-                    replies[w] = self._accept(w, result)
+                    replies[w] = self._accept(w, result)  # type: ignore[arg-type]  # a failure has a reason
             requests = retry
         return replies
 
     def _accept(self, w: int, reply: Message) -> Message:
         """Worker ``w``'s reply; an ``error`` reply raises, experience counts as useful work (not a crash loop)."""
         if reply.op == "error":
-            raise WorkerError(f"worker {w}: {reply.meta.get('error')}")
+            hint = "; on_env_error='restart' (--on-env-error restart) replaces its worker instead" if reply.meta.get(
+                "env") else ""
+            raise WorkerError(f"worker {w}: {reply.meta.get('error')}{hint}")
         if reply.op in _EXPERIENCE_REPLIES:
             if w in self._deferred:  # its first step after a deferred reset only reset its envs
                 self._deferred.discard(w)

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from frugalrl.envs.backends.base import WorkerFailure
 from frugalrl.envs.batching import check_actions
 from frugalrl.experience import space_shape
 from frugalrl.wire.message import Message
@@ -29,7 +28,7 @@ from frugalrl.wire.message import Message
 if TYPE_CHECKING:
     from gymnasium.spaces import Space
 
-    from frugalrl.envs.backends.base import Backend
+    from frugalrl.envs.backends.base import Backend, WorkerFailure
     from frugalrl.envs.restarts import CrashLoopRule
     from frugalrl.envs.spaces import Batches
 
@@ -59,6 +58,7 @@ class AsyncSteps:
 
         def _check_open(self) -> None: ...
         def _restart(self, w: int, reason: str) -> None: ...
+        def _failure(self, result: Message | WorkerFailure) -> str | None: ...
         def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message: ...
         def _accept(self, w: int, reply: Message) -> Message: ...
         def _note_codecs(self, reply: Message) -> None: ...
@@ -119,11 +119,13 @@ class AsyncSteps:
         restarted: list[int] = []
         replies: dict[int, Message] = {}
         for w, result in results.items():
-            if isinstance(result, WorkerFailure):
+            reason = self._failure(result)
+            if reason is not None:
                 restarted.append(w)
-                self._restart(w, result.reason)
+                self._restart(w, reason)
                 self._reset_worker(w, seed=None, defer=self.autoreset_mode == AutoresetMode.NEXT_STEP)
                 continue
+            assert isinstance(result, Message), "a worker's failure has a reason"
             self._accept(w, result)
             if result.op == "reset":  # from async_reset: a step of nothing
                 k = self.envs_per_worker

@@ -7,8 +7,10 @@ after a back-off that doubles (``first_delay``, then 2×, 4×, ... up to ``max_d
 in a row, then :class:`WorkersFailed` is raised with the worker's last errors. The defaults give up on a worker
 that can never start in about half a minute, and survive a worker killed every 1-3 s, startup included
 (``benchmarks/soak.py``). This is the rule of systemd's
-``StartLimitBurst`` and of RLlib's restarted env runners; errors a worker reports (an env that raises) are not
-deaths and are never retried.
+``StartLimitBurst`` and of RLlib's restarted env runners. Errors a worker reports are not deaths: an env that
+raises (or returns a NaN) stops the call, unless ``on_env_error="restart"`` (RLlib's
+``restart_failed_sub_environments``): then its worker is replaced as a dead one is, under the same rule, so that
+an env that raises once a day does not end a week-long run, while one that cannot even reset is given up.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from frugalrl.envs.backends.base import Backend, WorkerStartFailed
+from frugalrl.config import EnvErrorRule
+from frugalrl.envs.backends.base import Backend, WorkerFailure, WorkerStartFailed
 from frugalrl.process import resident_mb
 from frugalrl.wire.message import Message
 
@@ -27,6 +30,13 @@ if TYPE_CHECKING:
     from frugalrl.sync_state import PolicySync
 
 log = logging.getLogger("frugalrl")
+
+
+def checked_env_error_rule(rule: Any) -> EnvErrorRule:
+    """``rule`` if it is an :data:`EnvErrorRule`; else a ValueError naming the choices."""
+    if rule not in get_args(EnvErrorRule):
+        raise ValueError(f"on_env_error must be one of {get_args(EnvErrorRule)}, got {rule!r}")
+    return rule
 
 
 class WorkersFailed(RuntimeError):
@@ -99,6 +109,7 @@ class Replacements:
 
     backend: Backend
     restart_rule: CrashLoopRule
+    on_env_error: EnvErrorRule
     restart_events: list[dict[str, Any]]
     recycle_events: list[dict[str, Any]]
     worker_memory_mb: float | None
@@ -110,6 +121,16 @@ class Replacements:
     if TYPE_CHECKING:  # ClusterEnv's methods, declared for the type checker only
         def close(self, **kwargs: Any) -> None: ...
         def _reset_worker(self, w: int, seed: int | None, defer: bool = False) -> Message: ...
+
+    def _failure(self, result: Message | WorkerFailure) -> str | None:
+        """Why a worker's result means it must be replaced (it died or hung, or with ``on_env_error="restart"``
+        its env raised), or None (a reply, an error one included, for the caller to read)."""
+        if isinstance(result, WorkerFailure):
+            return result.reason
+        if result.op == "error" and result.meta.get("env") and self.on_env_error == "restart":
+            return f"its {result.meta.get('error')}" if str(result.meta.get("error")).startswith("env ") else str(
+                result.meta.get("error"))
+        return None
 
     def _restart(self, w: int, reason: str) -> None:
         """Replace worker ``w`` under the crash-loop rule (:mod:`frugalrl.envs.restarts`): at once after useful

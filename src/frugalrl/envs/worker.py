@@ -45,6 +45,7 @@ from frugalrl.experience import (
     env_action,
     env_actions,
     jsonable_began,
+    raised_by_env,
     restore_start_state,
     space_shape,
 )
@@ -159,8 +160,14 @@ class EnvWorker:
             if reply.op in _EXPERIENCE_OPS:
                 reply.codecs.update(self.uplink.codecs(reply.arrays))
             return reply
-        except Exception as e:  # noqa: BLE001 - reported to the head, which raises
-            return Message("error", {"error": f"{type(e).__name__}: {e}", "worker": self.index})
+        except Exception as e:  # noqa: BLE001 - reported to the head, which raises (or replaces this worker)
+            meta: dict[str, Any] = {"error": f"{type(e).__name__}: {e}", "worker": self.index}
+            env = raised_by_env(e)
+            if env is not None:  # the env's own failure, not the protocol's: on_env_error decides
+                meta["env"] = True
+                if env >= 0:  # the error does not name it
+                    meta["error"] = f"env {self.first_env + env} ({self.env_name}) raised {meta['error']}"
+            return Message("error", meta)
 
     def close(self) -> None:
         """Close every environment."""

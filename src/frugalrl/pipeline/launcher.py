@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from frugalrl.driver import Callback, StopSignals, drive, note_stop_signals_early
+from frugalrl.envs.worker import WorkerError
 from frugalrl.pipeline.config import PipelinePPOConfig
 from frugalrl.pipeline.stage0 import Stage0, check_spaces
 from frugalrl.pipeline.stage1 import run_stage1
@@ -118,7 +119,10 @@ def train(cfg: PipelinePPOConfig, resume: str | Path | None = None, callbacks: S
         except RuntimeError as e:
             # A free port can be taken between our probe and gloo's bind: try another one.
             if cfg.master_port or "EADDRINUSE" not in str(e) or attempt == 2:
-                raise
+                saved = (run_dir / "checkpoints" / "latest.pt").exists()  # a stage failed (its env raised...)
+                failed = WorkerError(f"{e} (the progress since the last checkpoint is lost)" if saved else str(e))
+                failed.run_dir = str(run_dir) if saved else None
+                raise failed from e
     return json.loads((run_dir / "summary.json").read_text())
 
 

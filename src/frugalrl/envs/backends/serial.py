@@ -10,9 +10,10 @@ with it, which is why only the local backend's ``inline_workers`` (and this back
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import TYPE_CHECKING
 
-from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, build_worker
+from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, WorkerStartFailed, build_worker
 from frugalrl.npactor import one_blas_thread
 from frugalrl.wire.cache import WireCache, shape_key
 from frugalrl.wire.headers import NUMBERED, HeaderBook, send_sizes
@@ -21,6 +22,8 @@ from frugalrl.wire.meter import DOWN, UP, ByteMeter
 
 if TYPE_CHECKING:
     from frugalrl.envs.worker import EnvWorker
+
+log = logging.getLogger("frugalrl")
 
 
 class InProcessWorkers:
@@ -75,12 +78,19 @@ class InProcessWorkers:
         self.meter.add_message(sent, worker, direction)
 
     def restart(self, worker: int) -> None:
-        """Rebuild a worker in place (its posted request, if any, is forgotten)."""
+        """Rebuild a worker in place (its posted request, if any, is forgotten); :class:`WorkerStartFailed` if its
+        envs cannot be built, as for a worker process that dies while starting."""
         self.posted.pop(worker, None)
-        old = self.workers.get(worker)
+        old = self.workers.pop(worker, None)
         if old is not None:
-            old.close()
-        self.workers[worker] = build_worker(self.configs[worker])
+            try:
+                old.close()
+            except Exception as e:  # noqa: BLE001 - a broken env's close may fail too (its simulator is gone)
+                log.warning("frugalrl: closing worker %d's envs failed: %s: %s", worker, type(e).__name__, e)
+        try:
+            self.workers[worker] = build_worker(self.configs[worker])
+        except Exception as e:  # noqa: BLE001 - the crash-loop rule decides
+            raise WorkerStartFailed(f"worker {worker} could not be rebuilt: {type(e).__name__}: {e}") from e
         self._books[worker] = (HeaderBook(), HeaderBook())
         self._numbered = {key: sent for key, sent in self._numbered.items() if key[0] != worker}
 
