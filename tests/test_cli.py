@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -216,7 +217,7 @@ def _console_script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_an_env_module_in_the_working_directory_trains_and_evaluates(tmp_path):
     """``frugalrl train ppo --env mymodule:MyEnv-v0`` from the folder that holds ``mymodule.py`` (Gymnasium's
     ``module:EnvId``: the import registers the id) trains, and ``frugalrl eval`` plays it; a module found nowhere
-    says where to put it."""
+    says where to put it, in train and in eval."""
     (tmp_path / "userenvs.py").write_text(
         "import gymnasium as gym\n"
         "gym.register('UserCartPole-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',"
@@ -231,6 +232,10 @@ def test_an_env_module_in_the_working_directory_trains_and_evaluates(tmp_path):
     assert json.loads(played.stdout)["return_mean"] <= 30  # the registered 30-step limit
     missing = _console_script("train", "ppo", "--env", "nosuchmodule:make", *flags, cwd=tmp_path)
     assert missing.returncode == 2 and "PYTHONPATH" in missing.stderr.splitlines()[-1]
+    (tmp_path / "elsewhere").mkdir()  # eval where the env's module cannot be imported: one line too
+    away = _console_script("eval", str(tmp_path / "runs" / "user"), "--episodes", "1", cwd=tmp_path / "elsewhere")
+    assert away.returncode == 2 and away.stderr.splitlines()[-1].startswith("frugalrl: error: cannot import module "
+                                                                            "'userenvs'"), away.stderr
 
 
 def test_eval_plays_fresh_episodes_by_default():
@@ -307,6 +312,17 @@ def test_env_wrappers_choose_the_family_train_and_evaluate_the_wrapped_env(tmp_p
     played = _frugalrl("eval", str(tmp_path / "capped"), "--episodes", "2")
     assert played.returncode == 0, played.stderr
     assert json.loads(played.stdout)["return_mean"] <= 20
+
+
+def test_version_names_frugalrl_and_the_libraries_it_runs_on(capsys):
+    from frugalrl import __version__
+    from frugalrl.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert re.fullmatch(rf"frugalrl {re.escape(__version__)} \(python 3\.\S+, torch \S+, gymnasium \S+, numpy \S+\)\n",
+                        capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("given", ['{"gymnasium.wrappers:TimeLimit": {"max_episode_steps": 20}}',

@@ -144,6 +144,29 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
+class _Version(argparse.Action):
+    """``--version``: frugalrl's and its main libraries' versions, read from the installed packages' metadata
+    (nothing is imported)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from frugalrl import __version__
+
+        def installed(name: str) -> str:
+            try:
+                return f"{name} {version(name)}"
+            except PackageNotFoundError:
+                return f"{name} not installed"
+
+        libraries = ", ".join(installed(n) for n in ("torch", "gymnasium", "numpy"))
+        print(f"frugalrl {__version__} (python {sys.version.split()[0]}, {libraries})")
+        parser.exit()
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The full argument parser; with the command line ``argv``, the help of ``train ALGO`` shows the defaults
     that its ``--env`` / ``--preset`` take effect with."""
@@ -151,6 +174,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         prog="frugalrl", description="Distributed reinforcement learning that counts every byte (docs: "
         "docs/getting-started.md).", epilog="examples:\n" + (__doc__ or "").split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_Version, help="print frugalrl's version and those of the libraries "
+                        "it runs on (for a bug report), then exit")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train an agent (or continue a run with --resume)")
     algos = train.add_subparsers(dest="algo", required=True)
@@ -450,7 +475,10 @@ def _eval(args: argparse.Namespace) -> int:
     if args.torch_threads < 1:
         return _error(f"--torch-threads must be a positive integer, got {args.torch_threads}")
     torch.set_num_threads(args.torch_threads)
-    spec = to_env_spec(config["env"], config.get("env_kwargs") or {}, config.get("env_wrappers"))
+    try:
+        spec = to_env_spec(config["env"], config.get("env_kwargs") or {}, config.get("env_wrappers"))
+    except ValueError as e:  # an env this process cannot import (the run's PYTHONPATH?)
+        return _error(str(e))
     max_steps = args.max_steps or int(config.get("eval_max_steps") or MAX_STEPS)
     evaluator = PolicyEvaluator(agent, spec, args.episodes, args.seed, not args.stochastic, max_steps)
     try:
@@ -458,7 +486,7 @@ def _eval(args: argparse.Namespace) -> int:
             played = evaluator(poll=progress_lines(args.episodes))
         else:
             played, frames = record(evaluator, args.video, poll=progress_lines(args.episodes))
-    except (VideoError, EvaluationEnvError) as e:
+    except (VideoError, EvaluationEnvError, ValueError) as e:  # ValueError: an env that cannot be built here
         return _error(str(e))
     if args.video is not None:
         print(f"frugalrl: {frames} frames of {args.episodes} episode{'s' * (args.episodes != 1)} written to "

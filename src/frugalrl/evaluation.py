@@ -191,7 +191,7 @@ def play(agent: ActorCritic, env_spec: EnvSpec, episodes: int, seed: int, determ
     (sampled actions then differ from the first try's), in at most ``tries`` new envs in a row, as the crash-loop
     rule replaces a worker; ``"raise"`` says that ``restart`` exists, None (a caller without it) does not.
     """
-    env: gym.Env | None = None
+    env: gym.Env | None = env_spec.make()  # a first env that cannot be built is the caller's error, as it is
     generator = torch.Generator().manual_seed(seed)
     returns: list[float] = []
     cut = failed = 0
@@ -237,7 +237,8 @@ class _EnvRaised(Exception):
 
 
 def _made(env_spec: EnvSpec) -> gym.Env:
-    """A new env for :func:`play` (its constructor's error, e.g. a simulator that cannot start, is the env's)."""
+    """A new env for :func:`play` after one raised (its constructor's error, e.g. a simulator that cannot start
+    again, is the env's)."""
     try:
         return env_spec.make()
     except Exception as e:  # noqa: BLE001 - the env's own error: play() decides
