@@ -227,3 +227,22 @@ def test_a_minatar_run_killed_and_resumed_ends_bit_identical(tmp_path):
     a, b = read_checkpoint(tmp_path / "straight")["parts"], read_checkpoint(killed)["parts"]
     for key in a["agent"]:
         assert torch.equal(a["agent"][key], b["agent"][key]), key
+
+
+def test_a_plain_vector_env_resumed_starts_new_episodes_not_the_first_segments(tmp_path):
+    """``vector_env="gym"`` (head-side inference on a Gymnasium vector env, no checkpointed env state): the resumed
+    segment seeds its envs and its action sampling anew from the env steps done, not with the run's seed again."""
+    from frugalrl.algos.ppo import PPO
+    from frugalrl.driver import drive
+
+    class StopAfter(Callback):
+        def on_update(self, run, update, row):
+            return run.updates < 2
+
+    cfg = PPOConfig(**{**SMALL, "vector_env": "gym", "total_timesteps": 512, "run_dir": str(tmp_path),
+                       "run_name": "gym", "tensorboard": False})
+    first = PPO(cfg)
+    assert drive(first, callbacks=[StopAfter()])["env_steps"] == 256 and first.gym_state["seed"] == cfg.seed
+    again = PPO(cfg)
+    assert drive(again, resume=tmp_path / "gym")["env_steps"] == 512
+    assert again.gym_state["seed"] == cfg.seed + 256

@@ -203,8 +203,7 @@ def cluster_traffic(envs: Any) -> dict[str, Any]:
     if not isinstance(envs, ClusterEnv):
         return {"bytes": {"total": 0}, "weight_syncs": {"total": 0, "per_worker": []}, "restarts": 0}
     st = envs.stats()
-    return {"bytes": st["bytes"], "weight_syncs": st["weight_syncs"], "restarts": st["restarts"], "uplink": st["uplink"],
-            "restart_events": st["restart_events"][-20:]}
+    return {"bytes": st["bytes"], "weight_syncs": st["weight_syncs"], "restarts": st["restarts"], "uplink": st["uplink"]}
 
 
 def drive(algo: Algorithm, *, resume: str | Path | None = None, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:

@@ -585,7 +585,7 @@ class RunRecorder:
             eval_disagreement=disagreement,
             eval_regression=regression,
             run_dir=str(self.directory.dir),
-            details={**(details or {}), **{k: traffic[k] for k in ("uplink", "restart_events") if traffic.get(k)}},
+            details={**(details or {}), **({"uplink": traffic["uplink"]} if "uplink" in traffic else {})},
         ).to_json()
         self.directory.write_summary(summary)
         self.directory.close()

@@ -161,6 +161,8 @@ class PPO(Algorithm):
     def start(self) -> None:
         if self.cluster is not None and not self.run.resumed:
             self.cluster.reset(seed=self.cfg.seed)
+        elif self.cluster is None and self.run.resumed:  # a plain vector env starts new episodes, not the first ones
+            self.gym_state["seed"] = self.cfg.seed + self.run.env_steps
 
     def update(self, step: Step) -> Update:
         cfg, agent = self.cfg, self.agent
