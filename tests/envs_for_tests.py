@@ -361,3 +361,35 @@ class RaisesInEvaluationEnv(CounterEnv):
         if self.evaluating and self.t == 4:
             raise RuntimeError("rare state reached")
         return super().step(action)
+
+
+class DiesOnceEnv(CounterEnv):
+    """In a worker process (not ``head_pid``): the first env to reach its step ``die_at`` (it creates ``marker``)
+    SIGKILLs its process, as the OOM killer would once in a long run; every other env steps normally."""
+
+    def __init__(self, head_pid: int, marker: str, die_at: int = 100) -> None:
+        super().__init__(horizon=10)
+        self.in_worker = os.getpid() != int(head_pid)
+        self.marker, self.die_at, self.steps = marker, int(die_at), 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.in_worker and self.steps == self.die_at and _first_to_create(self.marker):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action)
+
+
+class CannotStartAgainEnv(CounterEnv):
+    """In a worker process (not ``head_pid``): raises at its step 5 and creates ``marker``; a later one cannot even
+    be built once ``marker`` exists, as a simulator whose licence server went down."""
+
+    def __init__(self, head_pid: int, marker: str) -> None:
+        super().__init__()
+        self.in_worker, self.marker = os.getpid() != int(head_pid), marker
+        if self.in_worker and os.path.exists(marker):
+            raise ConnectionError("licence server unreachable")
+
+    def step(self, action):
+        if self.in_worker and self.t == 4 and _first_to_create(self.marker):
+            raise RuntimeError("licence lost mid-run")
+        return super().step(action)

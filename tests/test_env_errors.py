@@ -99,12 +99,57 @@ def test_an_env_that_cannot_reset_is_a_crash_loop_given_up_even_when_restarting(
     assert env.closed
 
 
+@pytest.mark.parametrize("inline", [0, 1])
+def test_a_replacement_whose_env_cannot_be_built_is_a_crash_loop_not_a_crash(tmp_path, inline):
+    """The env raises, and its replacement's constructor raises too: the crash-loop rule gives up cleanly (the
+    worker process's error at start, and an inline worker's rebuild, are starts that failed)."""
+    env = ClusterEnv("envs_for_tests:CannotStartAgainEnv", 1, 1, on_env_error="restart", crash_loop_tries=1,
+                     env_kwargs={"head_pid": 0 if inline else os.getpid(), "marker": str(tmp_path / "marker")},
+                     inline_workers=inline)  # head_pid 0: it fails in this process too, where an inline worker runs
+    env.reset(seed=0)
+    for _ in range(4):
+        env.step(np.zeros(1, dtype=np.int64))
+    with pytest.raises(WorkersFailed, match=r"worker 0 failed 2 times in a row .*licence server unreachable"):
+        env.step(np.zeros(1, dtype=np.int64))
+    assert env.closed
+
+
 def test_an_env_of_the_old_gym_api_is_never_restarted(closing):
     env = closing(ClusterEnv("envs_for_tests:OldAPIEnv", 1, 1, backend="serial", env_kwargs={"broken": "reset"},
                              on_env_error="restart"))
     with pytest.raises(WorkerError, match=r"EnvAPIError"):
         env.reset(seed=0)
     assert env.stats()["restarts"] == 0
+
+
+def test_only_the_envs_own_failures_are_marked_for_a_restart():
+    """EnvGroup marks what the env's code raised (with its index) and a NaN it returned (-1: the error names it),
+    not Gymnasium's wrappers complaining about an old-API env, nor an interrupt."""
+    import gymnasium as gym
+    from envs_for_tests import CounterEnv, NaNObsEnv, OldAPIEnv, RaisesEveryEnv
+
+    from frugalrl.experience import EnvGroup, raised_by_env
+
+    class Interrupted(CounterEnv):
+        def step(self, action):
+            raise KeyboardInterrupt
+
+    def failure(*envs: gym.Env) -> BaseException:
+        group = EnvGroup(list(envs))
+        group.reset_all(seed=0)
+        try:
+            for _ in range(5):
+                group.step(np.zeros(len(envs), dtype=np.int64))
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            return e
+        raise AssertionError("nothing raised")
+
+    assert raised_by_env(failure(CounterEnv(), RaisesEveryEnv(3))) == 1
+    assert raised_by_env(failure(NaNObsEnv(nan_after=2), CounterEnv())) == -1
+    old = failure(gym.wrappers.TimeLimit(OldAPIEnv(broken="step", after=1), 100))
+    assert isinstance(old, ValueError) and raised_by_env(old) is None
+    stop = failure(NaNObsEnv(nan_after=1), Interrupted())  # the NaN check does not turn the interrupt into an error
+    assert isinstance(stop, KeyboardInterrupt) and raised_by_env(stop) is None
 
 
 def test_on_env_error_is_checked():
@@ -199,6 +244,49 @@ def test_a_failed_hsa2c_worker_stops_the_run_in_one_line_and_the_resume_finishes
     assert summary["stop_reason"] == "worker_error" and 0 < summary["updates"] < 30
     assert cli_main(["train", "hsa2c", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["updates"] == 30
+
+
+@pytest.mark.parametrize("synchronous", [False, True])
+def test_an_hsa2c_worker_killed_mid_run_is_replaced_and_the_run_reaches_its_budget(tmp_path, capsys, synchronous):
+    """A DPSGD worker process is SIGKILLed once (as by the OOM killer): a new one takes its place, also in the
+    synchronous baseline whose rounds wait for every worker, and the run ends at its budget, counting it."""
+    from frugalrl.cli import main as cli_main
+
+    argv = ["train", "hsa2c", "--env", "envs_for_tests:DiesOnceEnv", "--workers", "2", "--global-updates", "30",
+            "--env-kwargs", json.dumps({"head_pid": os.getpid(), "marker": str(tmp_path / "marker"), "die_at": 100}),
+            "--run-dir", str(tmp_path), "--run-name", "run", *QUIET]
+    if synchronous:
+        argv += ["--synchronous", "--master-batch", "2", "--local-steps", "1"]
+    assert cli_main(argv) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["updates"] == 30 and summary["restarts"] == 1
+    assert summary["details"]["restart_events"][0]["reason"].startswith("process ")  # "process N died (exit ...)"
+    assert "workers replaced 1 time(s)" in capsys.readouterr().out
+
+
+def test_an_hsa2c_worker_that_keeps_dying_is_given_up_in_one_line(tmp_path, capsys):
+    from frugalrl.cli import main as cli_main
+
+    argv = ["train", "hsa2c", "--env", "envs_for_tests:DiesAfterEnv", "--workers", "1", "--global-updates", "30",
+            "--env-kwargs", json.dumps({"head_pid": os.getpid(), "marker": str(tmp_path / "marker"), "die_after": 100}),
+            "--crash-loop-tries", "2", "--run-dir", str(tmp_path), "--run-name", "run", *QUIET]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("frugalrl: error: DPSGD failed: worker 0: failed 3 times in a row with no completed "
+                          "request in between (last: process "), err
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "worker_error"
+
+
+def test_an_hsa2c_worker_whose_env_raised_is_replaced_with_restart(tmp_path):
+    from frugalrl.cli import main as cli_main
+
+    argv = ["train", "hsa2c", "--env", "envs_for_tests:RaisesOnceEnv", "--workers", "1", "--global-updates", "30",
+            "--env-kwargs", json.dumps({"marker": str(tmp_path / "marker"), "raise_at": 300}),
+            "--on-env-error", "restart", "--run-dir", str(tmp_path), "--run-name", "run", *QUIET]
+    assert cli_main(argv) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["updates"] == 30 and summary["restarts"] == 1
+    assert "simulation unstable at step 300" in summary["details"]["restart_events"][0]["reason"]
 
 
 @pytest.mark.parametrize("checkpoint_every", [0, 2])

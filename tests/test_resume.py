@@ -246,3 +246,21 @@ def test_a_plain_vector_env_resumed_starts_new_episodes_not_the_first_segments(t
     again = PPO(cfg)
     assert drive(again, resume=tmp_path / "gym")["env_steps"] == 512
     assert again.gym_state["seed"] == cfg.seed + 256
+
+
+def test_a_flag_changed_on_resume_holds_for_the_next_resume(tmp_path):
+    """``--resume RUN --total-timesteps N`` and then, after another stop, a plain ``--resume RUN`` (the line a
+    preempted run prints, a requeued job's command): the run goes on to N, not back to its first budget."""
+    from frugalrl.cli import main as cli_main
+
+    flags = ["--env", "CartPole-v1", "--workers", "1", "--envs-per-worker", "2", "--num-steps", "32",
+             "--no-progress", "--no-plots", "--no-tensorboard", "--eval-episodes", "1"]
+    assert cli_main(["train", "ppo", *flags, "--total-timesteps", "128", "--run-dir", str(tmp_path),
+                     "--run-name", "run"]) == 0
+    created = json.loads((tmp_path / "run" / "config.json").read_text())["_meta"]["created"]
+    assert cli_main(["train", "ppo", "--resume", str(tmp_path / "run"), "--total-timesteps", "256"]) == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["total_timesteps"] == 256 and config["sources"]["total_timesteps"] == "command line (resume)"
+    assert config["_meta"]["created"] == created and "resumed" in config["_meta"]
+    assert cli_main(["train", "ppo", "--resume", str(tmp_path / "run")]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["env_steps"] == 256

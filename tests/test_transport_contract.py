@@ -127,14 +127,17 @@ def test_problem_that_fails_in_a_worker_is_a_value_error_naming_it(transport):
 
 
 FAULTS = [
-    # (transport, fault, the error, seconds the Hogwild helpers may outlive the run, config)
-    pytest.param("local", "die", r"worker \d: .*died.*exit code", 5.0,
-                 {"workers": 2, "processes": 2, "time_limit_s": 60.0}, id="local-die"),
+    # (transport, fault, the error, seconds the Hogwild helpers may outlive the run, config). The local transport
+    # replaces a worker that fails (below): here its workers fail at once, every time, and the rule gives up.
+    pytest.param("local", "die", r"worker \d: failed 2 times in a row .*died.*exit code", 5.0,
+                 {"workers": 2, "processes": 2, "time_limit_s": 60.0, "crash_loop_tries": 1, "after": 0},
+                 id="local-die"),
     # processes=1: the actor's own process computes, so os._exit kills the actor.
     pytest.param(RAY.values[0], "die", r"worker \d: Ray actor \(pid \d+\) died", 5.0,
                  {"workers": 2, "processes": 1, "time_limit_s": 60.0}, marks=RAY.marks, id="ray-die"),
-    pytest.param("local", "hang", r"worker 0: no message for 1 s", 0.0,
-                 {"workers": 1, "processes": 2, "worker_timeout_s": 1.0}, id="local-hang"),
+    pytest.param("local", "hang", r"worker 0: failed 2 times in a row .*no message for 1 s", 0.0,
+                 {"workers": 1, "processes": 2, "worker_timeout_s": 1.0, "crash_loop_tries": 1, "after": 0},
+                 id="local-hang"),
     pytest.param(RAY.values[0], "hang", r"worker 0: no message for 1 s", 5.0,
                  {"workers": 1, "processes": 2, "worker_timeout_s": 1.0}, marks=RAY.marks, id="ray-hang"),
 ]
@@ -145,7 +148,8 @@ def test_dead_or_hung_worker_fails_the_run_naming_it(transport, fault, match, gr
     """A worker that turns ``fault`` after 30 steps fails the run with ``match`` within seconds, and no
     Hogwild helper outlives it by more than ``grace_s`` seconds."""
     before = hogwild_pids()
-    kwargs = {"fault": fault, "after": 30, "parent_pid": os.getpid(), **LSQ_KW}
+    cfg_kw = dict(cfg_kw)
+    kwargs = {"fault": fault, "after": cfg_kw.pop("after", 30), "parent_pid": os.getpid(), **LSQ_KW}
     cfg = DPSGDConfig(problem="test_dpsgd:faulty", problem_kwargs=kwargs, local_steps=5, global_updates=10_000,
                       transport=transport, **cfg_kw)
     start = time.monotonic()
@@ -153,6 +157,23 @@ def test_dead_or_hung_worker_fails_the_run_naming_it(transport, fault, match, gr
         run_dpsgd(cfg)
     assert time.monotonic() - start < DETECT_S
     deadline = time.monotonic() + grace_s
+    while hogwild_pids() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not hogwild_pids() - before, "Hogwild helpers left behind"
+
+
+@pytest.mark.parametrize("fault", ["die", "hang"])
+def test_the_local_transport_replaces_a_worker_that_fails_after_pushing(fault):
+    """A worker that dies or hangs after 30 gradients (it pushed updates) is replaced by a new process, again and
+    again (each one pushes first), and the run reaches its budget; no Hogwild helper is left behind."""
+    before = hogwild_pids()
+    kwargs = {"fault": fault, "after": 30, "parent_pid": os.getpid(), **LSQ_KW}
+    cfg = DPSGDConfig(problem="test_dpsgd:faulty", problem_kwargs=kwargs, local_steps=5, global_updates=40,
+                      workers=1, processes=2, worker_timeout_s=1.0)
+    result = run_dpsgd(cfg)
+    assert result["global_updates"] == 40 and len(result["restart_events"]) >= 1
+    assert all(e["worker"] == 0 for e in result["restart_events"])
+    deadline = time.monotonic() + 5.0
     while hogwild_pids() - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not hogwild_pids() - before, "Hogwild helpers left behind"

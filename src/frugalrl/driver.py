@@ -314,7 +314,7 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         last = algo.end() if failure is None else None
     except (WorkersFailed, WorkerError, EvaluationEnvError) as e:  # an asynchronous server's last updates
         failure, last = e, None
-        run.stop("worker_error")
+        run.stop("workers_failed" if isinstance(e, WorkersFailed) else "worker_error")
     if last is not None:
         _account(run, last, None)
     details = algo.details()

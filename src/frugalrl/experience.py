@@ -47,13 +47,26 @@ _NOTHING = object()
 def mark_env_error(e: BaseException, index: int) -> None:
     """Note on ``e`` that env ``index`` of an :class:`EnvGroup` raised it in its ``reset()`` or ``step()`` (-1: the
     error names the env, as for a NaN it returned), so that a ClusterEnv may replace the worker rather than stop
-    (``on_env_error``); an :class:`EnvAPIError` (the env's API, which a new worker would break again) and
-    interrupts are not marked."""
-    if isinstance(e, Exception) and not isinstance(e, EnvAPIError) and raised_by_env(e) is None:
+    (``on_env_error``); an :class:`EnvAPIError` or a Gymnasium wrapper's complaint about what the env returned
+    (the env's API, which a new worker would break again) and interrupts are not marked."""
+    if isinstance(e, Exception) and not isinstance(e, EnvAPIError) and raised_by_env(e) is None and \
+            not _gymnasium_api_check(e):
         try:
             e.raised_by_env = index  # type: ignore[attr-defined]
         except AttributeError:  # an exception class with __slots__: not replaceable, it stops the run
             pass
+
+
+def _gymnasium_api_check(e: BaseException) -> bool:
+    """Whether ``e`` is Gymnasium's own check of an env's API failing: an assertion of its env checker, or its
+    wrappers unpacking what the env returned (an old Gym env's four values under TimeLimit)."""
+    if not isinstance(e, AssertionError | ValueError | TypeError):
+        return False
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = "" if tb is None else tb.tb_frame.f_code.co_filename.replace("\\", "/")
+    return "/gymnasium/wrappers/" in where or "/gymnasium/utils/" in where or where.endswith("/gymnasium/core.py")
 
 
 def _raised_in_callee(e: BaseException) -> bool:

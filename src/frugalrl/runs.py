@@ -172,8 +172,8 @@ class RunDirectory:
     """One training run's directory and its writers.
 
     ``resume_step`` continues an existing directory from a checkpoint taken at that env step: the
-    metrics logged after it are dropped (they are logged again) and TensorBoard purges its events from
-    that step on.
+    metrics logged after it are dropped (they are logged again), TensorBoard purges its events from
+    that step on, and ``config.json`` takes ``config`` (a flag changed on resume holds for the next resume too).
     """
 
     def __init__(self, path: str | Path, config: dict[str, Any], tensorboard: bool = True,
@@ -189,7 +189,9 @@ class RunDirectory:
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
             write_json(self.dir / "config.json", {**config, "_meta": meta})
             self._metrics = open(self.dir / "metrics.jsonl", "w")  # noqa: SIM115 - closed in close()
-        else:
+        else:  # the settings this segment runs with (flags given with --resume) are what a later resume reads
+            meta = {**read_config(self.dir).get("_meta", {}), "resumed": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            write_json(self.dir / "config.json", {**config, "_meta": meta})
             keep_metrics_to(self.dir / "metrics.jsonl", resume_step)
             self._metrics = open(self.dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
         self._tb = None

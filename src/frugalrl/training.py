@@ -86,7 +86,7 @@ class RunRecorder:
                 raise ValueError(f"{path} is a {self._checkpoint.get('algo')} run; it cannot be resumed as {algo}")
             changed = sorted(k for k in config if k not in _NOT_COMPARED and saved.get(k, config[k]) != config[k])
             if changed:
-                log.warning("frugalrl: resuming %s with other settings than it started with: %s", path,
+                log.warning("frugalrl: resuming %s with other settings than its last segment: %s", path,
                             ", ".join(f"{k}={config[k]!r} (was {saved.get(k)!r})" for k in changed))
             self.directory = RunDirectory(path, config, cfg.tensorboard, resume_step=int(self._checkpoint["counters"]["env_steps"]))
         else:

@@ -388,12 +388,14 @@ class HSA2C(Algorithm):
             "master_batch": cfg.master_batch,
             "rho": out["rho"],
             "eta": out["eta"],
+            "restart_events": out["restart_events"],
         }
 
     def traffic(self) -> dict[str, Any]:
         if self.out is None:  # a worker failed (details())
             return {}
-        return {"bytes": self.out["bytes"], "weight_syncs": {"total": int(self.out["pulls"]), "per_worker": []}}
+        return {"bytes": self.out["bytes"], "weight_syncs": {"total": int(self.out["pulls"]), "per_worker": []},
+                "restarts": len(self.out["restart_events"])}
 
     def close(self) -> None:
         if self.records is not None:

@@ -27,7 +27,7 @@ from typing import Any, Literal, Self, get_args
 
 import numpy as np
 
-from frugalrl.config import ConfigPart
+from frugalrl.config import ConfigPart, EnvErrorRule
 from frugalrl.dpsgd.rates import scale_learning_rate
 
 Codec = Literal["fp32", "bf16", "fp16"]
@@ -118,6 +118,13 @@ class DPSGDOptions(ConfigPart):
     """How long a worker (with its Hogwild processes) may take to start."""
     worker_timeout_s: float | None = 300.0
     """A worker silent for this long (no push, no pull) is declared hung; None: wait forever."""
+    crash_loop_tries: int = 8
+    """Local transport: a worker that dies or hangs is replaced (a new process from its config, at once after it
+    pushed an update, else after a back-off of 0.25, 0.5, ... up to 4 s); past this many times in a row without a
+    push the run stops. Ray transport: a worker that fails stops the run."""
+    on_env_error: EnvErrorRule = "raise"
+    """An error a worker reports (HSA2C: its env raised): 'raise' stops the run with the weights it recorded last;
+    'restart' (local transport) replaces the worker as a dead one is."""
 
     def options(self) -> dict[str, Any]:
         """The DPSGD options of this config, by field name (to build a :class:`DPSGDConfig` from)."""
@@ -183,6 +190,11 @@ class DPSGDOptions(ConfigPart):
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"{where}.ray_address must be a non-empty string or None, got {self.ray_address!r}")
         _check_positive(where, "startup_timeout_s", self.startup_timeout_s)
+        if isinstance(self.crash_loop_tries, bool) or not isinstance(self.crash_loop_tries, int) or \
+                self.crash_loop_tries < 1:
+            raise ValueError(f"{where}.crash_loop_tries must be a positive integer, got {self.crash_loop_tries!r}")
+        if self.on_env_error not in get_args(EnvErrorRule):
+            raise ValueError(f"{where}.on_env_error must be one of {get_args(EnvErrorRule)}, got {self.on_env_error!r}")
         if self.worker_timeout_s is not None:
             _check_positive(where, "worker_timeout_s", self.worker_timeout_s)
 

@@ -115,7 +115,8 @@ def dpsgd_records(
     configs = [{**cfg.worker_config(w, eta), "size": int(v0.size)} for w in range(cfg.workers)]
     extra = {"ray_address": cfg.ray_address} if cfg.transport == "ray" else {}
     transport = TRANSPORTS[cfg.transport](
-        server, meter, configs, cfg.startup_timeout_s, cfg.worker_timeout_s, **extra
+        server, meter, configs, cfg.startup_timeout_s, cfg.worker_timeout_s, **extra,
+        crash_loop_tries=cfg.crash_loop_tries, on_env_error=cfg.on_env_error,
     )
     curve: list[tuple[float, int, float]] = [(0.0, 0, float(problem.loss(v0)))]
     yield (*curve[0], v0)
@@ -190,6 +191,7 @@ def dpsgd_records(
         "applied_updates": server.applied_updates,
         "dropped_updates": server.dropped_updates,
         "gradient_steps": server.gradient_steps,
+        "restart_events": transport.restart_events,
         "updates_per_second": made / wall if wall > 0 else 0.0,
         "wall_time_s": wall,
         "startup_s": startup_s,

@@ -8,27 +8,36 @@ commands as ``control``): the same logical bytes on every transport.
 
 :class:`LocalTransport` runs each worker (:class:`~frugalrl.dpsgd.worker.DPSGDWorker`) as a child of
 :mod:`frugalrl.process` (its own process group, with its Hogwild helpers; one BLAS thread) with a socket
-pair to the server and one server thread per connection. A worker that dies is seen at once (its pidfd)
-and the run fails with a :class:`DPSGDError` naming it; it is not restarted. A worker that sends nothing
-for ``worker_timeout`` seconds is treated the same way. The Ray transport
-(:class:`~frugalrl.dpsgd.ray_transport.RayTransport`) runs the workers in Ray actors instead.
+pair to the server and one server thread per connection. A worker that dies is seen at once (its pidfd), and
+one that sends nothing for ``worker_timeout`` seconds is treated the same way: it is replaced by a new process
+from its config (a new seed, so new episodes), under ClusterEnv's crash-loop rule
+(:class:`~frugalrl.envs.restarts.CrashLoopRule`: at once after a push, with back-off before one, the run failing
+with a :class:`DPSGDError` naming it past ``crash_loop_tries`` in a row). An error a worker reports (its env
+raised) fails the run, or with ``on_env_error="restart"`` replaces it too. The server never misses it: a
+replacement pulls the current ``v``, and in synchronous mode pushes for the round its predecessor left. The Ray
+transport (:class:`~frugalrl.dpsgd.ray_transport.RayTransport`) runs the workers in Ray actors instead; a worker
+that fails there fails the run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Literal
 
 from frugalrl.dpsgd.server import ParameterServer
+from frugalrl.envs.restarts import CrashLoopRule, WorkersFailed
 from frugalrl.process import Child, spawn
 from frugalrl.wire.message import Message, WireError
 from frugalrl.wire.meter import DOWN, UP, ByteMeter
 
 _ENTRY = "frugalrl.dpsgd.worker:worker_entry"
+
+log = logging.getLogger("frugalrl")
 
 
 class DPSGDError(RuntimeError):
@@ -51,12 +60,18 @@ class Transport(ABC):
         configs: list[dict[str, Any]],
         startup_timeout: float,
         worker_timeout: float | None,
+        crash_loop_tries: int = 8,
+        on_env_error: str = "raise",
     ) -> None:
         self.server = server
         self.meter = meter
         self.configs = configs
         self.startup_timeout = startup_timeout
         self.worker_timeout = worker_timeout
+        self.restart_rule = CrashLoopRule(len(configs), max_tries=crash_loop_tries)
+        self.on_env_error = on_env_error
+        self.restart_events: list[dict[str, Any]] = []
+        """Each worker replaced: ``{worker, reason, time, seconds}`` (local transport)."""
 
     @abstractmethod
     def start(self) -> None:
@@ -126,40 +141,84 @@ class LocalTransport(Transport):
             self._threads.append(thread)
             thread.start()
 
-    def _serve(self, w: int, child: Child) -> None:
-        """Answer worker ``w`` until it is told to stop, dies, goes silent, or the transport closes."""
+    def _serve(self, w: int, child: Child | None) -> None:
+        """Answer worker ``w`` until it is told to stop or the transport closes; a worker that dies, goes silent
+        or (``on_env_error="restart"``) reports an error is replaced (:meth:`_replace`)."""
         last = time.monotonic()
         try:
-            while not self._closing:
+            while child is not None and not self._closing:
                 state = child.poll(0.5)
                 if state == "message":
-                    if not self._answer(w, child):
+                    done = self._answer(w, child)
+                    if done is True:
                         return
+                    if done is not None:  # the worker failed: ``done`` says how
+                        child = self._replace(w, child, done)
                     last = time.monotonic()
                 elif state == "exited":
-                    self.server.fail(w, self._lost(child, None))
-                    return
+                    child = self._replace(w, child, self._lost(child, None))
+                    last = time.monotonic()
                 elif self.worker_timeout is not None and time.monotonic() - last > self.worker_timeout:
-                    self.server.fail(w, f"no message for {self.worker_timeout:g} s: the worker is hung")
-                    return
+                    child = self._replace(w, child, f"no message for {self.worker_timeout:g} s: the worker is hung")
+                    last = time.monotonic()
         finally:
             self._done[w] = True
 
-    def _answer(self, w: int, child: Child) -> bool:
-        """Receive one request of worker ``w`` and send the server's reply; False once the connection is done."""
+    def _answer(self, w: int, child: Child) -> Literal[True] | str | None:
+        """Receive one request of worker ``w`` and send the server's reply: None to go on, True once the
+        connection is done (told to stop, or the run failed), or why the worker must be replaced."""
         try:
             msg, sizes = child.recv()
         except (EOFError, OSError, WireError) as e:
-            self.server.fail(w, self._lost(child, e))
-            return False
+            return self._lost(child, e)
+        if msg.op == "error" and self.on_env_error == "restart" and not self.server.stopped:
+            self.meter.add_message(sizes, w, UP)
+            return f"{msg.meta.get('type', 'RuntimeError')}: {msg.meta.get('error')}"
         reply = self.answer(w, msg, sizes)
+        if msg.op == "push" and reply.op != "stop":
+            self.restart_rule.succeeded(w)
         try:
             self.meter.add_message(child.send(reply), w, DOWN)
         except OSError as e:
             if reply.op != "stop":
-                self.server.fail(w, self._lost(child, e))
-            return False
-        return reply.op != "stop"
+                return self._lost(child, e)
+            return True
+        return True if reply.op == "stop" else None
+
+    def _replace(self, w: int, child: Child, reason: str) -> Child | None:
+        """A new process for worker ``w`` (which failed with ``reason``) under the crash-loop rule, or None when
+        the run has stopped or the rule gives up (the run then fails, naming the worker's errors)."""
+        t0 = time.monotonic()
+        child.stop(0.0)  # killed with its Hogwild helpers (one process group), its socket and pidfd closed
+        while not self.server.stopped and not self._closing:
+            try:
+                delay = self.restart_rule.failed(w, reason)
+            except WorkersFailed as e:
+                self.server.fail(w, str(e).removeprefix(f"worker {w} "))
+                return None
+            log.warning("frugalrl: DPSGD worker %d failed (%s); replacing it", w, reason)
+            time.sleep(delay)
+            replaced = len([e for e in self.restart_events if e["worker"] == w]) + 1
+            config = {**self.configs[w], "seed": int(self.configs[w].get("seed", 0)) + 7919 * replaced}
+            try:
+                new = spawn(_ENTRY, config, name=f"worker {w}", one_blas_thread=True)
+            except OSError as e:
+                reason = f"could not start a new process: {e}"
+                continue
+            self.meter.add_message(new.config_sizes, w, DOWN)
+            try:
+                _, sizes = new.await_ready(time.monotonic() + self.startup_timeout, error=DPSGDError,
+                                           keep_value_error=True)
+            except (DPSGDError, ValueError) as e:
+                new.stop(0.0)
+                reason = f"its replacement failed to start: {e}"
+                continue
+            self.meter.add_message(sizes, w, UP)
+            self.children[w] = new
+            self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
+                                        "seconds": round(time.monotonic() - t0, 3)})
+            return new
+        return None
 
     @staticmethod
     def _lost(child: Child, error: BaseException | None) -> str:

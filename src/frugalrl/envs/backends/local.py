@@ -260,14 +260,22 @@ class LocalBackend(Backend):
             raise RuntimeError(f"worker {w} is not running")
         return child
 
-    def _await_ready(self, w: int) -> None:
+    def _await_ready(self, w: int, replacing: bool = False) -> None:
         """Wait for worker ``w``'s ready; one that dies or hangs raises :class:`WorkerStartFailed` (and is killed),
-        one that reports an error closes the backend and raises it."""
+        one that reports an error (its env cannot be built) closes the backend and raises it, or, ``replacing`` a
+        worker mid-run (a simulator that cannot start again now), is a :class:`WorkerStartFailed` too: the
+        crash-loop rule decides."""
         try:
             self._child(w).await_ready(time.monotonic() + max(self.timeout, 60.0), died=WorkerStartFailed)
         except WorkerStartFailed:
             self._child(w).kill()
             raise
+        except Exception as e:
+            if not replacing:
+                self.close()
+                raise
+            self._child(w).kill()
+            raise WorkerStartFailed(f"worker {w} could not start again: {e}") from e
         except BaseException:
             self.close()
             raise
@@ -323,7 +331,7 @@ class LocalBackend(Backend):
 
     def _start_process(self, worker: int, when: str) -> None:
         self._spawn(worker)
-        self._await_ready(worker)
+        self._await_ready(worker, replacing=True)
         if not self._attach(worker):
             self._child(worker).kill()
             raise WorkerStartFailed(f"worker {worker} died while attaching shared memory {when}")

@@ -32,7 +32,13 @@ import ray
 from ray.exceptions import RayActorError, RayError
 
 from frugalrl import ray_session
-from frugalrl.envs.backends.base import Backend, WorkerConfig, WorkerFailure, config_to_json, worker_from_json
+from frugalrl.envs.backends.base import (
+    Backend,
+    WorkerFailure,
+    WorkerStartFailed,
+    config_to_json,
+    worker_from_json,
+)
 from frugalrl.ray_actor import ActorBody, await_ready, kill_actor, start_actor
 from frugalrl.wire import headers
 from frugalrl.wire.headers import HeaderBook
@@ -40,6 +46,7 @@ from frugalrl.wire.message import Message, decode_message, encode_message
 from frugalrl.wire.meter import DOWN, UP, ByteMeter
 
 if TYPE_CHECKING:
+    from frugalrl.envs.backends.base import WorkerConfig
     from frugalrl.envs.worker import EnvWorker
 
 
@@ -131,7 +138,11 @@ class RayBackend(Backend):
         self._posted.pop(worker, None)
         self._kill(worker)
         self._spawn(worker)
-        self._await_ready(worker)
+        try:
+            self._await_ready(worker)
+        except RuntimeError as e:  # its env cannot be built now (or it died starting): the crash-loop rule decides
+            self._kill(worker)
+            raise WorkerStartFailed(str(e)) from e
 
     def _kill(self, w: int) -> None:
         actor, self.actors[w] = self.actors[w], None

@@ -99,16 +99,24 @@ class ReplayBackend(Backend):
             return encode_message(Message("ok", {"worker": w, "version": self._held[w]}))[0]
         if msg.op == "reset":
             if self._reset is None:
-                self._reset = encode_message(self._source.handle(msg))[0]
+                self._reset = encode_message(self._recorded(msg))[0]
             return self._reset
         if msg.op == "rollout":
             recorded = self._fragments.setdefault(int(msg.meta["num_steps"]), [])
             while len(recorded) < RECORDINGS:
-                recorded.append(encode_message(self._source.handle(msg))[0])
+                recorded.append(encode_message(self._recorded(msg))[0])
             self._served[w] += 1
             return recorded[(w + self._served[w]) % RECORDINGS]
         return encode_message(Message("error", {"error": f"the replay backend does not answer {msg.op!r} requests",
                                                 "worker": w}))[0]
+
+    def _recorded(self, msg: Message) -> Message:
+        """The source worker's reply to ``msg``, to record; its error raises here, never replayed (a load generator
+        whose env failed has nothing to replay)."""
+        reply = self._source.handle(msg)
+        if reply.op == "error":
+            raise RuntimeError(f"the replay backend's source worker failed: {reply.meta.get('error')}")
+        return reply
 
     def restart(self, worker: int) -> None:
         """An emulated worker never dies; a restart forgets what it holds."""
