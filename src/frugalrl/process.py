@@ -70,12 +70,16 @@ class ParentGone(ConnectionError):
 
 def error_message(e: BaseException, where: str = "") -> Message:
     """An ``error`` message for ``e``: ``error`` is ``where``, the exception's type name and its text; ``type``
-    is ``"ValueError"`` for a ValueError (so that the receiver may raise one again), else ``"RuntimeError"``.
-    A :class:`ChildError` is forwarded as it came."""
+    is ``"ValueError"`` for a ValueError (so that the receiver may raise one again), else ``"RuntimeError"``;
+    ``env`` is True for an env's own failure (a DPSGD worker's may be restarted). A :class:`ChildError` is
+    forwarded as it came."""
     if isinstance(e, ChildError):
         return Message("error", dict(e.meta))
     kind = "ValueError" if isinstance(e, ValueError) else "RuntimeError"
-    return Message("error", {"error": f"{where}{type(e).__name__}: {e}", "type": kind})
+    meta: dict[str, Any] = {"error": f"{where}{type(e).__name__}: {e}", "type": kind}
+    if getattr(e, "raised_by_env", None) is not None:  # an env's own failure (frugalrl.experience.mark_env_error)
+        meta["env"] = True
+    return Message("error", meta)
 
 
 def child_error(

@@ -173,13 +173,15 @@ class RunDirectory:
 
     ``resume_step`` continues an existing directory from a checkpoint taken at that env step: the
     metrics logged after it are dropped (they are logged again), TensorBoard purges its events from
-    that step on, and ``config.json`` takes ``config`` (a flag changed on resume holds for the next resume too).
+    that step on, and ``config.json`` takes ``config`` with the segment's first checkpoint (a flag changed on resume
+    holds for the next resume too).
     """
 
     def __init__(self, path: str | Path, config: dict[str, Any], tensorboard: bool = True,
                  resume_step: int | None = None) -> None:
         self.dir = Path(path)
         self.checkpoints = self.dir / "checkpoints"
+        self._config_after_checkpoint: dict[str, Any] | None = None
         if resume_step is None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.checkpoints.mkdir(exist_ok=True)
@@ -189,9 +191,11 @@ class RunDirectory:
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
             write_json(self.dir / "config.json", {**config, "_meta": meta})
             self._metrics = open(self.dir / "metrics.jsonl", "w")  # noqa: SIM115 - closed in close()
-        else:  # the settings this segment runs with (flags given with --resume) are what a later resume reads
-            meta = {**read_config(self.dir).get("_meta", {}), "resumed": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            write_json(self.dir / "config.json", {**config, "_meta": meta})
+        else:  # the settings this segment runs with (flags given with --resume) are what a later resume reads,
+            # once the segment has saved a checkpoint with them (a resume that fails to start leaves the old ones)
+            earlier = read_config(self.dir) if (self.dir / "config.json").exists() else {}
+            meta = {**earlier.get("_meta", {}), "resumed": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            self._config_after_checkpoint = {**config, "_meta": meta}
             keep_metrics_to(self.dir / "metrics.jsonl", resume_step)
             self._metrics = open(self.dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
         self._tb = None
@@ -232,6 +236,9 @@ class RunDirectory:
         torch.save(payload, buf)
         path = self.checkpoints / name
         write_atomic(path, buf.getvalue())
+        if name == CHECKPOINT and self._config_after_checkpoint is not None:
+            write_json(self.dir / "config.json", self._config_after_checkpoint)
+            self._config_after_checkpoint = None
         return path
 
     def write_summary(self, summary: dict[str, Any]) -> None:

@@ -112,21 +112,28 @@ class LocalTransport(Transport):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.children: list[Child] = []
+        self.children: list[Child | None] = []  # None: worker w's process is being replaced
         self._threads: list[threading.Thread] = []
         self._done: list[bool] = []
         self._closing = False
         self._closed = False
+        # A replacement is started by its worker's thread while close() may run: whoever takes a child out of
+        # children or _starting under this lock stops it, so that none is stopped twice or left behind.
+        self._lock = threading.Lock()
+        self._starting: dict[int, Child] = {}
+        self._closing_event = threading.Event()  # wakes a replacement's back-off
 
     def start(self) -> None:
         """Spawn every worker (they start in parallel), send its config, wait for its ``ready``."""
         try:
+            started: list[Child] = []
             for w, cfg in enumerate(self.configs):
                 child = spawn(_ENTRY, cfg, name=f"worker {w}", one_blas_thread=True)
+                started.append(child)
                 self.children.append(child)
                 self.meter.add_message(child.config_sizes, w, DOWN)
             deadline = time.monotonic() + self.startup_timeout
-            for w, child in enumerate(self.children):
+            for w, child in enumerate(started):
                 _, sizes = child.await_ready(deadline, error=DPSGDError, keep_value_error=True)
                 self.meter.add_message(sizes, w, UP)
         except BaseException:
@@ -171,7 +178,7 @@ class LocalTransport(Transport):
             msg, sizes = child.recv()
         except (EOFError, OSError, WireError) as e:
             return self._lost(child, e)
-        if msg.op == "error" and self.on_env_error == "restart" and not self.server.stopped:
+        if msg.op == "error" and msg.meta.get("env") and self.on_env_error == "restart" and not self.server.stopped:
             self.meter.add_message(sizes, w, UP)
             return f"{msg.meta.get('type', 'RuntimeError')}: {msg.meta.get('error')}"
         reply = self.answer(w, msg, sizes)
@@ -189,35 +196,53 @@ class LocalTransport(Transport):
         """A new process for worker ``w`` (which failed with ``reason``) under the crash-loop rule, or None when
         the run has stopped or the rule gives up (the run then fails, naming the worker's errors)."""
         t0 = time.monotonic()
+        with self._lock:
+            if self._closing:
+                return None  # close() stops it
+            self.children[w] = None
         child.stop(0.0)  # killed with its Hogwild helpers (one process group), its socket and pidfd closed
-        while not self.server.stopped and not self._closing:
+        while not self.server.stopped:
             try:
                 delay = self.restart_rule.failed(w, reason)
             except WorkersFailed as e:
                 self.server.fail(w, str(e).removeprefix(f"worker {w} "))
                 return None
             log.warning("frugalrl: DPSGD worker %d failed (%s); replacing it", w, reason)
-            time.sleep(delay)
+            if self._closing_event.wait(delay):
+                return None
             replaced = len([e for e in self.restart_events if e["worker"] == w]) + 1
             config = {**self.configs[w], "seed": int(self.configs[w].get("seed", 0)) + 7919 * replaced}
-            try:
-                new = spawn(_ENTRY, config, name=f"worker {w}", one_blas_thread=True)
-            except OSError as e:
-                reason = f"could not start a new process: {e}"
-                continue
+            with self._lock:
+                if self._closing:
+                    return None
+                try:
+                    new = spawn(_ENTRY, config, name=f"worker {w}", one_blas_thread=True)
+                except OSError as e:
+                    reason = f"could not start a new process: {e}"
+                    continue
+                self._starting[w] = new
             self.meter.add_message(new.config_sizes, w, DOWN)
             try:
                 _, sizes = new.await_ready(time.monotonic() + self.startup_timeout, error=DPSGDError,
                                            keep_value_error=True)
             except (DPSGDError, ValueError) as e:
-                new.stop(0.0)
                 reason = f"its replacement failed to start: {e}"
-                continue
-            self.meter.add_message(sizes, w, UP)
-            self.children[w] = new
-            self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
-                                        "seconds": round(time.monotonic() - t0, 3)})
-            return new
+                sizes = None
+            with self._lock:
+                mine = self._starting.pop(w, None) is new  # else close() took it, and stops it
+                keep = mine and sizes is not None and not self._closing and not self.server.stopped
+                if keep:
+                    self.children[w] = new
+            if keep:
+                assert sizes is not None, "kept only once ready"
+                self.meter.add_message(sizes, w, UP)
+                self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
+                                            "seconds": round(time.monotonic() - t0, 3)})
+                return new
+            if mine:
+                new.stop(0.0)
+            if sizes is not None or not mine:  # the run stopped or is closing
+                return None
         return None
 
     @staticmethod
@@ -235,20 +260,27 @@ class LocalTransport(Transport):
 
     def close(self) -> None:
         """End the connection threads, let the workers exit (up to 3 s), then kill their process groups."""
-        if self._closed:
-            return
-        self._closed = self._closing = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = self._closing = True
+            starting, self._starting = list(self._starting.values()), {}
+        self._closing_event.set()
         self.server.stop("closed")  # releases connection threads waiting in a synchronous pull
+        for child in starting:  # replacements still starting: their threads leave them to this
+            child.stop(0.0)
         for thread in self._threads:
             thread.join(timeout=2.0)
         # Workers told to stop exit by themselves; after a failure nothing is worth waiting for.
         deadline = time.monotonic() + (0.0 if self.server.failure is not None else 3.0)
-        for child in self.children:
+        with self._lock:  # a worker's thread replaces no child from now on (it sees _closing)
+            children = [child for child in self.children if child is not None]
+        for child in children:
             with contextlib.suppress(OSError):
                 child.channel.sock.shutdown(socket.SHUT_RDWR)  # a worker waiting for a reply sees EOF
-        for child in self.children:
+        for child in children:
             child.stop(max(0.0, deadline - time.monotonic()))
 
     def worker_pids(self) -> dict[int, int]:
-        """Process id of each worker."""
-        return {w: child.pid for w, child in enumerate(self.children)}
+        """Process id of each worker (not one being replaced)."""
+        return {w: child.pid for w, child in enumerate(self.children) if child is not None}
