@@ -349,7 +349,9 @@ def test_sigterm_stops_both_stages_with_their_checkpoints_and_resume_finishes(tm
     del latest["parts"]["truncations"]
     torch.save(latest, run / "checkpoints" / "latest.pt")
 
-    resumed = cli_main(["train", "pipeline-ppo", "--resume", str(run), "--no-progress"])
+    assert json.loads((run / "config.json").read_text())["master_port"] == 0  # the port picked is not kept:
+    resumed = cli_main(["train", "pipeline-ppo", "--resume", str(run), "--no-progress"])  # a resume picks one anew
     assert resumed == 0
     final = json.loads((run / "summary.json").read_text())
     assert final["env_steps"] == 32 * 150 and len(final["details"]["truncation_bootstraps"]) == 150
+    assert json.loads((run / "config.json").read_text())["master_port"] == 0

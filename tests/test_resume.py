@@ -264,3 +264,6 @@ def test_a_flag_changed_on_resume_holds_for_the_next_resume(tmp_path):
     assert config["_meta"]["created"] == created and "resumed" in config["_meta"]
     assert cli_main(["train", "ppo", "--resume", str(tmp_path / "run")]) == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["env_steps"] == 256
+    assert resume(tmp_path / "run", total_timesteps=320)["env_steps"] == 320  # the Python API says so too
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["total_timesteps"] == 320 and config["sources"]["total_timesteps"] == "resume() override"

@@ -101,11 +101,13 @@ def await_ready(
     error: type[Exception] = RuntimeError,
     keep_value_error: bool = False,
     hint: str = "",
+    refused: type[Exception] | None = None,
 ) -> tuple[Message, dict[str, int], dict[str, Any]]:
     """Wait for the handshake of ``actor`` (``name``: ``"worker 3"``) for ``timeout`` seconds (or until
     ``deadline``, a ``time.monotonic()``); return the ``ready`` message, its sizes by byte-meter kind and
     :meth:`ActorBody.node`'s answer. Raises ``error`` naming the worker when it does not start in time (``hint``
-    says what to check) or dies, and :func:`frugalrl.process.child_error` when its worker could not be built."""
+    says what to check) or dies, and :func:`frugalrl.process.child_error` (of class ``refused``, default ``error``)
+    when its worker could not be built."""
     if deadline is None:
         deadline = time.monotonic() + timeout
     try:
@@ -120,7 +122,7 @@ def await_ready(
         raise error(f"{name} (Ray actor) died while starting: {first_line(e)}") from e
     msg, sizes = decode_message(blob)
     if msg.op == "error":
-        raise child_error(name, msg.meta, error, keep_value_error)
+        raise child_error(name, msg.meta, refused or error, keep_value_error)
     return msg, sizes, dict(info)
 
 

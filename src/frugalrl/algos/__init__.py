@@ -63,7 +63,8 @@ def resume(run_dir: str | Path, **overrides: Any) -> dict[str, Any]:
 
     saved = read_config(run_dir)
     mod, cls = algorithm(saved.get("algo", "")).load()
-    cfg = config_from_dict(cls, {**saved, **overrides}, where=f"{run_dir}/config.json")
+    sources = {**saved.get("sources", {}), **dict.fromkeys(overrides, "resume() override")}  # as the CLI's
+    cfg = config_from_dict(cls, {**saved, **overrides, "sources": sources}, where=f"{run_dir}/config.json")
     return mod.train(cfg, resume=run_dir)
 
 

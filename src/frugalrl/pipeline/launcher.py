@@ -53,15 +53,16 @@ def _is_loopback(addr: str) -> bool:
 
 
 def run_stage(cfg: PipelinePPOConfig, rank: int, resume: str | Path | None = None,
-              callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+              callbacks: Sequence[Callback] = (), port: int | None = None) -> dict[str, Any]:
     """Join the process group as ``rank`` and run that stage; rank 0 returns the run summary.
 
     Rendezvous at ``cfg.master_addr:cfg.master_port`` (``MASTER_ADDR``/``MASTER_PORT`` from ``torchrun``
-    take precedence when set). On loopback, gloo is told to use the ``lo`` interface. ``resume``: stage 0
-    continues that run directory from its checkpoint and tells stage 1 where, which loads its own half.
+    take precedence when set; ``port``, the one :func:`train` picked, over both). On loopback, gloo is told to use
+    the ``lo`` interface. ``resume``: stage 0 continues that run directory from its checkpoint and tells stage 1
+    where, which loads its own half.
     """
     addr = os.environ.get("MASTER_ADDR", cfg.master_addr)
-    port = int(os.environ.get("MASTER_PORT", cfg.master_port))
+    port = port or int(os.environ.get("MASTER_PORT", cfg.master_port))
     if port == 0:
         raise ValueError("master_port must be given (non-zero) when a stage is started on its own")
     if _is_loopback(addr):
@@ -114,7 +115,7 @@ def train(cfg: PipelinePPOConfig, resume: str | Path | None = None, callbacks: S
     for attempt in range(3):
         port = cfg.master_port or free_port(cfg.master_addr)
         try:
-            _launch_both(dataclasses.replace(cfg, master_port=port), run_dir, resume)
+            _launch_both(cfg, port, run_dir, resume)
             break
         except RuntimeError as e:
             # A free port can be taken between our probe and gloo's bind: try another one.
@@ -126,10 +127,12 @@ def train(cfg: PipelinePPOConfig, resume: str | Path | None = None, callbacks: S
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def _launch_both(cfg: PipelinePPOConfig, run_dir: Path, resume: str | Path | None) -> None:
-    """Start both stages (:func:`frugalrl.process.spawn`) and wait for their ``done``; if one fails (reports an
-    error, or dies), stop the other and raise. Stage 1's output goes to ``<run dir>/stage1.log``."""
-    config = {"config": dataclasses.asdict(cfg), "resume": None if resume is None else str(resume)}
+def _launch_both(cfg: PipelinePPOConfig, port: int, run_dir: Path, resume: str | Path | None) -> None:
+    """Start both stages (:func:`frugalrl.process.spawn`) to meet on ``port`` and wait for their ``done``; if one
+    fails (reports an error, or dies), stop the other and raise. Stage 1's output goes to ``<run dir>/stage1.log``.
+    The port travels beside the config, whose ``master_port`` (0: pick one) is what ``config.json`` keeps: a
+    resume picks a free port again."""
+    config = {"config": dataclasses.asdict(cfg), "resume": None if resume is None else str(resume), "port": port}
     with open(run_dir / "stage1.log", "a") as log:  # a resume's segment after the earlier ones
         children = [spawn(STAGE_ENTRY, {**config, "rank": r}, name=f"pipeline stage {r}", log=None if r == 0 else log)
                     for r in (0, 1)]
@@ -181,13 +184,13 @@ def stage_entry() -> None:
     link = ParentLink.from_argv()
     try:
         job = link.start(lambda meta: (config_from_dict(PipelinePPOConfig, meta["config"]), int(meta["rank"]),
-                                       meta.get("resume")))
+                                       meta.get("resume"), int(meta["port"])))
         if job is None:
             return
         link.watch_parent()
-        cfg, rank, resume = job
+        cfg, rank, resume, port = job
         try:
-            run_stage(cfg, rank, resume)
+            run_stage(cfg, rank, resume, port=port)
         except Exception as e:  # noqa: BLE001 - reported to the launcher, which raises it
             link.send(error_message(e))
         else:

@@ -130,19 +130,20 @@ class RayBackend(Backend):
         self.actors[w], _ = start_actor(EnvActor, self._configs[w], num_cpus=self.num_cpus)
         self._books[w] = (HeaderBook(), HeaderBook())  # a new link: both ends start with empty books
 
-    def _await_ready(self, w: int) -> None:
-        _, _, self._info[w] = await_ready(self.actors[w], f"worker {w}", max(self.timeout, 60.0), hint="see ray_num_cpus")
+    def _await_ready(self, w: int, refused: type[Exception] | None = None) -> None:
+        _, _, self._info[w] = await_ready(self.actors[w], f"worker {w}", max(self.timeout, 60.0), hint="see ray_num_cpus",
+                                          refused=refused)
 
     def restart(self, worker: int) -> None:
         """Kill (if needed) and replace one actor."""
         self._posted.pop(worker, None)
         self._kill(worker)
         self._spawn(worker)
-        try:
-            self._await_ready(worker)
-        except RuntimeError as e:  # its env cannot be built now (or it died starting): the crash-loop rule decides
+        try:  # an env that cannot be built now is for the crash-loop rule; an actor that no node takes (its node
+            self._await_ready(worker, refused=WorkerStartFailed)  # is gone) fails the run after the start floor
+        except WorkerStartFailed:
             self._kill(worker)
-            raise WorkerStartFailed(str(e)) from e
+            raise
 
     def _kill(self, w: int) -> None:
         actor, self.actors[w] = self.actors[w], None
