@@ -355,3 +355,17 @@ def test_a_resume_right_after_the_last_evaluation_does_not_play_its_sampling_one
     assert first["stochastic_return_mean"] is not None and SampledToo.played == 1
     again = drive(SampledToo(_config(tmp_path)), resume=first["run_dir"])
     assert again["stochastic_return_mean"] == first["stochastic_return_mean"] and SampledToo.played == 1
+
+
+def test_a_run_planned_for_few_updates_says_so(tmp_path, caplog):
+    """64 workers on a two-worker preset make each update 32× larger: a budget of a handful of updates is said."""
+    with caplog.at_level("WARNING", logger="frugalrl"):
+        drive(HillClimb(_config(tmp_path, total_timesteps=150)))
+    notes = [r.getMessage() for r in caplog.records if "this budget makes" in r.getMessage()]
+    assert notes == ["frugalrl: note: this budget makes 3 updates of 50 env steps: the policy learns once an update, "
+                     "and more workers (or envs per worker, or steps per rollout) make each one larger; a larger "
+                     "--total-timesteps gives more"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="frugalrl"):
+        drive(HillClimb(_config(tmp_path / "more")))  # 16 updates
+    assert not [r for r in caplog.records if "this budget makes" in r.getMessage()]

@@ -245,6 +245,11 @@ class StorageFull(OSError):
         return StorageFull(error, Path(run_dir), step) if full and run_dir is not None else None
 
 
+FEW_UPDATES = 10
+"""A run planned for fewer updates says so at its start (64 workers on a preset's rollout make updates 32× larger
+than its 2 workers, and a budget that learned becomes a handful of updates)."""
+
+
 def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], signals: StopSignals) -> dict[str, Any]:
     cfg = algo.cfg
     try:
@@ -260,6 +265,11 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
         log.warning("frugalrl: note: total_timesteps=%d is not a whole number of %d-step iterations: the run takes "
                     "%d env steps (%d iteration%s)", run.cfg.total_timesteps, setup.steps_per_update, planned, n,
                     "" if n == 1 else "s")
+    if setup.total_updates is not None and setup.total_updates < FEW_UPDATES and not run.resumed:
+        n = setup.total_updates
+        log.warning("frugalrl: note: this budget makes %d update%s of %d env steps: the policy learns once an update, "
+                    "and more workers (or envs per worker, or steps per rollout) make each one larger; a larger "
+                    "--total-timesteps gives more", n, "" if n == 1 else "s", setup.steps_per_update)
     run.schedule_offset = _schedule_offset(run, setup)
     run.begin(setup.evaluate, planned, evaluate_stochastic=setup.evaluate_stochastic, stop_signal=lambda: signals.reason)
     algo.start()

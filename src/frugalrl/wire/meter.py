@@ -120,7 +120,9 @@ class ByteMeter:
             return {d: {k: v for (d_, k), v in self._by_dir.items() if d_ == d} for d in (UP, DOWN)}
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready summary: ``{kind: bytes, ..., "total": n, "up": {...}, "down": {...}, "per_worker": {...}}``."""
+        """JSON-ready summary: ``{kind: bytes, ..., "total": n, "up": {...}, "down": {...}, "per_worker": {...}}``
+        (``per_worker`` by worker index over the whole run: after a resume on fewer workers, those that left keep
+        their counts)."""
         by_kind = self.by_kind()
         directions = self.by_direction()
         up, down = directions[UP], directions[DOWN]
