@@ -51,10 +51,7 @@ def mark_env_error(e: BaseException, index: int) -> None:
     (the env's API, which a new worker would break again) and interrupts are not marked."""
     if isinstance(e, Exception) and not isinstance(e, EnvAPIError) and raised_by_env(e) is None and \
             not _gymnasium_api_check(e):
-        try:
-            e.raised_by_env = index  # type: ignore[attr-defined]
-        except AttributeError:  # an exception class with __slots__: not replaceable, it stops the run
-            pass
+        e.raised_by_env = index  # type: ignore[attr-defined]  # every exception has a __dict__
 
 
 def _gymnasium_api_check(e: BaseException) -> bool:

@@ -173,8 +173,8 @@ class RunDirectory:
 
     ``resume_step`` continues an existing directory from a checkpoint taken at that env step: the
     metrics logged after it are dropped (they are logged again), TensorBoard purges its events from
-    that step on, and ``config.json`` takes ``config`` with the segment's first checkpoint (a flag changed on resume
-    holds for the next resume too).
+    that step on, and ``config.json`` takes ``config`` (its ``_meta``: the run's, from its ``config.json``) with the
+    segment's first checkpoint (a flag changed on resume holds for the next resume too).
     """
 
     def __init__(self, path: str | Path, config: dict[str, Any], tensorboard: bool = True,
@@ -193,8 +193,7 @@ class RunDirectory:
             self._metrics = open(self.dir / "metrics.jsonl", "w")  # noqa: SIM115 - closed in close()
         else:  # the settings this segment runs with (flags given with --resume) are what a later resume reads,
             # once the segment has saved a checkpoint with them (a resume that fails to start leaves the old ones)
-            earlier = read_config(self.dir) if (self.dir / "config.json").exists() else {}
-            meta = {**earlier.get("_meta", {}), "resumed": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            meta = {**config.get("_meta", {}), "resumed": time.strftime("%Y-%m-%dT%H:%M:%S")}  # the run's, kept
             self._config_after_checkpoint = {**config, "_meta": meta}
             keep_metrics_to(self.dir / "metrics.jsonl", resume_step)
             self._metrics = open(self.dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()

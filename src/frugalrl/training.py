@@ -88,7 +88,8 @@ class RunRecorder:
             if changed:
                 log.warning("frugalrl: resuming %s with other settings than its last segment: %s", path,
                             ", ".join(f"{k}={config[k]!r} (was {saved.get(k)!r})" for k in changed))
-            self.directory = RunDirectory(path, config, cfg.tensorboard, resume_step=int(self._checkpoint["counters"]["env_steps"]))
+            self.directory = RunDirectory(path, {**config, "_meta": saved.get("_meta", {})}, cfg.tensorboard,
+                                          resume_step=int(self._checkpoint["counters"]["env_steps"]))
         else:
             self.directory = RunDirectory(self._new_dir(tag), config, cfg.tensorboard)
         self.env_steps = 0

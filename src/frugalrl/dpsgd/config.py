@@ -139,7 +139,7 @@ class DPSGDOptions(ConfigPart):
         """Raise ``ValueError`` naming the class and the first bad DPSGD option."""
         super().validate()
         where = type(self).__name__
-        for name in ("workers", "processes", "local_steps", "master_batch"):
+        for name in ("workers", "processes", "local_steps", "master_batch", "crash_loop_tries"):
             _check_int(where, name, getattr(self, name), 1)
         for name in ("rho", "eta", "eta_offset"):
             _check_positive(where, name, getattr(self, name))
@@ -190,11 +190,6 @@ class DPSGDOptions(ConfigPart):
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"{where}.ray_address must be a non-empty string or None, got {self.ray_address!r}")
         _check_positive(where, "startup_timeout_s", self.startup_timeout_s)
-        if isinstance(self.crash_loop_tries, bool) or not isinstance(self.crash_loop_tries, int) or \
-                self.crash_loop_tries < 1:
-            raise ValueError(f"{where}.crash_loop_tries must be a positive integer, got {self.crash_loop_tries!r}")
-        if self.on_env_error not in get_args(EnvErrorRule):
-            raise ValueError(f"{where}.on_env_error must be one of {get_args(EnvErrorRule)}, got {self.on_env_error!r}")
         if self.worker_timeout_s is not None:
             _check_positive(where, "worker_timeout_s", self.worker_timeout_s)
 

@@ -226,23 +226,24 @@ class LocalTransport(Transport):
                 _, sizes = new.await_ready(time.monotonic() + self.startup_timeout, error=DPSGDError,
                                            keep_value_error=True)
             except (DPSGDError, ValueError) as e:
-                reason = f"its replacement failed to start: {e}"
-                sizes = None
+                failed_start: Exception | None = e
+            else:
+                failed_start = None
             with self._lock:
                 mine = self._starting.pop(w, None) is new  # else close() took it, and stops it
-                keep = mine and sizes is not None and not self._closing and not self.server.stopped
+                keep = mine and failed_start is None and not self._closing and not self.server.stopped
                 if keep:
                     self.children[w] = new
             if keep:
-                assert sizes is not None, "kept only once ready"
                 self.meter.add_message(sizes, w, UP)
                 self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
                                             "seconds": round(time.monotonic() - t0, 3)})
                 return new
             if mine:
                 new.stop(0.0)
-            if sizes is not None or not mine:  # the run stopped or is closing
+            if failed_start is None or not mine:  # ready, but the run stopped or is closing
                 return None
+            reason = f"its replacement failed to start: {failed_start}"  # the crash-loop rule decides again
         return None
 
     @staticmethod
