@@ -27,6 +27,10 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
   envs the suite does not report, tuning seeds (``--sides``); ``frugal-nopreset-constant-lr``, cached, is the
   constant rate tried on LunarLanderContinuous-v3 with no preset;
 - ``impala`` and ``impala-every``: the same two with ``frugalrl train impala`` (``--sides``);
+- ``hsa2c-fp32`` and ``hsa2c-bf16``: ``frugalrl train hsa2c`` with its pushed updates and pulled parameters in
+  fp32, or in bf16 (``--update-codec``, ``--pull-codec``), and ``hsa2c-bf16-push`` (bf16 pushes, compressed, with
+  fp32 pulls), which chose HSA2C's codecs; ``hsa2c`` (no flags) and
+  ``hsa2c-old`` (fp32 both ways, full pulls: the defaults before) for their bytes (``--sides``);
 - ``sb3``: ``PPO("MlpPolicy", make_vec_env(X, n_envs=1, seed=S), seed=S, device="cpu")``: SB3's defaults.
   The MinAtar games (``MinAtar-Breakout``, the learning suite's key; Space Invaders and Asterix) are built by their
   factory on both sides
@@ -96,7 +100,13 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "impala-cont-ppo": ("impala", IMPALA_CONT_PPO),
          "impala-no-overlap": ("impala", [*IMPALA_CONT_PPO, "--no-overlap"]),  # the continuous family since it ran
          # the continuous family with V-trace's traces cut by λ = 0.95 (GAE's λ in PPO's fallback)
-         "impala-lam95": ("impala", ["--correct", "vtrace:1:1:0.95"])}
+         "impala-lam95": ("impala", ["--correct", "vtrace:1:1:0.95"]),
+         # HSA2C's fp32 pushes and pulls (its defaults until 2026-12-01) against bf16 both ways
+         "hsa2c-fp32": ("hsa2c", ["--update-codec", "fp32", "--pull-codec", "fp32"]),
+         "hsa2c-bf16": ("hsa2c", ["--update-codec", "bf16", "--pull-codec", "bf16"]),
+         "hsa2c-bf16-push": ("hsa2c", ["--update-codec", "bf16+zstd", "--pull-codec", "fp32"]),
+         "hsa2c": ("hsa2c", []),  # the defaults since
+         "hsa2c-old": ("hsa2c", ["--update-codec", "fp32", "--pull-codec", "fp32", "--no-pull-delta"])}
 #: Ratio key in the table → (label, our side, the reference side).
 RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
           "ratio_nopreset": ("frugal-nopreset / sb3", "frugal-nopreset", "sb3"),
@@ -134,6 +144,7 @@ def run_frugal(env: str, seed: int, steps: int, side: str) -> dict[str, Any]:
     config = json.loads((run_dir / "config.json").read_text())
     return {"return": s["eval_return_mean"], "return_std": s["eval_return_std"],
             "eval_episodes": s["eval_episodes"], "env_steps": s["env_steps"], "train_seconds": s["train_seconds"],
+            "bytes": {k: v for k, v in s["bytes"].items() if isinstance(v, int) and v},
             "wall_seconds": time.monotonic() - t0, "preset": config["preset"], "sources": config["sources"],
             "settings_printed": [line for line in done.stderr.splitlines() if line.startswith(("frugalrl:", "  "))],
             "command": " ".join(cmd[1:])}

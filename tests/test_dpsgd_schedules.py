@@ -60,7 +60,7 @@ def _one_worker_cfg(codec: str) -> DPSGDConfig:
 
 @pytest.fixture(scope="module")
 def one_worker_runs() -> dict[str, dict]:
-    return {codec: run_dpsgd(_one_worker_cfg(codec)) for codec in ("fp32", "bf16")}
+    return {codec: run_dpsgd(_one_worker_cfg(codec)) for codec in ("fp32", "bf16", "bf16+zstd")}
 
 
 def test_one_worker_run_matches_numpy_replay(one_worker_runs):
@@ -160,6 +160,13 @@ def test_bytes_are_counted_and_bf16_halves_push_bytes(one_worker_runs):
     assert bf16["bytes"]["up"]["gradients"] * 2 == fp32["bytes"]["up"]["gradients"]
     # bf16 updates still optimise: within a few percent of the fp32 run.
     assert bf16["final_loss"] == pytest.approx(fp32["final_loss"], rel=0.05)
+
+
+def test_compressed_bf16_pushes_are_bf16s_values(one_worker_runs):
+    """``bf16+zstd`` (HSA2C's default) compresses bf16's bytes losslessly: the same run, exactly."""
+    bf16, packed = one_worker_runs["bf16"], one_worker_runs["bf16+zstd"]
+    np.testing.assert_array_equal(packed["params"], bf16["params"])
+    assert 0 < packed["bytes"]["up"]["gradients"] != bf16["bytes"]["up"]["gradients"]
 
 
 # ------------------------------------------------------------------------------- eq. 13

@@ -210,6 +210,10 @@ def test_an_evaluation_env_that_raises_stops_the_run_cleanly_and_the_final_one_i
     assert err[-1].endswith(f"frugalrl train ppo --resume {tmp_path / 'cadence'}")
     summary = json.loads((tmp_path / "cadence" / "summary.json").read_text())
     assert summary["stop_reason"] == "worker_error" and summary["env_steps"] == 32
+    assert cli_main([*base, "--run-name", "last", "--eval-every", "4"]) == 2  # at its last update
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(f"the run made all its updates and is saved: frugalrl eval {tmp_path / 'last'} plays its "
+                            "policy again"), err  # a resume would have nothing to train
 
     class StopAtOnce(Callback):
         def on_update(self, run, update, row):
@@ -274,9 +278,10 @@ def test_an_hsa2c_worker_that_keeps_dying_is_given_up_in_one_line(tmp_path, caps
             "--crash-loop-tries", "2", "--run-dir", str(tmp_path), "--run-name", "run", *QUIET]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("frugalrl: error: DPSGD failed: worker 0: failed 3 times in a row with no completed "
+    assert err.startswith("frugalrl: error: workers failed: worker 0 failed 3 times in a row with no completed "
                           "request in between (last: process "), err
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "worker_error"
+    assert "--resume" in err  # its checkpoint was saved
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "workers_failed"
 
 
 def test_an_hsa2c_worker_whose_env_raised_is_replaced_with_restart(tmp_path):

@@ -271,7 +271,7 @@ def test_hsa2c_on_atari_frames_builds_the_cnn(tmp_path):
     assert type(problem.agent).__name__ == "NatureCNNActorCritic"
     assert s["details"]["global_updates"] == 2 and s["details"]["gradients"] == 4
     assert s["env_steps"] == 4 * 4 * 2
-    assert s["bytes"]["gradients"] >= 2 * 4 * problem.size  # two fp32 pushes of the whole CNN
+    assert 0 < s["bytes"]["gradients"] < 2 * 4 * problem.size  # two pushes of the whole CNN, compressed
 
 
 def test_gae_lambda_one_is_the_k_step_return_and_lower_changes_the_advantages():
@@ -403,7 +403,8 @@ def test_hsa2c_learns_minatar_with_the_grid_cnn(tmp_path):
     history = [h["mean"] for h in s["eval_history"]]
     assert history[0] < 1.0, history
     assert s["eval_return_mean"] >= 2.0, history
-    assert s["bytes"]["gradients"] >= s["details"]["pushes"] * problem.size * 4  # fp32 pushes
+    pushed = s["bytes"]["gradients"] / s["details"]["pushes"]
+    assert pushed < problem.size * 2  # each push the whole CNN, bf16 compressed
 
 
 @pytest.mark.timeout(120)

@@ -98,7 +98,7 @@ def test_run_converges_and_counts_bytes(transport):
     assert [t for _, t, _ in out["loss_curve"]] == [0, 10, 20, 30, 40, 50]
     assert out["gradient_steps"] == out["pushes"] * 5 * 2
     b = out["bytes"]
-    assert b["down"]["weights"] == 4 * KW["dim"] * out["pulls"] > 0
+    assert 0 < b["down"]["weights"] <= 4 * KW["dim"] * out["pulls"]  # a full copy or a smaller delta each
     assert b["up"]["gradients"] == 4 * KW["dim"] * out["pushes"] > 0
     assert b["up"]["control"] > 0 and b["down"]["control"] > 0
     assert b["total"] == sum(b[k] for k in ("weights", "gradients", "control"))

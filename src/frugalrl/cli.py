@@ -426,6 +426,8 @@ def _train(args: argparse.Namespace) -> int:
         return _error(f"{e}: the run stopped; {then}")
     except (WorkerError, WorkersFailed, EvaluationEnvError) as e:  # an env raised, or workers kept dying
         saved_to = f"; the run is saved: continue with  frugalrl train {args.algo} --resume {e.run_dir}" if e.run_dir else ""
+        if isinstance(e, EvaluationEnvError) and e.trained:  # nothing left to train: a resume would only evaluate
+            saved_to = f"; the run made all its updates and is saved: frugalrl eval {e.run_dir} plays its policy again"
         return _error(f"{'workers failed: ' if isinstance(e, WorkersFailed) else ''}{e}{saved_to}")
     except KeyboardInterrupt:
         print("frugalrl: interrupted; workers stopped", file=sys.stderr)

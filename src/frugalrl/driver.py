@@ -337,6 +337,8 @@ def _loop(algo: Algorithm, run: RunRecorder, callbacks: Sequence[Callback], sign
                          evaluate=signals.reason is None and failure is None)
     if failure is not None:
         failure.run_dir = summary["run_dir"]
+        if isinstance(failure, EvaluationEnvError):
+            failure.trained = total is not None and run.updates + shift >= total
         raise failure
     return summary
 

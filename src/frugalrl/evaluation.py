@@ -78,6 +78,8 @@ class EvaluationEnvError(RuntimeError):
 
     run_dir: str | None = None
     """The run directory whose checkpoint and summary were written before this was raised (the driver's)."""
+    trained: bool = False
+    """Whether the run had made every update of its budget: a resume would only evaluate again."""
 
 
 def evaluation_disagreement(deterministic: Evaluation | None, stochastic: Evaluation | None,

@@ -41,6 +41,7 @@ from frugalrl.dpsgd.rates import decayed_rate
 from frugalrl.dpsgd.run import dpsgd_records
 from frugalrl.dpsgd.transport import DPSGDError
 from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, drive
+from frugalrl.envs.restarts import WorkersFailed
 from frugalrl.envs.spec import EnvSpec, to_env_spec
 from frugalrl.envs.worker import WorkerError
 from frugalrl.evaluation import EVAL_SEED, Evaluation, evaluate, policy_evaluator
@@ -332,7 +333,7 @@ class HSA2C(Algorithm):
             self.out = end.value
             return Update(0, updates=0, stop_reason=self._stop_reason())
         except DPSGDError as e:  # a worker's env raised, or a worker died: the run stops with the recorded weights
-            raise WorkerError(str(e)) from e
+            raise _worker_failure(e) from e
         update = self.done + version
         self.problem.load(params)
         return Update((update - self.run.updates) * self.cfg.env_steps_per_update, {"global_update": update},
@@ -357,7 +358,7 @@ class HSA2C(Algorithm):
             except StopIteration as end:
                 self.out = end.value
             except DPSGDError as e:  # as in update()
-                raise WorkerError(str(e)) from e
+                raise _worker_failure(e) from e
         out = self.out
         self.problem.load(out["params"])
         steps = self.steps0 + int(out["gradient_steps"]) * self.cfg.env_steps_per_gradient
@@ -411,3 +412,10 @@ def train(cfg: HSA2CConfig, resume: str | Path | None = None, callbacks: Sequenc
 
 _STOP_REASONS = {"global_updates": "budget", "target_loss": "target_return"}
 """DPSGD's stop reasons in the run summary's words."""
+
+
+def _worker_failure(e: DPSGDError) -> WorkerError | WorkersFailed:
+    """What the driver is told of a failed DPSGD run: the crash-loop rule's verdict where it gave up on a worker
+    (the run stops as "workers_failed", as PPO's and IMPALA's do), else the worker's error."""
+    gave_up = e.__cause__
+    return WorkersFailed(gave_up.worker, gave_up.errors) if isinstance(gave_up, WorkersFailed) else WorkerError(str(e))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from frugalrl.config import ActorCriticConfig, NetConfig, NormConfig, RunConfig, check_fields
-from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions
+from frugalrl.dpsgd.config import DPSGDConfig, DPSGDOptions, UpdateCodec
 from frugalrl.runs import jsonable
 
 PROBLEM = "frugalrl.algos.hsa2c:make_a2c_problem"
@@ -46,6 +46,9 @@ class HSA2CConfig(NormConfig, NetConfig, ActorCriticConfig, RunConfig, DPSGDOpti
     constant-rate policy keeps swinging (why: docs/benchmarks.md#hsa2c-average)."""
     global_updates: int | None = None
     """Stop after this many global updates; None: ``total_timesteps`` sets the budget (with both, the fewer)."""
+    update_codec: UpdateCodec = "bf16+zstd"
+    """Wire codec of the pushed updates: bf16 values, compressed, where the return held; the pulls stay fp32 and
+    delta-coded, since bf16 pulls did not hold it (why both: docs/benchmarks.md#hsa2c-codecs)."""
     eval_every: int = 20
     eval_every_s: float | None = None
     """Evaluate at the first global update after every this many seconds of training instead of every

@@ -31,8 +31,11 @@ from frugalrl.config import ConfigPart, EnvErrorRule
 from frugalrl.dpsgd.rates import scale_learning_rate
 
 Codec = Literal["fp32", "bf16", "fp16"]
-"""Wire codecs of DPSGD's update and parameter vectors."""
-UPDATE_CODECS: tuple[str, ...] = get_args(Codec)
+"""Wire codecs of DPSGD's parameter vectors (pulls)."""
+UpdateCodec = Literal["fp32", "bf16", "fp16", "zstd", "bf16+zstd"]
+"""Wire codecs of DPSGD's update vectors (pushes): ``zstd`` is fp32's bytes shuffled into byte planes and
+compressed (lossless), ``bf16+zstd`` the same for bf16 (the values of ``bf16``, in fewer bytes)."""
+UPDATE_CODECS: tuple[str, ...] = get_args(UpdateCodec)
 TransportName = Literal["local", "ray"]
 """Transports between the server and the workers (:data:`frugalrl.dpsgd.run.TRANSPORTS`)."""
 TRANSPORT_NAMES: tuple[str, ...] = get_args(TransportName)
@@ -89,10 +92,14 @@ class DPSGDOptions(ConfigPart):
     """Stop after this many global updates (T); None: only ``time_limit_s`` stops the run."""
     time_limit_s: float | None = None
     """Stop after this many seconds of optimisation (startup excluded)."""
-    update_codec: Codec = "fp32"
-    """Wire codec of the pushed update vectors: fp32, bf16 or fp16."""
+    update_codec: UpdateCodec = "fp32"
+    """Wire codec of the pushed update vectors: fp32, bf16, fp16, zstd (fp32 values, compressed) or bf16+zstd."""
     pull_codec: Codec = "fp32"
     """Wire codec of the pulled global parameters: fp32, bf16 or fp16."""
+    pull_delta: bool = True
+    """A worker that holds the parameters of an earlier pull is sent only what changed since (the XOR or the
+    difference of the pull codec's words with its copy, compressed), when that is smaller than a full copy;
+    exact: it ends with the very parameters a full copy gives. False: a full copy every pull."""
     update_format: UpdateFormat = "dense"
     """Pushed updates: ``dense`` (the whole vector), ``columns`` (one decay factor plus the changed columns,
     :mod:`frugalrl.dpsgd.sparse`; needs a problem with ``column_step`` and ``processes == 1``) or ``auto``

@@ -30,7 +30,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from frugalrl.dpsgd.config import Codec, ColumnBaseOption, DPSGDConfig, DPSGDOptions, UpdateFormat
+from frugalrl.dpsgd.config import ColumnBaseOption, DPSGDConfig, DPSGDOptions, UpdateCodec, UpdateFormat
 from frugalrl.dpsgd.corpora import Corpus, load_corpus, synthetic_corpus
 from frugalrl.dpsgd.lda_estep import (
     E_STEP_BACKENDS,
@@ -368,7 +368,7 @@ class LDAConfig(DPSGDOptions):
     eta_offset: float = 1.0
     global_updates: int | None = 200
     update_format: UpdateFormat = "auto"
-    update_codec: Codec = "bf16"
+    update_codec: UpdateCodec = "bf16"
     """Wire codec of the pushed updates; LDA's default ``bf16`` halves them and leaves the final perplexity where
     fp32 puts it (why: docs/benchmarks.md#lda-bf16)."""
     column_base: ColumnBaseOption = "auto"

@@ -107,6 +107,7 @@ def dpsgd_records(
         log_every=cfg.log_every,
         log_every_s=cfg.log_every_s,
         pull_codec=cfg.pull_codec,
+        pull_delta=cfg.pull_delta,
         name=name,
         average_decay=cfg.average_decay(),
     )
@@ -161,7 +162,7 @@ def dpsgd_records(
         transport.close()
     if server.failure is not None:
         kind, message = server.failure
-        raise (ValueError if kind == "ValueError" else DPSGDError)(f"DPSGD failed: {message}")
+        raise (ValueError if kind == "ValueError" else DPSGDError)(f"DPSGD failed: {message}") from transport.gave_up
 
     for seconds, version, v in deferred:
         curve.append((seconds, version, float(problem.loss(v))))

@@ -13,19 +13,20 @@ The server speaks :class:`~frugalrl.wire.Message` (:meth:`ParameterServer.handle
 ====== ============================================ =================================================
 op     request (worker → server)                    reply (server → worker)
 ====== ============================================ =================================================
-pull   —                                            ``params``: ``w/v``, meta ``version``; or ``stop``
-push   ``grad/w``, meta ``version`` (pulled), steps  the next ``params`` (push and pull in one trip)
+pull   meta ``held`` (optional)                     ``params``: ``w/v``, meta ``version``; or ``stop``
+push   ``grad/w``, meta ``version``, steps, held    the next ``params`` (push and pull in one trip)
        (or column-sparse, meta ``format="columns"``:
        :mod:`frugalrl.dpsgd.sparse`)
 error  meta ``error``, ``type``                     ``stop``
 ====== ============================================ =================================================
 
-In synchronous mode (``synchronous=True``, ``M`` = workers) a worker's next pull waits until its round is applied,
-so every global step has one update from every worker, all computed from the same ``v``.
+With ``pull_delta`` a worker that says which version it ``held`` gets only what changed (docs/dpsgd.md). In
+synchronous mode (``M`` = workers) a worker's next pull waits until its round is applied (one update per worker).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from frugalrl.dpsgd.sparse import ColumnUpdate
+from frugalrl.wire.delta import Words, to_words, weights_update
 from frugalrl.wire.message import Message
 
 
@@ -88,6 +90,7 @@ class ParameterServer:
         log_every: int = 0,
         log_every_s: float | None = None,
         pull_codec: str = "fp32",
+        pull_delta: bool = False,
         name: str = "problem",
         average_decay: float = 0.0,
     ) -> None:
@@ -107,6 +110,8 @@ class ParameterServer:
         self.log_every_s = None if log_every_s is None else float(log_every_s)
         self._next_record_s = self.log_every_s or 0.0
         self.pull_codec = pull_codec
+        self.pull_delta = bool(pull_delta)
+        self._sent: dict[int, tuple[int, Words]] = {}  # worker: (version, words) of the params last sent to it
         self.name = name
         self.version = 0
         self._cond = threading.Condition()
@@ -149,13 +154,16 @@ class ParameterServer:
         with self._cond:
             self._stop_locked(reason)
 
-    def fail(self, worker: int | None, message: str, kind: str = "RuntimeError") -> None:
-        """Stop because of an error; the first failure is kept and raised by the caller of the run."""
+    def fail(self, worker: int | None, message: str, kind: str = "RuntimeError") -> bool:
+        """Stop because of an error; the first failure is kept and raised by the caller of the run (True: this
+        one)."""
         where = f"worker {worker}: " if worker is not None else ""
         with self._cond:
-            if self.failure is None:
+            first = self.failure is None
+            if first:
                 self.failure = (kind, where + message)
             self._stop_locked("failure")
+        return first
 
     def _stop_locked(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -246,17 +254,26 @@ class ParameterServer:
         return 0.0 if self._t0 is None else time.monotonic() - self._t0
 
     # ------------------------------------------------------------------ protocol
-    def params_message(self, pulled: tuple[int, np.ndarray] | None) -> Message:
-        """The reply to a pull: ``params`` with ``w/v`` (in the pull codec), or ``stop``."""
+    def params_message(self, pulled: tuple[int, np.ndarray] | None, worker: int = 0, held: Any = None) -> Message:
+        """The reply to a pull: ``params`` with ``w/v`` (in the pull codec), or ``stop``. With ``pull_delta``: the
+        code words, as a delta against those last sent to ``worker`` where it says it ``held`` that version."""
         if pulled is None:
             return Message("stop", {"reason": self.stop_reason})
         version, v = pulled
-        return Message("params", {"version": version}, {"w/v": v}, {"w/v": self.pull_codec})
+        if not self.pull_delta:
+            return Message("params", {"version": version}, {"w/v": v}, {"w/v": self.pull_codec})
+        words = to_words({"v": v}, self.pull_codec)
+        sent = self._sent.get(worker)  # only this worker's handler touches its entry
+        base, base_version = (sent[1], sent[0]) if sent is not None and held == sent[0] else (None, None)
+        update = weights_update(words, base, {"version": version, "codec": self.pull_codec}, base_version)
+        self._sent[worker] = (version, words)
+        return dataclasses.replace(update, op="params")
 
     def handle(self, worker: int, msg: Message) -> Message:
         """Answer one request of ``worker`` (see the module docstring); may block in synchronous mode."""
+        held = msg.meta.get("held")
         if msg.op == "pull":
-            return self.params_message(self.pull(worker))
+            return self.params_message(self.pull(worker), worker, held)
         if msg.op == "push":
             update: np.ndarray | None = (
                 self.dense_update(worker, msg) if msg.meta.get("format") == "columns" else msg.arrays.get("grad/w")
@@ -264,7 +281,7 @@ class ParameterServer:
             if update is None:
                 raise ValueError(f"worker {worker} sent a push without 'grad/w'")
             self.push(worker, update, int(msg.meta["version"]), int(msg.meta.get("steps", 0)))
-            return self.params_message(self.pull(worker))
+            return self.params_message(self.pull(worker), worker, held)
         if msg.op == "error":
             self.fail(worker, str(msg.meta.get("error")), str(msg.meta.get("type", "RuntimeError")))
             return Message("stop", {"reason": "failure"})

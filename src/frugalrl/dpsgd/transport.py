@@ -72,6 +72,8 @@ class Transport(ABC):
         self.on_env_error = on_env_error
         self.restart_events: list[dict[str, Any]] = []
         """Each worker replaced: ``{worker, reason, time, seconds}`` (local transport)."""
+        self.gave_up: WorkersFailed | None = None
+        """The crash-loop rule's verdict on a worker that kept failing, which stopped the run (local transport)."""
 
     @abstractmethod
     def start(self) -> None:
@@ -205,7 +207,8 @@ class LocalTransport(Transport):
             try:
                 delay = self.restart_rule.failed(w, reason)
             except WorkersFailed as e:
-                self.server.fail(w, str(e).removeprefix(f"worker {w} "))
+                if self.server.fail(w, str(e).removeprefix(f"worker {w} ")):  # the failure the run reports
+                    self.gave_up = e
                 return None
             log.warning("frugalrl: DPSGD worker %d failed (%s); replacing it", w, reason)
             if self._closing_event.wait(delay):

@@ -37,6 +37,7 @@ from frugalrl.dpsgd.problems import Problem, check_vector, load_problem
 from frugalrl.dpsgd.rates import decayed_rate
 from frugalrl.dpsgd.sparse import ColumnUpdate, supports_columns
 from frugalrl.process import Child, ChildError, ChildExited, ParentGone, ParentLink, error_message, spawn
+from frugalrl.wire.delta import DeltaError, HeldWeights, from_words
 from frugalrl.wire.message import Message
 
 _WORKER_ENTRY = "frugalrl.dpsgd.worker:worker_entry"
@@ -169,6 +170,17 @@ class HogwildPool:
 
 
 # ---------------------------------------------------------------------------------- the worker loop
+def pulled_params(reply: Message, held: HeldWeights, size: int) -> np.ndarray:
+    """The ``size`` parameters a ``params`` reply carries: as they are, or from the pull codec's code words it
+    carries whole or as a delta against those ``held`` (then held instead; ``DeltaError`` where it holds others)."""
+    if "codec" not in reply.meta:  # the values themselves, decoded from the pull codec by the wire
+        return reply.arrays["w/v"]
+    words = held.resolve(reply)
+    v = from_words(words, {"v": ((size,), np.dtype(np.float32))}, str(reply.meta["codec"]))["v"]
+    held.keep(int(reply.meta["version"]), words)
+    return v
+
+
 class DPSGDWorker:
     """Alg. 2 for one worker: its problem, its shared ``u`` and its Hogwild helpers.
 
@@ -198,6 +210,7 @@ class DPSGDWorker:
                 f"problem {self.name!r} has no column_shape / decay_target / column_step: it cannot push "
                 "update_format='columns' (use 'dense')"
             )
+        self.held = HeldWeights()  # the code words of the last pulled parameters (a server with pull_delta)
         self.vector = SharedVector.create(size)
         try:
             self.pool = HogwildPool(cfg, self.vector, startup_timeout)
@@ -261,29 +274,43 @@ class DPSGDWorker:
         """
         steps = int(self.cfg["local_steps"]) * int(self.cfg["processes"])
         try:
-            reply = exchange(Message("pull"))
+            reply = exchange(self._request("pull"))
             while reply.op == "params":
+                try:
+                    v = self.params(reply)
+                except DeltaError:  # the server coded against words this worker does not hold: a full copy
+                    self.held.clear()
+                    reply = exchange(self._request("pull"))
+                    continue
+                version = reply.meta["version"]
                 if self.columns:
-                    v = reply.arrays["w/v"]
-                    cols = self.round_columns(v, int(reply.meta["version"]))
+                    cols = self.round_columns(v, int(version))
                     if not cols.smaller_than_dense():  # the batch touched (nearly) every column
                         update = self.vector.array - v  # the same update, as the dense push
                     else:
-                        reply = exchange(cols.message(reply.meta["version"], steps, self.cfg["update_codec"]))
+                        push = cols.message(version, steps, self.cfg["update_codec"])
+                        reply = exchange(self._request(push.op, push))
                         continue
                 else:
-                    update = self.round(reply.arrays["w/v"], int(reply.meta["version"]))
-                push = Message(
-                    "push",
-                    {"version": reply.meta["version"], "steps": steps},
-                    {"grad/w": update},
-                    {"grad/w": self.cfg["update_codec"]},
-                )
-                reply = exchange(push)
+                    update = self.round(v, int(version))
+                push = Message("push", {"version": version, "steps": steps}, {"grad/w": update},
+                               {"grad/w": self.cfg["update_codec"]})
+                reply = exchange(self._request("push", push))
         except ParentGone:
             raise
         except Exception as e:  # noqa: BLE001 - reported to the server, which raises it in the caller
             exchange(error_message(e))
+
+    def _request(self, op: str, msg: Message | None = None) -> Message:
+        """``msg`` (or an empty ``op``) telling the server which parameters' version this worker holds."""
+        msg = msg or Message(op)
+        if self.held.version is not None:
+            msg.meta["held"] = self.held.version
+        return msg
+
+    def params(self, reply: Message) -> np.ndarray:
+        """The parameters of a ``params`` reply (:func:`pulled_params`)."""
+        return pulled_params(reply, self.held, self.vector.array.size)
 
     def close(self) -> None:
         """Stop the helpers and free the shared memory."""
