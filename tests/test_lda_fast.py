@@ -272,10 +272,13 @@ def test_fit_lda_columns_matches_dense_with_fewer_bytes():
     np.testing.assert_allclose(out["columns"]["lambda"], out["dense"]["lambda"], rtol=1e-3, atol=1e-3)
     assert out["columns"]["final_perplexity"] == pytest.approx(out["dense"]["final_perplexity"], rel=1e-3)
     assert out["columns"]["bytes"]["gradients"] * 5 <= out["dense"]["bytes"]["gradients"]
-    assert LDAConfig().update_codec == "bf16"
+    assert LDAConfig().update_codec == "bf16+zstd"  # bf16 values, compressed
     bf16 = fit_lda(dataclasses.replace(base, update_format="columns", update_codec="bf16"))
     assert bf16["bytes"]["gradients"] < 0.6 * out["columns"]["bytes"]["gradients"]
     assert bf16["final_perplexity"] == pytest.approx(out["columns"]["final_perplexity"], rel=1e-2)
+    packed = fit_lda(dataclasses.replace(base, update_format="columns", update_codec="bf16+zstd"))
+    assert packed["bytes"]["gradients"] < bf16["bytes"]["gradients"]
+    np.testing.assert_array_equal(packed["lambda"], bf16["lambda"])  # one worker: the same run, exactly
 
 
 def test_column_pushes_shrink_on_a_zipf_vocabulary():

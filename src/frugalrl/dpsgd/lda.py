@@ -368,9 +368,9 @@ class LDAConfig(DPSGDOptions):
     eta_offset: float = 1.0
     global_updates: int | None = 200
     update_format: UpdateFormat = "auto"
-    update_codec: UpdateCodec = "bf16"
-    """Wire codec of the pushed updates; LDA's default ``bf16`` halves them and leaves the final perplexity where
-    fp32 puts it (why: docs/benchmarks.md#lda-bf16)."""
+    update_codec: UpdateCodec = "bf16+zstd"
+    """Wire codec of the pushed updates; LDA's default, bf16 values (which leave the final perplexity where fp32 puts
+    it: docs/benchmarks.md#lda-bf16), compressed losslessly."""
     column_base: ColumnBaseOption = "auto"
     """What a column push's decay applies to on the server (:mod:`frugalrl.dpsgd.sparse`); ``auto`` (the default):
     ``current`` with several workers, so that a stale SVI step is still a convex combination of the server's
