@@ -247,7 +247,12 @@ def test_a_failed_hsa2c_worker_stops_the_run_in_one_line_and_the_resume_finishes
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stop_reason"] == "worker_error" and 0 < summary["updates"] < 30
     assert cli_main(["train", "hsa2c", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["updates"] == 30
+    done = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert done["updates"] == 30
+    # resumed again at its budget: nothing left to train, no worker starts, and nothing changes
+    assert cli_main(["train", "hsa2c", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
+    again = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (again["updates"], again["env_steps"], again["stop_reason"]) == (30, done["env_steps"], "budget")
 
 
 @pytest.mark.parametrize("synchronous", [False, True])

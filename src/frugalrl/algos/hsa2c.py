@@ -318,6 +318,9 @@ class HSA2C(Algorithm):
     def start(self) -> None:
         run = self.run
         self.done, self.steps0, self.seconds0 = run.updates, run.env_steps, run.seconds()  # earlier segments'
+        budget = self.cfg.budget_updates
+        if budget is not None and self.done >= budget:  # a resume of a run that made its budget: no worker starts
+            return
         initial = self.problem.flat() if self.done else None
         self.records = dpsgd_records(self.cfg.dpsgd_config(self.done), self.problem, initial=initial)
 
@@ -348,8 +351,9 @@ class HSA2C(Algorithm):
     def end(self) -> Update:
         """Let the server finish (asking it to stop when the run ended before it did), load its final weights and
         report the exact totals: gradients × k × m env steps, its global updates and its clock."""
+        if self.records is None:  # nothing left to train (start())
+            return Update(0, updates=0, stop_reason="budget")
         if self.out is None:
-            assert self.records is not None
             command: str | None = "stop" if self.run.stopped else None
             try:
                 while True:
@@ -369,7 +373,7 @@ class HSA2C(Algorithm):
 
     def details(self) -> dict[str, Any]:
         cfg, out = self.cfg, self.out
-        if out is None:  # a worker failed: the server's counts went with it
+        if out is None:  # a worker failed, and the server's counts went with it, or nothing ran
             return {"workers": cfg.workers, "processes": cfg.processes}
         return {
             "gradients": int(out["gradient_steps"]),
@@ -393,7 +397,7 @@ class HSA2C(Algorithm):
         }
 
     def traffic(self) -> dict[str, Any]:
-        if self.out is None:  # a worker failed (details())
+        if self.out is None:  # a worker failed, or nothing ran (details())
             return {}
         return {"bytes": self.out["bytes"], "weight_syncs": {"total": int(self.out["pulls"]), "per_worker": []},
                 "restarts": len(self.out["restart_events"])}
