@@ -274,13 +274,13 @@ class DPSGDWorker:
         """
         steps = int(self.cfg["local_steps"]) * int(self.cfg["processes"])
         try:
-            reply = exchange(self._request("pull"))
+            reply = exchange(self._request(Message("pull")))
             while reply.op == "params":
                 try:
-                    v = self.params(reply)
+                    v = pulled_params(reply, self.held, self.vector.array.size)
                 except DeltaError:  # the server coded against words this worker does not hold: a full copy
                     self.held.clear()
-                    reply = exchange(self._request("pull"))
+                    reply = exchange(self._request(Message("pull")))
                     continue
                 version = reply.meta["version"]
                 if self.columns:
@@ -288,29 +288,23 @@ class DPSGDWorker:
                     if not cols.smaller_than_dense():  # the batch touched (nearly) every column
                         update = self.vector.array - v  # the same update, as the dense push
                     else:
-                        push = cols.message(version, steps, self.cfg["update_codec"])
-                        reply = exchange(self._request(push.op, push))
+                        reply = exchange(self._request(cols.message(version, steps, self.cfg["update_codec"])))
                         continue
                 else:
                     update = self.round(v, int(version))
                 push = Message("push", {"version": version, "steps": steps}, {"grad/w": update},
                                {"grad/w": self.cfg["update_codec"]})
-                reply = exchange(self._request("push", push))
+                reply = exchange(self._request(push))
         except ParentGone:
             raise
         except Exception as e:  # noqa: BLE001 - reported to the server, which raises it in the caller
             exchange(error_message(e))
 
-    def _request(self, op: str, msg: Message | None = None) -> Message:
-        """``msg`` (or an empty ``op``) telling the server which parameters' version this worker holds."""
-        msg = msg or Message(op)
+    def _request(self, msg: Message) -> Message:
+        """``msg``, telling the server which parameters' version this worker holds (what a delta pull applies to)."""
         if self.held.version is not None:
             msg.meta["held"] = self.held.version
         return msg
-
-    def params(self, reply: Message) -> np.ndarray:
-        """The parameters of a ``params`` reply (:func:`pulled_params`)."""
-        return pulled_params(reply, self.held, self.vector.array.size)
 
     def close(self) -> None:
         """Stop the helpers and free the shared memory."""
