@@ -126,12 +126,12 @@ class DPSGDOptions(ConfigPart):
     worker_timeout_s: float | None = 300.0
     """A worker silent for this long (no push, no pull) is declared hung; None: wait forever."""
     crash_loop_tries: int = 8
-    """Local transport: a worker that dies or hangs is replaced (a new process from its config, at once after it
+    """A worker that dies or hangs is replaced (a new process, or Ray actor, from its config, at once after it
     pushed an update, else after a back-off of 0.25, 0.5, ... up to 4 s); past this many times in a row without a
-    push the run stops. Ray transport: a worker that fails stops the run."""
+    push the run stops."""
     on_env_error: EnvErrorRule = "raise"
     """An error a worker reports (HSA2C: its env raised): 'raise' stops the run with the weights it recorded last;
-    'restart' (local transport) replaces the worker as a dead one is."""
+    'restart' replaces the worker as a dead one is."""
 
     def options(self) -> dict[str, Any]:
         """The DPSGD options of this config, by field name (to build a :class:`DPSGDConfig` from)."""

@@ -6,8 +6,9 @@ transport. A Ray actor cannot call a plain driver process back, so the head *dri
 :class:`~frugalrl.dpsgd.worker.DPSGDWorker` loop (its Hogwild helpers on the actor's node) in a thread, and the
 head calls ``actor.exchange(reply) -> next request`` in one thread per worker, answering each request with
 :meth:`ParameterServer.handle`. Ray only moves ``bytes`` of encoded :class:`~frugalrl.wire.Message` s, so nothing
-is pickled and a run counts exactly the same bytes as on the local transport. A dead or silent worker fails the
-run naming it; Ray itself is :mod:`frugalrl.ray_session`'s, shared with ClusterEnv's Ray backend. The design in
+is pickled and a run counts exactly the same bytes as on the local transport. A dead or silent worker is replaced
+by a new actor as on the local transport (:meth:`~frugalrl.dpsgd.transport.Transport._replace`, its crash-loop rule
+included); Ray itself is :mod:`frugalrl.ray_session`'s, shared with ClusterEnv's Ray backend. The design in
 full: docs/dpsgd.md#the-ray-transport.
 """
 
@@ -126,7 +127,6 @@ class RayTransport(Transport):
         self._done = [False] * len(self.configs)
         self._last: dict[int, Any] = {}  # worker -> its final exchange call (the one that carried ``stop``)
         self._counted = False  # whether this transport counts as a user of the Ray instance (ray_session)
-        self._closing = False
         self._closed = False
 
     def _cpus(self, cfg: dict[str, Any]) -> float:
@@ -140,21 +140,11 @@ class RayTransport(Transport):
                 self.address, sum(self._cpus(c) for c in self.configs), _OBJECT_STORE_BYTES
             )
             for w, cfg in enumerate(self.configs):
-                self.actors[w], sizes = start_actor(
-                    DPSGDActor,
-                    Message("config", cfg),
-                    self.startup_timeout,
-                    num_cpus=self._cpus(cfg),
-                    max_concurrency=4,  # exchange blocks while the worker computes; ready/node/shutdown get through
-                )
+                self.actors[w], sizes = self._launch(w, cfg)
                 self.meter.add_message(sizes, w, DOWN)
             deadline = time.monotonic() + self.startup_timeout
             for w, actor in enumerate(self.actors):
-                _, sizes, self._info[w] = await_ready(
-                    actor, f"worker {w}", self.startup_timeout, deadline=deadline, error=DPSGDError,
-                    keep_value_error=True, hint="see num_cpus",
-                )
-                self.meter.add_message(sizes, w, UP)
+                self.meter.add_message(self._await_ready(w, actor, deadline), w, UP)
         except BaseException:
             self.close()
             raise
@@ -162,27 +152,37 @@ class RayTransport(Transport):
     def serve(self) -> None:
         """Start every worker's loop and one head thread per worker answering its requests."""
         for w, actor in enumerate(self.actors):
-            first = actor.exchange.remote(None)
-            thread = threading.Thread(target=self._serve, args=(w, first), name=f"dpsgd-ray-{w}", daemon=True)
+            thread = threading.Thread(target=self._serve, args=(w, actor), name=f"dpsgd-ray-{w}", daemon=True)
             self._threads.append(thread)
             thread.start()
 
-    def _serve(self, w: int, ref: Any) -> None:
-        """Answer worker ``w`` until it is told to stop, dies, goes silent, or the transport closes."""
-        server = self.server
+    def _serve(self, w: int, actor: Any) -> None:
+        """Answer worker ``w`` until it is told to stop or the transport closes; a worker that dies, goes silent,
+        breaks the protocol or (``on_env_error="restart"``) reports an error is replaced
+        (:meth:`~frugalrl.dpsgd.transport.Transport._replace`)."""
         try:
+            ref = actor.exchange.remote(None)
             while not self._closing:
                 blob = self._receive(w, ref)
                 if blob is None:
                     return
-                try:
-                    msg, sizes = decode_message(blob)
-                except WireError as e:
-                    server.fail(w, f"sent a malformed message ({e})")
-                    return
+                failed = blob if isinstance(blob, str) else None
+                if not isinstance(blob, str):
+                    try:
+                        msg, sizes = decode_message(blob)
+                    except WireError as e:
+                        failed = f"sent a malformed message ({e})"
+                    else:
+                        failed = self.env_error_to_restart(w, msg, sizes)
+                if failed is not None:
+                    actor = self._replace(w, actor, failed)
+                    if actor is None:
+                        return
+                    ref = actor.exchange.remote(None)
+                    continue
                 reply = self.answer(w, msg, sizes)
                 out, sizes = encode_message(reply)
-                ref = self.actors[w].exchange.remote(out)
+                ref = actor.exchange.remote(out)
                 self.meter.add_message(sizes, w, DOWN)
                 if reply.op == "stop":
                     self._last[w] = ref
@@ -190,8 +190,9 @@ class RayTransport(Transport):
         finally:
             self._done[w] = True
 
-    def _receive(self, w: int, ref: Any) -> bytes | None:
-        """The worker's next request; None (after reporting why to the server) if there is none."""
+    def _receive(self, w: int, ref: Any) -> bytes | str | None:
+        """The worker's next request; why the worker must be replaced if there is none; None if the transport is
+        closing."""
         last = time.monotonic()
         while True:
             ready, _ = ray.wait([ref], timeout=_POLL_S)
@@ -200,22 +201,15 @@ class RayTransport(Transport):
             if self._closing:
                 return None
             if self.worker_timeout is not None and time.monotonic() - last > self.worker_timeout:
-                self.server.fail(w, f"no message for {self.worker_timeout:g} s: the worker is hung")
-                return None
+                return f"no message for {self.worker_timeout:g} s: the worker is hung"
         try:
             blob = ray.get(ref)
         except RayActorError as e:
-            if not self._closing:
-                self.server.fail(w, f"Ray actor (pid {self._info.get(w, {}).get('pid')}) died: {first_line(e)}")
-            return None
+            return None if self._closing else f"Ray actor (pid {self._info.get(w, {}).get('pid')}) died: {first_line(e)}"
         except RayError as e:
-            if not self._closing:
-                self.server.fail(w, f"Ray error: {type(e).__name__}: {first_line(e)}")
-            return None
+            return None if self._closing else f"Ray error: {type(e).__name__}: {first_line(e)}"
         if not blob:
-            if not self._closing:
-                self.server.fail(w, "the worker's loop ended without being told to stop")
-            return None
+            return None if self._closing else "the worker's loop ended without being told to stop"
         return blob
 
     def finished(self) -> bool:
@@ -224,31 +218,53 @@ class RayTransport(Transport):
 
     def close(self) -> None:
         """End the head threads, let the workers end their round (up to 3 s), close them, kill the actors."""
-        if self._closed:
-            return
-        self._closed = self._closing = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        starting = self._take_starting()
         self.server.stop("closed")  # releases head threads waiting in a synchronous pull
+        for actor in starting:  # replacements still starting: their threads leave them to this
+            kill_actor(actor)
         for thread in self._threads:
             thread.join(timeout=2.0)
         if ray.is_initialized():
             # Workers told to stop end their loop by themselves; after a failure nothing is worth waiting for.
             if self.server.failure is None and self._last:
                 ray.wait(list(self._last.values()), num_returns=len(self._last), timeout=3.0)
-            live = [a for a in self.actors if a is not None]
+            with self._lock:  # a head thread replaces no actor from now on (it sees _closing)
+                live = [a for a in self.actors if a is not None]
             grace = 1.0 if self.server.failure is None else 0.2  # to end the round before helpers are killed
-            refs = []
-            for actor in live:
-                try:
-                    refs.append(actor.shutdown.remote(grace))
-                except RayError:
-                    pass
-            if refs:
-                ray.wait(refs, num_returns=len(refs), timeout=5.0)
-            for actor in live:
-                kill_actor(actor)
+            _shutdown(live, grace)
         self.actors = [None] * len(self.configs)
         ray_session.release(self._counted)
         self._counted = False
+
+    # ------------------------------------------------------------------ Transport._replace's hooks
+    def _launch(self, w: int, config: dict[str, Any]) -> tuple[Any, dict[str, int]]:
+        try:
+            return start_actor(
+                DPSGDActor,
+                Message("config", config),
+                self.startup_timeout,
+                num_cpus=self._cpus(config),
+                max_concurrency=4,  # exchange blocks while the worker computes; ready/node/shutdown get through
+            )
+        except RayError as e:
+            raise OSError(f"Ray could not start an actor: {first_line(e)}") from e
+
+    def _await_ready(self, w: int, worker: Any, deadline: float | None = None) -> dict[str, int]:
+        _, sizes, self._info[w] = await_ready(
+            worker, f"worker {w}", self.startup_timeout, deadline=deadline, error=DPSGDError,
+            keep_value_error=True, hint="see num_cpus",
+        )
+        return sizes
+
+    def _discard(self, worker: Any) -> None:
+        _shutdown([worker], 0.2)
+
+    def _set_worker(self, w: int, worker: Any) -> None:
+        self.actors[w] = worker
 
     # ------------------------------------------------------------------ introspection
     def worker_pids(self) -> dict[int, int]:
@@ -262,3 +278,18 @@ class RayTransport(Transport):
             for w, info in self._info.items()
             if self.actors[w] is not None
         }
+
+
+def _shutdown(actors: list[Any], grace: float) -> None:
+    """Let each actor end its round for ``grace`` seconds and close its worker (its Hogwild helpers killed if
+    they do not finish), waiting up to 5 s in all, then kill the actors."""
+    refs = []
+    for actor in actors:
+        try:
+            refs.append(actor.shutdown.remote(grace))
+        except RayError:
+            pass
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=5.0)
+    for actor in actors:
+        kill_actor(actor)

@@ -8,15 +8,15 @@ commands as ``control``): the same logical bytes on every transport.
 
 :class:`LocalTransport` runs each worker (:class:`~frugalrl.dpsgd.worker.DPSGDWorker`) as a child of
 :mod:`frugalrl.process` (its own process group, with its Hogwild helpers; one BLAS thread) with a socket
-pair to the server and one server thread per connection. A worker that dies is seen at once (its pidfd), and
-one that sends nothing for ``worker_timeout`` seconds is treated the same way: it is replaced by a new process
-from its config (a new seed, so new episodes), under ClusterEnv's crash-loop rule
+pair to the server and one server thread per connection; the Ray transport
+(:class:`~frugalrl.dpsgd.ray_transport.RayTransport`) runs them in Ray actors instead. On both, a worker that
+dies (seen at once) or sends nothing for ``worker_timeout`` seconds is replaced (:meth:`Transport._replace`) by a
+new one from its config (a new seed, so new episodes), under ClusterEnv's crash-loop rule
 (:class:`~frugalrl.envs.restarts.CrashLoopRule`: at once after a push, with back-off before one, the run failing
 with a :class:`DPSGDError` naming it past ``crash_loop_tries`` in a row). An error a worker reports (its env
 raised) fails the run, or with ``on_env_error="restart"`` replaces it too. The server never misses it: a
-replacement pulls the current ``v``, and in synchronous mode pushes for the round its predecessor left. The Ray
-transport (:class:`~frugalrl.dpsgd.ray_transport.RayTransport`) runs the workers in Ray actors instead; a worker
-that fails there fails the run.
+replacement holds no parameters, so it pulls a full copy of the current ``v``, and in synchronous mode pushes for
+the round its predecessor left.
 """
 
 from __future__ import annotations
@@ -71,9 +71,15 @@ class Transport(ABC):
         self.restart_rule = CrashLoopRule(len(configs), max_tries=crash_loop_tries)
         self.on_env_error = on_env_error
         self.restart_events: list[dict[str, Any]] = []
-        """Each worker replaced: ``{worker, reason, time, seconds}`` (local transport)."""
+        """Each worker replaced: ``{worker, reason, time, seconds}``."""
         self.gave_up: WorkersFailed | None = None
-        """The crash-loop rule's verdict on a worker that kept failing, which stopped the run (local transport)."""
+        """The crash-loop rule's verdict on a worker that kept failing, which stopped the run."""
+        self._closing = False
+        # A replacement is started by its worker's thread while close() may run: whoever takes a worker out of the
+        # transport's list or _starting under this lock stops it, so that none is stopped twice or left behind.
+        self._lock = threading.Lock()
+        self._starting: dict[int, Any] = {}
+        self._closing_event = threading.Event()  # wakes a replacement's back-off
 
     @abstractmethod
     def start(self) -> None:
@@ -97,14 +103,108 @@ class Transport(ABC):
 
     def answer(self, w: int, msg: Message, sizes: dict[str, int]) -> Message:
         """Count request ``msg`` of worker ``w`` (``sizes`` by byte-meter kind) and return the server's reply;
-        a request the server refuses fails the run and is answered ``stop``."""
+        a request the server refuses fails the run and is answered ``stop``. A push the server takes is the
+        worker's success for the crash-loop rule."""
         self.meter.add_message(sizes, w, UP)
         try:
-            return self.server.handle(w, msg)
+            reply = self.server.handle(w, msg)
         except (ValueError, RuntimeError, KeyError) as e:
             kind = "ValueError" if isinstance(e, ValueError) else "RuntimeError"
             self.server.fail(None, str(e), kind)
             return Message("stop", {"reason": "failure"})
+        if msg.op == "push" and reply.op != "stop":
+            self.restart_rule.succeeded(w)
+        return reply
+
+    def env_error_to_restart(self, w: int, msg: Message, sizes: dict[str, int]) -> str | None:
+        """Why worker ``w`` must be replaced if ``msg`` is its env's error and ``on_env_error="restart"`` (the
+        message is then counted here, not answered); None for any other message."""
+        if msg.op != "error" or not msg.meta.get("env") or self.on_env_error != "restart" or self.server.stopped:
+            return None
+        self.meter.add_message(sizes, w, UP)
+        return f"{msg.meta.get('type', 'RuntimeError')}: {msg.meta.get('error')}"
+
+    # ------------------------------------------------------------------ replacing a worker
+    def _replace(self, w: int, old: Any, reason: str) -> Any | None:
+        """A new worker ``w`` (whose ``old`` one failed with ``reason``) under the crash-loop rule, or None when
+        the run has stopped or the rule gives up (the run then fails, naming the worker's errors). The old worker
+        is stopped first, so that its CPUs are free for the new one."""
+        t0 = time.monotonic()
+        with self._lock:
+            if self._closing:
+                return None  # close() stops it
+            self._set_worker(w, None)
+        self._discard(old)
+        while not self.server.stopped:
+            try:
+                delay = self.restart_rule.failed(w, reason)
+            except WorkersFailed as e:
+                if self.server.fail(w, str(e).removeprefix(f"worker {w} ")):  # the failure the run reports
+                    self.gave_up = e
+                return None
+            log.warning("frugalrl: DPSGD worker %d failed (%s); replacing it", w, reason)
+            if self._closing_event.wait(delay):
+                return None
+            replaced = len([e for e in self.restart_events if e["worker"] == w]) + 1
+            config = {**self.configs[w], "seed": int(self.configs[w].get("seed", 0)) + 7919 * replaced}
+            with self._lock:
+                if self._closing:
+                    return None
+                try:
+                    new, sizes = self._launch(w, config)
+                except OSError as e:
+                    reason = f"could not start a new worker: {e}"
+                    continue
+                self._starting[w] = new
+            self.meter.add_message(sizes, w, DOWN)
+            try:
+                sizes = self._await_ready(w, new)
+            except (DPSGDError, ValueError) as e:
+                failed_start: Exception | None = e
+            else:
+                failed_start = None
+            with self._lock:
+                mine = self._starting.pop(w, None) is new  # else close() took it, and stops it
+                keep = mine and failed_start is None and not self._closing and not self.server.stopped
+                if keep:
+                    self._set_worker(w, new)
+            if keep:
+                self.meter.add_message(sizes, w, UP)
+                self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
+                                            "seconds": round(time.monotonic() - t0, 3)})
+                return new
+            if mine:
+                self._discard(new)
+            if failed_start is None or not mine:  # ready, but the run stopped or is closing
+                return None
+            reason = f"its replacement failed to start: {failed_start}"  # the crash-loop rule decides again
+        return None
+
+    def _take_starting(self) -> list[Any]:
+        """For close(): mark the transport closing and take the replacements still starting (their threads then
+        leave them to the caller to stop)."""
+        with self._lock:
+            self._closing = True
+            starting, self._starting = list(self._starting.values()), {}
+        self._closing_event.set()
+        return starting
+
+    @abstractmethod
+    def _launch(self, w: int, config: dict[str, Any]) -> tuple[Any, dict[str, int]]:
+        """Start a worker ``w`` from ``config`` without waiting for it; return it and the config's sizes by
+        byte-meter kind. OSError if it cannot be started."""
+
+    @abstractmethod
+    def _await_ready(self, w: int, worker: Any) -> dict[str, int]:
+        """Wait for a started worker's ``ready``; return its sizes (DPSGDError or ValueError if it fails)."""
+
+    @abstractmethod
+    def _discard(self, worker: Any) -> None:
+        """Stop a worker that failed or is not wanted, with its Hogwild helpers, at once."""
+
+    @abstractmethod
+    def _set_worker(self, w: int, worker: Any) -> None:
+        """Make ``worker`` (None: none, while it is replaced) worker ``w``; called under the lock."""
 
 
 class LocalTransport(Transport):
@@ -117,23 +217,17 @@ class LocalTransport(Transport):
         self.children: list[Child | None] = []  # None: worker w's process is being replaced
         self._threads: list[threading.Thread] = []
         self._done: list[bool] = []
-        self._closing = False
         self._closed = False
-        # A replacement is started by its worker's thread while close() may run: whoever takes a child out of
-        # children or _starting under this lock stops it, so that none is stopped twice or left behind.
-        self._lock = threading.Lock()
-        self._starting: dict[int, Child] = {}
-        self._closing_event = threading.Event()  # wakes a replacement's back-off
 
     def start(self) -> None:
         """Spawn every worker (they start in parallel), send its config, wait for its ``ready``."""
         try:
             started: list[Child] = []
             for w, cfg in enumerate(self.configs):
-                child = spawn(_ENTRY, cfg, name=f"worker {w}", one_blas_thread=True)
+                child, sizes = self._launch(w, cfg)
                 started.append(child)
                 self.children.append(child)
-                self.meter.add_message(child.config_sizes, w, DOWN)
+                self.meter.add_message(sizes, w, DOWN)
             deadline = time.monotonic() + self.startup_timeout
             for w, child in enumerate(started):
                 _, sizes = child.await_ready(deadline, error=DPSGDError, keep_value_error=True)
@@ -152,7 +246,7 @@ class LocalTransport(Transport):
 
     def _serve(self, w: int, child: Child | None) -> None:
         """Answer worker ``w`` until it is told to stop or the transport closes; a worker that dies, goes silent
-        or (``on_env_error="restart"``) reports an error is replaced (:meth:`_replace`)."""
+        or (``on_env_error="restart"``) reports an error is replaced (:meth:`Transport._replace`)."""
         last = time.monotonic()
         try:
             while child is not None and not self._closing:
@@ -180,12 +274,10 @@ class LocalTransport(Transport):
             msg, sizes = child.recv()
         except (EOFError, OSError, WireError) as e:
             return self._lost(child, e)
-        if msg.op == "error" and msg.meta.get("env") and self.on_env_error == "restart" and not self.server.stopped:
-            self.meter.add_message(sizes, w, UP)
-            return f"{msg.meta.get('type', 'RuntimeError')}: {msg.meta.get('error')}"
+        restart = self.env_error_to_restart(w, msg, sizes)
+        if restart is not None:
+            return restart
         reply = self.answer(w, msg, sizes)
-        if msg.op == "push" and reply.op != "stop":
-            self.restart_rule.succeeded(w)
         try:
             self.meter.add_message(child.send(reply), w, DOWN)
         except OSError as e:
@@ -194,60 +286,20 @@ class LocalTransport(Transport):
             return True
         return True if reply.op == "stop" else None
 
-    def _replace(self, w: int, child: Child, reason: str) -> Child | None:
-        """A new process for worker ``w`` (which failed with ``reason``) under the crash-loop rule, or None when
-        the run has stopped or the rule gives up (the run then fails, naming the worker's errors)."""
-        t0 = time.monotonic()
-        with self._lock:
-            if self._closing:
-                return None  # close() stops it
-            self.children[w] = None
-        child.stop(0.0)  # killed with its Hogwild helpers (one process group), its socket and pidfd closed
-        while not self.server.stopped:
-            try:
-                delay = self.restart_rule.failed(w, reason)
-            except WorkersFailed as e:
-                if self.server.fail(w, str(e).removeprefix(f"worker {w} ")):  # the failure the run reports
-                    self.gave_up = e
-                return None
-            log.warning("frugalrl: DPSGD worker %d failed (%s); replacing it", w, reason)
-            if self._closing_event.wait(delay):
-                return None
-            replaced = len([e for e in self.restart_events if e["worker"] == w]) + 1
-            config = {**self.configs[w], "seed": int(self.configs[w].get("seed", 0)) + 7919 * replaced}
-            with self._lock:
-                if self._closing:
-                    return None
-                try:
-                    new = spawn(_ENTRY, config, name=f"worker {w}", one_blas_thread=True)
-                except OSError as e:
-                    reason = f"could not start a new process: {e}"
-                    continue
-                self._starting[w] = new
-            self.meter.add_message(new.config_sizes, w, DOWN)
-            try:
-                _, sizes = new.await_ready(time.monotonic() + self.startup_timeout, error=DPSGDError,
-                                           keep_value_error=True)
-            except (DPSGDError, ValueError) as e:
-                failed_start: Exception | None = e
-            else:
-                failed_start = None
-            with self._lock:
-                mine = self._starting.pop(w, None) is new  # else close() took it, and stops it
-                keep = mine and failed_start is None and not self._closing and not self.server.stopped
-                if keep:
-                    self.children[w] = new
-            if keep:
-                self.meter.add_message(sizes, w, UP)
-                self.restart_events.append({"worker": w, "reason": reason, "time": time.time(),
-                                            "seconds": round(time.monotonic() - t0, 3)})
-                return new
-            if mine:
-                new.stop(0.0)
-            if failed_start is None or not mine:  # ready, but the run stopped or is closing
-                return None
-            reason = f"its replacement failed to start: {failed_start}"  # the crash-loop rule decides again
-        return None
+    # ------------------------------------------------------------------ Transport._replace's hooks
+    def _launch(self, w: int, config: dict[str, Any]) -> tuple[Child, dict[str, int]]:
+        child = spawn(_ENTRY, config, name=f"worker {w}", one_blas_thread=True)
+        return child, child.config_sizes
+
+    def _await_ready(self, w: int, worker: Child) -> dict[str, int]:
+        return worker.await_ready(time.monotonic() + self.startup_timeout, error=DPSGDError,
+                                  keep_value_error=True)[1]
+
+    def _discard(self, worker: Child) -> None:
+        worker.stop(0.0)  # killed with its Hogwild helpers (one process group), its socket and pidfd closed
+
+    def _set_worker(self, w: int, worker: Child | None) -> None:
+        self.children[w] = worker
 
     @staticmethod
     def _lost(child: Child, error: BaseException | None) -> str:
@@ -267,9 +319,8 @@ class LocalTransport(Transport):
         with self._lock:
             if self._closed:
                 return
-            self._closed = self._closing = True
-            starting, self._starting = list(self._starting.values()), {}
-        self._closing_event.set()
+            self._closed = True
+        starting = self._take_starting()
         self.server.stop("closed")  # releases connection threads waiting in a synchronous pull
         for child in starting:  # replacements still starting: their threads leave them to this
             child.stop(0.0)
