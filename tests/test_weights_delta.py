@@ -47,12 +47,17 @@ def _like(state: dict[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], np.d
 
 def _check_exact(old: dict[str, np.ndarray], new: dict[str, np.ndarray], codec: str, exact=("stats",)) -> Message:
     """Delta from ``old`` to ``new``: it is never larger than the full copy, and a receiver holding ``old`` gets,
-    through the wire or handed the message as it is, the full copy's words and decoded arrays bit for bit."""
+    through the wire or handed the message as it is, the full copy's words and decoded arrays bit for bit; the
+    compressed payloads it holds (``Message.payloads``) are the ones a fresh encoding makes."""
     base, target = to_words(old, codec, exact), to_words(new, codec, exact)
     meta = {"version": 2, "codec": codec}
     full = full_message(target, meta)
     msg = weights_update(target, base, meta, 1)
     assert sum(message_sizes(msg).values()) <= sum(message_sizes(full).values())
+    # The payloads the coder kept from choosing are what encoding them again gives: the same bytes on the wire.
+    fresh = Message(msg.op, msg.meta, msg.arrays, msg.codecs, msg.kinds)
+    assert encode_message(msg) == encode_message(fresh) and message_sizes(msg) == message_sizes(fresh)
+    assert set(msg.payloads) == {n for n, c in msg.codecs.items() if c == "zstd"}
     reference = from_words(HeldWeights().resolve(_over_the_wire(full)), _like(new), codec)
     for received in (msg, _over_the_wire(msg)):
         words = HeldWeights(1, base).resolve(received)

@@ -99,40 +99,44 @@ def weights_update(new: Words, base: Words | None, meta: dict[str, Any], base_ve
     full = full_message(new, meta)
     if base is None or base_version is None or not _same_layout(new, base):
         return full
-    arrays: dict[str, np.ndarray] = {}
-    msg_codecs: dict[str, str] = {}
+    delta = Message("weights", {**meta, "base": int(base_version), "crc": checksum(new)})
     old_groups = _groups(base)
     for size, words in _groups(new).items():
         xor = np.bitwise_xor(old_groups[size], words)
         changed = np.flatnonzero(xor)
         if changed.size:
-            _code_changes(arrays, msg_codecs, size, old_groups[size], words, xor, changed)
-    delta = Message("weights", {**meta, "base": int(base_version), "crc": checksum(new)}, arrays, msg_codecs)
+            _code_changes(delta, size, old_groups[size], words, xor, changed)
     return delta if sum(message_sizes(delta).values()) < sum(message_sizes(full).values()) else full
 
 
-def _code_changes(arrays: dict[str, np.ndarray], msg_codecs: dict[str, str], size: int, old: np.ndarray,
-                  new: np.ndarray, xor: np.ndarray, changed: np.ndarray) -> None:
-    """Add the cheapest coding of one word size's changes: the whole XOR, the whole difference, or the changed
-    words' indices and XOR (whose indices are only coded where their values alone are smaller than the rest)."""
-    dense_name, dense_words = _XOR, xor
-    dense = len(codecs.encode(xor, "zstd"))
+def _code_changes(delta: Message, size: int, old: np.ndarray, new: np.ndarray, xor: np.ndarray,
+                  changed: np.ndarray) -> None:
+    """Add to ``delta`` the cheapest coding of one word size's changes: the whole XOR, the whole difference, or the
+    changed words' indices and XOR (whose indices are only coded where their values alone are smaller than the
+    rest). The compressed payload measured to choose is the one the message sends (``Message.payloads``)."""
+    dense_name, dense_words, dense = _XOR, xor, codecs.encode(xor, "zstd")
     diff = difference(old, new)
-    by_diff = len(codecs.encode(diff, "zstd"))
-    if by_diff < dense:
+    by_diff = codecs.encode(diff, "zstd")
+    if len(by_diff) < len(dense):
         dense_name, dense_words, dense = _DIFF, diff, by_diff
     values = xor[changed]
-    sparse = len(codecs.encode(values, "zstd")) + _SPEC_NBYTES
-    if sparse < dense:
+    sparse = codecs.encode(values, "zstd")
+    if len(sparse) + _SPEC_NBYTES < len(dense):
         gaps = rice.gaps(changed)
         k, sum_q = rice.plan(gaps)
         index = np.frombuffer(_K.pack(k) + rice.encode(gaps, k, sum_q), dtype=np.uint8)
-        if index.size + sparse < dense:
-            arrays[f"{_INDEX}{size}"], arrays[f"{_VALUES}{size}"] = index, values
-            msg_codecs[f"{_VALUES}{size}"] = "zstd"
+        if index.size + len(sparse) + _SPEC_NBYTES < len(dense):
+            _add(delta, f"{_INDEX}{size}", index)
+            _add(delta, f"{_VALUES}{size}", values, sparse)
             return
-    arrays[f"{dense_name}{size}"] = dense_words
-    msg_codecs[f"{dense_name}{size}"] = "zstd"
+    _add(delta, f"{dense_name}{size}", dense_words, dense)
+
+
+def _add(msg: Message, name: str, arr: np.ndarray, zstd: bytes | None = None) -> None:
+    """Put ``arr`` in ``msg``: raw, or as the ``zstd`` payload already made of it."""
+    msg.arrays[name] = arr
+    if zstd is not None:
+        msg.codecs[name], msg.payloads[name] = "zstd", zstd
 
 
 def apply_delta(base: Words, arrays: Mapping[str, np.ndarray]) -> Words:

@@ -63,7 +63,9 @@ class Message:
     """An operation with JSON metadata and named arrays.
 
     ``codecs`` maps an array name to a codec of :mod:`frugalrl.wire.codecs` (default ``raw``),
-    ``kinds`` overrides the byte-meter kind inferred from the name.
+    ``kinds`` overrides the byte-meter kind inferred from the name. ``payloads`` holds arrays already encoded
+    with their codec, by a sender that had to encode them anyway (to choose between codings): the encoder and
+    :func:`message_sizes` take them as they are instead of compressing again. A message is not changed once made.
     """
 
     op: str
@@ -71,6 +73,7 @@ class Message:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     codecs: dict[str, str] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)
+    payloads: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 
     def kind_of(self, name: str) -> str:
         """Byte-meter kind of the array ``name``."""
@@ -84,7 +87,7 @@ def carrying(msg: Message, extra: Message) -> Message:
     if "carries" in msg.meta or msg.arrays:
         raise ValueError(f"a {msg.op!r} message cannot carry a {extra.op!r} one (it carries one, or has arrays)")
     return Message(msg.op, {**msg.meta, "carries": {"op": extra.op, "meta": extra.meta}}, dict(extra.arrays),
-                   dict(extra.codecs), dict(extra.kinds))
+                   dict(extra.codecs), dict(extra.kinds), dict(extra.payloads))
 
 
 def uncarried(msg: Message) -> tuple[Message, Message | None]:
@@ -141,9 +144,15 @@ def encode_message(msg: Message) -> tuple[bytes, dict[str, int]]:
     """Encode ``msg``; return the bytes and their split by kind (the header counts as control)."""
     specs = _specs(msg)
     header = _header_bytes(msg, specs)
-    payloads = [codecs.encode(np.asarray(arr), msg.codecs.get(name, "raw")) for name, arr in msg.arrays.items()]
+    payloads = [payload(msg, name) for name in msg.arrays]
     blob = b"".join([_PREFIX.pack(MAGIC, len(header)), header, *payloads])
     return blob, _sizes(header, specs, [len(p) for p in payloads])
+
+
+def payload(msg: Message, name: str) -> bytes:
+    """The encoded payload of array ``name``: the one ``msg`` holds already, or its encoding now."""
+    done = msg.payloads.get(name)
+    return done if done is not None else codecs.encode(np.asarray(msg.arrays[name]), msg.codecs.get(name, "raw"))
 
 
 def message_sizes(msg: Message) -> dict[str, int]:
@@ -160,7 +169,7 @@ def header_and_sizes(msg: Message) -> tuple[bytes, dict[str, int]]:
         arr = np.asarray(arr)
         codec = msg.codecs.get(name, "raw")
         if codec in codecs.VARIABLE_CODECS:
-            nbytes.append(len(codecs.encode(arr, codec)))
+            nbytes.append(len(payload(msg, name)))
         else:
             nbytes.append(codecs.encoded_nbytes(arr.shape, arr.dtype, codec))
     header = _header_bytes(msg, specs)
