@@ -185,6 +185,27 @@ def test_a_worker_that_fails_after_pushing_is_replaced(transport, fault, process
     assert not hogwild_pids() - before, "Hogwild helpers left behind"
 
 
+@pytest.mark.parametrize("transport", ALL, indirect=True)
+def test_an_error_of_the_head_itself_fails_the_run_naming_it(transport, monkeypatch):
+    """An error no one planned for in the head's thread serving a worker (here the server's, a TypeError) fails the
+    run naming the worker, instead of leaving it a worker short (or, synchronous, waiting for it forever)."""
+    handle, calls = ParameterServer.handle, []
+
+    def broken(self, w, msg):
+        calls.append(msg.op)
+        if len(calls) == 6:
+            raise TypeError("a bug in the head")
+        return handle(self, w, msg)
+
+    monkeypatch.setattr(ParameterServer, "handle", broken)
+    cfg = DPSGDConfig(problem=LSQ, problem_kwargs=LSQ_KW, workers=2, processes=1, synchronous=True, master_batch=2,
+                      global_updates=10_000, transport=transport, time_limit_s=60.0)
+    start = time.monotonic()
+    with pytest.raises(DPSGDError, match=r"worker \d: the head's thread serving it failed: TypeError: a bug"):
+        run_dpsgd(cfg)
+    assert time.monotonic() - start < DETECT_S
+
+
 # ---------------------------------------------------------------------------------------------- closing
 @pytest.mark.parametrize("transport", ALL, indirect=True)
 def test_close_is_idempotent_and_leaves_no_process(transport):

@@ -187,6 +187,8 @@ class RayTransport(Transport):
                 if reply.op == "stop":
                     self._last[w] = ref
                     return
+        except Exception as e:  # noqa: BLE001 - a Ray call's own error (object store, GCS): the run fails with it
+            self._serve_failed(w, e)
         finally:
             self._done[w] = True
 

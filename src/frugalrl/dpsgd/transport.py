@@ -143,12 +143,12 @@ class Transport(ABC):
                     self.gave_up = e
                 return None
             log.warning("frugalrl: DPSGD worker %d failed (%s); replacing it", w, reason)
-            if self._closing_event.wait(delay):
+            if self._closing_event.wait(delay) or self.server.stopped:  # closing, or the run ended meanwhile
                 return None
             replaced = len([e for e in self.restart_events if e["worker"] == w]) + 1
             config = {**self.configs[w], "seed": int(self.configs[w].get("seed", 0)) + 7919 * replaced}
             with self._lock:
-                if self._closing:
+                if self._closing or self.server.stopped:
                     return None
                 try:
                     new, sizes = self._launch(w, config)
@@ -159,7 +159,7 @@ class Transport(ABC):
             self.meter.add_message(sizes, w, DOWN)
             try:
                 sizes = self._await_ready(w, new)
-            except (DPSGDError, ValueError) as e:
+            except (DPSGDError, ValueError, WireError) as e:
                 failed_start: Exception | None = e
             else:
                 failed_start = None
@@ -179,6 +179,13 @@ class Transport(ABC):
                 return None
             reason = f"its replacement failed to start: {failed_start}"  # the crash-loop rule decides again
         return None
+
+    def _serve_failed(self, w: int, e: Exception) -> None:
+        """A head thread's own unexpected error (not the worker's): the run fails naming it, rather than going on
+        a worker short (or waiting for it forever in synchronous mode); nothing while closing."""
+        if not self._closing:
+            log.exception("frugalrl: the head's thread of DPSGD worker %d failed", w)
+            self.server.fail(w, f"the head's thread serving it failed: {type(e).__name__}: {e}")
 
     def _take_starting(self) -> list[Any]:
         """For close(): mark the transport closing and take the replacements still starting (their threads then
@@ -264,6 +271,8 @@ class LocalTransport(Transport):
                 elif self.worker_timeout is not None and time.monotonic() - last > self.worker_timeout:
                     child = self._replace(w, child, f"no message for {self.worker_timeout:g} s: the worker is hung")
                     last = time.monotonic()
+        except Exception as e:  # noqa: BLE001 - the run fails with it (_serve_failed)
+            self._serve_failed(w, e)
         finally:
             self._done[w] = True
 

@@ -65,7 +65,8 @@ class Message:
     ``codecs`` maps an array name to a codec of :mod:`frugalrl.wire.codecs` (default ``raw``),
     ``kinds`` overrides the byte-meter kind inferred from the name. ``payloads`` holds arrays already encoded
     with their codec, by a sender that had to encode them anyway (to choose between codings): the encoder and
-    :func:`message_sizes` take them as they are instead of compressing again. A message is not changed once made.
+    :func:`message_sizes` take them as they are instead of compressing again. An array that has a payload, and its
+    codec, must not change afterwards (a reply built up step by step has none).
     """
 
     op: str
