@@ -68,6 +68,22 @@ def test_a2c_problem_plain_sgd_gradient_is_clipped():
     assert np.linalg.norm(grad) <= 0.5 + 1e-4
 
 
+def test_a_process_that_joins_a_run_in_progress_starts_rmsprop_from_its_first_gradient():
+    """From zero, RMSProp's first step is 1 / sqrt(1 - alpha) = 10 times the gradient's sign (the run's start, as
+    PyTorch's RMSprop); a process whose first round is a later global update (a replacement, a resumed run) starts
+    its average from its first squared gradient instead: its first step is the sign (within eps)."""
+    rng = np.random.default_rng(0)
+    for version, largest in ((0, 1 / np.sqrt(1 - 0.99)), (37, 1.0)):
+        problem = a2c_problem(num_steps=4, max_grad_norm=0.0)
+        problem.set_version(version)
+        grad = problem.stochastic_grad(problem.init_params(), rng)
+        assert problem.joined_at == version
+        step = np.abs(grad[grad != 0])
+        assert step.max() <= largest * (1 + 1e-5) and np.quantile(step, 0.9) > 0.9 * largest  # eps: tiny ones less
+        problem.set_version(version + 1)  # a later round does not change when it joined
+        assert problem.joined_at == version
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

@@ -110,6 +110,10 @@ class A2CProblem:
         self.gradients = 0
         self.generator: torch.Generator | None = None
         self.square_avg: np.ndarray | None = None
+        self.joined_at: int | None = None
+        """The global update (whole run's clock) of this process's first round: above 0, it joined a run in
+        progress (a replacement, or a resumed run), and its RMSProp average starts from its first squared gradient
+        instead of zero (:meth:`stochastic_grad`)."""
 
     # -- the Problem interface
     def init_params(self) -> np.ndarray:
@@ -142,6 +146,8 @@ class A2CProblem:
         """The global update the steps that follow pulled (DPSGD's workers call it each round): with
         ``ent_anneal`` the entropy coefficient falls linearly to 0 over the run's last ``ent_anneal`` fraction of
         ``horizon`` global updates, on the whole run's clock (a resumed run's included)."""
+        if self.joined_at is None:
+            self.joined_at = int(version)
         self.ent_now = decayed_rate(self.ent_coef, version, 0.0, 1.0,
                                     self.horizon if self.ent_anneal else None, self.ent_anneal)
 
@@ -209,7 +215,9 @@ class A2CProblem:
         ).numpy()
         if self.cfg.grad_scaling == "rmsprop":
             if self.square_avg is None:
-                self.square_avg = np.zeros_like(grad)
+                # From zero (PyTorch's RMSprop, A2C's), the first steps are up to 1 / sqrt(1 - alpha) = 10 times
+                # the later ones: harmless on the run's random start, not on a trained policy a late joiner steps.
+                self.square_avg = grad * grad if self.joined_at else np.zeros_like(grad)
             self.square_avg *= np.float32(self.cfg.rms_alpha)
             self.square_avg += np.float32(1.0 - self.cfg.rms_alpha) * grad * grad
             denom = np.sqrt(self.square_avg)
