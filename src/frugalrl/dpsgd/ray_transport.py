@@ -127,7 +127,6 @@ class RayTransport(Transport):
         self._done = [False] * len(self.configs)
         self._last: dict[int, Any] = {}  # worker -> its final exchange call (the one that carried ``stop``)
         self._counted = False  # whether this transport counts as a user of the Ray instance (ray_session)
-        self._closed = False
 
     def _cpus(self, cfg: dict[str, Any]) -> float:
         return float(cfg["processes"]) if self.num_cpus is None else float(self.num_cpus)
@@ -166,8 +165,9 @@ class RayTransport(Transport):
                 blob = self._receive(w, ref)
                 if blob is None:
                     return
-                failed = blob if isinstance(blob, str) else None
-                if not isinstance(blob, str):
+                if isinstance(blob, str):  # why the worker must be replaced
+                    failed: str | None = blob
+                else:
                     try:
                         msg, sizes = decode_message(blob)
                     except WireError as e:
@@ -220,11 +220,9 @@ class RayTransport(Transport):
 
     def close(self) -> None:
         """End the head threads, let the workers end their round (up to 3 s), close them, kill the actors."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        starting = self._take_starting()
+        starting = self._begin_close()
+        if starting is None:
+            return
         self.server.stop("closed")  # releases head threads waiting in a synchronous pull
         for actor in starting:  # replacements still starting: their threads leave them to this
             kill_actor(actor)

@@ -75,6 +75,7 @@ class Transport(ABC):
         self.gave_up: WorkersFailed | None = None
         """The crash-loop rule's verdict on a worker that kept failing, which stopped the run."""
         self._closing = False
+        self._closed = False
         # A replacement is started by its worker's thread while close() may run: whoever takes a worker out of the
         # transport's list or _starting under this lock stops it, so that none is stopped twice or left behind.
         self._lock = threading.Lock()
@@ -187,11 +188,13 @@ class Transport(ABC):
             log.exception("frugalrl: the head's thread of DPSGD worker %d failed", w)
             self.server.fail(w, f"the head's thread serving it failed: {type(e).__name__}: {e}")
 
-    def _take_starting(self) -> list[Any]:
-        """For close(): mark the transport closing and take the replacements still starting (their threads then
-        leave them to the caller to stop)."""
+    def _begin_close(self) -> list[Any] | None:
+        """For close(): None if it ran already; else mark the transport closing and take the replacements still
+        starting (their threads then leave them to the caller to stop)."""
         with self._lock:
-            self._closing = True
+            if self._closed:
+                return None
+            self._closed = self._closing = True
             starting, self._starting = list(self._starting.values()), {}
         self._closing_event.set()
         return starting
@@ -202,8 +205,9 @@ class Transport(ABC):
         byte-meter kind. OSError if it cannot be started."""
 
     @abstractmethod
-    def _await_ready(self, w: int, worker: Any) -> dict[str, int]:
-        """Wait for a started worker's ``ready``; return its sizes (DPSGDError or ValueError if it fails)."""
+    def _await_ready(self, w: int, worker: Any, deadline: float | None = None) -> dict[str, int]:
+        """Wait for a started worker's ``ready`` (until ``deadline``, a ``time.monotonic()``; default:
+        ``startup_timeout`` from now); return its sizes (DPSGDError or ValueError if it fails)."""
 
     @abstractmethod
     def _discard(self, worker: Any) -> None:
@@ -224,7 +228,6 @@ class LocalTransport(Transport):
         self.children: list[Child | None] = []  # None: worker w's process is being replaced
         self._threads: list[threading.Thread] = []
         self._done: list[bool] = []
-        self._closed = False
 
     def start(self) -> None:
         """Spawn every worker (they start in parallel), send its config, wait for its ``ready``."""
@@ -237,8 +240,7 @@ class LocalTransport(Transport):
                 self.meter.add_message(sizes, w, DOWN)
             deadline = time.monotonic() + self.startup_timeout
             for w, child in enumerate(started):
-                _, sizes = child.await_ready(deadline, error=DPSGDError, keep_value_error=True)
-                self.meter.add_message(sizes, w, UP)
+                self.meter.add_message(self._await_ready(w, child, deadline), w, UP)
         except BaseException:
             self.close()
             raise
@@ -300,9 +302,9 @@ class LocalTransport(Transport):
         child = spawn(_ENTRY, config, name=f"worker {w}", one_blas_thread=True)
         return child, child.config_sizes
 
-    def _await_ready(self, w: int, worker: Child) -> dict[str, int]:
-        return worker.await_ready(time.monotonic() + self.startup_timeout, error=DPSGDError,
-                                  keep_value_error=True)[1]
+    def _await_ready(self, w: int, worker: Child, deadline: float | None = None) -> dict[str, int]:
+        deadline = time.monotonic() + self.startup_timeout if deadline is None else deadline
+        return worker.await_ready(deadline, error=DPSGDError, keep_value_error=True)[1]
 
     def _discard(self, worker: Child) -> None:
         worker.stop(0.0)  # killed with its Hogwild helpers (one process group), its socket and pidfd closed
@@ -325,11 +327,9 @@ class LocalTransport(Transport):
 
     def close(self) -> None:
         """End the connection threads, let the workers exit (up to 3 s), then kill their process groups."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        starting = self._take_starting()
+        starting = self._begin_close()
+        if starting is None:
+            return
         self.server.stop("closed")  # releases connection threads waiting in a synchronous pull
         for child in starting:  # replacements still starting: their threads leave them to this
             child.stop(0.0)
