@@ -113,5 +113,5 @@ def test_a2c_problem_replays_sb3_a2c_update_by_update(
             assert drift > 0
             # float32 rounding only: a different return, loss term or optimiser step would be of the drift's order
             assert np.linalg.norm(u - sb3) <= 1e-5 * drift + 1e-6, f"update {i + 1}: {np.linalg.norm(u - sb3)}"
-    assert problem.episode_returns  # the replay crossed episode ends
+    assert problem.episodes  # the replay crossed episode ends
     assert (rec.truncations > 0) == truncated

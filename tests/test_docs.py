@@ -225,6 +225,7 @@ def test_headline_rows_come_from_one_commit():
         assert "skipped" in r or ("summary" in r and r["commands"]), key
 
 
+@pytest.mark.slow
 def test_headline_quick_runs_a_row_and_caches_it_by_commit():
     """`benchmarks/headline.py --quick` end to end on its cheapest row: the JSON names the commit, the second call
     reuses it."""

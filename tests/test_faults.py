@@ -288,6 +288,7 @@ def _file_size_limit(limit: int):
     return preexec
 
 
+@pytest.mark.slow
 def test_a_run_out_of_disk_stops_with_one_line_and_resumes_from_its_last_checkpoint(tmp_path):
     """A write that fails for want of space (here a file size limit: a real EFBIG from the kernel) stops the run
     with one line naming the error and the --resume command; the checkpoint before it is intact, no partial

@@ -22,6 +22,7 @@ from frugalrl.evaluation import EVAL_SEED, evaluate
 QUIET = {"progress": False, "tensorboard": False, "plots": False}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_continuous_control_learns_with_aaps_and_bf16(tmp_path):
     """Pendulum-v1 with its preset (normalised observations and rewards): random play scores about −1200. The run

@@ -61,6 +61,7 @@ print("RESULT " + json.dumps({{"nodes": nodes, "eval": summary["eval_return_mean
 """
 
 
+@pytest.mark.slow
 @_skip
 def test_ppo_on_two_node_cluster_learns_with_every_worker_off_head(tmp_path):
     with netem.TestHosts(n=2) as hosts, RayCluster(hosts) as cluster:

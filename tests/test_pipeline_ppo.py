@@ -204,6 +204,7 @@ def test_a_dead_stage_is_reported_not_hung(tmp_path):
     assert time.monotonic() - start < 90
 
 
+@pytest.mark.slow
 def test_pipeline_ppo_learns_cartpole_with_its_defaults(tmp_path):
     """Learning through the cut on a small real task with nothing set but the env and a budget (what ``frugalrl
     train pipeline-ppo --env CartPole-v1`` runs): a dense warm start, then sparse top-percentile cut gradients."""
@@ -332,6 +333,7 @@ def test_sigterm_while_the_stages_start_stops_after_the_first_iteration(tmp_path
     assert torch.load(tmp_path / "run" / "checkpoints" / "heads.pt", weights_only=True)["iteration"] == 1
 
 
+@pytest.mark.slow
 def test_sigterm_stops_both_stages_with_their_checkpoints_and_resume_finishes(tmp_path):
     """SIGTERM to ``frugalrl train pipeline-ppo``: the launcher passes it to stage 0, whose driver stops after the
     iteration in progress and tells stage 1; both halves are saved at the same iteration, the command exits with

@@ -104,8 +104,9 @@ class A2CProblem:
         self.rate = 1.0
         """The local rate of the steps that follow (:meth:`set_rate`)."""
         self.group: EnvGroup | None = None
-        self.episode_returns: list[float] = []
-        """Undiscounted returns of the training episodes this process finished (for reporting)."""
+        self.episodes = 0
+        """Training episodes this process finished (a count: a list of their returns would grow for as long as the
+        run lasts)."""
         self.env_steps = 0
         self.gradients = 0
         self.generator: torch.Generator | None = None
@@ -176,7 +177,7 @@ class A2CProblem:
         self.load(params)
         with torch.no_grad():
             f = collect_fragment(self.group, self._act, self.num_steps)
-        self.episode_returns += f.episode_returns
+        self.episodes += len(f.episode_returns)
         ended = np.logical_or(f.terminations, f.truncations)
         scaled = f.rewards if self.scaler is None else self.scaler.scale(f.rewards, ended)
         self.env_steps += self.num_steps * self.m
