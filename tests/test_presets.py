@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import gymnasium as gym
 import pytest
 
 from frugalrl import presets
@@ -192,3 +193,24 @@ def test_a_run_of_a_config_built_directly_logs_the_note(caplog, tmp_path):
     with caplog.at_level("WARNING", logger="frugalrl"):
         train(cfg)
     assert "PPOConfig was built directly" in caplog.text and "--env CartPole-v1" in caplog.text
+
+
+def test_an_envs_preset_is_left_for_its_family_where_kwargs_or_wrappers_change_its_spaces():
+    """``--env-kwargs`` and ``--env-wrappers`` that change the kinds or sizes of the env's spaces make another task
+    than the one its preset was tuned on: the family applies, and the note says why; ones that keep the spaces (a
+    time limit) keep the preset, and ``--preset ENV`` asks for it anyway."""
+    notes: list[str] = []
+    values, name = presets.resolve("ppo", "LunarLander-v3", env_kwargs={"continuous": True}, note=notes.append)
+    assert name == "family:continuous" and values["num_steps"] == 1024
+    assert len(notes) == 1 and "acts in Box(2,) float32 there, where LunarLander-v3 itself" in notes[0]
+    assert "acts in Discrete(4)" in notes[0] and "--preset LunarLander-v3 applies it anyway" in notes[0]
+    frames = presets.resolve("ppo", "CartPole-v1", env_kwargs={"render_mode": "rgb_array"},
+                             env_wrappers=["gymnasium.wrappers.AddRenderObservation"])
+    assert frames[1] == "family:image"
+    assert presets.resolve("ppo", "CartPole-v1", env_kwargs={"max_episode_steps": 100})[1] == "CartPole-v1"
+    wrapped = [{"gymnasium.wrappers:TimeLimit": {"max_episode_steps": 20}}]
+    assert presets.resolve("ppo", "CartPole-v1", env_wrappers=wrapped)[1] == "CartPole-v1"
+    assert presets.resolve("ppo", "LunarLander-v3", "LunarLander-v3", {"continuous": True})[1] == "LunarLander-v3"
+    cfg = presets.make_config("ppo", "LunarLander-v3", env_kwargs={"continuous": True})
+    assert cfg.preset == "family:continuous" and cfg.sources["num_steps"] == "family continuous"
+    assert presets.space_kind(gym.spaces.Box(-1, 1, (3,))) == presets.space_kind(gym.spaces.Box(-2, 2, (3,)))

@@ -76,21 +76,80 @@ def env_family(env: str, env_kwargs: dict[str, Any] | None = None, env_wrappers:
         made.close()
 
 
+def space_kind(space: gym.Space) -> Any:
+    """What a preset's tuning rests on in a space: its type and sizes, not its bounds (``Discrete(4)`` and a
+    ``Box`` of shape ``(2,)`` differ; two Boxes of shape ``(3,)`` with other bounds do not)."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Dict):
+        return ("Dict", tuple((key, space_kind(sub)) for key, sub in space.spaces.items()))
+    if isinstance(space, gym.spaces.Tuple):
+        return ("Tuple", tuple(space_kind(sub) for sub in space.spaces))
+    if isinstance(space, gym.spaces.Discrete):
+        return ("Discrete", int(space.n))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return ("MultiDiscrete", tuple(int(n) for n in space.nvec.ravel()), space.nvec.shape)
+    return (type(space).__name__, space.shape, str(space.dtype))
+
+
+def preset_misfit(env: str, env_kwargs: dict[str, Any] | None, env_wrappers: list[Any] | None) -> str | None:
+    """Why ``env``'s own preset does not fit the env that ``env_kwargs`` and ``env_wrappers`` make of it: they
+    change the kinds or sizes of its spaces (``LunarLander-v3`` with ``continuous=True`` acts in a Box; CartPole
+    under a wrapper that returns frames observes images), so the preset was tuned on another task. None where
+    they keep them, or where either env cannot be built here (the preset then applies)."""
+    if not env_kwargs and not env_wrappers:
+        return None
+    from frugalrl.envs.spec import to_env_spec
+
+    try:
+        tuned, given = _spaces(to_env_spec(env)), _spaces(to_env_spec(env, env_kwargs, env_wrappers))
+    except Exception:  # noqa: BLE001 - a factory that needs its kwargs, an env missing here: nothing to compare
+        return None
+    if [space_kind(s) for s in tuned] == [space_kind(s) for s in given]:
+        return None
+    return f"it {_words(given)} there, where {env} itself {_words(tuned)}"
+
+
+def _spaces(spec: Any) -> tuple[gym.Space, gym.Space]:
+    made = spec.make()
+    try:
+        return made.observation_space, made.action_space
+    finally:
+        made.close()
+
+
+def _words(spaces: tuple[gym.Space, gym.Space]) -> str:
+    """``observes Box(8,) float32 and acts in Discrete(4)``: the spaces' kinds and sizes, without their bounds."""
+    import gymnasium as gym
+
+    def kind(space: gym.Space) -> str:
+        if isinstance(space, gym.spaces.Box):
+            return f"Box{space.shape} {space.dtype}"
+        return " ".join(str(space).split())  # a multi-dimensional space prints rows
+    return f"observes {kind(spaces[0])} and acts in {kind(spaces[1])}"
+
+
 def resolve(algo: str, env: str, preset: str | None = AUTO, env_kwargs: dict[str, Any] | None = None,
-            env_wrappers: list[Any] | None = None) -> tuple[dict[str, Any], str | None]:
+            env_wrappers: list[Any] | None = None, note: Callable[[str], object] | None = None
+            ) -> tuple[dict[str, Any], str | None]:
     """The field values ``preset`` gives ``algo`` on ``env``, and its name (None: no preset applies).
 
     ``preset``: ``"auto"`` (``env``'s own if any, else its family's if the algorithm has one, named ``family:NAME``: ``env`` is built once
     with ``env_kwargs`` and ``env_wrappers`` to read its spaces), ``"none"``, an env id of the algorithm's file, ``family:NAME``, or a
-    ``.json`` file (its fields, or the entry for ``env`` in a mapping env -> fields). ``ValueError`` names an
-    unknown preset.
+    ``.json`` file (its fields, or the entry for ``env`` in a mapping env -> fields). With ``"auto"``, ``env``'s own
+    preset is left for its family's where ``env_kwargs`` or ``env_wrappers`` change its spaces (:func:`preset_misfit`;
+    ``note`` hears why). ``ValueError`` names an unknown preset.
     """
     if preset is None or preset.lower() in (NONE, "null", ""):
         return {}, None
     table, fallbacks = presets(algo), families(algo)
     if preset == AUTO:
-        if env in table:
+        misfit = preset_misfit(env, env_kwargs, env_wrappers) if env in table else None
+        if env in table and misfit is None:
             return _fields(table[env]), env
+        if misfit is not None and note is not None:
+            note(f"{env}'s {algo} preset does not fit the env the env kwargs and wrappers make: {misfit} (--preset "
+                 f"{env} applies it anyway)")
         family = env_family(env, env_kwargs, env_wrappers) if fallbacks else None
         if family not in fallbacks:  # an algorithm may have fallbacks for some families only
             return {}, None
@@ -217,7 +276,7 @@ def configure(algo: str, cls: type, given: dict[str, Any], preset: str | None = 
         env, given["env_kwargs"] = atari
         given["env"] = env
     try:
-        values, name = resolve(algo, env, preset, given.get("env_kwargs"), given.get("env_wrappers"))
+        values, name = resolve(algo, env, preset, given.get("env_kwargs"), given.get("env_wrappers"), note)
     except Exception as e:  # auto only (unless ``strict``): the run itself reports an env it cannot build
         if preset != AUTO or strict:
             raise
@@ -225,7 +284,8 @@ def configure(algo: str, cls: type, given: dict[str, Any], preset: str | None = 
         return build(cls, {}, None, given, given_as)
     if preset == AUTO and (name is None or name.startswith(FAMILY)):
         fallback = f"the {label(name)} fallback" if name else f"the defaults of {cls.__name__}"
-        note(f"no {algo} preset for {env}; using {fallback} and the values given")
+        none = f"no {algo} preset for {env}" if env not in presets(algo) else f"not {env}'s preset"
+        note(f"{none}; using {fallback} and the values given")
     if name is None and preset != AUTO:
         name = NONE  # recorded: the defaults were asked for (:func:`hand_built_note` stays silent)
     return build(cls, values, name, given, given_as)
