@@ -200,17 +200,32 @@ def test_an_envs_preset_is_left_for_its_family_where_kwargs_or_wrappers_change_i
     than the one its preset was tuned on: the family applies, and the note says why; ones that keep the spaces (a
     time limit) keep the preset, and ``--preset ENV`` asks for it anyway."""
     notes: list[str] = []
-    values, name = presets.resolve("ppo", "LunarLander-v3", env_kwargs={"continuous": True}, note=notes.append)
-    assert name == "family:continuous" and values["num_steps"] == 1024
-    assert len(notes) == 1 and "acts in Box(2,) float32 there, where LunarLander-v3 itself" in notes[0]
-    assert "acts in Discrete(4)" in notes[0] and "--preset LunarLander-v3 applies it anyway" in notes[0]
+    values, name = presets.resolve("ppo", "Acrobot-v1", env_kwargs={"render_mode": "rgb_array"},
+                                   env_wrappers=["gymnasium.wrappers.AddRenderObservation"], note=notes.append)
+    assert name == "family:image" and values["clip_coef"] == 0.1
+    assert len(notes) == 1 and "observes Box(500, 500, 3) uint8 and acts in Discrete(3) there, where" in notes[0]
+    assert "Acrobot-v1 itself observes Box(6,) float32" in notes[0] and "--preset Acrobot-v1 applies it" in notes[0]
     frames = presets.resolve("ppo", "CartPole-v1", env_kwargs={"render_mode": "rgb_array"},
                              env_wrappers=["gymnasium.wrappers.AddRenderObservation"])
     assert frames[1] == "family:image"
     assert presets.resolve("ppo", "CartPole-v1", env_kwargs={"max_episode_steps": 100})[1] == "CartPole-v1"
     wrapped = [{"gymnasium.wrappers:TimeLimit": {"max_episode_steps": 20}}]
     assert presets.resolve("ppo", "CartPole-v1", env_wrappers=wrapped)[1] == "CartPole-v1"
-    assert presets.resolve("ppo", "LunarLander-v3", "LunarLander-v3", {"continuous": True})[1] == "LunarLander-v3"
-    cfg = presets.make_config("ppo", "LunarLander-v3", env_kwargs={"continuous": True})
-    assert cfg.preset == "family:continuous" and cfg.sources["num_steps"] == "family continuous"
+    assert presets.resolve("ppo", "Acrobot-v1", "Acrobot-v1", {"render_mode": "rgb_array"},
+                           ["gymnasium.wrappers.AddRenderObservation"])[1] == "Acrobot-v1"
     assert presets.space_kind(gym.spaces.Box(-1, 1, (3,))) == presets.space_kind(gym.spaces.Box(-2, 2, (3,)))
+
+
+def test_an_id_whose_kwargs_make_another_registered_env_gets_that_envs_preset():
+    """``LunarLander-v3`` with ``continuous=True`` is ``LunarLanderContinuous-v3`` (the same entry point and
+    kwargs): its preset applies, where before the discrete env's did; kwargs that make no registered env with a
+    preset keep the id's own preset where the spaces agree (BipedalWalker-v3's hardcore course)."""
+    notes: list[str] = []
+    values, name = presets.resolve("ppo", "LunarLander-v3", env_kwargs={"continuous": True}, note=notes.append)
+    assert name == "LunarLanderContinuous-v3" and values == presets.resolve("ppo", "LunarLanderContinuous-v3")[0]
+    assert notes == ["LunarLander-v3 with these env kwargs is LunarLanderContinuous-v3: its ppo preset applies"]
+    assert presets.resolve("impala", "LunarLander-v3", env_kwargs={"continuous": True})[1] == "LunarLanderContinuous-v3"
+    cfg = presets.make_config("ppo", "LunarLander-v3", env_kwargs={"continuous": True})
+    assert cfg.preset == "LunarLanderContinuous-v3" and cfg.sources["gamma"] == "preset LunarLanderContinuous-v3"
+    assert presets.registered_as("LunarLander-v3", {"continuous": True, "max_episode_steps": 500}, ["LunarLanderContinuous-v3"]) is None
+    assert presets.resolve("ppo", "BipedalWalker-v3", env_kwargs={"hardcore": True})[1] == "BipedalWalker-v3"

@@ -92,22 +92,49 @@ def space_kind(space: gym.Space) -> Any:
     return (type(space).__name__, space.shape, str(space.dtype))
 
 
-def preset_misfit(env: str, env_kwargs: dict[str, Any] | None, env_wrappers: list[Any] | None) -> str | None:
-    """Why ``env``'s own preset does not fit the env that ``env_kwargs`` and ``env_wrappers`` make of it: they
-    change the kinds or sizes of its spaces (``LunarLander-v3`` with ``continuous=True`` acts in a Box; CartPole
-    under a wrapper that returns frames observes images), so the preset was tuned on another task. None where
-    they keep them, or where either env cannot be built here (the preset then applies)."""
-    if not env_kwargs and not env_wrappers:
+def registered_as(env: str, env_kwargs: dict[str, Any] | None, ids: Any) -> str | None:
+    """The id among ``ids`` registered as the env that ``env`` with ``env_kwargs`` makes: the same entry point,
+    constructor kwargs and time limit (``LunarLander-v3`` with ``continuous=True`` is ``LunarLanderContinuous-v3``);
+    ``render_mode`` is left out (it changes how an env shows itself, not its task). None where there is none."""
+    if not env_kwargs or not isinstance(env, str):
+        return None
+    import gymnasium as gym
+
+    try:
+        base = gym.spec(env)
+    except Exception:  # noqa: BLE001 - not a registered id (a factory path, an env missing here)
+        return None
+    made = {k: v for k, v in env_kwargs.items() if k not in ("render_mode", "max_episode_steps")}
+    steps = env_kwargs.get("max_episode_steps", base.max_episode_steps)
+    for other in ids:
+        try:
+            spec = gym.spec(other) if other != env else None
+        except Exception:  # noqa: BLE001 - a preset keyed by a factory path
+            continue
+        if (spec is not None and spec.entry_point == base.entry_point and spec.kwargs == {**base.kwargs, **made}
+                and spec.max_episode_steps == steps):
+            return str(other)
+    return None
+
+
+def preset_misfit(tuned_on: str, env: str, env_kwargs: dict[str, Any] | None, env_wrappers: list[Any] | None
+                  ) -> str | None:
+    """Why the preset tuned on ``tuned_on`` does not fit the env that ``env`` with ``env_kwargs`` and
+    ``env_wrappers`` makes: they differ in the kinds or sizes of their spaces (``LunarLander-v3`` with
+    ``continuous=True`` acts in a Box; CartPole under a wrapper that returns frames observes images), so the
+    preset was tuned on another task. None where they agree, or where either env cannot be built here (the preset
+    then applies)."""
+    if tuned_on == env and not env_kwargs and not env_wrappers:
         return None
     from frugalrl.envs.spec import to_env_spec
 
     try:
-        tuned, given = _spaces(to_env_spec(env)), _spaces(to_env_spec(env, env_kwargs, env_wrappers))
+        tuned, given = _spaces(to_env_spec(tuned_on)), _spaces(to_env_spec(env, env_kwargs, env_wrappers))
     except Exception:  # noqa: BLE001 - a factory that needs its kwargs, an env missing here: nothing to compare
         return None
     if [space_kind(s) for s in tuned] == [space_kind(s) for s in given]:
         return None
-    return f"it {_words(given)} there, where {env} itself {_words(tuned)}"
+    return f"it {_words(given)} there, where {tuned_on} itself {_words(tuned)}"
 
 
 def _spaces(spec: Any) -> tuple[gym.Space, gym.Space]:
@@ -136,20 +163,24 @@ def resolve(algo: str, env: str, preset: str | None = AUTO, env_kwargs: dict[str
 
     ``preset``: ``"auto"`` (``env``'s own if any, else its family's if the algorithm has one, named ``family:NAME``: ``env`` is built once
     with ``env_kwargs`` and ``env_wrappers`` to read its spaces), ``"none"``, an env id of the algorithm's file, ``family:NAME``, or a
-    ``.json`` file (its fields, or the entry for ``env`` in a mapping env -> fields). With ``"auto"``, ``env``'s own
-    preset is left for its family's where ``env_kwargs`` or ``env_wrappers`` change its spaces (:func:`preset_misfit`;
-    ``note`` hears why). ``ValueError`` names an unknown preset.
+    ``.json`` file (its fields, or the entry for ``env`` in a mapping env -> fields). With ``"auto"``, an id whose
+    ``env_kwargs`` make another registered env with a preset gets that one (:func:`registered_as`), and the preset is
+    left for the family's where ``env_kwargs`` or ``env_wrappers`` change the spaces it was tuned on
+    (:func:`preset_misfit`); ``note`` hears either. ``ValueError`` names an unknown preset.
     """
     if preset is None or preset.lower() in (NONE, "null", ""):
         return {}, None
     table, fallbacks = presets(algo), families(algo)
     if preset == AUTO:
-        misfit = preset_misfit(env, env_kwargs, env_wrappers) if env in table else None
-        if env in table and misfit is None:
-            return _fields(table[env]), env
+        own = registered_as(env, env_kwargs, table) or (env if env in table else None)
+        misfit = None if own is None else preset_misfit(own, env, env_kwargs, env_wrappers)
+        if own is not None and misfit is None:
+            if own != env and note is not None:
+                note(f"{env} with these env kwargs is {own}: its {algo} preset applies")
+            return _fields(table[own]), own
         if misfit is not None and note is not None:
-            note(f"{env}'s {algo} preset does not fit the env the env kwargs and wrappers make: {misfit} (--preset "
-                 f"{env} applies it anyway)")
+            note(f"{own}'s {algo} preset does not fit the env the env kwargs and wrappers make: {misfit} (--preset "
+                 f"{own} applies it anyway)")
         family = env_family(env, env_kwargs, env_wrappers) if fallbacks else None
         if family not in fallbacks:  # an algorithm may have fallbacks for some families only
             return {}, None
