@@ -5,7 +5,9 @@ Each file maps an env (a Gymnasium id, or a ``module:function`` factory) to fiel
 config, with ``_source`` saying where they come from. ``frugalrl train ALGO --env X`` starts from X's preset
 when there is one; when there is none and the file has ``_families`` (PPO's), from the entry of X's family,
 chosen by its spaces (:func:`family_of`: ``continuous``, ``discrete``, ``image`` or ``grid``), so that a
-continuous-control task does not inherit Atari's settings. Flags given on the command line override either.
+continuous-control task does not inherit Atari's settings. A preset is for the spaces it was tuned on: env kwargs
+that make another registered env take that env's preset, and kwargs or wrappers that change the spaces' kinds or
+sizes take the family's (:func:`resolve`). Flags given on the command line override either.
 ``--preset NAME`` takes the preset of another env id, ``--preset family:continuous`` a family's, ``--preset
 FILE.json`` a file of your own (one set of fields, or a mapping env -> fields as here), ``--preset none`` the
 config's defaults. In Python: ``frugalrl.presets.make_config("ppo", "LunarLander-v3", seed=2)``. The config
