@@ -261,6 +261,7 @@ def test_seeded_start_nudges_each_topic_towards_a_distinct_document():
         np.testing.assert_allclose(extra[k], expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_fit_lda_columns_matches_dense_with_fewer_bytes():
     """Column pushes rebuild the dense update (fp32: up to rounding); LDA's default bf16 values halve them
     again and leave the fit where fp32 puts it."""

@@ -33,6 +33,7 @@ def test_a_row_counts_the_bytes_of_its_counted_rollouts_only():
     assert rows[1]["bytes"]["down"]["weights"] == 3 * rows[0]["bytes"]["down"]["weights"]
 
 
+@pytest.mark.slow
 def test_the_model_check_splits_an_iteration_into_its_rollout_and_its_update():
     """The model's update and uplink bytes are fitted through the first calibration run, so checked against that
     run they are exact; for any run the iteration's error splits into its rollout's and its update's."""

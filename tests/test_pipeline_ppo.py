@@ -215,6 +215,7 @@ def test_pipeline_ppo_learns_cartpole_with_its_defaults(tmp_path):
     assert summary["bytes"]["gradients"] > 0
 
 
+@pytest.mark.slow
 def test_sparse_activations_are_lossless_and_smaller(tmp_path):
     """ReLU features sent as their non-zero entries: same training bytes elsewhere, fewer activation bytes."""
     from frugalrl.pipeline.stage0 import encode_features
