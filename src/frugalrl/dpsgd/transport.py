@@ -75,7 +75,6 @@ class Transport(ABC):
         self.gave_up: WorkersFailed | None = None
         """The crash-loop rule's verdict on a worker that kept failing, which stopped the run."""
         self._closing = False
-        self._closed = False
         # A replacement is started by its worker's thread while close() may run: whoever takes a worker out of the
         # transport's list or _starting under this lock stops it, so that none is stopped twice or left behind.
         self._lock = threading.Lock()
@@ -192,9 +191,9 @@ class Transport(ABC):
         """For close(): None if it ran already; else mark the transport closing and take the replacements still
         starting (their threads then leave them to the caller to stop)."""
         with self._lock:
-            if self._closed:
+            if self._closing:
                 return None
-            self._closed = self._closing = True
+            self._closing = True
             starting, self._starting = list(self._starting.values()), {}
         self._closing_event.set()
         return starting

@@ -71,11 +71,7 @@ def env_family(env: str, env_kwargs: dict[str, Any] | None = None, env_wrappers:
     """The family of ``env``: one env is built here, as a worker builds it (wrappers included), to read its spaces."""
     from frugalrl.envs.spec import to_env_spec
 
-    made = to_env_spec(env, env_kwargs, env_wrappers).make()
-    try:
-        return family_of(made.observation_space, made.action_space)
-    finally:
-        made.close()
+    return family_of(*_spaces(to_env_spec(env, env_kwargs, env_wrappers)))
 
 
 def space_kind(space: gym.Space) -> Any:
@@ -119,24 +115,32 @@ def registered_as(env: str, env_kwargs: dict[str, Any] | None, ids: Any) -> str 
     return None
 
 
-def preset_misfit(tuned_on: str, env: str, env_kwargs: dict[str, Any] | None, env_wrappers: list[Any] | None
-                  ) -> str | None:
-    """Why the preset tuned on ``tuned_on`` does not fit the env that ``env`` with ``env_kwargs`` and
-    ``env_wrappers`` makes: they differ in the kinds or sizes of their spaces (``LunarLander-v3`` with
-    ``continuous=True`` acts in a Box; CartPole under a wrapper that returns frames observes images), so the
-    preset was tuned on another task. None where they agree, or where either env cannot be built here (the preset
-    then applies)."""
-    if tuned_on == env and not env_kwargs and not env_wrappers:
-        return None
+def preset_misfit(tuned_on: str, given: tuple[gym.Space, gym.Space]) -> str | None:
+    """Why the preset tuned on ``tuned_on`` does not fit an env with the spaces ``given`` (observations,
+    actions): they differ in the kinds or sizes of their spaces (``LunarLander-v3`` with ``continuous=True`` acts in
+    a Box; CartPole under a wrapper that returns frames observes images), so the preset was tuned on another task.
+    None where they agree, or where ``tuned_on`` cannot be built here (the preset then applies)."""
     from frugalrl.envs.spec import to_env_spec
 
     try:
-        tuned, given = _spaces(to_env_spec(tuned_on)), _spaces(to_env_spec(env, env_kwargs, env_wrappers))
+        tuned = _spaces(to_env_spec(tuned_on))
     except Exception:  # noqa: BLE001 - a factory that needs its kwargs, an env missing here: nothing to compare
         return None
     if [space_kind(s) for s in tuned] == [space_kind(s) for s in given]:
         return None
     return f"it {_words(given)} there, where {tuned_on} itself {_words(tuned)}"
+
+
+def _built_spaces(env: str, env_kwargs: dict[str, Any] | None, env_wrappers: list[Any] | None
+                  ) -> tuple[gym.Space, gym.Space] | None:
+    """The spaces of the env ``env`` with ``env_kwargs`` and ``env_wrappers`` makes; None where it cannot be built
+    here (its preset then applies, and its family, if asked for, is looked up again to report the error)."""
+    from frugalrl.envs.spec import to_env_spec
+
+    try:
+        return _spaces(to_env_spec(env, env_kwargs, env_wrappers))
+    except Exception:  # noqa: BLE001 - a module only the workers have, a missing simulator: nothing to compare
+        return None
 
 
 def _spaces(spec: Any) -> tuple[gym.Space, gym.Space]:
@@ -175,7 +179,10 @@ def resolve(algo: str, env: str, preset: str | None = AUTO, env_kwargs: dict[str
     table, fallbacks = presets(algo), families(algo)
     if preset == AUTO:
         own = registered_as(env, env_kwargs, table) or (env if env in table else None)
-        misfit = None if own is None else preset_misfit(own, env, env_kwargs, env_wrappers)
+        # the spaces of the env asked for, built once, where its kwargs or wrappers may change them
+        given = (_built_spaces(env, env_kwargs, env_wrappers)
+                 if own is not None and (own != env or env_kwargs or env_wrappers) else None)
+        misfit = preset_misfit(own, given) if own is not None and given is not None else None
         if own is not None and misfit is None:
             if own != env and note is not None:
                 note(f"{env} with these env kwargs is {own}: its {algo} preset applies")
@@ -183,7 +190,8 @@ def resolve(algo: str, env: str, preset: str | None = AUTO, env_kwargs: dict[str
         if misfit is not None and note is not None:
             note(f"{own}'s {algo} preset does not fit the env the env kwargs and wrappers make: {misfit} (--preset "
                  f"{own} applies it anyway)")
-        family = env_family(env, env_kwargs, env_wrappers) if fallbacks else None
+        family = (None if not fallbacks else family_of(*given) if given is not None
+                  else env_family(env, env_kwargs, env_wrappers))
         if family not in fallbacks:  # an algorithm may have fallbacks for some families only
             return {}, None
         preset = FAMILY + family
