@@ -106,14 +106,18 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "hsa2c-bf16": ("hsa2c", ["--update-codec", "bf16", "--pull-codec", "bf16"]),
          "hsa2c-bf16-push": ("hsa2c", ["--update-codec", "bf16+zstd", "--pull-codec", "fp32"]),
          "hsa2c": ("hsa2c", []),  # the defaults since
-         "hsa2c-old": ("hsa2c", ["--update-codec", "fp32", "--pull-codec", "fp32", "--no-pull-delta"])}
+         "hsa2c-old": ("hsa2c", ["--update-codec", "fp32", "--pull-codec", "fp32", "--no-pull-delta"]),
+         # float64 observations (MuJoCo's) as the float32 words the policy acts on (the default since), or as they are
+         "frugal-obs-fp32": ("ppo", ["--uplink-obs", "fp32"]),
+         "frugal-obs-exact": ("ppo", ["--uplink-obs", "exact"])}
 #: Ratio key in the table → (label, our side, the reference side).
 RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
           "ratio_nopreset": ("frugal-nopreset / sb3", "frugal-nopreset", "sb3"),
           "ratio_every_frugal": ("frugal / frugal-every", "frugal", "frugal-every"),
           "ratio_every_impala": ("impala / impala-every", "impala", "impala-every"),
           "ratio_impala": ("impala / sb3", "impala", "sb3"),
-          "ratio_impala_base": ("impala-base / sb3", "impala-base", "sb3")}
+          "ratio_impala_base": ("impala-base / sb3", "impala-base", "sb3"),
+          "ratio_obs_fp32": ("frugal-obs-fp32 / frugal-obs-exact", "frugal-obs-fp32", "frugal-obs-exact")}
 
 
 def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:

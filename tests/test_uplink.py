@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -292,3 +293,46 @@ def test_lossy_observations_on_request(closing):
         UplinkOptions(compressor="none", obs="int8")
     with pytest.raises(ValueError, match="uplink_obs"):
         PPOConfig(uplink_obs="int4").validate()  # type: ignore[arg-type]
+
+
+def test_float64_observations_travel_as_the_float32_words_the_policy_sees(closing):
+    """By default (uplink_obs fp32) a rollout's float64 observations (MuJoCo's) are rounded to float32 on the worker
+    before its policy acts: the learner gets those words, in half the bytes; 'exact' keeps float64. A lossy code
+    applies to them too (it applied to float32 observations only before)."""
+    pytest.importorskip("mujoco")
+    assert UplinkOptions().obs == "fp32" and PPOConfig().uplink_obs == "fp32"
+    envs = {o: closing(ClusterEnv("InvertedPendulum-v5", 1, 4, backend="serial", seed=3, uplink=UplinkOptions(obs=o)))
+            for o in ("fp32", "exact", "int8")}
+    agent = fresh_agent(envs["exact"], seed=1)
+    for env in envs.values():
+        env.reset(seed=3)
+    ro = {o: env.rollout(agent, 64) for o, env in envs.items()}
+    for name in ("obs", "next_obs", "final_obs"):
+        assert getattr(ro["exact"], name).dtype == np.float64, name
+        assert getattr(ro["fp32"], name).dtype == np.float32, name
+    _same(ro["fp32"].obs[0], ro["exact"].obs[0].astype(np.float32), "first observations")
+    assert not np.array_equal(ro["exact"].obs[0], ro["exact"].obs[0].astype(np.float32))  # really float64 words
+    b = {o: env.stats()["bytes"]["observations"] for o, env in envs.items()}
+    assert b["fp32"] < 0.55 * b["exact"] and b["int8"] < 0.5 * b["fp32"]
+    assert envs["int8"].stats()["uplink"]["codecs"]["obs"] == {"int8+zstd": 1}
+    UplinkOptions(compressor="none", obs="fp32")  # no compressor needed: a cast, not a code
+
+
+def test_the_policy_acts_on_the_observations_the_fragment_keeps():
+    """collect_fragment with float64_as: the policy is given the float32 words that the fragment returns."""
+    from frugalrl.experience import EnvGroup, collect_fragment
+
+    seen = []
+
+    def policy(obs):
+        seen.append(obs.copy())
+        return np.zeros((len(obs), 1), np.float32), np.zeros((len(obs), 2), np.float32)
+
+    envs = [gym.wrappers.DtypeObservation(gym.make("Pendulum-v1", max_episode_steps=20), np.float64) for _ in range(2)]
+    group = EnvGroup(envs)
+    group.reset_all(seed=0)
+    f = collect_fragment(group, policy, 30, float64_as=np.dtype(np.float32))
+    group.close()
+    assert f.obs.dtype == f.next_obs.dtype == f.final_obs.dtype == np.float32 and len(f.final_obs) == 2
+    assert all(s.dtype == np.float32 for s in seen)
+    _same(np.stack(seen), f.obs, "what the policy saw")

@@ -252,10 +252,12 @@ class ClusterConfig(ConfigPart):
     only while its measured CPU cost is under the link time it saves at uplink_link_mbps), 'lz4' or 'zstd'
     (always) or 'none' (raw bytes). Arrays under 1 KiB (per-step replies) are not compressed; small boolean
     ones are still bit-packed."""
-    uplink_obs: ObsCodec = "exact"
-    """Float observations on the uplink: 'exact', or lossy 'fp16', 'bf16', 'int8', 'int16' (int: an affine code
-    per feature and message, not the weights' int8; error at most half a step of range / (2^bits − 1)). Lossy
-    codes change what the learner trains on; the workers still act on exact observations."""
+    uplink_obs: ObsCodec = "fp32"
+    """Float observations on the uplink: 'fp32' (float64 ones, MuJoCo's, become float32 on the worker before its
+    policy acts on them: the learner trains on what the policy saw, in half the bytes), 'exact' (the env's dtype),
+    or lossy 'fp16', 'bf16', 'int8', 'int16' (int: an affine code per feature and message, not the weights' int8;
+    error at most half a step of range / (2^bits − 1)). Lossy codes change what the learner trains on; the
+    workers still act on the float32 observations."""
     uplink_behaviour: Behaviour = "recompute"
     """What the workers send about their policy per step: nothing ('recompute': the head recomputes the taken
     action's log-probability from the copy of the weights the worker holds), 'logprob' (that log-probability: all

@@ -379,17 +379,20 @@ Policy = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]]
 
 
 def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: int,
-                     on_step: Callable[[int, Stepped], None] | None = None) -> Fragment:
+                     on_step: Callable[[int, Stepped], None] | None = None,
+                     float64_as: np.dtype | None = None) -> Fragment:
     """Run ``policy`` for ``num_steps`` steps of every env of ``group`` (clipping Box actions to the space) and
     return the fragment; ``on_step(t, stepped)`` sees each step as it happens. An :class:`EnvGroup` is stepped with
-    same-step autoreset whatever its mode: a fragment has no steps that only reset."""
+    same-step autoreset whatever its mode: a fragment has no steps that only reset. ``float64_as``: float64
+    observations are cast to this dtype before the policy sees them, and kept so (the uplink's ``fp32``)."""
     if num_steps <= 0:
         raise ValueError(f"num_steps must be positive, got {num_steps}")
     if isinstance(group, EnvGroup):
         group.reset_pending()
     k = len(group)
     first = np.asarray(group.obs)
-    obs_buf = np.empty((num_steps, *first.shape), dtype=first.dtype)
+    obs_dtype = float64_as if float64_as is not None and first.dtype == np.float64 else first.dtype
+    obs_buf = np.empty((num_steps, *first.shape), dtype=obs_dtype)
     act_buf: np.ndarray | None = None
     par_buf: np.ndarray | None = None
     rewards = np.zeros((num_steps, k), dtype=np.float32)
@@ -428,11 +431,12 @@ def collect_fragment(group: EnvGroup | VectorGroup, policy: Policy, num_steps: i
         if on_step is not None:
             on_step(t, stepped)
     assert act_buf is not None
-    next_obs = np.array(group.obs, copy=True)
+    next_obs = np.array(group.obs, dtype=obs_dtype, copy=True)
     return Fragment(
         obs=obs_buf, actions=act_buf, params=par_buf, rewards=rewards, terminations=terms, truncations=truncs,
         next_obs=next_obs, final_idx=np.array(final_idx, dtype=np.int32).reshape(-1, 2),
-        final_obs=np.stack(final_obs) if final_obs else np.zeros((0, *next_obs.shape[1:]), next_obs.dtype),
+        final_obs=np.stack(final_obs).astype(obs_dtype, copy=False) if final_obs else
+        np.zeros((0, *next_obs.shape[1:]), obs_dtype),
         valid=None if valid.all() else valid, episode_returns=ep_r, episode_lengths=ep_l,
     )
 

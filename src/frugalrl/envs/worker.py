@@ -452,7 +452,9 @@ class EnvWorker:
         """
         self._check_inference()
         version = self.version
-        f = collect_fragment(self.group, self._policy, int(msg.meta["num_steps"]))  # it checks num_steps
+        # it checks num_steps; float64 observations become the float32 words the policy and the learner see
+        f = collect_fragment(self.group, self._policy, int(msg.meta["num_steps"]),
+                             float64_as=self.uplink.options.obs_dtype)
         assert f.params is not None
         if self.uplink.options.behaviour == "params":
             behaviour = {"dist_params": f.params}

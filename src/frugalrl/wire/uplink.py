@@ -2,7 +2,8 @@
 
 :class:`UplinkOptions` (the fields of ``ClusterConfig`` named ``uplink*``) says how experience travels, and
 :class:`UplinkCodecs` picks each reply's stream codecs for one worker. Lossless by default: the learner gets the very
-same arrays (docs/clusterenv.md#the-experience-uplink).
+arrays the worker's policy acted on (float64 observations are float32 words by then: ``obs="fp32"``;
+docs/clusterenv.md#the-experience-uplink).
 
 ``auto`` measures: on a stream's first message and every :data:`PROBE_EVERY` messages it encodes each
 compressible stream (a rollout of float observations with and without the ``steps`` transform, keeping the
@@ -26,9 +27,12 @@ from frugalrl.wire import codecs as _codecs
 Uplink = Literal["auto", "none", "lz4", "zstd"]
 """How the workers' experience is compressed on its way to the learner (losslessly)."""
 UPLINK_OPTIONS: tuple[str, ...] = get_args(Uplink)
-ObsCodec = Literal["exact", "fp16", "bf16", "int8", "int16"]
-"""How float observations travel: exactly, or rounded to a low-bit code (lossy)."""
+ObsCodec = Literal["fp32", "exact", "fp16", "bf16", "int8", "int16"]
+"""How float observations of a rollout travel: as the float32 words a float32 network sees, exactly as the env
+gave them, or rounded to a low-bit code (lossy)."""
 OBS_CODECS: tuple[str, ...] = get_args(ObsCodec)
+LOSSY_OBS: tuple[str, ...] = ("fp16", "bf16", "int8", "int16")
+"""The codes that round float32 observations further, on the wire only (the workers act on the float32 ones)."""
 Behaviour = Literal["recompute", "logprob", "params"]
 """What the workers send about the behaviour policy per step (``recompute``: nothing, where the head can)."""
 BEHAVIOURS: tuple[str, ...] = get_args(Behaviour)
@@ -60,9 +64,12 @@ class UplinkOptions:
     :mod:`frugalrl.wire.transforms` (only each step's new frame); under ``auto`` a rollout of float observations
     also through its ``steps`` transform (each step as its difference from the one before) where that measures
     smaller; smaller boolean arrays are bit-packed, other small arrays stay raw."""
-    obs: ObsCodec = "exact"
-    """``--uplink-obs``: ``exact`` or a lossy low-bit code for float observations (``fp16``, ``bf16``, ``int8``,
-    ``int16``: their errors in :mod:`frugalrl.wire.transforms`), followed by the compressor (not ``none``)."""
+    obs: ObsCodec = "fp32"
+    """``--uplink-obs``: ``fp32`` rounds a rollout's float64 observations (MuJoCo's) to float32 on the worker
+    before its policy acts on them, so that the learner trains on the very values the policy saw, in half the
+    bytes (float32 observations are left as they are); ``exact`` keeps the env's dtype; a lossy low-bit code
+    (``fp16``, ``bf16``, ``int8``, ``int16``: their errors in :mod:`frugalrl.wire.transforms`) rounds those float32
+    observations further on the wire only, followed by the compressor (not ``none``)."""
     behaviour: Behaviour = "recompute"
     """``--uplink-behaviour``: what the learner's losses (PPO's ratio, V-trace's ratios) and AAPS's KL estimate
     need of the policy a worker acted with (:class:`frugalrl.sync_state.PolicySync`). ``recompute`` sends nothing:
@@ -82,8 +89,13 @@ class UplinkOptions:
             raise ValueError(f"unknown uplink_behaviour {self.behaviour!r}; expected one of {BEHAVIOURS}")
         if not (isinstance(self.link_mbps, int | float) and math.isfinite(self.link_mbps) and self.link_mbps > 0):
             raise ValueError(f"uplink_link_mbps must be a positive number, got {self.link_mbps!r}")
-        if self.obs != "exact" and self.compressor == "none":
+        if self.obs in LOSSY_OBS and self.compressor == "none":
             raise ValueError(f"uplink_obs {self.obs!r} needs a compressor: use uplink 'auto', 'lz4' or 'zstd'")
+
+    @property
+    def obs_dtype(self) -> np.dtype | None:
+        """The dtype a rollout's float64 observations take on the worker (None: the env's)."""
+        return None if self.obs == "exact" else np.dtype(np.float32)
 
     def to_json(self) -> dict[str, Any]:
         """The options as a JSON dict (:meth:`from_json` reads it back)."""
@@ -137,7 +149,7 @@ class UplinkCodecs:
                     out[name] = "bits"
                 continue
             codec = _stream_codec(name, arr, compressor, opt.obs)
-            lossy = codec.split("+")[0] in ("fp16", "bf16", "int8", "int16")
+            lossy = codec.split("+")[0] in LOSSY_OBS
             if opt.compressor != "auto" or lossy:
                 out[name] = codec  # asked for: always on (a lossy code is the user's choice, not a speed-up)
                 continue
@@ -179,7 +191,7 @@ class UplinkCodecs:
 def _stream_codec(name: str, arr: np.ndarray, compressor: str, obs: str) -> str:
     """The codec a compressible stream gets: a transform (frames, low-bit) then the compressor, or the
     compressor alone."""
-    if name in OBS_STREAMS and obs != "exact" and arr.dtype == np.float32:
+    if name in OBS_STREAMS and obs in LOSSY_OBS and arr.dtype == np.float32:
         return f"{obs}+{compressor}"
     if name == "obs" and arr.dtype == np.uint8 and arr.ndim >= 5 and arr.shape[2] >= 2:
         return f"frames+{compressor}"
