@@ -109,7 +109,10 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "hsa2c-old": ("hsa2c", ["--update-codec", "fp32", "--pull-codec", "fp32", "--no-pull-delta"]),
          # float64 observations (MuJoCo's) as the float32 words the policy acts on (the default since), or as they are
          "frugal-obs-fp32": ("ppo", ["--uplink-obs", "fp32"]),
-         "frugal-obs-exact": ("ppo", ["--uplink-obs", "exact"])}
+         "frugal-obs-exact": ("ppo", ["--uplink-obs", "exact"]),
+         # 8 workers with the env's preset or family: its batch kept (the default since), or grown 4-fold (before)
+         "frugal-w8": ("ppo", ["--workers", "8"]),
+         "frugal-w8-grown": ("ppo", ["--workers", "8", "--num-steps", "{num_steps}"])}
 #: Ratio key in the table → (label, our side, the reference side).
 RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
           "ratio_nopreset": ("frugal-nopreset / sb3", "frugal-nopreset", "sb3"),
@@ -117,7 +120,8 @@ RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
           "ratio_every_impala": ("impala / impala-every", "impala", "impala-every"),
           "ratio_impala": ("impala / sb3", "impala", "sb3"),
           "ratio_impala_base": ("impala-base / sb3", "impala-base", "sb3"),
-          "ratio_obs_fp32": ("frugal-obs-fp32 / frugal-obs-exact", "frugal-obs-fp32", "frugal-obs-exact")}
+          "ratio_obs_fp32": ("frugal-obs-fp32 / frugal-obs-exact", "frugal-obs-fp32", "frugal-obs-exact"),
+          "ratio_w8": ("frugal-w8 / frugal-w8-grown", "frugal-w8", "frugal-w8-grown")}
 
 
 def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
@@ -128,6 +132,11 @@ def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
         from frugalrl.presets import env_family
 
         flags = [f.format(family=env_family(env_arg, kwargs)) for f in flags]
+    if any("{num_steps}" in f for f in flags):  # the preset's or family's own
+        from frugalrl.presets import make_config
+
+        tuned = make_config(algo, env_arg, **({"env_kwargs": kwargs} if kwargs else {})).num_steps
+        flags = [f.format(num_steps=tuned) for f in flags]
     if kwargs:
         flags = ["--env-kwargs", json.dumps(kwargs), *flags]
     return [sys.executable, "-m", "frugalrl.cli", "train", algo, "--env", env_arg, "--total-timesteps", str(steps),

@@ -229,3 +229,28 @@ def test_an_id_whose_kwargs_make_another_registered_env_gets_that_envs_preset():
     assert cfg.preset == "LunarLanderContinuous-v3" and cfg.sources["gamma"] == "preset LunarLanderContinuous-v3"
     assert presets.registered_as("LunarLander-v3", {"continuous": True, "max_episode_steps": 500}, ["LunarLanderContinuous-v3"]) is None
     assert presets.resolve("ppo", "BipedalWalker-v3", env_kwargs={"hardcore": True})[1] == "BipedalWalker-v3"
+
+
+def test_more_workers_keep_the_batch_the_preset_was_tuned_with(caplog):
+    """--workers or --envs-per-worker without --num-steps: fragments shorten (or lengthen) so that an update learns
+    from the tuned batch; at the shortest fragment the batch grows in minibatches of the tuned size; a given
+    num_steps, or the tuned worker count, changes nothing. PPO and IMPALA (the dataclass's defaults) alike."""
+    tuned = presets.make_config("ppo", "LunarLander-v3")
+    assert (tuned.workers, tuned.envs_per_worker, tuned.num_steps, tuned.num_minibatches) == (2, 8, 128, 32)
+    with caplog.at_level("INFO", logger="frugalrl.presets"):
+        eight = presets.make_config("ppo", "LunarLander-v3", workers=8)
+    assert (eight.num_steps, eight.batch_size, eight.num_minibatches) == (32, 2048, 32)
+    assert eight.sources["num_steps"] == "batch of preset LunarLander-v3 kept over 8 × 8 envs"
+    assert "8 × 8 envs instead of the 2 × 8 of preset LunarLander-v3: 32 steps per env" in caplog.text
+    one = presets.make_config("ppo", "LunarLander-v3", workers=1, envs_per_worker=4)
+    assert one.batch_size == 2048 and one.num_steps == 512
+    many = presets.make_config("ppo", "LunarLander-v3", workers=64)
+    assert (many.num_steps, many.batch_size, many.num_minibatches) == (presets.MIN_FRAGMENT, 8192, 128)
+    assert presets.make_config("ppo", "LunarLander-v3", workers=64, num_minibatches=4).num_minibatches == 4
+    for same in ({"workers": 8, "num_steps": 128}, {"workers": 2}):
+        cfg = presets.make_config("ppo", "LunarLander-v3", **same)
+        assert cfg.num_steps == 128 and "num_steps" not in cfg.sources
+    impala = presets.make_config("impala", "CartPole-v1", workers=4, preset="none")
+    defaults = presets.make_config("impala", "CartPole-v1", preset="none")
+    assert impala.batch_size == defaults.batch_size and impala.num_steps == defaults.num_steps // 2
+    assert impala.sources["num_steps"] == "batch of IMPALAConfig's defaults kept over 4 × 8 envs"
