@@ -1,12 +1,17 @@
-"""Running normalisation: exact statistics, inside the agent, on the wire losslessly, on the learner for rewards."""
+"""Running normalisation: exact statistics, inside the agent, on the wire losslessly, on the learner for rewards and
+the critic's targets."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from frugalrl.algos import resume
+from frugalrl.algos.ppo import PPOConfig, train
+from frugalrl.driver import Callback
 from frugalrl.nets import MLPActorCritic, acting_state, build_policy
-from frugalrl.normalize import ObsNormalizer, ReturnScaler, RunningMeanStd
+from frugalrl.normalize import ObsNormalizer, ReturnScaler, RunningMeanStd, ValueNormalizer
+from frugalrl.runs import read_checkpoint
 from frugalrl.sync import EveryUpdate
 from frugalrl.sync_state import PolicySync
 from frugalrl.wire.delta import HeldWeights, from_words
@@ -77,3 +82,38 @@ def test_return_scaler_divides_by_the_discounted_return_std():
     assert other.returns[0] == scaler.returns[0] and other.returns[1] == 0.0
     other.episodes_restarted()
     assert not other.returns.any()
+
+
+def test_value_normalizer_standardises_targets_and_maps_outputs_back():
+    norm = ValueNormalizer()
+    returns = torch.tensor([-900.0, -500.0, -100.0, -700.0], dtype=torch.float64)
+    norm.update(returns)
+    targets = norm.normalize(returns)
+    assert abs(targets.mean().item()) < 1e-3 and abs(targets.std(unbiased=False).item() - 1) < 1e-3  # count starts at 1e-4
+    assert torch.allclose(norm.denormalize(targets), returns)
+    other = ValueNormalizer()
+    other.load_state_dict(norm.state_dict())
+    assert torch.equal(other.normalize(returns), targets)
+
+
+def test_a_run_with_value_normalisation_saves_it_and_resumes_bit_identical(tmp_path):
+    """``norm_value``: the statistics are a part of the checkpoint, so a run stopped and resumed ends with the
+    weights of the same run left alone; the critic then outputs standardised values (Pendulum's returns are
+    hundreds below zero)."""
+    cfg = dict(env="Pendulum-v1", backend="serial", workers=2, envs_per_worker=1, num_steps=64, num_minibatches=2,
+               update_epochs=2, total_timesteps=128 * 6, norm_reward=False, norm_value=True, seed=3,
+               run_dir=str(tmp_path), progress=False, plots=False, tensorboard=False, eval_episodes=1)
+    straight = train(PPOConfig(**cfg, run_name="straight"))
+
+    class StopAt(Callback):
+        def on_update(self, run, update, row):
+            return run.updates < 3
+
+    cut = train(PPOConfig(**cfg, run_name="cut"), callbacks=[StopAt()])
+    assert cut["updates"] == 3 and read_checkpoint(cut["run_dir"])["parts"]["value_norm"]["rms"]["count"] > 128
+    resumed = resume(cut["run_dir"])
+    a, b = read_checkpoint(straight["run_dir"])["parts"], read_checkpoint(resumed["run_dir"])["parts"]
+    assert torch.equal(a["value_norm"]["rms"]["mean"], b["value_norm"]["rms"]["mean"])
+    assert a["value_norm"]["rms"]["mean"] < -100
+    for key in a["agent"]:
+        assert torch.equal(a["agent"][key], b["agent"][key]), key

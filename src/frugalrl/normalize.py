@@ -7,6 +7,9 @@
 - :class:`ReturnScaler` divides rewards by the running standard deviation of the discounted return (SB3's
   ``VecNormalize(norm_reward=True)``, CleanRL's ``NormalizeReward``). It changes only the learner's loss,
   never an action, so it stays on the learner (its state is in the checkpoints), and costs no bytes.
+- :class:`ValueNormalizer` standardises the critic's targets instead (Sample Factory's ``normalize_returns``,
+  MAPPO's value normalisation): the critic learns returns of unit scale while the advantages keep the rewards'
+  own proportions. Learner side too, and in the checkpoints.
 """
 
 from __future__ import annotations
@@ -108,3 +111,41 @@ class ReturnScaler:
         """Envs ``envs`` (None: all) start new episodes (a resume that could not restore them): their returns start
         at zero."""
         self.returns[slice(None) if envs is None else envs] = 0.0
+
+
+class ValueNormalizer:
+    """The critic's targets standardised by the running mean and variance of the returns it is fitted to.
+
+    The critic outputs standardised values: :meth:`denormalize` turns them into returns for GAE, and
+    :meth:`normalize` turns GAE's returns into the critic's targets, after :meth:`update` has taken them in.
+    Unlike :class:`ReturnScaler`, the rewards the advantages are made of stay as the env gives them.
+    """
+
+    def __init__(self, eps: float = 1e-8) -> None:
+        self.eps = float(eps)
+        self.rms = RunningMeanStd(())
+
+    def update(self, returns: torch.Tensor) -> None:
+        """Merge a batch of returns into the statistics."""
+        self.rms.update(returns.reshape(-1))
+
+    def _mean_std(self) -> tuple[float, float]:
+        return self.rms.mean.item(), float(np.sqrt(self.rms.var.item() + self.eps))
+
+    def denormalize(self, values: torch.Tensor) -> torch.Tensor:
+        """Returns from the critic's standardised outputs."""
+        mean, std = self._mean_std()
+        return values * std + mean
+
+    def normalize(self, returns: torch.Tensor) -> torch.Tensor:
+        """The critic's targets (standardised returns)."""
+        mean, std = self._mean_std()
+        return (returns - mean) / std
+
+    def state_dict(self) -> dict[str, Any]:
+        """The statistics (for checkpoints)."""
+        return {"rms": self.rms.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`."""
+        self.rms.load_state_dict(state["rms"])

@@ -33,7 +33,7 @@ from frugalrl.envs.spec import to_env_spec
 from frugalrl.evaluation import policy_evaluator
 from frugalrl.losses import PPOLossConfig, SurrogateBatch, surrogate_epochs
 from frugalrl.nets import ActorCritic, make_agent
-from frugalrl.normalize import ReturnScaler
+from frugalrl.normalize import ReturnScaler, ValueNormalizer
 from frugalrl.returns import bootstrap_values, gae
 from frugalrl.rollout import Rollout, collect_rollout
 
@@ -49,6 +49,9 @@ class PPOConfig(NormConfig, NetConfig, PPOLossConfig, OptimConfig, ClusterConfig
     """'decoupled': clip π/π_old, weight by min(π_old/μ, is_clip); 'behaviour': clip π/μ."""
     is_clip: float = 1.0
     """Truncation of the importance weight π_old/μ (decoupled ratio)."""
+    norm_value: bool = False
+    """Fit the critic to returns standardised by their running mean and std (learner side), the rewards left
+    as the env gives them: the critic's scale without norm_reward's change of the rewards."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field."""
@@ -74,11 +77,14 @@ def ppo_update(
     generator: torch.Generator,
     reward_scaler: ReturnScaler | None = None,
     clip_coef: float | None = None,
+    value_norm: ValueNormalizer | None = None,
 ) -> dict[str, float]:
     """One PPO update (``update_epochs`` × ``num_minibatches``) on a rollout; returns loss statistics.
 
     The agent's observation statistics (if it normalises) take in the batch first; ``reward_scaler`` (if
-    given) scales the rewards before GAE; ``clip_coef`` is this update's clip range (default ``cfg``'s).
+    given) scales the rewards before GAE; ``clip_coef`` is this update's clip range (default ``cfg``'s);
+    ``value_norm`` (if given) maps the critic's standardised outputs to returns and back, its statistics
+    taking in this batch's returns before the critic is fitted to them.
     """
     obs = torch.as_tensor(batch.obs)
     T, N = batch.num_steps, batch.num_envs
@@ -89,9 +95,10 @@ def ppo_update(
     rewards = batch.rewards
     if reward_scaler is not None:
         rewards = reward_scaler.scale(rewards, batch.terminations | batch.truncations, batch.valid)
+    value_fn = agent.value if value_norm is None else (lambda o: value_norm.denormalize(agent.value(o)))
     with torch.no_grad():
         values, next_values = bootstrap_values(
-            agent.value, obs, torch.as_tensor(batch.next_obs),
+            value_fn, obs, torch.as_tensor(batch.next_obs),
             torch.as_tensor(batch.final_idx, dtype=torch.long), torch.as_tensor(batch.final_obs),
         )
         dones = torch.as_tensor(batch.terminations | batch.truncations)
@@ -108,6 +115,9 @@ def ppo_update(
         else:
             old_logp = behaviour_logp.reshape(-1)
             weights = torch.ones_like(old_logp)
+        if value_norm is not None:  # the critic's targets and old values in its standardised units
+            value_norm.update(returns if valid is None else returns[valid])
+            returns, values = value_norm.normalize(returns), value_norm.normalize(values)
 
     # Flatten (T, N) and drop invalid steps (reset steps of a NEXT_STEP plain vector env).
     keep = torch.ones(T * N, dtype=torch.bool) if valid is None else valid.reshape(-1)
@@ -146,11 +156,12 @@ class PPO(Algorithm):
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.scaler = ReturnScaler(cfg.gamma, envs.num_envs) if self.norm_reward else None
+        self.value_norm = ValueNormalizer() if cfg.norm_value else None
         eval_spec = (self.cluster.env_spec if self.cluster is not None
                      else to_env_spec(cfg.env, cfg.env_kwargs, cfg.env_wrappers))
         return Setup(
             parts={"agent": self.agent, "optimizer": self.optimizer, "generator": self.generator,
-                   "reward_scaler": self.scaler, "envs": self.cluster},
+                   "reward_scaler": self.scaler, "value_norm": self.value_norm, "envs": self.cluster},
             total_updates=max(1, cfg.total_timesteps // (envs.num_envs * cfg.num_steps)),
             steps_per_update=envs.num_envs * cfg.num_steps,
             evaluate=policy_evaluator(self.agent, eval_spec, cfg),
@@ -175,7 +186,7 @@ class PPO(Algorithm):
             batch = collect_rollout(self.envs, agent, cfg.num_steps, self.gym_state)
         t1 = time.perf_counter()
         stats = ppo_update(agent, self.optimizer, batch, cfg, self.generator, self.scaler,
-                           cfg.clip_at(step.index, step.total))
+                           cfg.clip_at(step.index, step.total), self.value_norm)
         # where an iteration's time goes: the cost model (frugalrl.scale_model) scales the two parts apart
         self.rollout_seconds += t1 - t0
         self.update_seconds += time.perf_counter() - t1
@@ -187,7 +198,7 @@ class PPO(Algorithm):
 
     def details(self) -> dict[str, Any]:
         cfg, cluster = self.cfg, self.cluster
-        details = {"norm_obs": self.norm_obs, "norm_reward": self.norm_reward,
+        details = {"norm_obs": self.norm_obs, "norm_reward": self.norm_reward, "norm_value": cfg.norm_value,
                    "vector_env": cfg.vector_env, "backend": cfg.backend if cluster is not None else None,
                    "sync_rule": cluster.sync_rule.describe() if cluster is not None else "none (head-side inference)",
                    "workers": cfg.workers, "envs_per_worker": cfg.envs_per_worker, "num_steps": cfg.num_steps,
