@@ -25,7 +25,10 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
   against variants of it: ``-constant-lr`` (no annealing), ``-raw-reward`` (no reward normalisation),
   ``-reward-only`` (constant rate, no observation normalisation), ``-sb3`` (all three: SB3's plain defaults), on
   envs the suite does not report, tuning seeds (``--sides``); ``frugal-nopreset-constant-lr``, cached, is the
-  constant rate tried on LunarLanderContinuous-v3 with no preset;
+  constant rate tried on LunarLanderContinuous-v3 with no preset; ``-value-norm`` (the critic's targets
+  standardised instead of the rewards; chosen on the tuning seeds, then run on report seeds of Hopper-v5 and
+  LunarLanderContinuous-v3, where it lost, so not kept) and ``-sb3-value-norm`` (the same on SB3's plain
+  defaults);
 - ``impala`` and ``impala-every``: the same two with ``frugalrl train impala`` (``--sides``);
 - ``hsa2c-fp32`` and ``hsa2c-bf16``: ``frugalrl train hsa2c`` with its pushed updates and pulled parameters in
   fp32, or in bf16 (``--update-codec``, ``--pull-codec``), and ``hsa2c-bf16-push`` (bf16 pushes, compressed, with
@@ -93,6 +96,10 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "continuous-sb3": ("ppo", ["--preset", "family:continuous", "--no-anneal-lr", "--no-norm-reward",
                                     "--no-norm-obs"]),
          "continuous-reward-only": ("ppo", ["--preset", "family:continuous", "--no-anneal-lr", "--no-norm-obs"]),
+         # the critic's targets standardised instead of the rewards (Sample Factory's normalize_returns)
+         "continuous-value-norm": ("ppo", ["--preset", "family:continuous", "--no-norm-reward", "--norm-value"]),
+         "continuous-sb3-value-norm": ("ppo", ["--preset", "family:continuous", "--no-anneal-lr", "--no-norm-reward",
+                                               "--no-norm-obs", "--norm-value"]),
          "impala": ("impala", []), "impala-every": ("impala", EVERY_FP32),
          # IMPALAConfig's own defaults, and two candidates for a continuous family (tuning seeds 1-3)
          "impala-base": ("impala", ["--preset", "none"]),
@@ -121,7 +128,9 @@ RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
           "ratio_impala": ("impala / sb3", "impala", "sb3"),
           "ratio_impala_base": ("impala-base / sb3", "impala-base", "sb3"),
           "ratio_obs_fp32": ("frugal-obs-fp32 / frugal-obs-exact", "frugal-obs-fp32", "frugal-obs-exact"),
-          "ratio_w8": ("frugal-w8 / frugal-w8-grown", "frugal-w8", "frugal-w8-grown")}
+          "ratio_w8": ("frugal-w8 / frugal-w8-grown", "frugal-w8", "frugal-w8-grown"),
+          "ratio_value_norm": ("continuous-value-norm / sb3", "continuous-value-norm", "sb3"),
+          "ratio_obs_fp32_sb3": ("frugal-obs-fp32 / sb3", "frugal-obs-fp32", "sb3")}
 
 
 def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
@@ -205,24 +214,32 @@ def _sb3_main(env: str, seed: int, steps: int) -> None:
 
 def table(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per env and side: the returns by seed, their mean and median; per env, the :data:`RATIOS` whose sides ran
-    (:func:`learning_suite.return_ratio`: above 1 is better, negative returns included)."""
+    on common seeds at one budget, over those seeds only (:func:`learning_suite.return_ratio`: above 1 is better, negative
+    returns included)."""
     out: dict[str, dict[str, Any]] = {}
     reported = {(r["env"], r["side"]) for r in runs.values() if r["seed"] >= REPORT_SEEDS_FROM}
     for r in runs.values():
         side = r["side"]
         if r["seed"] < REPORT_SEEDS_FROM and (r["env"], side) in reported:  # a side tuned and reported: two rows
             side += " (tuning seeds)"
-        row = out.setdefault(r["env"], {}).setdefault(side, {"seeds": [], "returns": []})
+        row = out.setdefault(r["env"], {}).setdefault(side, {"seeds": [], "returns": [], "steps": []})
         row["seeds"].append(r["seed"])
         row["returns"].append(round(r["return"], 1))
+        row["steps"] = sorted({*row["steps"], r["steps"]})
     for sides in out.values():
         for row in sides.values():
             row["mean"] = round(statistics.fmean(row["returns"]), 1)
             row["median"] = round(statistics.median(row["returns"]), 1)
         present = [(key, spec) for key, spec in RATIOS.items() if spec[1] in sides and spec[2] in sides]
         for key, (label, ours, ref) in present:
-            sides[key] = {"label": label, **{k: round(return_ratio(sides[ours][k], sides[ref][k]), 2)
-                                             for k in ("mean", "median")}}
+            common = sorted(set(sides[ours]["seeds"]) & set(sides[ref]["seeds"]))  # a ratio compares the same seeds
+            if not common or sides[ours]["steps"] != sides[ref]["steps"]:  # ... at the same budget
+                continue
+            pairs = [[ret for seed, ret in zip(sides[side]["seeds"], sides[side]["returns"], strict=True)
+                      if seed in common] for side in (ours, ref)]
+            sides[key] = {"label": label, "seeds": common,
+                          **{name: round(return_ratio(f(pairs[0]), f(pairs[1])), 2)
+                             for name, f in (("mean", statistics.fmean), ("median", statistics.median))}}
     return out
 
 
@@ -237,7 +254,8 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
         for key in RATIOS:
             if key in sides:
                 r = sides[key]
-                lines.append(f"| {env} | {r['label']} | | {r['mean']} | {r['median']} |")
+                on = "seeds " + ", ".join(map(str, r.get("seeds", [])))
+                lines.append(f"| {env} | {r['label']} | {on} | {r['mean']} | {r['median']} |")
     return "\n".join(lines)
 
 
