@@ -74,12 +74,15 @@ class Transport(ABC):
         """Each worker replaced: ``{worker, reason, time, seconds}``."""
         self.gave_up: WorkersFailed | None = None
         """The crash-loop rule's verdict on a worker that kept failing, which stopped the run."""
-        self._closing = False
         # A replacement is started by its worker's thread while close() may run: whoever takes a worker out of the
         # transport's list or _starting under this lock stops it, so that none is stopped twice or left behind.
         self._lock = threading.Lock()
         self._starting: dict[int, Any] = {}
-        self._closing_event = threading.Event()  # wakes a replacement's back-off
+        self._closed = threading.Event()  # set by close(): no worker is replaced from then on; wakes a back-off
+
+    @property
+    def _closing(self) -> bool:
+        return self._closed.is_set()
 
     @abstractmethod
     def start(self) -> None:
@@ -143,7 +146,7 @@ class Transport(ABC):
                     self.gave_up = e
                 return None
             log.warning("frugalrl: DPSGD worker %d failed (%s); replacing it", w, reason)
-            if self._closing_event.wait(delay) or self.server.stopped:  # closing, or the run ended meanwhile
+            if self._closed.wait(delay) or self.server.stopped:  # closing, or the run ended meanwhile
                 return None
             replaced = len([e for e in self.restart_events if e["worker"] == w]) + 1
             config = {**self.configs[w], "seed": int(self.configs[w].get("seed", 0)) + 7919 * replaced}
@@ -193,9 +196,8 @@ class Transport(ABC):
         with self._lock:
             if self._closing:
                 return None
-            self._closing = True
+            self._closed.set()
             starting, self._starting = list(self._starting.values()), {}
-        self._closing_event.set()
         return starting
 
     @abstractmethod
