@@ -108,6 +108,23 @@ def test_a_video_scales_small_float_frames_up_and_leaves_nothing_on_failure(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.mp4"]
 
 
+def test_a_gif_too_large_for_memory_stops_with_one_line(tmp_path, monkeypatch):
+    """A GIF's frames stay in memory until it is written: past ``GIF_MAX_BYTES`` the recording stops and says to
+    write an MP4, leaving no file."""
+    import numpy as np
+
+    from frugalrl import video
+
+    monkeypatch.setattr(video, "GIF_MAX_BYTES", 3 * 160 * 160)
+    frames = video.Frames(tmp_path / "long.gif", fps=20)
+    for _ in range(3):
+        frames.add(np.zeros((160, 160, 3), np.uint8))
+    with pytest.raises(video.VideoError, match=r"4 frames of 160 × 160 exceed .* GiB; write an \.mp4"):
+        frames.add(np.zeros((160, 160, 3), np.uint8))
+    frames.close(keep=False)
+    assert frames.count == 3 and not list(tmp_path.iterdir())
+
+
 def _frames(path: Path) -> int:
     """The frames of an MP4 (through OpenCV); a GIF's milliseconds (through Pillow, which writes a frame like the last
     one as a longer last one)."""

@@ -27,6 +27,10 @@ FORMATS = (".mp4", ".gif")
 MIN_SIDE = 160
 """Frames smaller than this (MinAtar's 10 × 10 grid) are scaled up by a whole factor, each cell a block of pixels."""
 
+GIF_MAX_BYTES = 1 << 30
+"""The most a GIF keeps in memory before it is written (a byte a pixel): ten MuJoCo episodes of 480 × 480 frames
+would take 2.3 GB, so such a recording stops with a :class:`VideoError` that says to write an MP4 instead."""
+
 
 class VideoError(ValueError):
     """A video that cannot be made: its file, or an env that does not render RGB frames."""
@@ -34,8 +38,8 @@ class VideoError(ValueError):
 
 class Frames:
     """Frames written to ``path`` as they come (MP4), or kept in memory as palette images, a byte a pixel, and
-    written at :meth:`close` (GIF: for short videos), at ``fps``. Until then the file is a temporary one of its own
-    beside ``path``."""
+    written at :meth:`close` (GIF: for short videos, up to :data:`GIF_MAX_BYTES`), at ``fps``. Until then the file
+    is a temporary one of its own beside ``path``."""
 
     def __init__(self, path: Path, fps: float) -> None:
         self.path, self.fps, self.count = path, float(fps), 0
@@ -68,6 +72,11 @@ class Frames:
         if self.path.suffix == ".gif":
             from PIL import Image
 
+            if (self.count + 1) * self._size[0] * self._size[1] > GIF_MAX_BYTES:
+                raise VideoError(
+                    f"--video {self.path}: a GIF is kept in memory until it is written, and {self.count + 1} frames "
+                    f"of {self._size[0]} × {self._size[1]} exceed {GIF_MAX_BYTES / 2**30:g} GiB; write an .mp4 "
+                    "(its frames go to disk as they come) or play fewer --eval-episodes")
             self._kept.append(Image.fromarray(frame).quantize())  # a byte a pixel
         else:
             if self._writer is None:
