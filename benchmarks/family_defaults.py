@@ -214,8 +214,8 @@ def _sb3_main(env: str, seed: int, steps: int) -> None:
 
 def table(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per env and side: the returns by seed, their mean and median; per env, the :data:`RATIOS` whose sides ran
-    on common seeds at one budget, over those seeds only (:func:`learning_suite.return_ratio`: above 1 is better, negative
-    returns included)."""
+    common seeds at one budget, over those seeds only (:func:`learning_suite.return_ratio`: above 1 is better,
+    negative returns included)."""
     out: dict[str, dict[str, Any]] = {}
     reported = {(r["env"], r["side"]) for r in runs.values() if r["seed"] >= REPORT_SEEDS_FROM}
     for r in runs.values():
