@@ -118,3 +118,16 @@ def test_a_run_with_value_normalisation_saves_it_and_resumes_bit_identical(tmp_p
     assert a["value_norm"]["rms"]["mean"] < -100
     for key in a["agent"]:
         assert torch.equal(a["agent"][key], b["agent"][key]), key
+
+
+
+def test_a_resume_that_turns_value_normalisation_off_says_its_statistics_are_dropped(tmp_path, caplog):
+    """A critic fitted to standardised returns, resumed with ``norm_value`` off, reads its outputs as returns: the
+    run says that the checkpoint's statistics are not used, rather than dropping them silently."""
+    cfg = PPOConfig(env="Pendulum-v1", backend="serial", workers=1, envs_per_worker=1, num_steps=64,
+                    num_minibatches=2, update_epochs=1, total_timesteps=128, norm_reward=False, norm_value=True,
+                    seed=4, run_dir=str(tmp_path), progress=False, plots=False, tensorboard=False, eval_episodes=1)
+    first = train(cfg)
+    with caplog.at_level("WARNING", logger="frugalrl"):
+        resume(first["run_dir"], total_timesteps=192, norm_value=False)
+    assert any("'value_norm' is not used" in r.getMessage() for r in caplog.records)

@@ -209,6 +209,9 @@ class RunRecorder:
         for name, part in self._parts.items():
             state = ckpt["parts"].get(name)
             if part is None:
+                if state is not None:  # e.g. --no-norm-value on resume: what the saved part held is not used
+                    log.warning("frugalrl: the checkpoint's %r is not used by this run's settings (changed on "
+                                "resume?): it is dropped", name)
                 continue
             if name == "envs":
                 envs_state = resume_envs(part, state, seed=self.cfg.seed + 1_000_003 * (len(ckpt["counters"]["resumes"]) + 1))
