@@ -21,14 +21,18 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
 - ``frugal-discrete``: the same with ``--preset family:discrete``; ``frugal-discrete-sb3`` with SB3's PPO defaults
   on top, the candidate chosen on Acrobot-v1 against the discrete fallback of the time (CleanRL ``ppo.py``'s
   settings, its runs cached as ``frugal-discrete-cleanrl``), and that fallback since (``--sides``);
-- ``continuous`` and ``continuous-*``: the validation of the ``continuous`` fallback (``--preset family:continuous``)
-  against variants of it: ``-constant-lr`` (no annealing), ``-raw-reward`` (no reward normalisation),
-  ``-reward-only`` (constant rate, no observation normalisation), ``-sb3`` (all three: SB3's plain defaults), on
-  envs the suite does not report, tuning seeds (``--sides``); ``frugal-nopreset-constant-lr``, cached, is the
-  constant rate tried on LunarLanderContinuous-v3 with no preset; ``-value-norm`` (the critic's targets
-  standardised instead of the rewards; chosen on the tuning seeds, then run on report seeds of Hopper-v5 and
-  LunarLanderContinuous-v3, where it lost, so not kept) and ``-sb3-value-norm`` (the same on SB3's plain
-  defaults);
+- ``continuous`` and ``continuous-*``: the validation of the ``continuous`` fallback. ``continuous`` is the
+  fallback until 2026-12-02 (CleanRL's settings, :data:`CLEANRL_CONT`), each other side a variant of it:
+  ``-constant-lr`` (no annealing), ``-raw-reward`` (no reward normalisation), ``-reward-only`` (constant rate, no
+  observation normalisation), ``-sb3`` (all three: SB3's plain defaults), on envs the suite does not report,
+  tuning seeds (``--sides``); ``frugal-nopreset-constant-lr``, cached, is the constant rate tried on
+  LunarLanderContinuous-v3 with no preset; ``-value-norm`` (the critic's targets standardised instead of the
+  rewards; chosen on the tuning seeds, then run on report seeds of Hopper-v5 and LunarLanderContinuous-v3, where it
+  lost, so not kept), ``-sb3-value-norm`` (the same on SB3's plain defaults; report seeds stopped at
+  MountainCarContinuous-v0, where it stood still) and ``-obs-value-norm`` (that with observations normalised: the
+  fallback since 2026-12-02). The cached rows of the sides that take the family (``frugal``, ``frugal-every``,
+  ``frugal-nopreset``, ``frugal-obs-*``, ``frugal-w8*``) on continuous-action envs without a preset ran the old
+  fallback: they are from before that date;
 - ``impala`` and ``impala-every``: the same two with ``frugalrl train impala`` (``--sides``);
 - ``hsa2c-fp32`` and ``hsa2c-bf16``: ``frugalrl train hsa2c`` with its pushed updates and pulled parameters in
   fp32, or in bf16 (``--update-codec``, ``--pull-codec``), and ``hsa2c-bf16-push`` (bf16 pushes, compressed, with
@@ -79,6 +83,9 @@ FACTORIES: dict[str, tuple[str, dict[str, Any]]] = {
     "MinAtar-SpaceInvaders": (MINATAR, {"game": "space_invaders"}),
     "MinAtar-Asterix": (MINATAR, {"game": "asterix"})}
 EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
+#: The ``continuous`` fallback until 2026-12-02 (CleanRL ``ppo_continuous_action.py``'s settings), spelled out over
+#: the family so that the ``continuous*`` sides keep the runs their cached rows are.
+CLEANRL_CONT = ["--preset", "family:continuous", "--anneal-lr", "--norm-obs", "--norm-reward", "--no-norm-value"]
 #: PPO's continuous batch and update under IMPALA's loop (a candidate for IMPALA's continuous family).
 IMPALA_CONT_PPO = ["--preset", "none", "--envs-per-worker", "1", "--num-steps", "1024", "--num-minibatches", "32",
                    "--update-epochs", "10", "--learning-rate", "3e-4", "--ent-coef", "0"]
@@ -90,16 +97,17 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "frugal-discrete-sb3": ("ppo", ["--preset", "family:discrete", "--envs-per-worker", "1", "--num-steps", "1024",
                                          "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
                                          "--ent-coef", "0.0"]),
-         "continuous": ("ppo", ["--preset", "family:continuous"]),
-         "continuous-constant-lr": ("ppo", ["--preset", "family:continuous", "--no-anneal-lr"]),
-         "continuous-raw-reward": ("ppo", ["--preset", "family:continuous", "--no-norm-reward"]),
-         "continuous-sb3": ("ppo", ["--preset", "family:continuous", "--no-anneal-lr", "--no-norm-reward",
-                                    "--no-norm-obs"]),
-         "continuous-reward-only": ("ppo", ["--preset", "family:continuous", "--no-anneal-lr", "--no-norm-obs"]),
+         "continuous": ("ppo", CLEANRL_CONT),
+         "continuous-constant-lr": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr"]),
+         "continuous-raw-reward": ("ppo", [*CLEANRL_CONT, "--no-norm-reward"]),
+         "continuous-sb3": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward", "--no-norm-obs"]),
+         "continuous-reward-only": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-obs"]),
          # the critic's targets standardised instead of the rewards (Sample Factory's normalize_returns)
-         "continuous-value-norm": ("ppo", ["--preset", "family:continuous", "--no-norm-reward", "--norm-value"]),
-         "continuous-sb3-value-norm": ("ppo", ["--preset", "family:continuous", "--no-anneal-lr", "--no-norm-reward",
-                                               "--no-norm-obs", "--norm-value"]),
+         "continuous-value-norm": ("ppo", [*CLEANRL_CONT, "--no-norm-reward", "--norm-value"]),
+         "continuous-sb3-value-norm": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward", "--no-norm-obs",
+                                               "--norm-value"]),
+         # SB3's constant rate, observations normalised, the critic's targets standardised: the fallback since
+         "continuous-obs-value-norm": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward", "--norm-value"]),
          "impala": ("impala", []), "impala-every": ("impala", EVERY_FP32),
          # IMPALAConfig's own defaults, and two candidates for a continuous family (tuning seeds 1-3)
          "impala-base": ("impala", ["--preset", "none"]),
@@ -130,7 +138,8 @@ RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
           "ratio_obs_fp32": ("frugal-obs-fp32 / frugal-obs-exact", "frugal-obs-fp32", "frugal-obs-exact"),
           "ratio_w8": ("frugal-w8 / frugal-w8-grown", "frugal-w8", "frugal-w8-grown"),
           "ratio_value_norm": ("continuous-value-norm / sb3", "continuous-value-norm", "sb3"),
-          "ratio_obs_fp32_sb3": ("frugal-obs-fp32 / sb3", "frugal-obs-fp32", "sb3")}
+          "ratio_obs_fp32_sb3": ("frugal-obs-fp32 / sb3", "frugal-obs-fp32", "sb3"),
+          "ratio_fallback": ("continuous-obs-value-norm / sb3", "continuous-obs-value-norm", "sb3")}
 
 
 def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
