@@ -69,6 +69,9 @@ def test_cli_applies_the_envs_preset_and_flags_win(tmp_path, capsys):
     assert config["preset"] == "family:continuous" and config["update_epochs"] == 10 and config["num_steps"] == 16
     assert config["sources"]["update_epochs"] == "family continuous"
     assert config["sources"]["num_steps"] == "command line"
+    # the family's normalisation: observations and the critic's targets, rewards as the env gives them
+    assert config["norm_obs"] and config["norm_value"] and not config["norm_reward"] and not config["anneal_lr"]
+    assert config["sources"]["norm_value"] == "family continuous"
 
 
 def test_pipeline_ppo_presets_build_and_vector_envs_need_none():
