@@ -120,7 +120,6 @@ def test_a_run_with_value_normalisation_saves_it_and_resumes_bit_identical(tmp_p
         assert torch.equal(a["agent"][key], b["agent"][key]), key
 
 
-
 def test_a_resume_that_turns_value_normalisation_off_says_its_statistics_are_dropped(tmp_path, caplog):
     """A critic fitted to standardised returns, resumed with ``norm_value`` off, reads its outputs as returns: the
     run says that the checkpoint's statistics are not used, rather than dropping them silently."""
