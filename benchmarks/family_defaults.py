@@ -30,7 +30,8 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
   rewards; chosen on the tuning seeds, then run on report seeds of Hopper-v5 and LunarLanderContinuous-v3, where it
   lost, so not kept), ``-sb3-value-norm`` (the same on SB3's plain defaults; report seeds stopped at
   MountainCarContinuous-v0, where it stood still) and ``-obs-value-norm`` (that with observations normalised: the
-  fallback since 2026-12-02). The cached rows of the sides that take the family (``frugal``, ``frugal-every``,
+  fallback since 2026-12-02); ``-obs-value-norm-every`` (that with every-update fp32 weights) and ``-sb3-obs``
+  (SB3's settings with observations normalised alone) take apart its LunarLanderContinuous-v3 gap. The cached rows of the sides that take the family (``frugal``, ``frugal-every``,
   ``frugal-nopreset``, ``frugal-obs-*``, ``frugal-w8*``) on continuous-action envs without a preset ran the old
   fallback: they are from before that date;
 - ``impala`` and ``impala-every``: the same two with ``frugalrl train impala`` (``--sides``);
@@ -108,6 +109,11 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
                                                "--norm-value"]),
          # SB3's constant rate, observations normalised, the critic's targets standardised: the fallback since
          "continuous-obs-value-norm": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward", "--norm-value"]),
+         # LunarLanderContinuous's gap taken apart: the fallback with every-update fp32 weights, and SB3's settings
+         # with observations normalised alone
+         "continuous-obs-value-norm-every": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward", "--norm-value",
+                                                     *EVERY_FP32]),
+         "continuous-sb3-obs": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward"]),
          "impala": ("impala", []), "impala-every": ("impala", EVERY_FP32),
          # IMPALAConfig's own defaults, and two candidates for a continuous family (tuning seeds 1-3)
          "impala-base": ("impala", ["--preset", "none"]),
@@ -139,7 +145,9 @@ RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
           "ratio_w8": ("frugal-w8 / frugal-w8-grown", "frugal-w8", "frugal-w8-grown"),
           "ratio_value_norm": ("continuous-value-norm / sb3", "continuous-value-norm", "sb3"),
           "ratio_obs_fp32_sb3": ("frugal-obs-fp32 / sb3", "frugal-obs-fp32", "sb3"),
-          "ratio_fallback": ("continuous-obs-value-norm / sb3", "continuous-obs-value-norm", "sb3")}
+          "ratio_fallback": ("continuous-obs-value-norm / sb3", "continuous-obs-value-norm", "sb3"),
+          "ratio_sb3_settings": ("continuous-sb3 / sb3", "continuous-sb3", "sb3"),
+          "ratio_sb3_value_norm": ("continuous-sb3-value-norm / sb3", "continuous-sb3-value-norm", "sb3")}
 
 
 def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
