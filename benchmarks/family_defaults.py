@@ -31,9 +31,9 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
   lost, so not kept), ``-sb3-value-norm`` (the same on SB3's plain defaults; report seeds stopped at
   MountainCarContinuous-v0, where it stood still) and ``-obs-value-norm`` (that with observations normalised: the
   fallback since 2026-12-02); ``-obs-value-norm-every`` (that with every-update fp32 weights) and ``-sb3-obs``
-  (SB3's settings with observations normalised alone) take apart its LunarLanderContinuous-v3 gap. The cached rows of the sides that take the family (``frugal``, ``frugal-every``,
-  ``frugal-nopreset``, ``frugal-obs-*``, ``frugal-w8*``) on continuous-action envs without a preset ran the old
-  fallback: they are from before that date;
+  (SB3's settings with observations normalised alone) take apart its LunarLanderContinuous-v3 gap. The cached
+  rows of the sides that take the family (``frugal``, ``frugal-every``, ``frugal-nopreset``, ``frugal-obs-*``,
+  ``frugal-w8*``) on continuous-action envs without a preset ran the old fallback: they are from before that date;
 - ``impala`` and ``impala-every``: the same two with ``frugalrl train impala`` (``--sides``);
 - ``hsa2c-fp32`` and ``hsa2c-bf16``: ``frugalrl train hsa2c`` with its pushed updates and pulled parameters in
   fp32, or in bf16 (``--update-codec``, ``--pull-codec``), and ``hsa2c-bf16-push`` (bf16 pushes, compressed, with
