@@ -87,6 +87,9 @@ EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
 #: The ``continuous`` fallback until 2026-12-02 (CleanRL ``ppo_continuous_action.py``'s settings), spelled out over
 #: the family so that the ``continuous*`` sides keep the runs their cached rows are.
 CLEANRL_CONT = ["--preset", "family:continuous", "--anneal-lr", "--norm-obs", "--norm-reward", "--no-norm-value"]
+#: The ``continuous`` fallback since 2026-12-02, spelled out the same way: SB3's constant rate, observations
+#: normalised, the critic's targets standardised.
+OBS_VALUE_NORM = [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward", "--norm-value"]
 #: PPO's continuous batch and update under IMPALA's loop (a candidate for IMPALA's continuous family).
 IMPALA_CONT_PPO = ["--preset", "none", "--envs-per-worker", "1", "--num-steps", "1024", "--num-minibatches", "32",
                    "--update-epochs", "10", "--learning-rate", "3e-4", "--ent-coef", "0"]
@@ -107,12 +110,10 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "continuous-value-norm": ("ppo", [*CLEANRL_CONT, "--no-norm-reward", "--norm-value"]),
          "continuous-sb3-value-norm": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward", "--no-norm-obs",
                                                "--norm-value"]),
-         # SB3's constant rate, observations normalised, the critic's targets standardised: the fallback since
-         "continuous-obs-value-norm": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward", "--norm-value"]),
+         "continuous-obs-value-norm": ("ppo", OBS_VALUE_NORM),  # the fallback since
          # LunarLanderContinuous's gap taken apart: the fallback with every-update fp32 weights, and SB3's settings
          # with observations normalised alone
-         "continuous-obs-value-norm-every": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward", "--norm-value",
-                                                     *EVERY_FP32]),
+         "continuous-obs-value-norm-every": ("ppo", [*OBS_VALUE_NORM, *EVERY_FP32]),
          "continuous-sb3-obs": ("ppo", [*CLEANRL_CONT, "--no-anneal-lr", "--no-norm-reward"]),
          "impala": ("impala", []), "impala-every": ("impala", EVERY_FP32),
          # IMPALAConfig's own defaults, and two candidates for a continuous family (tuning seeds 1-3)
