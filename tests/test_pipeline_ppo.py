@@ -77,7 +77,8 @@ def test_a_split_policy_spec_rebuilds_it_under_its_old_name_too():
 
 def test_small_grids_train_through_a_flattening_encoder_and_evaluate(tmp_path):
     """MinAtar's 10×10×4 boolean planes are too small for the CNN: stage 0 runs its MLP on them flattened, with no
-    flag, and the saved policy rebuilds from its spec (a bool Box) for ``frugalrl eval``."""
+    flag, and the saved policy rebuilds from its spec (a bool Box) for ``frugalrl eval``; the id's ``/`` does not
+    nest the run directory."""
     pytest.importorskip("minatar")
     from frugalrl.pipeline import load_policy
 
@@ -86,6 +87,7 @@ def test_small_grids_train_through_a_flattening_encoder_and_evaluate(tmp_path):
                             eval_max_steps=50, **QUIET)
     summary = train(cfg)
     assert summary["bytes"]["gradients"] > 0
+    assert Path(summary["run_dir"]).parent == tmp_path
     policy, _ = load_policy(summary["run_dir"])
     obs, _ = gym.make("MinAtar/Breakout-v1").reset(seed=0)
     assert obs.shape == (10, 10, 4) and obs.dtype == np.bool_

@@ -111,6 +111,11 @@ class RunSummary:
         return jsonable(asdict(self))
 
 
+def slug(text: str) -> str:
+    """``text`` made safe for a directory name (at most 40 characters): an env id's ``/`` must not nest the run."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40]
+
+
 def jsonable(obj: Any) -> Any:
     """``obj`` as plain JSON types (dataclasses and numpy/torch scalars included; anything else as str)."""
     if is_dataclass(obj) and not isinstance(obj, type):

@@ -38,7 +38,16 @@ from frugalrl.evaluation import (
     regression_recheck,
 )
 from frugalrl.rng import GeneratorState, rng_state, seed_everything, set_rng_state
-from frugalrl.runs import BEST, RunDirectory, RunSummary, UpdateRows, jsonable, read_checkpoint, read_config
+from frugalrl.runs import (
+    BEST,
+    RunDirectory,
+    RunSummary,
+    UpdateRows,
+    jsonable,
+    read_checkpoint,
+    read_config,
+    slug,
+)
 from frugalrl.sync_state import StallWatch
 
 log = logging.getLogger("frugalrl")
@@ -56,11 +65,6 @@ class Stateful(Protocol):
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any) -> Any: ...
-
-
-def slug(text: str) -> str:
-    """``text`` made safe for a directory name (at most 40 characters)."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40]
 
 
 class RunRecorder:

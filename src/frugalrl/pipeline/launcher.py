@@ -37,6 +37,7 @@ from frugalrl.process import (
     poll_children,
     spawn,
 )
+from frugalrl.runs import slug
 from frugalrl.wire.message import Message
 from frugalrl.wire.torchdist import TorchDistChannel
 
@@ -85,6 +86,12 @@ def run_stage(cfg: PipelinePPOConfig, rank: int, resume: str | Path | None = Non
             dist.destroy_process_group()
 
 
+def default_run_name(cfg: PipelinePPOConfig) -> str:
+    """The run directory's name when none is given: one level, whatever the env id (``MinAtar/Breakout-v1``)."""
+    return (f"pipeline-ppo-{slug(cfg.env.split(':')[-1])[:30]}-{cfg.cut}-s{cfg.seed}-"
+            f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+
+
 def train(cfg: PipelinePPOConfig, resume: str | Path | None = None, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Train split-model PPO as ``cfg`` says; return stage 0's run summary (see the module docstring).
 
@@ -107,8 +114,7 @@ def train(cfg: PipelinePPOConfig, resume: str | Path | None = None, callbacks: S
         run_dir = Path(resume)
         cfg = dataclasses.replace(cfg, run_dir=str(run_dir.parent), run_name=run_dir.name)
     else:
-        name = cfg.run_name or (f"pipeline-ppo-{cfg.env.split(':')[-1][:30]}-{cfg.cut}-s{cfg.seed}-"
-                                f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        name = cfg.run_name or default_run_name(cfg)
         cfg = dataclasses.replace(cfg, run_name=name)
         run_dir = Path(cfg.run_dir) / name
     run_dir.mkdir(parents=True, exist_ok=True)
