@@ -75,3 +75,15 @@ def test_run_directory_contract(tmp_path, name):
     rows = [r for r in read_metrics(run) if not (name == "hsa2c" and "eval/return_std" in r)]
     steps = [r["step"] for r in rows]
     assert len(steps) == len(set(steps)), steps
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_every_algorithm_trains_on_an_env_with_tuple_observations(tmp_path, name):
+    """Blackjack's observations are a Tuple of Discretes: every algorithm gets them flattened to one Box, with no
+    flag, as SB3's preprocessing does."""
+    mod, cls = algorithm(name).load()
+    settings, _ = TINY[name]
+    cfg = cls(**{**QUIET, **settings, "eval_episodes": 1}, run_dir=str(tmp_path), run_name="run", env="Blackjack-v1")
+    summary = mod.train(cfg)
+    assert summary["env_id"] == "Blackjack-v1" and summary["updates"] >= 1 and summary["eval_episodes"] == 1
