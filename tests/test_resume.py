@@ -267,3 +267,24 @@ def test_a_flag_changed_on_resume_holds_for_the_next_resume(tmp_path):
     assert resume(tmp_path / "run", total_timesteps=320)["env_steps"] == 320  # the Python API says so too
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["total_timesteps"] == 320 and config["sources"]["total_timesteps"] == "resume() override"
+
+
+def test_a_run_resumed_on_other_workers_keeps_its_batch(tmp_path, capsys):
+    """``--resume RUN --workers 1`` on a run that ran on 2 workers × 2 envs × 32 steps: each update still learns
+    from 128 env steps (64 per fragment), as ``--workers`` at the start keeps a preset's batch; the Python API's
+    resume does the same, and ``--num-steps`` given with it wins."""
+    from frugalrl.cli import main as cli_main
+
+    flags = ["--env", "CartPole-v1", "--workers", "2", "--envs-per-worker", "2", "--num-steps", "32",
+             "--no-progress", "--no-plots", "--no-tensorboard", "--eval-episodes", "1"]
+    run = tmp_path / "run"
+    assert cli_main(["train", "ppo", *flags, "--total-timesteps", "256", "--run-dir", str(tmp_path),
+                     "--run-name", "run"]) == 0
+    assert cli_main(["train", "ppo", "--resume", str(run), "--workers", "1", "--total-timesteps", "512"]) == 0
+    assert "64 steps per env per fragment keep its 128-step updates" in capsys.readouterr().err
+    config = json.loads((run / "config.json").read_text())
+    assert config["num_steps"] == 64 and config["sources"]["num_steps"].startswith("batch of the run resumed")
+    summary = resume(run, workers=2, total_timesteps=768)
+    assert json.loads((run / "config.json").read_text())["num_steps"] == 32 and summary["env_steps"] == 768
+    resume(run, workers=1, num_steps=32, total_timesteps=832)
+    assert json.loads((run / "config.json").read_text())["num_steps"] == 32

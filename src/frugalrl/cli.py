@@ -403,6 +403,7 @@ def _train(args: argparse.Namespace) -> int:
     from frugalrl.envs.restarts import WorkersFailed
     from frugalrl.envs.worker import WorkerError
     from frugalrl.evaluation import EvaluationEnvError
+    from frugalrl.presets import keep_batch_on_resume
     from frugalrl.runs import read_config
 
     mod, cls = algorithm(args.algo).load()
@@ -414,6 +415,7 @@ def _train(args: argparse.Namespace) -> int:
                 return _error(f"{args.resume} is a {saved.get('algo')} run, not {args.algo}")
             sources = {**saved.get("sources", {}), **dict.fromkeys(changes, "command line (resume)")}
             cfg = config_from_dict(cls, {**saved, **changes, "sources": sources}, where=f"{args.resume}/config.json")
+            keep_batch_on_resume(cfg, saved, changes, note=lambda line: print(f"frugalrl: note: {line}", file=sys.stderr))
         else:
             cfg = _with_preset(args.algo, cls, changes)
         summary = mod.train(cfg, resume=args.resume)

@@ -9,9 +9,12 @@ split-model pipeline); otherwise the checkpoint's ``agent`` part is the policy.
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+log = logging.getLogger("frugalrl")
 
 
 @dataclass(frozen=True)
@@ -59,12 +62,14 @@ def resume(run_dir: str | Path, **overrides: Any) -> dict[str, Any]:
     The Python equivalent of ``frugalrl train ALGO --resume RUN_DIR``.
     """
     from frugalrl.config import config_from_dict
+    from frugalrl.presets import keep_batch_on_resume
     from frugalrl.runs import read_config
 
     saved = read_config(run_dir)
     mod, cls = algorithm(saved.get("algo", "")).load()
     sources = {**saved.get("sources", {}), **dict.fromkeys(overrides, "resume() override")}  # as the CLI's
     cfg = config_from_dict(cls, {**saved, **overrides, "sources": sources}, where=f"{run_dir}/config.json")
+    keep_batch_on_resume(cfg, saved, overrides, note=log.info)
     return mod.train(cfg, resume=run_dir)
 
 
