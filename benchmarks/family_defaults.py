@@ -39,7 +39,9 @@ Sides, each run a fresh interpreter, one after the other (never two at once), to
   fp32, or in bf16 (``--update-codec``, ``--pull-codec``), and ``hsa2c-bf16-push`` (bf16 pushes, compressed, with
   fp32 pulls), which chose HSA2C's codecs; ``hsa2c`` (no flags) and
   ``hsa2c-old`` (fp32 both ways, full pulls: the defaults before) for their bytes (``--sides``);
-- ``sb3``: ``PPO("MlpPolicy", make_vec_env(X, n_envs=1, seed=S), seed=S, device="cpu")``: SB3's defaults.
+- ``sb3``: ``PPO("MlpPolicy", make_vec_env(X, n_envs=1, seed=S), seed=S, device="cpu")``: SB3's defaults;
+  ``sb3-norm-obs``: the same env in ``VecNormalize(norm_obs=True, norm_reward=False)`` (its statistics frozen for
+  the evaluation), SB3's own observation normalisation, set against ``continuous-sb3-obs``.
   The MinAtar games (``MinAtar-Breakout``, the learning suite's key; Space Invaders and Asterix) are built by their
   factory on both sides
   (:data:`FACTORIES`).
@@ -148,7 +150,9 @@ RATIOS = {"ratio": ("frugal / sb3", "frugal", "sb3"),
           "ratio_obs_fp32_sb3": ("frugal-obs-fp32 / sb3", "frugal-obs-fp32", "sb3"),
           "ratio_fallback": ("continuous-obs-value-norm / sb3", "continuous-obs-value-norm", "sb3"),
           "ratio_sb3_settings": ("continuous-sb3 / sb3", "continuous-sb3", "sb3"),
-          "ratio_sb3_value_norm": ("continuous-sb3-value-norm / sb3", "continuous-sb3-value-norm", "sb3")}
+          "ratio_sb3_value_norm": ("continuous-sb3-value-norm / sb3", "continuous-sb3-value-norm", "sb3"),
+          "ratio_sb3_norm_obs": ("continuous-sb3-obs / sb3-norm-obs", "continuous-sb3-obs", "sb3-norm-obs"),
+          "ratio_norm_obs_cost_sb3": ("sb3-norm-obs / sb3", "sb3-norm-obs", "sb3")}
 
 
 def frugal_command(env: str, seed: int, steps: int, side: str) -> list[str]:
@@ -190,9 +194,10 @@ def run_frugal(env: str, seed: int, steps: int, side: str) -> dict[str, Any]:
             "command": " ".join(cmd[1:])}
 
 
-def run_sb3(env: str, seed: int, steps: int) -> dict[str, Any]:
-    """One SB3 run in a fresh interpreter (``--sb3-run``)."""
-    cmd = [sys.executable, __file__, "--sb3-run", env, "--seed", str(seed), "--steps", str(steps)]
+def run_sb3(env: str, seed: int, steps: int, side: str = "sb3") -> dict[str, Any]:
+    """One SB3 run in a fresh interpreter (``--sb3-run``); ``sb3-norm-obs`` wraps its env in VecNormalize."""
+    cmd = [sys.executable, __file__, "--sb3-run", env, "--seed", str(seed), "--steps", str(steps),
+           *(["--sb3-norm-obs"] if side == "sb3-norm-obs" else [])]
     t0 = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -201,13 +206,15 @@ def run_sb3(env: str, seed: int, steps: int) -> dict[str, Any]:
     return {**out, "wall_seconds": time.monotonic() - t0, "command": " ".join(cmd[1:])}
 
 
-def _sb3_main(env: str, seed: int, steps: int) -> None:
-    """One SB3 run with its defaults; prints its result as one JSON line."""
+def _sb3_main(env: str, seed: int, steps: int, norm_obs: bool = False) -> None:
+    """One SB3 run with its defaults (``norm_obs``: observations through ``VecNormalize(norm_reward=False)``,
+    frozen for the evaluation); prints its result as one JSON line."""
     import stable_baselines3
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import VecNormalize
 
     from frugalrl.evaluation import EVAL_SEED
 
@@ -219,11 +226,17 @@ def _sb3_main(env: str, seed: int, steps: int) -> None:
         env_id: Any = to_env_spec(factory, kwargs).make  # the env frugalrl's workers build
     else:
         env_id = env
-    model = PPO("MlpPolicy", make_vec_env(env_id, n_envs=1, seed=seed), seed=seed, device="cpu")
+    venv = make_vec_env(env_id, n_envs=1, seed=seed)
+    if norm_obs:
+        venv = VecNormalize(venv, norm_obs=True, norm_reward=False)
+    model = PPO("MlpPolicy", venv, seed=seed, device="cpu")
     t0 = time.monotonic()
     model.learn(total_timesteps=steps)
     train_seconds = time.monotonic() - t0
     eval_env = make_vec_env(env_id, n_envs=1, seed=EVAL_SEED + seed)
+    if norm_obs:
+        eval_env = VecNormalize(eval_env, training=False, norm_obs=True, norm_reward=False)
+        eval_env.obs_rms = venv.obs_rms
     mean, std = evaluate_policy(model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
     print(json.dumps({"return": float(mean), "return_std": float(std), "eval_episodes": EVAL_EPISODES,
                       "env_steps": int(model.num_timesteps), "train_seconds": train_seconds,
@@ -281,15 +294,16 @@ def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--envs", nargs="+", default=ENVS)
     p.add_argument("--seeds", nargs="+", type=int, default=SEEDS)
-    p.add_argument("--sides", nargs="+", default=SIDES, choices=[*EXTRA, "sb3"])
+    p.add_argument("--sides", nargs="+", default=SIDES, choices=[*EXTRA, "sb3", "sb3-norm-obs"])
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--force", action="store_true", help="rerun runs that are cached")
     p.add_argument("--report", action="store_true", help="only rebuild the JSON and table from the cache")
     p.add_argument("--sb3-run", default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--sb3-norm-obs", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.sb3_run:
-        _sb3_main(args.sb3_run, args.seed, args.steps)
+        _sb3_main(args.sb3_run, args.seed, args.steps, args.sb3_norm_obs)
         return 0
     CACHE.mkdir(parents=True, exist_ok=True)
     if not args.report:
@@ -299,7 +313,8 @@ def main() -> int:
                     path = CACHE / f"{side}-{env}-s{seed}.json"
                     if path.exists() and not args.force:
                         continue
-                    out = run_sb3(env, seed, args.steps) if side == "sb3" else run_frugal(env, seed, args.steps, side)
+                    out = (run_sb3(env, seed, args.steps, side) if side.startswith("sb3")
+                           else run_frugal(env, seed, args.steps, side))
                     out.update(env=env, side=side, seed=seed, steps=args.steps, date=time.strftime("%Y-%m-%d %H:%M"))
                     path.write_text(json.dumps(out, indent=1))
                     print(f"[{time.strftime('%H:%M:%S')}] {env} {side} seed {seed}: {out['return']:.1f} "
