@@ -11,6 +11,7 @@ import pytest
 
 from frugalrl import presets
 from frugalrl.algos.ppo import PPOConfig
+from frugalrl.batching import MIN_FRAGMENT
 from frugalrl.cli import main as cli_main
 
 
@@ -248,7 +249,7 @@ def test_more_workers_keep_the_batch_the_preset_was_tuned_with(caplog):
     one = presets.make_config("ppo", "LunarLander-v3", workers=1, envs_per_worker=4)
     assert one.batch_size == 2048 and one.num_steps == 512
     many = presets.make_config("ppo", "LunarLander-v3", workers=64)
-    assert (many.num_steps, many.batch_size, many.num_minibatches) == (presets.MIN_FRAGMENT, 8192, 128)
+    assert (many.num_steps, many.batch_size, many.num_minibatches) == (MIN_FRAGMENT, 8192, 128)
     assert presets.make_config("ppo", "LunarLander-v3", workers=64, num_minibatches=4).num_minibatches == 4
     for same in ({"workers": 8, "num_steps": 128}, {"workers": 2}):
         cfg = presets.make_config("ppo", "LunarLander-v3", **same)

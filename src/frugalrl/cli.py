@@ -399,11 +399,11 @@ def _error(message: str) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from frugalrl.batching import keep_batch_on_resume
     from frugalrl.driver import StorageFull
     from frugalrl.envs.restarts import WorkersFailed
     from frugalrl.envs.worker import WorkerError
     from frugalrl.evaluation import EvaluationEnvError
-    from frugalrl.presets import keep_batch_on_resume
     from frugalrl.runs import read_config
 
     mod, cls = algorithm(args.algo).load()

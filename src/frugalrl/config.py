@@ -222,7 +222,7 @@ class ClusterConfig(ConfigPart):
     num_steps: int = 128
     """Steps per env per rollout fragment (an update learns from workers × envs_per_worker × num_steps). Where
     workers or envs_per_worker are given without it, the preset or family sets it to keep the batch it was tuned
-    with (frugalrl.presets.keep_batch)."""
+    with (frugalrl.batching.keep_batch)."""
     sync: SyncName = "aaps"
     """Weight-sync rule: 'aaps' (when KL(worker policy ‖ learner) on the worker's recent states exceeds
     kl_threshold, with the max_policy_lag guard), 'every' (each update) or 'interval' (every sync_interval

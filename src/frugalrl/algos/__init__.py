@@ -61,8 +61,8 @@ def resume(run_dir: str | Path, **overrides: Any) -> dict[str, Any]:
 
     The Python equivalent of ``frugalrl train ALGO --resume RUN_DIR``.
     """
+    from frugalrl.batching import keep_batch_on_resume
     from frugalrl.config import config_from_dict
-    from frugalrl.presets import keep_batch_on_resume
     from frugalrl.runs import read_config
 
     saved = read_config(run_dir)

@@ -24,6 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from frugalrl.batching import keep_batch
+
 if TYPE_CHECKING:
     import gymnasium as gym
 
@@ -330,58 +332,8 @@ def configure(algo: str, cls: type, given: dict[str, Any], preset: str | None = 
     if name is None and preset != AUTO:
         name = NONE  # recorded: the defaults were asked for (:func:`hand_built_note` stays silent)
     cfg = build(cls, values, name, given, given_as)
-    keep_batch(cfg, values, name, given, note)
+    keep_batch(cfg, values, given, note, label(name) if name not in (None, NONE) else f"{cls.__name__}'s defaults")
     return cfg
-
-
-MIN_FRAGMENT = 16
-"""The fewest steps per env that :func:`keep_batch` shortens a fragment to: shorter ones carry too little per round
-trip and cut GAE's returns every few steps. Beyond it the batch grows, in minibatches of the tuned size."""
-_BATCH_FIELDS = ("workers", "envs_per_worker", "num_steps", "num_minibatches")
-
-
-def keep_batch(cfg: Any, values: dict[str, Any], name: str | None, given: dict[str, Any],
-               note: Callable[[str], object], origin: str | None = None) -> None:
-    """Where ``given`` changes the workers or envs per worker of a cluster config (PPO's, IMPALA's) but not
-    ``num_steps``, set ``num_steps`` so that an update still learns from the batch the preset (or the
-    dataclass's defaults) was tuned with, as RLlib keeps its ``train_batch_size`` over any number of env runners.
-    Otherwise 64 workers would make each update 32 times the tuned one, with 32 times fewer gradient steps per env
-    step. Fragments go no shorter than :data:`MIN_FRAGMENT` steps; beyond that the batch grows and
-    ``num_minibatches`` with it (unless given), so that minibatches keep their tuned size. ``note`` hears the change;
-    ``origin`` names where ``values`` came from (default: the preset ``name``, or the dataclass's defaults)."""
-    from frugalrl.config import ClusterConfig
-
-    cluster = isinstance(cfg, ClusterConfig)  # PPO's, IMPALA's (HSA2C's workers each learn from their own)
-    if not cluster or "num_steps" in given or not {"workers", "envs_per_worker"} & set(given):
-        return
-    tuned = {f.name: _default(f) for f in dataclasses.fields(cfg) if f.name in _BATCH_FIELDS}
-    tuned.update({k: v for k, v in values.items() if k in tuned})
-    batch = tuned["workers"] * tuned["envs_per_worker"] * tuned["num_steps"]
-    envs = cfg.workers * cfg.envs_per_worker
-    steps = max(MIN_FRAGMENT, round(batch / envs))
-    if steps == cfg.num_steps:
-        return
-    origin = origin or (label(name) if name not in (None, NONE) else f"{type(cfg).__name__}'s defaults")
-    cfg.num_steps = steps
-    cfg.sources["num_steps"] = source = f"batch of {origin} kept over {cfg.workers} × {cfg.envs_per_worker} envs"
-    said = f"{steps} steps per env per fragment keep its {batch}-step updates"
-    minibatches = tuned.get("num_minibatches")
-    if envs * steps > batch and minibatches and "num_minibatches" not in given:
-        cfg.num_minibatches = max(1, round(minibatches * envs * steps / batch))
-        cfg.sources["num_minibatches"] = source
-        said = (f"{steps} steps per env per fragment (the fewest) make {envs * steps}-step updates, in "
-                f"{cfg.num_minibatches} minibatches of its {batch // minibatches} steps")
-    cfg.validate()
-    note(f"{cfg.workers} × {cfg.envs_per_worker} envs instead of the {tuned['workers']} × {tuned['envs_per_worker']} "
-         f"of {origin}: {said} (--num-steps sets them)")
-
-
-def keep_batch_on_resume(cfg: Any, saved: dict[str, Any], given: dict[str, Any],
-                         note: Callable[[str], object]) -> None:
-    """A run resumed on other workers or envs per worker (``given``) but no ``num_steps`` keeps the batch it ran
-    with (``saved``: its ``config.json``), as :func:`keep_batch` keeps a preset's at the start: a run preempted on
-    64 workers and resumed on 32 goes on with updates of the same size, not half."""
-    keep_batch(cfg, {k: saved[k] for k in _BATCH_FIELDS if k in saved}, None, given, note, origin="the run resumed")
 
 
 def hand_built_note(algo: str, cfg: Any) -> str | None:
