@@ -28,7 +28,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from frugalrl.algos import ALGORITHMS, algorithm
+from frugalrl.algos import ALGORITHMS, algorithm, resumed_config
 from frugalrl.config import config_from_dict, field_docs, is_flag, literal_choices
 
 
@@ -398,8 +398,12 @@ def _error(message: str) -> int:
     return 2
 
 
+def _note(line: str) -> None:
+    """A note of the run's settings on stderr (stdout may be a JSON)."""
+    print(f"frugalrl: note: {line}", file=sys.stderr)
+
+
 def _train(args: argparse.Namespace) -> int:
-    from frugalrl.batching import keep_batch_on_resume
     from frugalrl.driver import StorageFull
     from frugalrl.envs.restarts import WorkersFailed
     from frugalrl.envs.worker import WorkerError
@@ -413,9 +417,7 @@ def _train(args: argparse.Namespace) -> int:
             saved = read_config(args.resume)
             if saved.get("algo") != args.algo:
                 return _error(f"{args.resume} is a {saved.get('algo')} run, not {args.algo}")
-            sources = {**saved.get("sources", {}), **dict.fromkeys(changes, "command line (resume)")}
-            cfg = config_from_dict(cls, {**saved, **changes, "sources": sources}, where=f"{args.resume}/config.json")
-            keep_batch_on_resume(cfg, saved, changes, note=lambda line: print(f"frugalrl: note: {line}", file=sys.stderr))
+            cfg = resumed_config(args.resume, cls, saved, changes, "command line (resume)", _note)
         else:
             cfg = _with_preset(args.algo, cls, changes)
         summary = mod.train(cfg, resume=args.resume)
@@ -453,7 +455,7 @@ def _with_preset(algo: str, cls: type, changes: dict[str, Any]) -> Any:
 
     choice = changes.pop("preset", presets.AUTO)
     cfg = presets.configure(algo, cls, changes, choice,
-                            note=lambda line: print(f"frugalrl: note: {line}", file=sys.stderr))
+                            note=_note)
     print(f"frugalrl: {presets.describe(cfg)}", file=sys.stderr)
     return cfg
 

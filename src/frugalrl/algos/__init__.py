@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -61,16 +62,25 @@ def resume(run_dir: str | Path, **overrides: Any) -> dict[str, Any]:
 
     The Python equivalent of ``frugalrl train ALGO --resume RUN_DIR``.
     """
-    from frugalrl.batching import keep_batch_on_resume
-    from frugalrl.config import config_from_dict
     from frugalrl.runs import read_config
 
     saved = read_config(run_dir)
     mod, cls = algorithm(saved.get("algo", "")).load()
-    sources = {**saved.get("sources", {}), **dict.fromkeys(overrides, "resume() override")}  # as the CLI's
+    return mod.train(resumed_config(run_dir, cls, saved, overrides, "resume() override", log.info), resume=run_dir)
+
+
+def resumed_config(run_dir: str | Path, cls: type, saved: dict[str, Any], overrides: dict[str, Any], source: str,
+                   note: Callable[[str], object]) -> Any:
+    """The config a resumed run goes on with: the one it was started with (``saved``, its ``config.json``) and
+    ``overrides``, recorded as from ``source``; on other workers, the batch it ran with (``note`` hears how).
+    ``frugalrl train --resume`` and :func:`resume` build it here."""
+    from frugalrl.batching import keep_batch_on_resume
+    from frugalrl.config import config_from_dict
+
+    sources = {**saved.get("sources", {}), **dict.fromkeys(overrides, source)}
     cfg = config_from_dict(cls, {**saved, **overrides, "sources": sources}, where=f"{run_dir}/config.json")
-    keep_batch_on_resume(cfg, saved, overrides, note=log.info)
-    return mod.train(cfg, resume=run_dir)
+    keep_batch_on_resume(cfg, saved, overrides, note)
+    return cfg
 
 
 def load_policy(run_dir: str | Path, checkpoint: Literal["latest", "best"] = "latest") -> tuple[Any, dict[str, Any]]:
