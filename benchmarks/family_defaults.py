@@ -84,7 +84,9 @@ SIDES = ["frugal", "frugal-every", "sb3"]
 FACTORIES: dict[str, tuple[str, dict[str, Any]]] = {
     "MinAtar-Breakout": (MINATAR, SUITE_ENVS["MinAtar-Breakout"]["env_kwargs"]),
     "MinAtar-SpaceInvaders": (MINATAR, {"game": "space_invaders"}),
-    "MinAtar-Asterix": (MINATAR, {"game": "asterix"})}
+    "MinAtar-Asterix": (MINATAR, {"game": "asterix"}),
+    "MinAtar-Freeway": (MINATAR, {"game": "freeway"}),
+    "MinAtar-Seaquest": (MINATAR, {"game": "seaquest"})}
 EVERY_FP32 = ["--sync", "every", "--weights-codec", "fp32"]
 #: The ``continuous`` fallback until 2026-12-02 (CleanRL ``ppo_continuous_action.py``'s settings), spelled out over
 #: the family so that the ``continuous*`` sides keep the runs their cached rows are.
@@ -125,6 +127,10 @@ EXTRA = {"frugal": ("ppo", []), "frugal-every": ("ppo", EVERY_FP32),
          "impala-no-overlap": ("impala", [*IMPALA_CONT_PPO, "--no-overlap"]),  # the continuous family since it ran
          # the continuous family with V-trace's traces cut by λ = 0.95 (GAE's λ in PPO's fallback)
          "impala-lam95": ("impala", ["--correct", "vtrace:1:1:0.95"]),
+         # the family with the critic fitted to standardised returns instead of scaled rewards (PPO's change of
+         # 2026-12-02), with its annealed rate, or with a constant one as PPO's fallback since
+         "impala-value-norm": ("impala", ["--no-norm-reward", "--norm-value"]),
+         "impala-obs-value-norm": ("impala", ["--no-norm-reward", "--norm-value", "--no-anneal-lr"]),
          # HSA2C's fp32 pushes and pulls (its defaults until 2026-12-01) against bf16 both ways
          "hsa2c-fp32": ("hsa2c", ["--update-codec", "fp32", "--pull-codec", "fp32"]),
          "hsa2c-bf16": ("hsa2c", ["--update-codec", "bf16", "--pull-codec", "bf16"]),

@@ -4,10 +4,11 @@ the critic's targets."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from frugalrl.algos import resume
-from frugalrl.algos.ppo import PPOConfig, train
+from frugalrl.algos import impala, ppo, resume
+from frugalrl.algos.ppo import PPOConfig
 from frugalrl.driver import Callback
 from frugalrl.nets import MLPActorCritic, acting_state, build_policy
 from frugalrl.normalize import ObsNormalizer, ReturnScaler, RunningMeanStd, ValueNormalizer
@@ -97,20 +98,24 @@ def test_value_normalizer_standardises_targets_and_maps_outputs_back():
     assert torch.equal(other.normalize(returns), targets)
 
 
-def test_a_run_with_value_normalisation_saves_it_and_resumes_bit_identical(tmp_path):
+@pytest.mark.parametrize("algo", ["ppo", "impala"])
+def test_a_run_with_value_normalisation_saves_it_and_resumes_bit_identical(tmp_path, algo):
     """``norm_value``: the statistics are a part of the checkpoint, so a run stopped and resumed ends with the
     weights of the same run left alone; the critic then outputs standardised values (Pendulum's returns are
-    hundreds below zero)."""
+    hundreds below zero). IMPALA's V-trace targets take the same path as PPO's GAE returns."""
+    module, config = (ppo, PPOConfig) if algo == "ppo" else (impala, impala.IMPALAConfig)
     cfg = dict(env="Pendulum-v1", backend="serial", workers=2, envs_per_worker=1, num_steps=64, num_minibatches=2,
                update_epochs=2, total_timesteps=128 * 6, norm_reward=False, norm_value=True, seed=3,
-               run_dir=str(tmp_path), progress=False, plots=False, tensorboard=False, eval_episodes=1)
-    straight = train(PPOConfig(**cfg, run_name="straight"))
+               run_dir=str(tmp_path), progress=False, plots=False, tensorboard=False, eval_episodes=1,
+               **({"overlap": False, "eval_every": 0} if algo == "impala" else {}))
+    train = module.train
+    straight = train(config(**cfg, run_name="straight"))
 
     class StopAt(Callback):
         def on_update(self, run, update, row):
             return run.updates < 3
 
-    cut = train(PPOConfig(**cfg, run_name="cut"), callbacks=[StopAt()])
+    cut = train(config(**cfg, run_name="cut"), callbacks=[StopAt()])
     assert cut["updates"] == 3 and read_checkpoint(cut["run_dir"])["parts"]["value_norm"]["rms"]["count"] > 128
     resumed = resume(cut["run_dir"])
     a, b = read_checkpoint(straight["run_dir"])["parts"], read_checkpoint(resumed["run_dir"])["parts"]
@@ -126,7 +131,7 @@ def test_a_resume_that_turns_value_normalisation_off_says_its_statistics_are_dro
     cfg = PPOConfig(env="Pendulum-v1", backend="serial", workers=1, envs_per_worker=1, num_steps=64,
                     num_minibatches=2, update_epochs=1, total_timesteps=128, norm_reward=False, norm_value=True,
                     seed=4, run_dir=str(tmp_path), progress=False, plots=False, tensorboard=False, eval_episodes=1)
-    first = train(cfg)
+    first = ppo.train(cfg)
     with caplog.at_level("WARNING", logger="frugalrl"):
         resume(first["run_dir"], total_timesteps=192, norm_value=False)
     assert any("'value_norm' is not used" in r.getMessage() for r in caplog.records)

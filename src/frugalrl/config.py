@@ -419,6 +419,15 @@ class NormConfig(ConfigPart):
         return obs, reward
 
 
+@dataclass(kw_only=True)
+class ValueNormConfig(ConfigPart):
+    """The critic's scale without changing the rewards (the learners that fit a critic to returns: PPO, IMPALA)."""
+
+    norm_value: bool = False
+    """Fit the critic to returns standardised by their running mean and std (learner side), the rewards left
+    as the env gives them: the critic's scale without norm_reward's change of the rewards."""
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings (the string literal right after a field) of ``cls`` and its bases.
 

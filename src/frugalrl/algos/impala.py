@@ -32,7 +32,15 @@ import torch
 
 from frugalrl import dists
 from frugalrl.compress.chain import CompressorChain, parse_chain
-from frugalrl.config import ClusterConfig, NetConfig, NormConfig, OptimConfig, RunConfig, check_fields
+from frugalrl.config import (
+    ClusterConfig,
+    NetConfig,
+    NormConfig,
+    OptimConfig,
+    RunConfig,
+    ValueNormConfig,
+    check_fields,
+)
 from frugalrl.correct import CorrectionBatch, CorrectorChain, parse_correctors
 from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, cluster_traffic, drive
 from frugalrl.envs.cluster import ClusterEnv
@@ -40,7 +48,7 @@ from frugalrl.evaluation import policy_evaluator
 from frugalrl.losses import SurrogateBatch, SurrogateConfig, surrogate_epochs
 from frugalrl.monitor import parse_monitor
 from frugalrl.nets import ActorCritic, make_agent
-from frugalrl.normalize import ReturnScaler
+from frugalrl.normalize import ReturnScaler, ValueNormalizer
 from frugalrl.returns import bootstrap_values
 from frugalrl.rollout import Rollout, RolloutsAhead
 
@@ -48,7 +56,7 @@ log = logging.getLogger("frugalrl.impala")
 
 
 @dataclass(kw_only=True)
-class IMPALAConfig(NormConfig, NetConfig, SurrogateConfig, OptimConfig, ClusterConfig, RunConfig):
+class IMPALAConfig(NormConfig, ValueNormConfig, NetConfig, SurrogateConfig, OptimConfig, ClusterConfig, RunConfig):
     """Every knob of an IMPALA/AcceRL run. Field names are the CLI flags (``--recompress-every`` ...)."""
 
     env: str = "CartPole-v1"
@@ -236,11 +244,13 @@ def impala_update(
     generator: torch.Generator,
     reward_scaler: ReturnScaler | None = None,
     clip_coef: float | None = None,
+    value_norm: ValueNormalizer | None = None,
 ) -> dict[str, float]:
     """One learner update on a rollout of the actors' policy μ; returns loss and correction statistics.
 
     1. The agent's observation statistics (if it normalises) take in the batch; ``reward_scaler`` (if given)
-       scales the rewards.
+       scales the rewards; ``value_norm`` (if given) maps the critic's standardised outputs to returns, and
+       V-trace's targets back to its units once its statistics have taken them in (as :func:`ppo_update`).
     2. With the learner's policy π_old and critic as they are now, the Corrector chain turns the batch into
        value targets ``v_s``, advantages ``ρ_s (r_s + γ v_{s+1} − V(x_s))`` and per-sample weights (V-trace:
        ρ = min(ρ̄, π_old/μ); ``is`` multiplies the weights by min(c, π_old/μ)).
@@ -257,10 +267,11 @@ def impala_update(
         rewards = reward_scaler.scale(rewards, batch.terminations | batch.truncations)
     flat_obs = obs.reshape(T * N, *obs.shape[2:])
     actions = torch.as_tensor(batch.actions).reshape(T * N, *batch.actions.shape[2:])
+    value_fn = agent.value if value_norm is None else (lambda o: value_norm.denormalize(agent.value(o)))
     with torch.no_grad():
         old_logp = dists.log_prob(agent.dist_kind, agent.dist_params(flat_obs), actions).reshape(T, N)
         values, next_values = bootstrap_values(
-            agent.value, obs, torch.as_tensor(batch.next_obs),
+            value_fn, obs, torch.as_tensor(batch.next_obs),
             torch.as_tensor(batch.final_idx, dtype=torch.long), torch.as_tensor(batch.final_obs),
         )
         terminations = torch.as_tensor(batch.terminations)
@@ -278,6 +289,9 @@ def impala_update(
     # The chain's contract: every output a corrector left unset is filled, and pg_weights defaults to ones.
     advantages, pg_weights, value_targets = cb.pg_advantages, cb.pg_weights, cb.value_targets
     assert advantages is not None and pg_weights is not None and value_targets is not None
+    if value_norm is not None:  # the critic's targets and old values in its standardised units
+        value_norm.update(value_targets)
+        value_targets, values = value_norm.normalize(value_targets), value_norm.normalize(values)
     samples = SurrogateBatch(obs=flat_obs, actions=actions, old_logp=old_logp.reshape(-1),
                              advantages=advantages.reshape(-1), returns=value_targets.reshape(-1),
                              values=values.reshape(-1), weights=pg_weights.reshape(-1).float())
@@ -314,6 +328,7 @@ class IMPALA(Algorithm):
         self.optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.scaler = ReturnScaler(cfg.gamma, envs.num_envs) if self.norm_reward else None
+        self.value_norm = ValueNormalizer() if cfg.norm_value else None
         self.correctors = parse_correctors(cfg.correct)
         chain = self.chain = parse_chain(cfg.compress, distill_steps=cfg.distill_steps, distill={
             "kl_tol": cfg.distill_kl_tol, "beta": cfg.distill_beta, "warm_start": True})
@@ -322,7 +337,7 @@ class IMPALA(Algorithm):
         self.builder = ActorBuilder(chain, cfg.async_compress, cfg.seed)
         return Setup(
             parts={"agent": agent, "optimizer": self.optimizer, "generator": self.generator,
-                   "reward_scaler": self.scaler, "envs": envs},
+                   "reward_scaler": self.scaler, "value_norm": self.value_norm, "envs": envs},
             total_updates=cfg.num_updates, steps_per_update=cfg.batch_size,
             evaluate=policy_evaluator(agent, envs.env_spec, cfg),
             evaluate_stochastic=policy_evaluator(agent, envs.env_spec, cfg, deterministic=False),
@@ -371,7 +386,7 @@ class IMPALA(Algorithm):
         self.recent_obs = _keep_recent(self.recent_obs, batch, cfg.calib_size, update)
         t_learn = time.perf_counter()
         stats = impala_update(agent, self.optimizer, batch, self.correctors, cfg, self.generator, self.scaler,
-                              cfg.clip_at(update, step.total))
+                              cfg.clip_at(update, step.total), self.value_norm)
         self.learn_seconds += time.perf_counter() - t_learn
         row: dict[str, Any] = {**stats, "charts/lr": lr, "compress/builds": builder.builds}
         if builder.compressing:
@@ -431,6 +446,7 @@ class IMPALA(Algorithm):
         return {
             "norm_obs": self.norm_obs,
             "norm_reward": self.norm_reward,
+            "norm_value": cfg.norm_value,
             "compress": self.chain.describe(),
             "correct": self.correctors.describe(),
             "sync_rule": envs.sync_rule.describe(),

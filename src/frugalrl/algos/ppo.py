@@ -26,7 +26,15 @@ import gymnasium as gym
 import torch
 
 from frugalrl import dists
-from frugalrl.config import ClusterConfig, NetConfig, NormConfig, OptimConfig, RunConfig, check_fields
+from frugalrl.config import (
+    ClusterConfig,
+    NetConfig,
+    NormConfig,
+    OptimConfig,
+    RunConfig,
+    ValueNormConfig,
+    check_fields,
+)
 from frugalrl.driver import Algorithm, Callback, Setup, Step, Update, cluster_traffic, drive
 from frugalrl.envs.cluster import ClusterEnv
 from frugalrl.envs.spec import to_env_spec
@@ -39,7 +47,7 @@ from frugalrl.rollout import Rollout, collect_rollout
 
 
 @dataclass(kw_only=True)
-class PPOConfig(NormConfig, NetConfig, PPOLossConfig, OptimConfig, ClusterConfig, RunConfig):
+class PPOConfig(NormConfig, ValueNormConfig, NetConfig, PPOLossConfig, OptimConfig, ClusterConfig, RunConfig):
     """Every knob of a PPO run. Field names are the CLI flags (``--envs-per-worker`` ...)."""
 
     vector_env: Literal["cluster", "gym"] = "cluster"
@@ -49,9 +57,6 @@ class PPOConfig(NormConfig, NetConfig, PPOLossConfig, OptimConfig, ClusterConfig
     """'decoupled': clip π/π_old, weight by min(π_old/μ, is_clip); 'behaviour': clip π/μ."""
     is_clip: float = 1.0
     """Truncation of the importance weight π_old/μ (decoupled ratio)."""
-    norm_value: bool = False
-    """Fit the critic to returns standardised by their running mean and std (learner side), the rewards left
-    as the env gives them: the critic's scale without norm_reward's change of the rewards."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field."""
